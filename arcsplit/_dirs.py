@@ -1,0 +1,35 @@
+"""Where arcsplit keeps its files: caches, run state, control sockets (all per user)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+_APP = "arcsplit"
+
+
+def cache_dir() -> Path:
+    """Builds, downloaded sources, the demo model, probe verdicts. ``ARCSPLIT_CACHE_DIR`` overrides."""
+    override = os.environ.get("ARCSPLIT_CACHE_DIR")
+    return Path(override) if override else Path(platformdirs.user_cache_dir(_APP))
+
+
+def state_dir() -> Path:
+    """Per-run log files and state files. ``ARCSPLIT_STATE_DIR`` overrides."""
+    override = os.environ.get("ARCSPLIT_STATE_DIR")
+    return Path(override) if override else Path(platformdirs.user_state_dir(_APP))
+
+
+def runtime_dir() -> Path:
+    """Control sockets; created 0700 because the bus accepts commands."""
+    override = os.environ.get("ARCSPLIT_RUNTIME_DIR")
+    if override:
+        path = Path(override)
+    else:
+        base = os.environ.get("XDG_RUNTIME_DIR")
+        path = Path(base) / _APP if base else state_dir() / "sockets"
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path

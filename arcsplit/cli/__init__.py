@@ -1,0 +1,75 @@
+"""The ``arcsplit`` command. Each command group lives in its own module and only calls the public API.
+
+Exit codes: 0 ok, 2 bad input or cannot do it (an ArcsplitError), 1 unexpected failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from typing import Any, Sequence
+
+from ..errors import ArcsplitError
+
+# Modules that each define ``register(subparsers)``; a command's handler is ``args.func(args) -> int``.
+_COMMAND_MODULES = ("llama", "devices", "model", "plan", "doctor", "serve", "control", "dash", "demo")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit 2, like every other arcsplit error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"arcsplit: {message}; see `{self.prog} --help`\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="arcsplit", description="Run one llama.cpp model across several GPUs and keep it running.")
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"{__name__}.{name}":
+                continue  # command not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"arcsplit {version('arcsplit')}"
+    except PackageNotFoundError:
+        return "arcsplit (not installed)"
+
+
+def print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, sort_keys=False, default=str)
+    sys.stdout.write("\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except ArcsplitError as exc:
+        print(f"arcsplit: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("arcsplit: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def run() -> None:
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""``arcsplit llama build|which``: the managed llama.cpp build and the binaries arcsplit will run."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..llama.build import BACKENDS, BuildConfig, build, sycl_flags
+from ..llama.locate import find_llama, server_build_info
+from ..llama.source import SDIST_VERSION
+from . import print_json
+
+
+def _build(args: argparse.Namespace) -> int:
+    extra = sycl_flags(args.sycl_arch) if args.backend == "sycl" else ()
+    config = BuildConfig(args.backend, extra)
+    bin_dir = build(config, jobs=args.jobs, force=args.force)
+    if args.json:
+        print_json({"backend": args.backend, "bin_dir": str(bin_dir), "key": config.key,
+                    "source": f"llama-cpp-python {SDIST_VERSION}"})
+    else:
+        print(f"llama.cpp ({args.backend}) ready in {bin_dir}")
+    return 0
+
+
+def _which(args: argparse.Namespace) -> int:
+    bins = find_llama(args.llama_dir, backend=args.backend)
+    info = server_build_info(bins)
+    data = {
+        **bins.to_dict(),
+        "bin_dir": str(bins.bin_dir),
+        "build_number": info.build_number,
+        "commit": info.commit,
+        "compiler": info.compiler,
+        "target": info.target,
+        "rpc_server_name": bins.rpc_server.name,
+        "same_build": bins.rpc_server.parent == bins.server.parent,
+    }
+    if args.json:
+        print_json(data)
+    else:
+        print(f"llama-server   {bins.server}")
+        print(f"rpc-server     {bins.rpc_server}")
+        for label, path in (("llama-cli", bins.cli), ("llama-bench", bins.bench), ("fit-params", bins.fit_params)):
+            print(f"{label:<14} {path or '(missing)'}")
+        print(f"build          {info.build_number} ({info.commit}), {info.compiler} for {info.target}")
+        print(f"found by       {bins.found_by}")
+    return 0
+
+
+def add_llama_dir(p: argparse.ArgumentParser) -> None:
+    """The --llama-dir option every command that runs llama.cpp shares."""
+    p.add_argument("--llama-dir", metavar="DIR",
+                   help="a llama.cpp bin dir to use (default: $ARCSPLIT_LLAMA_DIR, PATH, then the managed build)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("llama", help="build and locate llama.cpp", description="Build and locate llama.cpp.")
+    lsub = p.add_subparsers(dest="llama_command", metavar="COMMAND", required=True)
+    b = lsub.add_parser("build", help="build llama-server, ggml-rpc-server and tools from the pinned source",
+                        description="Build llama-server, ggml-rpc-server, llama-cli, llama-bench and "
+                                    "llama-fit-params (GGML_RPC=ON) from the llama.cpp tree vendored in "
+                                    f"llama-cpp-python {SDIST_VERSION}, into the user cache. Cached per backend.")
+    b.add_argument("--backend", choices=BACKENDS, default="cpu", help="ggml backend (default: cpu)")
+    b.add_argument("--jobs", "-j", type=int, default=None, help="parallel compile jobs (default: all cores)")
+    b.add_argument("--sycl-arch", metavar="ARCH", help="SYCL AOT target, e.g. bmg_g31 for the Arc Pro B70")
+    b.add_argument("--force", action="store_true", help="rebuild even if a finished build exists")
+    b.add_argument("--json", action="store_true", help="machine-readable output")
+    b.set_defaults(func=_build)
+    w = lsub.add_parser("which", help="report the binaries arcsplit will run and their build",
+                        description="Report the llama.cpp binaries arcsplit will run, their build and origin.")
+    add_llama_dir(w)
+    w.add_argument("--backend", choices=BACKENDS, default="cpu", help="which managed build to fall back to")
+    w.add_argument("--json", action="store_true", help="machine-readable output")
+    w.set_defaults(func=_which)

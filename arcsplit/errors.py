@@ -1,0 +1,59 @@
+"""One exception hierarchy: every failure a user can act on is an ArcsplitError.
+
+The CLI prints ``str(error)`` as a single line and exits with ``error.exit_code``;
+nothing else escapes as a traceback.
+"""
+
+from __future__ import annotations
+
+
+class ArcsplitError(Exception):
+    """A failure with a one-line message naming the problem and, where known, the fix."""
+
+    exit_code = 2
+
+    def __init__(self, problem: str, fix: str | None = None) -> None:
+        self.problem = " ".join(str(problem).split())
+        self.fix = " ".join(fix.split()) if fix else None
+        super().__init__(self.problem)
+
+    def __str__(self) -> str:
+        return f"{self.problem}; {self.fix}" if self.fix else self.problem
+
+
+class BadInput(ArcsplitError):
+    """The user asked for something malformed: a flag, a list of cards, a layout file."""
+
+
+class ModelError(BadInput):
+    """The GGUF file cannot be read: not a GGUF, truncated, a shard missing, absurd counts."""
+
+
+class UnknownCard(BadInput):
+    """A card index or name that the backend does not report."""
+
+
+class DoesNotFit(ArcsplitError):
+    """The model (at the asked context) does not fit the cards' free memory."""
+
+
+class LlamaError(ArcsplitError):
+    """The llama.cpp binaries are missing, mismatched, or could not be built."""
+
+
+class BuildError(LlamaError):
+    """Building llama.cpp failed; the message names the step and its log file."""
+
+
+class PortBusy(ArcsplitError):
+    """A port the user named is already taken."""
+
+
+class RunError(ArcsplitError):
+    """A supervised process failed to start or kept dying."""
+
+    exit_code = 1
+
+
+class NotRunning(ArcsplitError):
+    """No running arcsplit instance matches the request."""

@@ -1,0 +1,170 @@
+"""Build llama.cpp's servers from the pinned source, once per (source version, backend, flags).
+
+A build happens in ``build-<key>.partial`` and is renamed to ``build-<key>`` only when every target
+exists, so a failed or interrupted build is never mistaken for a finished one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..errors import BadInput, BuildError
+from .source import SDIST_VERSION, extract_source, fetch_sdist, llama_root
+
+TARGETS = ("llama-server", "ggml-rpc-server", "llama-cli", "llama-bench", "llama-fit-params")
+BACKENDS = ("cpu", "cuda", "vulkan", "sycl")
+
+_COMMON = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_RPC=ON",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DBUILD_SHARED_LIBS=ON",
+    # Libraries sit beside the binaries and are found through $ORIGIN, so the build dir can be renamed.
+    "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+    "-DCMAKE_INSTALL_RPATH=$ORIGIN",
+)
+_BACKEND_FLAGS: dict[str, tuple[str, ...]] = {
+    "cpu": ("-DGGML_NATIVE=ON",),
+    "cuda": ("-DGGML_NATIVE=ON", "-DGGML_CUDA=ON"),
+    "vulkan": ("-DGGML_NATIVE=ON", "-DGGML_VULKAN=ON"),
+    "sycl": ("-DGGML_SYCL=ON", "-DGGML_SYCL_F16=ON", "-DGGML_SYCL_TARGET=INTEL",
+             "-DCMAKE_C_COMPILER=icx", "-DCMAKE_CXX_COMPILER=icpx"),
+}
+# What each backend needs on PATH before anything starts: (program, how to get it).
+_TOOLCHAIN: dict[str, tuple[tuple[str, str], ...]] = {
+    "cpu": (("cmake", "apt-get install cmake"), ("c++", "apt-get install g++")),
+    "cuda": (("cmake", "apt-get install cmake"), ("nvcc", "install the CUDA toolkit and put nvcc on PATH")),
+    "vulkan": (("cmake", "apt-get install cmake"), ("glslc", "install the Vulkan SDK (glslc) and libvulkan-dev")),
+    "sycl": (("cmake", "apt-get install cmake"),
+             ("icpx", "install Intel oneAPI and run `source /opt/intel/oneapi/setvars.sh` first")),
+}
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Everything that makes two builds different; its key names the build directory."""
+
+    backend: str = "cpu"
+    extra_flags: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise BadInput(f"unknown backend {self.backend!r}", f"use one of {', '.join(BACKENDS)}")
+
+    @property
+    def cmake_flags(self) -> tuple[str, ...]:
+        return _COMMON + _BACKEND_FLAGS[self.backend] + self.extra_flags
+
+    @property
+    def key(self) -> str:
+        digest = hashlib.sha256("\0".join(self.cmake_flags).encode()).hexdigest()[:10]
+        return f"{self.backend}-{digest}"
+
+    @property
+    def build_dir(self) -> Path:
+        return llama_root() / f"build-{self.key}"
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.build_dir / "bin"
+
+
+def sycl_flags(device_arch: str | None) -> tuple[str, ...]:
+    """Optional AOT target for SYCL (e.g. ``bmg_g31`` for the Arc Pro B70)."""
+    return (f"-DGGML_SYCL_DEVICE_ARCH={device_arch}",) if device_arch else ()
+
+
+def is_built(config: BuildConfig) -> bool:
+    return all((config.bin_dir / t).exists() for t in TARGETS)
+
+
+def check_toolchain(backend: str) -> None:
+    """Say what is missing before anything is downloaded or compiled."""
+    for program, fix in _TOOLCHAIN[backend]:
+        if shutil.which(program) is None:
+            raise BuildError(f"the {backend} build needs `{program}`, which is not on PATH", fix)
+
+
+_PROGRESS = re.compile(r"^\[\s*(\d+)%\]")
+
+
+def _run_step(name: str, cmd: list[str], log: Path, env: dict[str, str],
+              progress: Callable[[str, int | None], None]) -> None:
+    progress(name, None)
+    with log.open("ab") as fh:
+        fh.write(f"\n$ {' '.join(cmd)}\n".encode())
+        fh.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        assert proc.stdout is not None
+        try:
+            for raw in proc.stdout:
+                fh.write(raw)
+                m = _PROGRESS.match(raw.decode(errors="replace"))
+                if m:
+                    progress(name, int(m.group(1)))
+            rc = proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    if rc != 0:
+        raise BuildError(f"llama.cpp build failed at the {name} step (exit {rc}); its log is {log}",
+                         "read the end of that log; fix the toolchain and run `arcsplit llama build` again")
+
+
+def _print_progress(step: str, pct: int | None) -> None:
+    if pct is None:
+        print(f"arcsplit: {step} …", file=sys.stderr, flush=True)
+    elif sys.stderr.isatty():
+        print(f"\r  {step}: {pct:3d}%", end="", file=sys.stderr, flush=True)
+
+
+def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
+          progress: Callable[[str, int | None], None] = _print_progress) -> Path:
+    """Fetch, verify, extract and build; returns the bin dir. Reuses a finished build."""
+    if is_built(config) and not force:
+        return config.bin_dir
+    check_toolchain(config.backend)
+    root = llama_root()
+    root.mkdir(parents=True, exist_ok=True)
+    log = root / f"build-{config.key}.log"
+    log.write_text(f"arcsplit llama build, llama-cpp-python {SDIST_VERSION}, {config.backend}\n")
+    progress("fetch", None)
+    src = extract_source(fetch_sdist(log))
+    partial = config.build_dir.with_name(config.build_dir.name + ".partial")
+    if force:
+        shutil.rmtree(config.build_dir, ignore_errors=True)
+    env = dict(os.environ)
+    flags = list(config.cmake_flags)
+    if shutil.which("ccache"):
+        flags += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
+        # Relative paths in the compile commands let every build dir under root share cache entries.
+        env.setdefault("CCACHE_BASEDIR", str(root))
+    started = time.monotonic()
+    _run_step("configure", ["cmake", "-S", str(src), "-B", str(partial), *flags], log, env, progress)
+    jobs = jobs or os.cpu_count() or 2
+    _run_step("compile", ["cmake", "--build", str(partial), "-j", str(jobs), "--target", *TARGETS],
+              log, env, progress)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    missing = [t for t in TARGETS if not (partial / "bin" / t).exists()]
+    if missing:
+        raise BuildError(f"the build finished without {', '.join(missing)} (log: {log})",
+                         "read the log; the llama.cpp source may have renamed a target")
+    shutil.rmtree(config.build_dir, ignore_errors=True)
+    partial.rename(config.build_dir)
+    with log.open("a") as fh:
+        fh.write(f"\nbuilt in {time.monotonic() - started:.0f} s\n")
+    return config.bin_dir

@@ -1,0 +1,165 @@
+"""The cards llama.cpp will see, as a Rig: parsed from ``llama-server --list-devices``.
+
+On the CPU backend there are no devices to list: ``--gpus 0,1`` means two rpc-servers on the CPU, each
+with a memory budget (default: an even share of available RAM), so everything downstream runs without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import psutil
+
+from ..errors import BadInput, LlamaError, UnknownCard
+from ..rig import MiB, Card, Rig
+from .locate import LlamaBinaries, find_llama
+
+# "  SYCL0: Intel(R) Graphics [0xe223] (32656 MiB, 32611 MiB free)"; newer logs may carry a
+# "[pid] " or "0.01.121.994 I " prefix. The description may itself contain parentheses.
+_DEVICE_LINE = re.compile(
+    r"^(?:\[\d+\]\s*)?(?:[\d.]+\s+[A-Z]\s+)?\s*(?P<name>[A-Za-z][A-Za-z_-]*?)(?P<index>\d+): "
+    r"(?P<desc>.*) \((?P<total>\d+) MiB, (?P<free>\d+) MiB free\)\s*$"
+)
+_PREFIX_BACKEND = {"sycl": "sycl", "cuda": "cuda", "vulkan": "vulkan", "rpc": "rpc", "rocm": "rocm",
+                   "metal": "metal", "cann": "cann", "musa": "musa", "opencl": "opencl"}
+# Environment that lets each backend report free memory (SYCL needs Sysman for it).
+_LIST_ENV = {"sycl": {"ZES_ENABLE_SYSMAN": "1"}}
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One line of ``--list-devices``."""
+
+    name: str
+    backend: str
+    index: int
+    description: str
+    total_mib: int
+    free_mib: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_list_devices(text: str) -> list[DeviceInfo]:
+    """Devices after the ``Available devices:`` header; ``(none)`` or no header gives an empty list."""
+    devices: list[DeviceInfo] = []
+    in_list = False
+    for line in text.splitlines():
+        if line.strip().endswith("Available devices:"):
+            in_list = True
+            devices = []
+            continue
+        if not in_list:
+            continue
+        m = _DEVICE_LINE.match(line)
+        if not m:
+            continue
+        prefix = m.group("name")
+        devices.append(DeviceInfo(
+            name=f"{prefix}{m.group('index')}",
+            backend=_PREFIX_BACKEND.get(prefix.lower(), prefix.lower()),
+            index=int(m.group("index")),
+            description=m.group("desc").strip(),
+            total_mib=int(m.group("total")),
+            free_mib=int(m.group("free")),
+        ))
+    return devices
+
+
+def list_devices(binaries: LlamaBinaries, env: dict[str, str] | None = None, timeout: float = 60.0) -> str:
+    """Run ``llama-server --list-devices`` and return everything it printed."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    try:
+        out = subprocess.run([str(binaries.server), "--list-devices"], capture_output=True, text=True,
+                             timeout=timeout, env=full_env)
+    except subprocess.TimeoutExpired:
+        raise LlamaError(f"`{binaries.server.name} --list-devices` did not finish in {timeout:.0f} s",
+                         "run `arcsplit doctor` to check the GPU runtime") from None
+    except OSError as exc:
+        raise LlamaError(f"cannot run {binaries.server}: {exc.strerror}", "rebuild with `arcsplit llama build`") from None
+    return out.stdout + "\n" + out.stderr
+
+
+def parse_gpus(spec: str | Sequence[int] | None) -> list[int] | None:
+    """``"0,1"`` -> [0, 1]; duplicates, negatives and junk are errors that name the fix."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        parts = [p.strip() for p in spec.split(",")]
+        if not spec.strip() or any(not p for p in parts):
+            raise BadInput(f"--gpus {spec!r} is not a list of card numbers", "write it like --gpus 0,1")
+        try:
+            gpus = [int(p) for p in parts]
+        except ValueError:
+            raise BadInput(f"--gpus {spec!r} is not a list of card numbers", "write it like --gpus 0,1") from None
+    else:
+        gpus = [int(g) for g in spec]
+    if any(g < 0 for g in gpus):
+        raise BadInput(f"--gpus {spec!r} has a negative card number", "card numbers start at 0")
+    if len(set(gpus)) != len(gpus):
+        raise BadInput(f"--gpus {spec!r} names a card twice", "list each card once")
+    return gpus
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "CPU"
+
+
+def cpu_rig(gpus: list[int] | None, cpu_memory_mib: int | None = None) -> Rig:
+    """CPU "cards": one rpc-server each, budgeted an even share of available RAM unless told otherwise."""
+    indices = gpus if gpus else [0]
+    if cpu_memory_mib is not None and cpu_memory_mib <= 0:
+        raise BadInput(f"--cpu-memory {cpu_memory_mib} must be positive", "give each CPU card's budget in MiB")
+    budget = (cpu_memory_mib * MiB if cpu_memory_mib is not None
+              else psutil.virtual_memory().available // len(indices))
+    name = cpu_model()
+    cards = tuple(Card(backend="cpu", index=i, name=name, total_bytes=budget, free_bytes=budget)
+                  for i in indices)
+    return Rig(cards=cards, name=f"{len(cards)} CPU card(s)")
+
+
+def discover_rig(backend: str, gpus: list[int] | None, binaries: LlamaBinaries | None = None,
+                 cpu_memory_mib: int | None = None) -> Rig:
+    """The live rig: cards in the order of ``gpus`` (all the backend's cards when None)."""
+    if backend == "cpu":
+        return cpu_rig(gpus, cpu_memory_mib)
+    if backend not in ("cuda", "sycl", "vulkan"):
+        raise BadInput(f"unknown backend {backend!r}", "use one of cpu, cuda, sycl, vulkan")
+    binaries = binaries or find_llama(backend=backend)
+    devices = [d for d in parse_list_devices(list_devices(binaries, _LIST_ENV.get(backend)))
+               if d.backend == backend]
+    if not devices and backend == "sycl" and gpus:
+        # A runtime whose multi-device context is broken may fail to list all cards at once;
+        # one single-device context per card still works (seed 003).
+        for g in gpus:
+            env = {**_LIST_ENV["sycl"], "ONEAPI_DEVICE_SELECTOR": f"level_zero:{g}"}
+            for d in parse_list_devices(list_devices(binaries, env)):
+                if d.backend == "sycl":
+                    devices.append(DeviceInfo(f"SYCL{g}", "sycl", g, d.description, d.total_mib, d.free_mib))
+    if not devices:
+        raise UnknownCard(f"llama.cpp reports no {backend} devices",
+                          f"check the driver (`arcsplit doctor --backend {backend}`) or use --backend cpu")
+    by_index = {d.index: d for d in devices}
+    wanted = gpus if gpus is not None else sorted(by_index)
+    cards = []
+    for g in wanted:
+        d = by_index.get(g)
+        if d is None:
+            known = ", ".join(str(i) for i in sorted(by_index))
+            raise UnknownCard(f"there is no {backend} card {g}", f"pick from the cards llama.cpp reports: {known}")
+        cards.append(Card(backend=backend, index=g, name=d.description,
+                          total_bytes=d.total_mib * MiB, free_bytes=max(1, d.free_mib) * MiB))
+    return Rig(cards=tuple(cards), name=f"{len(cards)} {backend} card(s)")

@@ -1,0 +1,133 @@
+"""Find the llama.cpp binaries arcsplit will run, and tell which build they come from.
+
+Lookup order: ``--llama-dir``, ``$ARCSPLIT_LLAMA_DIR``, ``PATH``, the managed build. llama-server and the
+rpc-server must come from one build (the RPC protocol is only guaranteed between equal builds).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import LlamaError
+from .build import BuildConfig
+
+RPC_NAMES = ("ggml-rpc-server", "rpc-server")
+_VERSION = re.compile(r"version:\s*(\d+)\s*\(([0-9a-f]+)\)")
+_BUILT_WITH = re.compile(r"built with (.+?) for (\S+)")
+_RPC_PROTO = re.compile(r"RPC server v(\d+\.\d+\.\d+)")
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """What ``--version`` says about a binary."""
+
+    build_number: int | None
+    commit: str | None
+    compiler: str | None
+    target: str | None
+
+
+@dataclass(frozen=True)
+class LlamaBinaries:
+    """The binaries of one llama.cpp build, and where they were found."""
+
+    server: Path
+    rpc_server: Path
+    cli: Path | None
+    bench: Path | None
+    fit_params: Path | None
+    found_by: str
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.server.parent
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
+
+
+def parse_version(text: str) -> BuildInfo:
+    m = _VERSION.search(text)
+    b = _BUILT_WITH.search(text)
+    return BuildInfo(
+        build_number=int(m.group(1)) if m else None,
+        commit=m.group(2) if m else None,
+        compiler=b.group(1).strip() if b else None,
+        target=b.group(2) if b else None,
+    )
+
+
+def parse_rpc_protocol(text: str) -> str | None:
+    m = _RPC_PROTO.search(text)
+    return m.group(1) if m else None
+
+
+def _in_dir(d: Path, found_by: str) -> LlamaBinaries | None:
+    server = d / "llama-server"
+    rpc = next((d / n for n in RPC_NAMES if (d / n).exists()), None)
+    if not server.exists() or rpc is None:
+        return None
+    opt = lambda n: (d / n) if (d / n).exists() else None  # noqa: E731
+    return LlamaBinaries(server, rpc, opt("llama-cli"), opt("llama-bench"), opt("llama-fit-params"), found_by)
+
+
+def find_llama(llama_dir: str | Path | None = None, backend: str = "cpu") -> LlamaBinaries:
+    """Resolve the binaries; a directory the user names must hold them, or it is an error."""
+    if llama_dir is not None:
+        d = Path(llama_dir)
+        found = _in_dir(d, "--llama-dir") or _in_dir(d / "bin", "--llama-dir")
+        if found is None:
+            raise LlamaError(f"--llama-dir {d} has no llama-server and ggml-rpc-server (or rpc-server)",
+                             "point it at a llama.cpp build's bin directory built with -DGGML_RPC=ON")
+        return _checked(found)
+    env_dir = os.environ.get("ARCSPLIT_LLAMA_DIR")
+    if env_dir:
+        d = Path(env_dir)
+        found = _in_dir(d, "ARCSPLIT_LLAMA_DIR") or _in_dir(d / "bin", "ARCSPLIT_LLAMA_DIR")
+        if found is None:
+            raise LlamaError(f"ARCSPLIT_LLAMA_DIR={d} has no llama-server and ggml-rpc-server",
+                             "fix or unset ARCSPLIT_LLAMA_DIR")
+        return _checked(found)
+    on_path = shutil.which("llama-server")
+    if on_path:
+        server = Path(on_path).resolve()
+        found = _in_dir(server.parent, "PATH")
+        if found is None:
+            rpc_path = next((shutil.which(n) for n in RPC_NAMES if shutil.which(n)), None)
+            if rpc_path:
+                raise LlamaError(f"llama-server ({server}) and the rpc-server ({rpc_path}) are not from one build",
+                                 "use binaries from the same build dir, or pass --llama-dir")
+        else:
+            return _checked(found)
+    managed = _in_dir(BuildConfig(backend).bin_dir, "managed")
+    if managed is not None:
+        return managed
+    raise LlamaError(f"no llama.cpp build found for backend {backend}",
+                     f"run `arcsplit llama build --backend {backend}` or pass --llama-dir")
+
+
+def _checked(found: LlamaBinaries) -> LlamaBinaries:
+    """Both binaries must run; a library that does not load is reported now, not at serve time."""
+    for exe in (found.server, found.rpc_server):
+        if not os.access(exe, os.X_OK):
+            raise LlamaError(f"{exe} is not executable", f"chmod +x {exe}")
+    return found
+
+
+def server_build_info(binaries: LlamaBinaries, timeout: float = 30.0) -> BuildInfo:
+    try:
+        out = subprocess.run([str(binaries.server), "--version"], capture_output=True, text=True,
+                             timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LlamaError(f"{binaries.server} --version failed: {exc}", "rebuild with `arcsplit llama build`") from None
+    info = parse_version(out.stdout + out.stderr)
+    if info.build_number is None:
+        raise LlamaError(f"{binaries.server} --version printed no build number (exit {out.returncode})",
+                         "check that its shared libraries load; rebuild with `arcsplit llama build`")
+    return info

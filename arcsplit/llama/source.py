@@ -1,0 +1,86 @@
+"""The llama.cpp source arcsplit builds: the tree vendored in a pinned llama-cpp-python sdist from PyPI.
+
+Building the servers and the Python bindings from the same sdist keeps one llama.cpp (one C ABI).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from .._dirs import cache_dir
+from ..errors import BuildError
+
+SDIST_NAME = "llama-cpp-python"
+SDIST_VERSION = "0.3.36"
+SDIST_FILE = f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+_VENDOR_PREFIX = f"llama_cpp_python-{SDIST_VERSION}/vendor/llama.cpp/"
+# Parts of the vendored tree a build never reads; skipping them keeps the extracted source small.
+_SKIP = ("/.git/", "/docs/", "/media/", "/.github/", "/.devops/", "/tools/server/webui/", "/benches/")
+
+
+def llama_root() -> Path:
+    return cache_dir() / "llama.cpp" / SDIST_VERSION
+
+
+def sdist_path() -> Path:
+    return cache_dir() / "sdist" / SDIST_FILE
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch_sdist(log: Path) -> Path:
+    """Download the pinned sdist with pip (PyPI only) and check its hash; cached."""
+    target = sdist_path()
+    if target.exists() and _sha256(target) == SDIST_SHA256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               f"{SDIST_NAME}=={SDIST_VERSION}", "-d", tmp]
+        with log.open("ab") as fh:
+            rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT).returncode
+        got = Path(tmp) / SDIST_FILE
+        if rc != 0 or not got.exists():
+            raise BuildError(f"downloading {SDIST_NAME} {SDIST_VERSION} from PyPI failed (see {log})",
+                             "check that PyPI is reachable, then run `arcsplit llama build` again")
+        digest = _sha256(got)
+        if digest != SDIST_SHA256:
+            raise BuildError(f"{SDIST_FILE} has sha256 {digest[:16]}…, expected {SDIST_SHA256[:16]}…",
+                             "the download is corrupt or was tampered with; delete it and retry")
+        got.replace(target)
+    return target
+
+
+def extract_source(sdist: Path) -> Path:
+    """Unpack vendor/llama.cpp once into the cache; a half-finished unpack is never reused."""
+    dest = llama_root() / "src"
+    if (dest / "CMakeLists.txt").exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name("src.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    with tarfile.open(sdist, "r:gz") as tar:
+        members = []
+        for m in tar.getmembers():
+            if not m.name.startswith(_VENDOR_PREFIX) or any(s in "/" + m.name for s in _SKIP):
+                continue
+            m.name = m.name[len(_VENDOR_PREFIX):]
+            if not m.name:
+                continue
+            members.append(m)
+        tar.extractall(partial, members=members, filter="data")
+    partial.rename(dest)
+    return dest

@@ -1,0 +1,20 @@
+# Sourced by the scripts: make .venv with arcsplit and its test extras, once per pyproject change.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=".venv/.arcsplit-$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  echo "arcsplit: installing into .venv …" >&2
+  .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null
+  .venv/bin/python -m pip install --quiet -e ".[test]"
+  rm -f .venv/.arcsplit-* && touch "$stamp"
+fi
+# ccache makes a rebuilt llama.cpp take seconds; optional, installed when we may.
+if ! command -v ccache >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get update -qq && apt-get install -y -qq ccache) >/dev/null 2>&1 || true
+fi
+export PATH="$ROOT/.venv/bin:$PATH"

@@ -1,0 +1,27 @@
+"""Shared fixtures: the real llama.cpp CPU build and the real demo model, built/installed once."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from arcsplit.llama.locate import LlamaBinaries, find_llama
+
+
+@pytest.fixture(scope="session")
+def llama_bins() -> LlamaBinaries:
+    """The CPU build arcsplit manages (scripts/test builds it first), or $ARCSPLIT_LLAMA_DIR."""
+    if not os.environ.get("ARCSPLIT_LLAMA_DIR"):
+        from arcsplit.llama.build import BuildConfig, build
+
+        build(BuildConfig("cpu"))
+    return find_llama(backend="cpu")
+
+
+@pytest.fixture(scope="session")
+def demo_model() -> Path:
+    from arcsplit.demo import ensure_demo_model
+
+    return ensure_demo_model()
