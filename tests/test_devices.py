@@ -103,3 +103,13 @@ def test_cli_cpu_cards_json():
     data = json.loads(out.stdout)
     assert [c["index"] for c in data["cards"]] == [0, 1]
     assert all(c["backend"] == "cpu" and c["total_mib"] == 2048 for c in data["cards"])
+
+
+def test_version_parsers():
+    from arcsplit.llama.locate import parse_version
+
+    release = parse_version("version: 9093 (1e5ad35d5)\nbuilt with IntelLLVM 2026.0.0 for Linux x86_64\n")
+    assert (release.build_number, release.commit, release.compiler, release.target) == (
+        9093, "1e5ad35d5", "IntelLLVM 2026.0.0", "Linux x86_64")
+    dev = parse_version("version: 0.5.0-dev (build 0, commit 0c1e57098)\nbuilt with GNU 12.2.0 for Linux x86_64")
+    assert (dev.build_number, dev.commit, dev.version) == (None, "0c1e57098", "0.5.0-dev")

@@ -47,8 +47,9 @@ def test_which_reports_the_build(llama_bins):
     r = arcsplit("llama", "which", "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    assert data["build_number"] and data["build_number"] > 0
-    assert data["commit"]
+    # The sdist carries no git history, so there is no build count: the pinned commit identifies the build.
+    assert data["commit"] and data["commit"] != "unknown"
+    assert data["target"].startswith("Linux")
     assert Path(data["server"]).exists() and Path(data["rpc_server"]).exists()
     assert data["rpc_server_name"] in ("ggml-rpc-server", "rpc-server")
 

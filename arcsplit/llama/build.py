@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import BadInput, BuildError
-from .source import SDIST_VERSION, extract_source, fetch_sdist, llama_root
+from .source import SDIST_VERSION, extract_source, fetch_sdist, llama_root, source_commit
 
 TARGETS = ("llama-server", "ggml-rpc-server", "llama-cli", "llama-bench", "llama-fit-params")
 BACKENDS = ("cpu", "cuda", "vulkan", "sycl")
@@ -148,6 +148,9 @@ def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
         shutil.rmtree(config.build_dir, ignore_errors=True)
     env = dict(os.environ)
     flags = list(config.cmake_flags)
+    commit = source_commit(src)
+    if commit:
+        flags.append(f"-DLLAMA_BUILD_COMMIT={commit}")
     if shutil.which("ccache"):
         flags += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache", "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"]
         # Relative paths in the compile commands let every build dir under root share cache entries.

@@ -18,8 +18,10 @@ from ..errors import LlamaError
 from .build import BuildConfig
 
 RPC_NAMES = ("ggml-rpc-server", "rpc-server")
+# "version: 9093 (1e5ad35d5)" (release builds) or "version: 0.5.0-dev (build 0, commit 0c1e57098)".
 _VERSION = re.compile(r"version:\s*(\d+)\s*\(([0-9a-f]+)\)")
-_BUILT_WITH = re.compile(r"built with (.+?) for (\S+)")
+_VERSION_DEV = re.compile(r"version:\s*(\S+)\s*\(build (\d+), commit (\S+)\)")
+_BUILT_WITH = re.compile(r"built with (.+?) for (.+?)\s*$", re.MULTILINE)
 _RPC_PROTO = re.compile(r"RPC server v(\d+\.\d+\.\d+)")
 
 
@@ -29,6 +31,7 @@ class BuildInfo:
 
     build_number: int | None
     commit: str | None
+    version: str | None
     compiler: str | None
     target: str | None
 
@@ -53,11 +56,19 @@ class LlamaBinaries:
 
 
 def parse_version(text: str) -> BuildInfo:
-    m = _VERSION.search(text)
     b = _BUILT_WITH.search(text)
+    number: int | None = None
+    commit: str | None = None
+    version: str | None = None
+    if m := _VERSION.search(text):
+        number, commit, version = int(m.group(1)), m.group(2), f"b{m.group(1)}"
+    elif m := _VERSION_DEV.search(text):
+        version, number, commit = m.group(1), int(m.group(2)) or None, m.group(3)
+        commit = None if commit == "unknown" else commit
     return BuildInfo(
-        build_number=int(m.group(1)) if m else None,
-        commit=m.group(2) if m else None,
+        build_number=number,
+        commit=commit,
+        version=version,
         compiler=b.group(1).strip() if b else None,
         target=b.group(2) if b else None,
     )
@@ -127,7 +138,7 @@ def server_build_info(binaries: LlamaBinaries, timeout: float = 30.0) -> BuildIn
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise LlamaError(f"{binaries.server} --version failed: {exc}", "rebuild with `arcsplit llama build`") from None
     info = parse_version(out.stdout + out.stderr)
-    if info.build_number is None:
-        raise LlamaError(f"{binaries.server} --version printed no build number (exit {out.returncode})",
+    if info.version is None:
+        raise LlamaError(f"{binaries.server} --version printed no version (exit {out.returncode})",
                          "check that its shared libraries load; rebuild with `arcsplit llama build`")
     return info

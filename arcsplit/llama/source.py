@@ -21,8 +21,11 @@ SDIST_VERSION = "0.3.36"
 SDIST_FILE = f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 _VENDOR_PREFIX = f"llama_cpp_python-{SDIST_VERSION}/vendor/llama.cpp/"
+# The sdist keeps the submodule's git dir: its HEAD is the llama.cpp commit we build.
+_SUBMODULE_HEAD = f"llama_cpp_python-{SDIST_VERSION}/.git/modules/vendor/llama.cpp/HEAD"
+COMMIT_FILE = ".arcsplit-llama-commit"
 # Parts of the vendored tree a build never reads; skipping them keeps the extracted source small.
-_SKIP = ("/.git/", "/docs/", "/media/", "/.github/", "/.devops/", "/tools/server/webui/", "/benches/")
+_SKIP = (".git", ".github", ".devops", "docs/", "media/", "benches/", "models/")
 
 
 def llama_root() -> Path:
@@ -39,6 +42,15 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def source_commit(src: Path) -> str | None:
+    """The short llama.cpp commit of an extracted tree (the sdist carries no git history to count builds)."""
+    try:
+        text = (src / COMMIT_FILE).read_text().strip()
+    except OSError:
+        return None
+    return None if text in ("", "unknown") else text
 
 
 def fetch_sdist(log: Path) -> Path:
@@ -75,12 +87,18 @@ def extract_source(sdist: Path) -> Path:
     with tarfile.open(sdist, "r:gz") as tar:
         members = []
         for m in tar.getmembers():
-            if not m.name.startswith(_VENDOR_PREFIX) or any(s in "/" + m.name for s in _SKIP):
+            if not m.name.startswith(_VENDOR_PREFIX):
                 continue
             m.name = m.name[len(_VENDOR_PREFIX):]
-            if not m.name:
+            if not m.name or m.name.startswith(_SKIP):
                 continue
             members.append(m)
         tar.extractall(partial, members=members, filter="data")
+        try:
+            head = tar.extractfile(_SUBMODULE_HEAD)
+            commit = head.read().decode().strip() if head else ""
+        except KeyError:
+            commit = ""
+    (partial / COMMIT_FILE).write_text(commit[:9] or "unknown")
     partial.rename(dest)
     return dest

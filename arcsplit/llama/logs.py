@@ -1,0 +1,90 @@
+"""Parsers for llama-server and rpc-server log lines: buffer sizes, load progress, failure signatures.
+
+Pure functions over text; the supervisor feeds them every captured line. Formats come from llama.cpp's own
+printf calls (src/llama-model.cpp, llama-kv-cache.cpp, llama-context.cpp) and from lines seen in
+/work/shared/reference (llama-cpp-observed.md, runtime.md §3.4).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+MiB = 1024 * 1024
+
+# "load_tensors: RPC0[127.0.0.1:50153] model buffer size = 15.99 MiB"
+# "llama_kv_cache:        CPU KV buffer size =    18.00 MiB", "sched_reserve:  RPC1[...] compute buffer size = ..."
+_BUFFER = re.compile(
+    r"(?P<func>\w+):\s+(?P<buf>\S+)\s+(?:(?P<extra>\w+)\s+)??(?P<kind>model|KV|compute|output|RS)\s+buffer size\s*=\s*"
+    r"(?P<mib>[\d.]+)\s*MiB"
+)
+_ENDPOINT = re.compile(r"^(?P<name>[A-Za-z_]+\d*)\[(?P<endpoint>[^\]]+)\]$")
+# llama-server's progress callback prints one "." per percent without a newline (src/llama.cpp).
+_DOTS = re.compile(r"^\.+$")
+
+# Failure signatures. "alloc" is the Intel multi-device-context failure that makes arcsplit fall back to hybrid.
+_SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("alloc", re.compile(r"failed to allocate \S+ buffer|unable to allocate \S* ?buffer|"
+                         r"error: 39 \(UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY\)|Native API returns: 39\b")),
+    ("rpc_connect", re.compile(r"Failed to connect to|RPC handshake failed")),
+    ("rpc_crashed", re.compile(r"Remote RPC server crashed")),
+    ("port_busy", re.compile(r"couldn't bind HTTP server socket|Failed to create server socket")),
+    ("model", re.compile(r"error loading model|failed to load model")),
+)
+_ERRORISH = re.compile(r"\berror\b|GGML_ASSERT|\bfailed\b|\babort|exception|Failed", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class BufferLine:
+    """One buffer allocation llama-server reports: which device buffer, what it holds, how many bytes."""
+
+    kind: str  # "model" | "KV" | "compute" | "output" | "RS"
+    buffer: str  # "RPC0", "CPU_Mapped", "SYCL0", ...
+    endpoint: str | None  # "127.0.0.1:50153" for RPC buffers (names repeat across servers; endpoints don't)
+    bytes: int
+
+
+def parse_buffer_line(line: str) -> BufferLine | None:
+    m = _BUFFER.search(line)
+    if not m:
+        return None
+    buf = m.group("buf")
+    endpoint = None
+    em = _ENDPOINT.match(buf)
+    if em:
+        buf, endpoint = em.group("name"), em.group("endpoint")
+    return BufferLine(kind=m.group("kind"), buffer=buf, endpoint=endpoint, bytes=int(float(m.group("mib")) * MiB))
+
+
+def progress_dots(partial: str) -> int | None:
+    """Load progress in percent from the unterminated line of dots llama-server is printing, if that is what it is."""
+    text = partial.strip()
+    if text and _DOTS.match(text):
+        return min(100, len(text))
+    return None
+
+
+def failure_kind(lines: Iterable[str]) -> str | None:
+    """The first known failure signature in these lines (most specific first), or None."""
+    lines = list(lines)
+    for kind, pattern in _SIGNATURES:
+        if any(pattern.search(line) for line in lines):
+            return kind
+    return None
+
+
+def error_lines(lines: Iterable[str], limit: int = 3) -> list[str]:
+    """The last few lines that look like errors: what a one-line failure message should quote."""
+    hits = [line.strip() for line in lines if _ERRORISH.search(line)]
+    return hits[-limit:]
+
+
+def sum_buffers(buffers: Iterable[BufferLine]) -> dict[str, dict[str, int]]:
+    """Bytes per buffer key (endpoint for RPC, else the buffer name) and kind."""
+    out: dict[str, dict[str, int]] = {}
+    for b in buffers:
+        key = b.endpoint or b.buffer
+        slot = out.setdefault(key, {})
+        slot[b.kind] = slot.get(b.kind, 0) + b.bytes
+    return out

@@ -1,0 +1,131 @@
+"""How the cards share one model: one context, one context plus NEO's workaround, hybrid, or all-RPC.
+
+Pure: versions (a Verdict) and probe results in, a ModeDecision with its reasons out. Fastest first, measured
+on 2x H200 (reference/llama-cpp-observed.md): native 1.0 > native+workaround > hybrid 0.87x > all-RPC 0.75x decode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Protocol
+
+from ..errors import BadInput
+from .verdict import Verdict
+
+MODES = ("single", "multi", "multi+workaround", "hybrid", "rpc")
+GPU_BACKENDS = ("sycl", "cuda", "vulkan")
+BACKENDS = ("cpu",) + GPU_BACKENDS
+# Intel's workaround for the NEO >= 26.05 multi-device failure (intel/compute-runtime#916).
+NEO_WORKAROUND_ENV = {"NEOReadDebugKeys": "1", "ForceZeDeviceCanAccessPerReturnValue": "0"}
+_ORDER = ("multi", "multi+workaround", "hybrid", "rpc")
+_SPEED = {"multi": "native speed", "multi+workaround": "one context, no peer access",
+          "hybrid": "~0.87x native decode", "rpc": "~0.75x native decode"}
+
+
+class ProbeLike(Protocol):
+    mode: str
+    ok: bool
+    status: str
+
+
+@dataclass(frozen=True)
+class ModeDecision:
+    """``env`` is extra environment for llama-server (only in multi+workaround); ``verified``: a probe ran it."""
+
+    mode: str
+    env: dict[str, str] = field(default_factory=dict)
+    reasons: tuple[str, ...] = ()
+    verified: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "env": dict(self.env), "reasons": list(self.reasons), "verified": self.verified}
+
+
+def _probe_map(probe_results: Iterable[ProbeLike] | Mapping[str, bool] | None) -> dict[str, tuple[bool, str]]:
+    if not probe_results:
+        return {}
+    if isinstance(probe_results, Mapping):
+        return {m: (bool(ok), "ok" if ok else "failed") for m, ok in probe_results.items()}
+    out: dict[str, tuple[bool, str]] = {}
+    for r in probe_results:
+        out[r.mode] = (bool(r.ok), r.status)
+    return out
+
+
+def choose_mode(backend: str, n_cards: int, forced: str | None = None, verdict: Verdict | None = None,
+                probe_results: Iterable[ProbeLike] | Mapping[str, bool] | None = None) -> ModeDecision:
+    """The fastest mode that works here; ``forced`` (--mode) wins but a known failure is stated."""
+    if backend not in BACKENDS:
+        raise BadInput(f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
+    if n_cards < 1:
+        raise BadInput("no cards to run on", "pass --gpus with at least one card")
+    if forced is not None and forced not in MODES:
+        raise BadInput(f"unknown mode {forced!r}", f"use one of {', '.join(MODES)}")
+    probes = _probe_map(probe_results)
+    reasons: list[str] = []
+    if verdict is not None and verdict.affects == "all" and verdict.status == "bad":
+        reasons.append(f"warning: {verdict.summary} ({', '.join(verdict.sources)}) - no mode avoids it")
+
+    if n_cards == 1:
+        if forced in ("multi", "multi+workaround", "hybrid"):
+            raise BadInput(f"--mode {forced} needs at least 2 cards", "pass --gpus with 2+ cards, or drop --mode")
+        if forced == "rpc":
+            return ModeDecision("rpc", {}, tuple(reasons + ["forced by --mode rpc: the card runs behind one rpc-server"]))
+        return ModeDecision("single", {}, tuple(reasons + ["one card: no multi-device context needed"]))
+
+    if backend == "cpu":
+        if forced in ("multi", "multi+workaround", "single"):
+            raise BadInput(f"--mode {forced} does not exist on the CPU backend",
+                           "CPU cards are rpc-servers: use --mode rpc or --mode hybrid")
+        if forced == "hybrid":
+            return ModeDecision("hybrid", {}, tuple(reasons + ["forced by --mode hybrid: the first CPU card runs in llama-server"]),
+                                probes.get("hybrid", (False, ""))[0])
+        return ModeDecision("rpc", {}, tuple(reasons + [
+            "the CPU backend has no multi-device context: each CPU card is its own rpc-server"]),
+            probes.get("rpc", (False, ""))[0])
+
+    if forced == "single":
+        raise BadInput(f"--mode single needs exactly one card, got {n_cards}", "pass one card with --gpus, or drop --mode")
+    if forced == "multi+workaround" and backend != "sycl":
+        raise BadInput(f"--mode multi+workaround is Intel NEO's workaround and does nothing on {backend}",
+                       "use --mode multi, hybrid or rpc")
+
+    bad_multi = verdict is not None and verdict.status == "bad" and verdict.affects == "multi-device"
+    workaround_env = (verdict.env if verdict is not None and verdict.env else NEO_WORKAROUND_ENV)
+
+    def works(mode: str) -> tuple[bool, str]:
+        """(usable, why): a probe result beats the version prior."""
+        if mode in probes:
+            ok, status = probes[mode]
+            return ok, f"probe: {mode} {'worked' if ok else 'failed (' + status + ')'}"
+        if mode == "multi":
+            if bad_multi:
+                return False, f"not probed; versions say it fails: {verdict.summary} ({', '.join(verdict.sources)})"
+            if verdict is not None and verdict.status == "unknown":
+                return True, (f"not probed; versions cannot tell ({verdict.summary}); if loading fails with "
+                              f"'failed to allocate {backend.upper()}0 buffer', run `arcsplit doctor` or use --mode hybrid")
+            return True, "not probed; " + (f"versions say it works ({verdict.summary})" if verdict else "no known bug")
+        if mode == "multi+workaround":
+            return False, "not used unless a probe verified the workaround env"
+        return True, "not probed; single-device contexts are not affected by the known multi-device bugs"
+
+    if forced is not None:
+        ok, why = works(forced)
+        env = dict(workaround_env) if forced == "multi+workaround" else {}
+        reasons.append(f"forced by --mode {forced}")
+        if forced in probes and not ok:
+            reasons.append(f"warning: {why}")
+        elif forced == "multi" and bad_multi:
+            reasons.append(f"warning: {why}")
+        return ModeDecision(forced, env, tuple(reasons), forced in probes and ok)
+
+    candidates = [m for m in _ORDER if m != "multi+workaround" or backend == "sycl"]
+    for mode in candidates:
+        ok, why = works(mode)
+        if ok:
+            reasons.append(f"{mode} ({_SPEED[mode]}): {why}")
+            env = dict(workaround_env) if mode == "multi+workaround" else {}
+            return ModeDecision(mode, env, tuple(reasons), mode in probes)
+        reasons.append(f"skipped {mode}: {why}")
+    reasons.append("no mode worked in the probe; rpc is the last resort - see `arcsplit doctor` for remedies")
+    return ModeDecision("rpc", {}, tuple(reasons), False)

@@ -1,0 +1,118 @@
+"""check_runtime: facts -> verdict -> probe (cached) -> mode, for ``arcsplit doctor`` and the supervisor.
+
+This is the I/O side; mode.choose_mode stays pure and only sees the verdict and the probe results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import ArcsplitError, BadInput
+from .facts import Facts, gather_facts
+from .locate import LlamaBinaries, server_build_info
+from .mode import ModeDecision, choose_mode
+from .probe import DEFAULT_TIMEOUT_S, ProbeResult, cache_key, load_cached, run_probes, save_cached
+from .verdict import Verdict, verdict_for
+
+_PROBE_ORDER = {"sycl": ("multi", "multi+workaround", "hybrid"), "cuda": ("multi", "hybrid"),
+                "vulkan": ("multi", "hybrid"), "cpu": ("rpc",)}
+
+
+@dataclass(frozen=True)
+class RuntimeReport:
+    backend: str
+    gpus: tuple[int, ...]
+    facts: Facts
+    verdict: Verdict
+    decision: ModeDecision
+    probes: tuple[ProbeResult, ...] = ()
+    probed_at: str | None = None  # ISO time of the probe (cached or fresh)
+    probe_cached: bool = False
+    probe_note: str | None = None  # why no probe ran, when none did
+    cards: tuple[str, ...] = field(default=())
+
+    @property
+    def multi_broken(self) -> bool:
+        """The one-context route fails here (by probe, else by versions): the case seed 003 is about."""
+        multi = next((p for p in self.probes if p.mode == "multi"), None)
+        if multi is not None:
+            return not multi.ok
+        return self.verdict.status == "bad"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend, "gpus": list(self.gpus), "cards": list(self.cards),
+                "verdict": self.verdict.to_dict(), "mode": self.decision.mode, "env": dict(self.decision.env),
+                "reasons": list(self.decision.reasons), "verified": self.decision.verified,
+                "probe": {"results": [p.to_dict() for p in self.probes], "at": self.probed_at,
+                          "cached": self.probe_cached, "note": self.probe_note},
+                "facts": self.facts.to_dict()}
+
+
+def probe_modes(backend: str, n_cards: int) -> tuple[str, ...]:
+    """What to probe, fastest first; one card needs no multi-device probe."""
+    return _PROBE_ORDER.get(backend, ()) if n_cards >= 2 else ()
+
+
+def check_runtime(backend: str, gpus: Sequence[int], binaries: LlamaBinaries | None, reprobe: bool = False,
+                  probe: bool | None = None, forced: str | None = None, sycl_ls_file: str | Path | None = None,
+                  kernel: str | None = None, kernel_config: str | Path | None = None,
+                  timeout: float = DEFAULT_TIMEOUT_S, cards: Sequence[str] = (),
+                  sysfs_root: str | Path = "/sys") -> RuntimeReport:
+    """``probe``: None = probe SYCL rigs of 2+ cards (the broken case), True = always, False = never;
+    ``reprobe`` ignores the cache. A probe needs this machine: file inputs (--sycl-ls, --kernel) turn it off."""
+    build_info = None
+    build_unread = None
+    if binaries is not None:
+        try:
+            build_info = server_build_info(binaries)
+        except ArcsplitError as exc:
+            build_unread = f"llama.cpp build: {exc.problem} (on SYCL, a crash here is itself the ggml-org/llama.cpp#21747 signature)"
+    facts = gather_facts(backend, build_info, sycl_ls_file, kernel, kernel_config, sysfs_root)
+    if build_unread:
+        facts = Facts(**{**facts.__dict__, "unread": facts.unread + (build_unread,)})
+    verdict = verdict_for(backend, facts)
+    n = len(gpus)
+    modes = probe_modes(backend, n)
+    results: list[ProbeResult] = []
+    at, cached, note = None, False, None
+    offline = sycl_ls_file is not None or kernel is not None or kernel_config is not None
+    want = (probe is True or reprobe) or (probe is None and backend == "sycl")
+    if probe is False:
+        note = "probe skipped (--no-probe)"
+    elif not modes:
+        note = "one card: nothing to probe" if n < 2 else f"no probe for backend {backend}"
+    elif offline:
+        note = "no probe: --sycl-ls/--kernel/--kernel-config describe another machine than this one"
+    elif not want:
+        note = f"not probed: no known multi-device bug for {backend} (run with --reprobe to probe anyway)"
+    elif binaries is None:
+        note = "no probe: no llama.cpp build found"
+    else:
+        key = cache_key(facts.neo.label if facts.neo else None, facts.kernel.release, facts.llama_build, backend,
+                        list(cards) or [str(g) for g in gpus])
+        hit = None if reprobe else load_cached(key)
+        if hit is not None:
+            results, at = hit
+            cached = True
+        else:
+            try:
+                results = run_probes(modes, backend, list(gpus), binaries, timeout,
+                                     workaround_env=verdict.env or None)
+            except ImportError as exc:
+                note = f"no probe: cannot generate the probe model ({exc})"
+            else:
+                if results:
+                    from datetime import datetime, timezone
+
+                    at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+                    save_cached(key, results)
+    decision = choose_mode(backend, max(n, 1), forced, verdict, results)
+    return RuntimeReport(backend, tuple(gpus), facts, verdict, decision, tuple(results), at, cached, note, tuple(cards))
+
+
+def validate_backend(backend: str) -> str:
+    if backend not in _PROBE_ORDER:
+        raise BadInput(f"unknown backend {backend!r}", f"use one of {', '.join(_PROBE_ORDER)}")
+    return backend
