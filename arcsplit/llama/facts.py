@@ -433,7 +433,7 @@ def _package_query() -> tuple[dict[str, str], str | None, str]:
 
 def gather_facts(backend: str = "sycl", build_info: Any = None, sycl_ls_file: str | Path | None = None,
                  kernel: str | None = None, kernel_config: str | Path | None = None,
-                 sysfs_root: str | Path = "/sys", timeout: float = TIMEOUT_S) -> Facts:
+                 sysfs_root: str | Path | None = "/sys", timeout: float = TIMEOUT_S) -> Facts:
     """Read every source that exists. With ``--sycl-ls FILE`` NEO comes from the file only: it describes
     another machine (a bug report), and mixing in this machine's packages would misdiagnose it."""
     unread: list[str] = []
@@ -442,7 +442,9 @@ def gather_facts(backend: str = "sycl", build_info: Any = None, sycl_ls_file: st
     sycl_devices: list[SyclDevice] = []
     loader: str | None = None
 
-    if sycl_ls_file is not None:
+    if backend != "sycl" and sycl_ls_file is None:
+        pass  # NEO, Level Zero and oneAPI only matter under SYCL; no point listing them as unread
+    elif sycl_ls_file is not None:
         text = read_text(sycl_ls_file, "sycl-ls")
         sycl_devices = parse_sycl_ls(text) or parse_ggml_sycl_table(text)
         if not sycl_devices:
@@ -498,16 +500,23 @@ def gather_facts(backend: str = "sycl", build_info: Any = None, sycl_ls_file: st
 
     compiler = getattr(build_info, "compiler", None)
     llama_build = None
-    if build_info is not None and getattr(build_info, "build_number", None) is not None:
-        llama_build = f"{build_info.build_number} ({build_info.commit})" + (f", built with {compiler}" if compiler else "")
-    elif build_info is None:
+    if build_info is None:
         unread.append("llama.cpp build: no binaries given")
-    oneapi, _src = _oneapi_version(compiler) if sycl_ls_file is None else (None, None)
+    elif getattr(build_info, "build_number", None) is not None:
+        llama_build = f"build {build_info.build_number} ({build_info.commit})"
+    elif getattr(build_info, "version", None):
+        llama_build = f"version {build_info.version} (no build number)"
+    else:
+        unread.append("llama.cpp build: --version printed neither a build number nor a version")
+    if llama_build and compiler:
+        llama_build += f", built with {compiler}"
+    oneapi, _src = _oneapi_version(compiler) if sycl_ls_file is None and backend == "sycl" else (None, None)
     if oneapi is None and backend == "sycl":
-        unread.append("oneAPI: no $CMPLR_ROOT/$ONEAPI_ROOT, no /opt/intel/oneapi/compiler/latest")
+        unread.append("oneAPI: not in the sycl-ls file" if sycl_ls_file is not None
+                      else "oneAPI: no $CMPLR_ROOT/$ONEAPI_ROOT, no /opt/intel/oneapi/compiler/latest")
 
     kfacts = _kernel_facts(kernel, kernel_config, unread)
-    cards, why = discover_cards(sysfs_root)
+    cards, why = discover_cards(sysfs_root) if sysfs_root is not None else ([], None)  # None: another machine
     if why:
         unread.append(f"cards: {why}")
     return Facts(neo, tuple(readings), loader, oneapi, kfacts, tuple(cards), tuple(sycl_devices), llama_build,

@@ -100,7 +100,7 @@ def choose_mode(backend: str, n_cards: int, forced: str | None = None, verdict: 
             return ok, f"probe: {mode} {'worked' if ok else 'failed (' + status + ')'}"
         if mode == "multi":
             if bad_multi:
-                return False, f"not probed; versions say it fails: {verdict.summary} ({', '.join(verdict.sources)})"
+                return False, f"not probed; versions say it fails (rule {verdict.rule}: {', '.join(verdict.sources)})"
             if verdict is not None and verdict.status == "unknown":
                 return True, (f"not probed; versions cannot tell ({verdict.summary}); if loading fails with "
                               f"'failed to allocate {backend.upper()}0 buffer', run `arcsplit doctor` or use --mode hybrid")

@@ -41,8 +41,8 @@ UR_CODES = {
     "UR_RESULT_ERROR_DEVICE_LOST": 20,
     "UR_RESULT_ERROR_UNKNOWN": 2147483646,
 }
-_UR_NUMERIC = re.compile(r"(?:failed with error|returns):\s*(\d+)\s*\((UR_RESULT_[A-Z_]+)\)")
-_UR_TRACE = re.compile(r"(ur\w+)\(.*?->\s*(UR_RESULT_ERROR_[A-Z_]+)")
+_UR_NUMERIC = re.compile(r"(?:error|returns):\s*(\d+)\s*\((UR_RESULT_[A-Z_]+)\)")
+_UR_TRACE = re.compile(r"(ur[A-Z]\w+)\([^;]*?->\s*(UR_RESULT_ERROR_[A-Z_]+)", re.S)  # spans lines
 _ALLOC = (
     re.compile(r"can't allocate (\d+) Bytes of memory on device"),
     re.compile(r"failed to allocate (\S+) buffer of size (\d+)"),
@@ -50,7 +50,7 @@ _ALLOC = (
 )
 _RPC_FAIL = re.compile(r"Failed to connect to \S+|Remote RPC server crashed|RPC server version mismatch|"
                        r"error: unknown device: \S+|No devices found")
-_LOAD_BEGAN = re.compile(r"llama_model_load|load_tensors:|llama_model_loader:")
+_LOAD_BEGAN = re.compile(r"llama_prepare_model_devices|llama_model_load|load_tensors:|llama_model_loader:")
 _ASSIGNED = re.compile(r"assigned to device (\S+?),")
 _BUFFER = re.compile(r"^\S*?:\s+(\S+) model buffer size\s*=", re.M)
 
@@ -93,6 +93,11 @@ def _signal_name(rc: int) -> str:
         return f"signal {-rc}"
 
 
+def _line_at(text: str, pos: int) -> str:
+    end = text.find("\n", pos)
+    return text[text.rfind("\n", 0, pos) + 1:end if end >= 0 else len(text)].strip()
+
+
 def classify(output: str, returncode: int | None, timed_out: bool, devices: Sequence[str] = (),
              device_tokens: dict[str, str] | None = None, timeout_s: float | None = None) -> tuple[str, str, int | None, tuple[str, ...]]:
     """(status, the deciding line, UR code, devices that allocated a model buffer). Pure; tested on real logs."""
@@ -100,13 +105,13 @@ def classify(output: str, returncode: int | None, timed_out: bool, devices: Sequ
     buffers = _BUFFER.findall(output)
     allocated = tuple(d for d in devices if any(b == d or (tokens.get(d) and tokens[d] in b) for b in buffers))
     ur_code, ur_line = None, ""
-    for line in output.splitlines():
-        m = _UR_NUMERIC.search(line) or _UR_TRACE.search(line)
+    m = _UR_NUMERIC.search(output)
+    if m:
+        ur_code, ur_line = int(m.group(1)), _line_at(output, m.start())
+    else:
+        m = _UR_TRACE.search(output)
         if m:
-            name = m.group(2)
-            ur_code = int(m.group(1)) if m.re is _UR_NUMERIC else UR_CODES.get(name)
-            ur_line = line.strip()
-            break
+            ur_code, ur_line = UR_CODES.get(m.group(2)), " ".join(m.group(0).split())
     if timed_out:
         return "timeout", f"no result within {timeout_s:.0f} s" if timeout_s else "timed out", ur_code, allocated
     for pattern in _ALLOC:
@@ -144,16 +149,17 @@ class _Proc:
     log: Path
 
 
-def _spawn(argv: list[str], env: dict[str, str], log: Path) -> _Proc:
+def _spawn(argv: list[str], env: dict[str, str], log: Path, procs: list[_Proc]) -> _Proc:
     """Own session (process group) so the whole tree can be killed; SIGPIPE stays ignored (rpc-server dies of
-    it when a client vanishes, llama-cpp-observed.md)."""
+    it when a client vanishes, llama-cpp-observed.md). Registered in ``procs`` at once, for the cleanup."""
     fh = open(log, "wb")
     try:
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                             env={**os.environ, **env}, start_new_session=True, restore_signals=False)
+        proc = _Proc(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                                      env={**os.environ, **env}, start_new_session=True, restore_signals=False), log)
+        procs.append(proc)
     finally:
         fh.close()
-    return _Proc(p, log)
+    return proc
 
 
 def _kill(proc: _Proc, grace: float = 2.0) -> None:
@@ -271,8 +277,7 @@ def run_probe(mode: str, backend: str, gpus: Sequence[int], binaries: LlamaBinar
         for i, (label, env) in enumerate(plan.servers):
             port = _free_port()
             proc = _spawn([str(binaries.rpc_server), "-H", "127.0.0.1", "-p", str(port)], env,
-                          workdir / f"rpc-{i}.log")
-            procs.append(proc)
+                          workdir / f"rpc-{i}.log", procs)
             why = _wait_listening(proc, port, deadline)
             if why is not None:
                 timed_out = time.monotonic() >= deadline
@@ -289,8 +294,7 @@ def run_probe(mode: str, backend: str, gpus: Sequence[int], binaries: LlamaBinar
             argv += ["--rpc", ",".join(endpoints)]  # before -dev: llama-bench resolves devices while parsing
         argv += ["-dev", "/".join(devices), "-ngl", "99", "-ts", "/".join(["1"] * n),
                  "-p", "0", "-n", "1", "-r", "1", "--no-warmup", "-v", "-o", "md"]
-        bench = _spawn(argv, plan.bench_env, workdir / "bench.log")
-        procs.append(bench)
+        bench = _spawn(argv, plan.bench_env, workdir / "bench.log", procs)
         timed_out = False
         try:
             rc: int | None = bench.popen.wait(timeout=max(0.1, deadline - time.monotonic()))

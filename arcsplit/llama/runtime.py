@@ -59,25 +59,29 @@ def check_runtime(backend: str, gpus: Sequence[int], binaries: LlamaBinaries | N
                   probe: bool | None = None, forced: str | None = None, sycl_ls_file: str | Path | None = None,
                   kernel: str | None = None, kernel_config: str | Path | None = None,
                   timeout: float = DEFAULT_TIMEOUT_S, cards: Sequence[str] = (),
-                  sysfs_root: str | Path = "/sys") -> RuntimeReport:
+                  sysfs_root: str | Path | None = "/sys") -> RuntimeReport:
     """``probe``: None = probe SYCL rigs of 2+ cards (the broken case), True = always, False = never;
     ``reprobe`` ignores the cache. A probe needs this machine: file inputs (--sycl-ls, --kernel) turn it off."""
     build_info = None
     build_unread = None
-    if binaries is not None:
+    offline = sycl_ls_file is not None or kernel is not None or kernel_config is not None
+    if offline:
+        build_unread = "llama.cpp build: not in the given files (this machine's build is not the reporter's)"
+        sysfs_root = None  # this machine's cards are not the reporter's
+    elif binaries is not None:
         try:
             build_info = server_build_info(binaries)
         except ArcsplitError as exc:
             build_unread = f"llama.cpp build: {exc.problem} (on SYCL, a crash here is itself the ggml-org/llama.cpp#21747 signature)"
     facts = gather_facts(backend, build_info, sycl_ls_file, kernel, kernel_config, sysfs_root)
     if build_unread:
-        facts = Facts(**{**facts.__dict__, "unread": facts.unread + (build_unread,)})
+        unread = tuple(u for u in facts.unread if not u.startswith("llama.cpp build:"))
+        facts = Facts(**{**facts.__dict__, "unread": unread + (build_unread,)})
     verdict = verdict_for(backend, facts)
     n = len(gpus)
     modes = probe_modes(backend, n)
     results: list[ProbeResult] = []
     at, cached, note = None, False, None
-    offline = sycl_ls_file is not None or kernel is not None or kernel_config is not None
     want = (probe is True or reprobe) or (probe is None and backend == "sycl")
     if probe is False:
         note = "probe skipped (--no-probe)"
@@ -90,8 +94,8 @@ def check_runtime(backend: str, gpus: Sequence[int], binaries: LlamaBinaries | N
     elif binaries is None:
         note = "no probe: no llama.cpp build found"
     else:
-        key = cache_key(facts.neo.label if facts.neo else None, facts.kernel.release, facts.llama_build, backend,
-                        list(cards) or [str(g) for g in gpus])
+        key = cache_key(facts.neo.label if facts.neo else None, facts.kernel.release,
+                        f"{facts.llama_build} {_binary_id(binaries)}", backend, list(cards) or [str(g) for g in gpus])
         hit = None if reprobe else load_cached(key)
         if hit is not None:
             results, at = hit
@@ -110,6 +114,15 @@ def check_runtime(backend: str, gpus: Sequence[int], binaries: LlamaBinaries | N
                     save_cached(key, results)
     decision = choose_mode(backend, max(n, 1), forced, verdict, results)
     return RuntimeReport(backend, tuple(gpus), facts, verdict, decision, tuple(results), at, cached, note, tuple(cards))
+
+
+def _binary_id(binaries: LlamaBinaries) -> str:
+    """A rebuild in place keeps the version string ("build 0" from an sdist) but not the file's mtime and size."""
+    try:
+        st = binaries.server.stat()
+        return f"{binaries.server}@{int(st.st_mtime)}:{st.st_size}"
+    except OSError:
+        return str(binaries.server)
 
 
 def validate_backend(backend: str) -> str:

@@ -1,0 +1,184 @@
+"""``arcsplit doctor``: is this machine's GPU runtime able to run one model across these cards, and if not, what to do.
+
+Written for the users of seed 003, who spent hours learning that "failed to allocate SYCL0 buffer" on two Arc
+cards is NEO >= 26.05 on a kernel < 7.1, not a lack of memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..errors import ArcsplitError, BadInput
+from ..llama.devices import discover_rig, parse_gpus
+from ..llama.facts import discover_cards, parse_sycl_ls, read_text
+from ..llama.locate import find_llama
+from ..llama.mode import MODES, NEO_WORKAROUND_ENV
+from ..llama.probe import DEFAULT_TIMEOUT_S
+from ..llama.runtime import RuntimeReport, check_runtime
+from . import print_json
+from .llama import add_llama_dir
+
+BACKEND_CHOICES = ("auto", "sycl", "cuda", "vulkan", "cpu")
+_STATUS = {"good": "known good", "bad": "KNOWN BAD", "unknown": "unknown"}
+
+
+def _auto_backend(sysfs_root: str = "/sys") -> str:
+    """Intel card present -> sycl, NVIDIA -> cuda, else cpu (Vulkan is only ever asked for)."""
+    cards, _ = discover_cards(sysfs_root)
+    vendors = {c.vendor for c in cards}
+    return "sycl" if "intel" in vendors else "cuda" if "nvidia" in vendors else "cpu"
+
+
+def remedies(report: RuntimeReport) -> list[dict[str, str]]:
+    """Ordered fixes for a broken multi-device context: the best first, each with the exact command."""
+    if not report.multi_broken:
+        return []
+    gpus = ",".join(str(g) for g in report.gpus) or "0,1"
+    out: list[dict[str, str]] = []
+    if report.backend == "sycl":
+        env = " ".join(f"{k}={v}" for k, v in (report.verdict.env or NEO_WORKAROUND_ENV).items())
+        out += [
+            {"title": "Run Linux >= 7.1 (the real fix: drm/xe dma-buf, torvalds/linux 609fc8766d68; intel/compute-runtime#916)",
+             "command": "uname -r   # then install your distribution's 7.1+ kernel and reboot"},
+            {"title": "Intel's workaround: NEO debug keys that turn off peer access, keeping one context",
+             "command": f"{env} llama-server ...   # or: arcsplit serve model.gguf --gpus {gpus} --mode multi+workaround"},
+            {"title": "Hybrid: card 0 in llama-server, one rpc-server per other card (~0.87x decode)",
+             "command": f"arcsplit serve model.gguf --gpus {gpus} --mode hybrid"},
+            {"title": "All-RPC: one rpc-server per card, each ONEAPI_DEVICE_SELECTOR=level_zero:N (~0.75x decode)",
+             "command": f"arcsplit serve model.gguf --gpus {gpus} --mode rpc"},
+            {"title": "Downgrade NEO to 25.40.35563.10, the last known good (what llama.cpp's Intel image pins, #22968; "
+                      "~20% slower decode, #23160)",
+             "command": "install libze-intel-gpu1 and intel-opencl-icd 25.40.35563.10 (with IGC 2.20.5) from "
+                        "https://github.com/intel/compute-runtime/releases/tag/25.40.35563.10"},
+            {"title": "Vulkan backend: a different driver stack (Mesa), not NEO",
+             "command": f"arcsplit llama build --backend vulkan && arcsplit serve model.gguf --gpus {gpus} --backend vulkan"},
+        ]
+    else:
+        out += [
+            {"title": "Hybrid: card 0 in llama-server, one rpc-server per other card",
+             "command": f"arcsplit serve model.gguf --gpus {gpus} --backend {report.backend} --mode hybrid"},
+            {"title": "All-RPC: one rpc-server per card",
+             "command": f"arcsplit serve model.gguf --gpus {gpus} --backend {report.backend} --mode rpc"},
+        ]
+    return out
+
+
+def _cards(args: argparse.Namespace, backend: str, gpus: list[int] | None, binaries: Any) -> tuple[list[int], list[str], str | None]:
+    """(gpus, card labels for the cache key and the report, note). Discovery failing is a finding, not a crash."""
+    if args.sycl_ls is not None:
+        devs = [d for d in parse_sycl_ls(read_text(args.sycl_ls, "sycl-ls"))
+                if d.backend == "level_zero" and d.type == "gpu"]
+        labels = [f"level_zero:{d.index if d.index is not None else i} {d.name}" for i, d in enumerate(devs)]
+        return (gpus if gpus is not None else list(range(len(devs)))), labels, None
+    try:
+        rig = discover_rig(backend, gpus, binaries)
+    except ArcsplitError as exc:
+        if gpus is None:
+            return [0], [], f"cards: {exc}"
+        return gpus, [], f"cards: {exc}"
+    return [c.index for c in rig.cards], [f"{c.index}: {c.name}" for c in rig.cards], None
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    backend = args.backend
+    if backend == "auto":  # a pasted sycl-ls or kernel is about the Intel case
+        offline = args.sycl_ls or args.kernel or args.kernel_config
+        backend = "sycl" if offline else _auto_backend()
+    gpus = parse_gpus(args.gpus)
+    if args.timeout <= 0:
+        raise BadInput(f"--timeout {args.timeout} must be positive", "give the probe's limit in seconds, e.g. --timeout 120")
+    for opt, value in (("--sycl-ls", args.sycl_ls), ("--kernel-config", args.kernel_config)):
+        if value is not None and not Path(value).is_file():
+            raise BadInput(f"{opt} {value} is not a file", "pass the path of a saved output file")
+    binaries = None
+    try:
+        binaries = find_llama(args.llama_dir, backend=backend)
+    except ArcsplitError:
+        if args.llama_dir:
+            raise
+    gpus_used, labels, card_note = _cards(args, backend, gpus, binaries)
+    report = check_runtime(backend, gpus_used, binaries, reprobe=args.reprobe,
+                           probe=False if args.no_probe else (True if args.reprobe else None), forced=args.mode,
+                           sycl_ls_file=args.sycl_ls, kernel=args.kernel, kernel_config=args.kernel_config,
+                           timeout=args.timeout, cards=labels)
+    fixes = remedies(report)
+    if args.json:
+        data = report.to_dict()
+        data["remedies"] = fixes
+        if card_note:
+            data["facts"]["unread"].append(card_note)
+        print_json(data)
+        return 0
+    print(_render(report, labels, card_note, fixes))
+    return 0
+
+
+def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: list[dict[str, str]]) -> str:
+    f = r.facts
+    lines = [f"arcsplit doctor: backend {r.backend}, cards {','.join(map(str, r.gpus)) or '-'}", "", "Facts"]
+    row = lambda k, v: lines.append(f"  {k:<22} {v}")  # noqa: E731
+    if r.backend == "sycl" or f.neo:
+        row("NEO (compute-runtime)", f"{f.neo.label}   [{f.neo.source}]" if f.neo else "not read")
+        for extra in f.neo_readings[1:]:
+            if extra.build != f.neo.build:
+                row("", f"but {extra.label}   [{extra.source}]")
+        row("Level Zero loader", f.level_zero_loader or "not read")
+        row("oneAPI", f.oneapi or "not read")
+    k = f.kernel
+    notify = {True: "CONFIG_DMABUF_MOVE_NOTIFY=y", False: "CONFIG_DMABUF_MOVE_NOTIFY is not set",
+              None: "CONFIG_DMABUF_MOVE_NOTIFY unknown"}[k.move_notify]
+    row("kernel", f"{k.release or 'not read'}, {notify}" + (f" ({k.config_source})" if k.config_source else ""))
+    row("llama.cpp", f.llama_build or "not read")
+    for c in f.cards:
+        row(f"sysfs {c.drm}", f"{c.pci_id or '?'} {c.name or ''} driver {c.driver or '?'} {c.pci_slot or ''}".strip())
+    for label in labels:
+        row("card", label)
+    unread = list(f.unread) + ([card_note] if card_note else [])
+    if unread:
+        lines.append("  could not read:")
+        lines += [f"    - {u}" for u in unread]
+    lines += [f"  note: {n}" for n in f.notes]
+    v = r.verdict
+    lines += ["", f"Verdict from versions: {_STATUS[v.status]}  (rule {v.rule})", f"  {v.summary}"]
+    if v.sources:
+        lines.append(f"  sources: {', '.join(v.sources)}")
+    lines += ["", "Probe" + (f" ({'cached' if r.probe_cached else 'run'} {r.probed_at}"
+                             + ("; --reprobe for a new one" if r.probe_cached else "") + ")" if r.probed_at else "")]
+    if r.probe_note:
+        lines.append(f"  {r.probe_note}")
+    for p in r.probes:
+        env = " with " + " ".join(f"{a}={b}" for a, b in p.env) if p.env else ""
+        lines.append(f"  {p.mode:<17} {'works' if p.ok else 'FAILS'}  {p.status}: {p.detail}  ({p.seconds:.1f} s{env})")
+    d = r.decision
+    lines += ["", f"Mode: {d.mode}" + ("  (verified by the probe)" if d.verified else "")]
+    if d.env:
+        lines.append("  env: " + " ".join(f"{a}={b}" for a, b in d.env.items()))
+    lines += [f"  - {reason}" for reason in d.reasons]
+    if fixes:
+        lines += ["", "The multi-device context is broken here. Remedies, best first:"]
+        for i, fx in enumerate(fixes, 1):
+            lines += [f"  {i}. {fx['title']}", f"       {fx['command']}"]
+    return "\n".join(lines)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="check the GPU runtime for multi-card use and say what to do",
+                       description="Gather runtime facts (NEO, Level Zero, oneAPI, kernel, cards, llama.cpp build), judge "
+                                   "them against known-bad runtimes, probe the real llama.cpp on the cards, and pick the "
+                                   "fastest mode that works. For a bug report, pass saved outputs with --sycl-ls, "
+                                   "--kernel and --kernel-config.")
+    p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
+                   help="ggml backend (default auto: sycl if an Intel card is in sysfs, cuda if NVIDIA, else cpu)")
+    p.add_argument("--gpus", metavar="LIST", help="cards to check, e.g. 0,1 (default: all)")
+    p.add_argument("--mode", choices=MODES, help="show the decision for a forced mode")
+    add_llama_dir(p)
+    p.add_argument("--sycl-ls", metavar="FILE", help="read sycl-ls output from FILE (e.g. from a bug report)")
+    p.add_argument("--kernel", metavar="VERSION", help="judge this kernel version (uname -r) instead of this machine's")
+    p.add_argument("--kernel-config", metavar="FILE", help="kernel config file to read CONFIG_DMABUF_MOVE_NOTIFY from")
+    p.add_argument("--reprobe", action="store_true", help="ignore the cached probe and run a new one")
+    p.add_argument("--no-probe", action="store_true", help="versions only, run nothing")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help=f"seconds per probe (default {DEFAULT_TIMEOUT_S:.0f})")
+    p.add_argument("--json", action="store_true", help="machine-readable output (verdict, mode, reasons, facts, ...)")
+    p.set_defaults(func=_doctor)
