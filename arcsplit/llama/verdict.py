@@ -10,7 +10,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from ..errors import ArcsplitError
@@ -81,7 +81,8 @@ def parse_rules(text: str, origin: str = "known_runtimes.toml") -> tuple[Rule, .
 
 @lru_cache(maxsize=1)
 def known_rules() -> tuple[Rule, ...]:
-    text = resources.files("arcsplit").joinpath("data/known_runtimes.toml").read_text(encoding="utf-8")
+    # By path, not importlib.resources: an editable install can hand back a MultiplexedPath that cannot read it.
+    text = (Path(__file__).resolve().parent.parent / "data" / "known_runtimes.toml").read_text(encoding="utf-8")
     return parse_rules(text)
 
 
