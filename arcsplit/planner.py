@@ -27,6 +27,7 @@ class PlanOptions:
     n_ubatch: int = 512
     flash_attn: bool = True
     swa_full: bool = False
+    n_outputs: int | None = None  # logits rows the graph is reserved for; None: one per slot, as llama-server does
 
 
 @dataclass(frozen=True)
@@ -141,3 +142,300 @@ class Plan:
             "llama_server_args": self.llama_server_args(),
             "warnings": list(self.warnings),
         }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the solver
+
+GiB = 1024**3
+_MiB = 1024**2
+
+
+def _fmt(n: int) -> str:
+    return f"{n / GiB:.2f} GiB" if abs(n) >= GiB else f"{n / _MiB:.0f} MiB"
+
+
+@dataclass(frozen=True)
+class _Costs:
+    """Per-layer bytes at one context size; index n_layer is the output layer."""
+
+    cs: Any
+    layer: tuple[int, ...]  # weights + kv + state of each layer (output layer: its weights)
+    weights: tuple[int, ...]
+    kv: tuple[int, ...]
+    state: tuple[int, ...]
+
+
+def _costs(profile: Any, options: PlanOptions, n_ctx: int) -> _Costs:
+    from . import memory
+
+    cs = memory.context_sizes(profile, n_ctx, options.n_parallel, options.kv_unified, options.n_ubatch, options.swa_full)
+    w, k, s = [], [], []
+    for il in range(profile.n_layer):
+        w.append(memory.weight_layer_bytes(profile, il))
+        k.append(memory.kv_layer_bytes(profile, il, cs, options.cache_type_k, options.cache_type_v, options.flash_attn))
+        s.append(memory.state_layer_bytes(profile, il, cs))
+    w.append(profile.output_bytes)
+    k.append(0)
+    s.append(0)
+    return _Costs(cs, tuple(a + b + c for a, b, c in zip(w, k, s)), tuple(w), tuple(k), tuple(s))
+
+
+class _Solver:
+    def __init__(self, profile: Any, cards: tuple[Card, ...], names: list[str], options: PlanOptions) -> None:
+        from . import memory
+
+        self.memory = memory
+        self.profile = profile
+        self.cards = cards
+        self.names = names
+        self.options = options
+        self.host = names[0] == HOST_DEVICE
+        self.n_units = profile.n_layer + 1
+        self.budgets = [c.budget_bytes for c in cards]
+        gpu_cards = len(cards) - (1 if self.host else 0)
+        self.pipeline = gpu_cards > 1
+        self._memo: dict[tuple[Any, int, int, int], tuple[int, int, int, int]] = {}
+
+    def shape(self) -> Any:
+        o = self.options
+        n_out = o.n_outputs if o.n_outputs is not None else max(1, o.n_parallel)
+        return self.memory.ComputeShape(o.n_ubatch, min(n_out, o.n_ubatch), o.flash_attn, self.pipeline)
+
+    def card_bytes(self, costs: _Costs, j: int, a: int, b: int) -> tuple[int, int, int, int]:
+        """(weights, kv, state, compute) of card j holding units [a, b)."""
+        key = (costs.cs, j, a, b)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._card_bytes(costs, j, a, b)
+        return hit
+
+    def _card_bytes(self, costs: _Costs, j: int, a: int, b: int) -> tuple[int, int, int, int]:
+        has_out = b == self.n_units
+        end = min(b, self.profile.n_layer)
+        if self.host and j == 0:
+            # llama-server's CPU keeps these layers; its compute buffer also builds every card's inputs
+            comp = self.memory.host_compute_bytes(self.profile, costs.cs, self.shape())
+            extra = self.profile.host_bytes
+        else:
+            comp = self.memory.compute_bytes(self.profile, costs.cs, a, end, has_out, self.shape()) if b > a else 0
+            extra = 0
+        return (sum(costs.weights[a:b]) + extra, sum(costs.kv[a:b]), sum(costs.state[a:b]), comp)
+
+    def fits(self, costs: _Costs, j: int, a: int, b: int, cap: float = 1.0) -> bool:
+        return sum(self.card_bytes(costs, j, a, b)) <= cap * self.budgets[j]
+
+    def split(self, costs: _Costs) -> list[int] | None:
+        """Boundaries [0, c1, ..., n_units] that fit, spreading layers in proportion to each card's budget."""
+        n = self.n_units
+        gpus = list(range(1 if self.host else 0, len(self.cards)))
+        host_layers = [0]
+        if self.host:
+            host_layers = [k for k in range(0, n) if self.fits(costs, 0, 0, k)]
+            if not host_layers:
+                return None
+        for k in host_layers:  # as few layers on llama-server's CPU as possible
+            bounds = self._split_gpus(costs, gpus, k)
+            if bounds is not None:
+                return ([0] if self.host else []) + bounds
+        return None
+
+    def _greedy(self, costs: _Costs, gpus: list[int], start: int, cap: float) -> list[int] | None:
+        n = self.n_units
+        bounds = [start]
+        a = start
+        for idx, j in enumerate(gpus):
+            if idx == len(gpus) - 1:
+                if not self.fits(costs, j, a, n, cap):
+                    return None
+                bounds.append(n)
+                return bounds
+            b = a
+            while b < n - 1 and self.fits(costs, j, a, b + 1, cap):
+                b += 1
+            bounds.append(b)
+            a = b
+        return None
+
+    def _split_gpus(self, costs: _Costs, gpus: list[int], start: int) -> list[int] | None:
+        if self._greedy(costs, gpus, start, 1.0) is None:
+            return None
+        lo, hi = 0.0, 1.0  # smallest share of every budget that still holds the model: proportional fill
+        for _ in range(16):  # 1/65536 of a budget: finer than one layer of any real model
+            mid = (lo + hi) / 2
+            if self._greedy(costs, gpus, start, mid) is None:
+                lo = mid
+            else:
+                hi = mid
+        return self._greedy(costs, gpus, start, hi)
+
+
+def _as_cards(rig_or_cards: Any) -> tuple[Card, ...]:
+    from .rig import Rig
+
+    if isinstance(rig_or_cards, Rig):
+        return rig_or_cards.cards
+    if isinstance(rig_or_cards, Card):
+        return (rig_or_cards,)
+    cards = tuple(rig_or_cards)
+    if not cards:
+        raise _bad("no cards to plan for", "name at least one card (--gpus or --layout)")
+    return cards
+
+
+def _bad(problem: str, fix: str) -> Exception:
+    from .errors import BadInput
+
+    return BadInput(problem, fix)
+
+
+def make_plan(profile: Any, rig_or_cards: Any, options: PlanOptions | None = None,
+              devices: list[str] | None = None) -> Plan:
+    """Place every layer (output layer on the last card) so that each card keeps its margin free.
+
+    ``devices`` names the cards as llama-server will see them (RPC0, SYCL1, ...); a card named ``HOST_DEVICE`` is
+    llama-server's own CPU and may only come first. With ``options.n_ctx=None`` the largest context that fits
+    (up to the training context) is chosen. Raises DoesNotFit with the shortfall and what would make it fit.
+    """
+    from . import memory
+    from .errors import DoesNotFit
+
+    options = options or PlanOptions()
+    cards = _as_cards(rig_or_cards)
+    names = list(devices) if devices is not None else [c.device for c in cards]
+    if len(names) != len(cards):
+        raise _bad(f"{len(names)} device names for {len(cards)} cards", "give one device name per card")
+    if HOST_DEVICE in names[1:]:
+        raise _bad("llama-server's own CPU can only hold the first layers", "put the CPU card first")
+    if options.n_parallel < 1:
+        raise _bad(f"--np {options.n_parallel} must be at least 1", "pass --np 1 or more")
+    if options.n_ubatch < 1 or options.n_batch < 1:
+        raise _bad("batch sizes must be positive", "pass --ubatch N with N > 0")
+    memory.check_cache_types(profile, options.cache_type_k, options.cache_type_v, options.flash_attn)
+    solver = _Solver(profile, cards, names, options)
+    warnings = list(profile.warnings)
+
+    train = profile.n_ctx_train or 0
+    if options.n_ctx is not None:
+        ctx = options.n_ctx
+        if ctx <= 0:
+            raise _bad(f"context {ctx} must be positive", "pass --ctx N with N > 0, or --ctx max")
+        costs = _costs(profile, options, ctx)
+        bounds = solver.split(costs)
+        if bounds is None:
+            raise DoesNotFit(*_why(profile, solver, options, ctx))
+        if train and ctx > train * options.n_parallel:
+            warnings.append(f"context {ctx} is beyond the model's training context {train}")
+    else:
+        cap = max(256, (train or 4096) * (options.n_parallel if not options.kv_unified else 1))
+        if options.kv_unified:
+            cap = max(256, (train or 4096) * options.n_parallel)
+        cap = memory.pad(cap, 256) if cap % 256 else cap
+        lo_costs = _costs(profile, options, 256)
+        if solver.split(lo_costs) is None:
+            raise DoesNotFit(*_why(profile, solver, options, 256))
+        lo, hi = 1, cap // 256  # in units of 256 tokens
+        if solver.split(_costs(profile, options, hi * 256)) is not None:
+            lo = hi
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if solver.split(_costs(profile, options, mid * 256)) is not None:
+                lo = mid
+            else:
+                hi = mid - 1
+        ctx = lo * 256
+        if train and ctx < min(train, 4096):
+            warnings.append(f"only {ctx} tokens of context fit (training context {train})")
+        costs = _costs(profile, options, ctx)
+        bounds = solver.split(costs)
+        assert bounds is not None
+
+    plans = []
+    for j, card in enumerate(cards):
+        a, b = bounds[j], bounds[j + 1]
+        w, k, s, c = solver.card_bytes(costs, j, a, b)
+        plans.append(CardPlan(card=card, device=names[j], first_layer=a, end_layer=b, weights=w, kv=k, state=s,
+                              compute=c, has_output=b == solver.n_units and a < b))
+    host = profile.host_bytes
+    if not solver.host:
+        host += memory.host_compute_bytes(profile, costs.cs, solver.shape())
+    return Plan(model_path=profile.path, arch=profile.arch, n_layer=profile.n_layer, n_ctx=costs.cs.n_ctx,
+                options=options if options.n_ctx == costs.cs.n_ctx else _with_ctx(options, costs.cs.n_ctx),
+                cards=tuple(plans), host_bytes=host, warnings=tuple(warnings))
+
+
+def _with_ctx(options: PlanOptions, n_ctx: int) -> PlanOptions:
+    from dataclasses import replace
+
+    return replace(options, n_ctx=n_ctx)
+
+
+def _why(profile: Any, solver: _Solver, options: PlanOptions, ctx: int) -> tuple[str, str]:
+    """One line: how much is missing, and the cheapest changes that would make it fit."""
+    from dataclasses import replace
+
+    costs = _costs(profile, options, ctx)
+    need_w = sum(costs.weights)
+    need_kv = sum(costs.kv) + sum(costs.state)
+    # compute if everything sat on the last card vs spread: take the spread estimate per card
+    n = len(solver.cards)
+    per = -(-solver.n_units // n)
+    comp = sum(solver.card_bytes(costs, j, min(j * per, solver.n_units), min((j + 1) * per, solver.n_units))[3]
+               for j in range(n))
+    need = need_w + need_kv + comp
+    have = sum(solver.budgets)
+    short = max(need - have, 0)
+    head = (f"{profile.arch} model needs about {_fmt(need)} at context {costs.cs.n_ctx} (weights {_fmt(need_w)}, "
+            f"KV/state {_fmt(need_kv)}, compute {_fmt(comp)}) but the {n} card(s) have {_fmt(have)} free after margins")
+    head += f": short by {_fmt(short)}" if short else ": no split of whole layers fits every card"
+    fixes = []
+    if options.n_ctx is not None and ctx > 256:
+        try:
+            alt = make_plan(profile, solver.cards, replace(options, n_ctx=None), solver.names)
+            fixes.append(f"use --ctx {alt.n_ctx} or less")
+        except Exception:
+            pass
+    if options.cache_type_k == "f16" and options.flash_attn and need_kv > 0:
+        alt_o = replace(options, cache_type_k="q8_0", cache_type_v="q8_0")
+        try:
+            make_plan(profile, solver.cards, alt_o, solver.names)
+            fixes.append("quantize the KV cache (--cache-type q8_0)")
+        except Exception:
+            pass
+    if options.n_parallel > 1:
+        fixes.append("use fewer slots (--np 1)")
+    fixes.append(f"add a card with at least {_fmt(max(short, 256 * _MiB))} free")
+    return head, "; or ".join(fixes)
+
+
+def plan_for_split(profile: Any, rig_or_cards: Any, options: PlanOptions, tensor_split: list[int],
+                   devices: list[str] | None = None) -> Plan:
+    """The bytes per card of a given split (integer layer counts summing to n_layer+1), fitting or not.
+
+    Used to check a pinned layout and to compare against llama-fit-params for the same -ts.
+    """
+    from . import memory
+
+    cards = _as_cards(rig_or_cards)
+    names = list(devices) if devices is not None else [c.device for c in cards]
+    if options.n_ctx is None:
+        raise _bad("a pinned split needs a context size", "pass --ctx N")
+    if len(tensor_split) != len(cards) or any(n < 0 for n in tensor_split) or sum(tensor_split) != profile.n_layer + 1:
+        raise _bad(f"tensor split {tensor_split} must give {len(cards)} non-negative counts summing to "
+                   f"{profile.n_layer + 1}", "fix the split or let arcsplit plan it")
+    memory.check_cache_types(profile, options.cache_type_k, options.cache_type_v, options.flash_attn)
+    solver = _Solver(profile, cards, names, options)
+    costs = _costs(profile, options, options.n_ctx)
+    bounds = [0]
+    for n in tensor_split:
+        bounds.append(bounds[-1] + n)
+    plans = []
+    for j, card in enumerate(cards):
+        a, b = bounds[j], bounds[j + 1]
+        w, k, s, c = solver.card_bytes(costs, j, a, b)
+        plans.append(CardPlan(card=card, device=names[j], first_layer=a, end_layer=b, weights=w, kv=k, state=s,
+                              compute=c, has_output=b == solver.n_units and a < b))
+    host = profile.host_bytes + (0 if solver.host else memory.host_compute_bytes(profile, costs.cs, solver.shape()))
+    return Plan(model_path=profile.path, arch=profile.arch, n_layer=profile.n_layer, n_ctx=costs.cs.n_ctx,
+                options=_with_ctx(options, costs.cs.n_ctx), cards=tuple(plans), host_bytes=host,
+                warnings=tuple(profile.warnings))

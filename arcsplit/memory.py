@@ -1,0 +1,194 @@
+"""llama.cpp's memory rules, per layer and per card: weights, KV cache, recurrent state, compute buffers.
+
+Sources (llama.cpp tree in /tmp/warm/src, see /work/shared/reference/planner.md):
+- context sizes: ``llama_context`` ctor (n_ctx padded to 256; per-stream size when the KV is not unified);
+- KV: ``llama_kv_cache`` ctor (K and V rows of the cache type, per layer on that layer's device; V padded to the
+  widest layer without flash attention; MLA caches K only); SWA layers: ``llama_kv_cache_iswa``;
+- recurrent state: ``llama_memory_recurrent`` (f32 rows of n_embd_r + n_embd_s per sequence);
+- compute buffers: no closed form in llama.cpp (``graph_reserve``); the model below is calibrated against
+  ``llama-fit-params -fitp on`` and real ``llama-server`` loads (bench/plan_accuracy.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import BadInput
+from .model import ModelProfile
+
+MiB = 1024 * 1024
+
+# ggml block size and bytes per block (ggml-common.h)
+CACHE_TYPES: dict[str, tuple[int, int]] = {
+    "f32": (1, 4),
+    "f16": (1, 2),
+    "bf16": (1, 2),
+    "q8_0": (32, 34),
+    "q4_0": (32, 18),
+    "q4_1": (32, 20),
+    "q5_0": (32, 22),
+    "q5_1": (32, 24),
+    "iq4_nl": (32, 18),
+}
+PIPELINE_COPIES = 4  # GGML_SCHED_MAX_COPIES
+
+
+def pad(x: int, n: int) -> int:
+    return -(-x // n) * n
+
+
+def row_bytes(cache_type: str, n: int) -> int:
+    """Bytes of one row of ``n`` elements in a cache type (ggml_row_size)."""
+    try:
+        block, size = CACHE_TYPES[cache_type]
+    except KeyError:
+        raise BadInput(f"unknown cache type {cache_type!r}", f"use one of {', '.join(CACHE_TYPES)}") from None
+    if n % block:
+        raise BadInput(
+            f"cache type {cache_type} needs rows that are a multiple of {block} elements; this model's are {n}",
+            "use f16, bf16 or q8_0 with a model whose head size allows it",
+        )
+    return n // block * size
+
+
+@dataclass(frozen=True)
+class ContextSizes:
+    """What llama_context makes of -c/-np/--kv-unified: cells per stream, streams, SWA cells."""
+
+    n_ctx: int  # after padding (what llama-server reports as n_ctx)
+    kv_size: int  # cells per stream of full-attention layers
+    n_stream: int
+    swa_size: int  # cells per stream of SWA layers
+    n_seq: int
+
+
+def context_sizes(profile: ModelProfile, n_ctx: int, n_parallel: int = 1, kv_unified: bool = True,
+                  n_ubatch: int = 512, swa_full: bool = False) -> ContextSizes:
+    if n_ctx <= 0:
+        raise BadInput(f"context size {n_ctx} must be positive", "pass --ctx N with N > 0, or --ctx max")
+    n_seq = max(1, n_parallel)
+    ctx = pad(n_ctx, 256)
+    if kv_unified:
+        kv_size, n_stream = ctx, 1
+    else:
+        kv_size = pad(ctx // n_seq, 256)
+        n_stream = n_seq
+        ctx = kv_size * n_seq
+    n_ub = min(n_ubatch, ctx)
+    if swa_full or not profile.n_swa:
+        swa = kv_size
+    else:
+        swa = pad(min(kv_size, profile.n_swa * (n_seq if kv_unified else 1) + n_ub), 256)
+    return ContextSizes(ctx, kv_size, n_stream, swa, n_seq)
+
+
+def kv_layer_bytes(profile: ModelProfile, il: int, cs: ContextSizes, type_k: str = "f16", type_v: str = "f16",
+                   flash_attn: bool = True) -> int:
+    """KV cache bytes of layer ``il`` (on the device holding that layer)."""
+    if not profile.has_kv[il]:
+        return 0
+    cells = (cs.swa_size if profile.is_swa[il] else cs.kv_size) * cs.n_stream
+    k = row_bytes(type_k, profile.n_embd_k[il]) * cells
+    if profile.mla:
+        return k
+    width = profile.n_embd_v[il] if flash_attn else max(profile.n_embd_v)  # V is transposed and padded without FA
+    return k + row_bytes(type_v, width) * cells
+
+
+def state_layer_bytes(profile: ModelProfile, il: int, cs: ContextSizes) -> int:
+    """Recurrent state (conv + ssm, f32) of layer ``il``: one row per sequence."""
+    if not profile.is_recurrent[il]:
+        return 0
+    return (profile.n_embd_r + profile.n_embd_s) * 4 * cs.n_seq
+
+
+def weight_layer_bytes(profile: ModelProfile, il: int, load_mtp: bool = False) -> int:
+    """Weights of layer ``il``; llama.cpp skips NextN/MTP blocks unless MTP drafting is on (they still count as layers)."""
+    if il >= profile.n_layer_main and not load_mtp:
+        return 0
+    return profile.layer_bytes[il]
+
+
+def check_cache_types(profile: ModelProfile, type_k: str, type_v: str, flash_attn: bool) -> None:
+    """Refuse what llama.cpp refuses, before any process starts."""
+    for t in (type_k, type_v):
+        if t not in CACHE_TYPES:
+            raise BadInput(f"unknown cache type {t!r}", f"use one of {', '.join(CACHE_TYPES)}")
+    if CACHE_TYPES[type_v][0] > 1 and not flash_attn:
+        raise BadInput(f"a quantized V cache ({type_v}) needs flash attention", "turn flash attention on or use -ctv f16")
+    if profile.mla and type_k != type_v:
+        raise BadInput("MLA models (deepseek2) need the same K and V cache type", f"use --cache-type {type_k} for both")
+
+
+def ffn_width(profile: ModelProfile, il: int) -> int:
+    """The widest activation a layer's FFN makes per token: dense n_ff, or the routed + shared experts it runs."""
+    if profile.n_expert and profile.expert_bytes[il]:
+        return profile.n_expert_used * profile.n_ff_exp + profile.n_ff_shexp
+    width = profile.n_ff[il]
+    if profile.is_recurrent[il] and profile.n_embd_r:
+        # gated delta net / SSM: the conv input (d_inner + 2 groups of state) dominates
+        conv = profile.n_embd_r // max(1, _conv_kernel_minus_one(profile))
+        width = max(width, conv)
+    return width
+
+
+def _conv_kernel_minus_one(profile: ModelProfile) -> int:
+    return profile.ssm_conv_kernel - 1 if profile.ssm_conv_kernel > 1 else 1
+
+
+# Calibrated against llama-fit-params -fitp on (CPU backend over RPC), see bench/plan_accuracy.py.
+K_FFN = 3.0  # gate, up and their product live together
+K_EMBD = 2.5  # residual stream, normed input, attention output
+K_OUT_EMBD = 4.75  # the output layer: final norm, its input rows, logits staging
+K_NOFA_EMBD = 6.0  # without flash attention: Q/K/V permuted copies next to the KQ scores
+
+
+@dataclass(frozen=True)
+class ComputeShape:
+    """What a card's compute buffer depends on besides its layers."""
+
+    n_ubatch: int = 512
+    n_outputs: int = 1  # rows of logits the graph is reserved for: llama-server reserves one per slot
+    flash_attn: bool = True
+    pipeline: bool = False  # several devices, output layer offloaded: the scheduler keeps 4 copies of inputs
+
+
+def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int, has_output: bool,
+                  shape: ComputeShape) -> int:
+    """Compute buffer of a card holding layers [first, end) (+ the output layer when ``has_output``)."""
+    if end <= first and not has_output:
+        return 0
+    t = min(shape.n_ubatch, cs.n_ctx)
+    e = profile.n_embd
+    layers = range(first, min(end, profile.n_layer_main))
+    mask_elt = 2 if shape.flash_attn else 4
+    # graph inputs used on this card: one KQ mask per kind of attention it runs, the hidden state, positions
+    cells = {cs.swa_size if profile.is_swa[il] else cs.kv_size for il in layers if profile.has_kv[il]}
+    inputs = sum(c * cs.n_stream * t * mask_elt for c in cells) // max(1, cs.n_stream)
+    inputs += e * t * 4 + t * 4 * 4
+    # the widest layer's working set
+    ws = 0
+    for il in layers:
+        w = t * 4 * (K_FFN * ffn_width(profile, il) + K_EMBD * e)
+        if profile.mla and profile.has_kv[il]:
+            # absorbed MLA: every head's query is as wide as the compressed K row (kv_lora_rank + rope)
+            w = max(w, t * 4 * (profile.n_head[il] * profile.n_embd_k[il] * 2.25 + K_EMBD * e))
+        if not shape.flash_attn and profile.has_kv[il]:
+            n_kv = (cs.swa_size if profile.is_swa[il] else cs.kv_size) * cs.n_stream
+            w = max(w, t * 4 * (profile.n_head[il] * n_kv + K_NOFA_EMBD * e))
+        ws = max(ws, int(w))
+    out = 0
+    if has_output:
+        out = int(shape.n_outputs * profile.n_vocab * 4 + K_OUT_EMBD * e * t * 4)
+    if shape.pipeline:
+        return PIPELINE_COPIES * inputs + max(ws, out)
+    return max(inputs + ws, out)
+
+
+def host_compute_bytes(profile: ModelProfile, cs: ContextSizes, shape: ComputeShape) -> int:
+    """llama-server's own CPU buffer: builds the inputs (embeddings, masks) every card copies from."""
+    t = min(shape.n_ubatch, cs.n_ctx)
+    mask_elt = 2 if shape.flash_attn else 4
+    cells = {cs.swa_size if profile.is_swa[il] else cs.kv_size for il in range(profile.n_layer_main) if profile.has_kv[il]}
+    inputs = sum(c * t * mask_elt for c in cells) + profile.n_embd * t * 4
+    return inputs * (PIPELINE_COPIES if shape.pipeline else 1)

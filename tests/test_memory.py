@@ -1,0 +1,102 @@
+"""llama.cpp's sizing rules, checked by hand-computed values on real (synthetic) GGUF files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from arcsplit import memory, synth
+from arcsplit.errors import BadInput
+from arcsplit.model import load_profile
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory):
+    return load_profile(synth.write_llama(tmp_path_factory.mktemp("m") / "l.gguf", n_layer=4, n_embd=256, n_head=8,
+                                          n_head_kv=2, n_ff=512, n_vocab=32000, header_only=True))
+
+
+def test_row_sizes_use_real_block_sizes() -> None:
+    assert memory.row_bytes("f16", 128) == 256
+    assert memory.row_bytes("q8_0", 128) == 4 * 34
+    assert memory.row_bytes("q4_0", 128) == 4 * 18
+    assert memory.row_bytes("q5_1", 64) == 2 * 24
+    assert memory.row_bytes("iq4_nl", 32) == 18
+    with pytest.raises(BadInput, match="multiple of 32"):
+        memory.row_bytes("q8_0", 48)
+    with pytest.raises(BadInput, match="unknown cache type"):
+        memory.row_bytes("q3_k", 64)
+
+
+def test_context_padding_and_streams(llama) -> None:
+    cs = memory.context_sizes(llama, 1000)
+    assert (cs.n_ctx, cs.kv_size, cs.n_stream) == (1024, 1024, 1)
+    cs = memory.context_sizes(llama, 5000, n_parallel=3, kv_unified=False)
+    # per-stream cells padded to 256, n_ctx rounded to streams x cells
+    assert (cs.kv_size, cs.n_stream, cs.n_ctx) == (1792, 3, 5376)
+
+
+def test_gqa_kv_per_layer(llama) -> None:
+    cs = memory.context_sizes(llama, 4096)
+    width = 2 * (256 // 8)  # 2 KV heads x head size 32
+    assert memory.kv_layer_bytes(llama, 0, cs) == 2 * width * 2 * 4096  # K + V, f16
+    q8 = memory.kv_layer_bytes(llama, 0, cs, "q8_0", "q8_0")
+    assert q8 == 2 * (width // 32 * 34) * 4096
+
+
+def test_swa_window(tmp_path: Path) -> None:
+    p = load_profile(synth.write_gemma3(tmp_path / "g.gguf", n_layer=6, n_swa=128, head_dim=32, n_head_kv=1))
+    cs = memory.context_sizes(p, 8192, n_ubatch=512)
+    assert cs.swa_size == 768  # pad(min(8192, 128 + 512), 256)
+    assert memory.kv_layer_bytes(p, 0, cs) == 2 * 32 * 2 * 768
+    assert memory.kv_layer_bytes(p, 5, cs) == 2 * 32 * 2 * 8192  # the full-attention layer
+    four = memory.context_sizes(p, 8192, n_parallel=4, n_ubatch=512)
+    assert four.swa_size == pad_256(128 * 4 + 512)  # unified KV: the window grows with the slots
+    full = memory.context_sizes(p, 8192, swa_full=True)
+    assert full.swa_size == 8192
+
+
+def pad_256(x: int) -> int:
+    return -(-x // 256) * 256
+
+
+def test_hybrid_state_and_kv(tmp_path: Path) -> None:
+    p = load_profile(synth.write_qwen35(tmp_path / "q.gguf", n_layer=8, n_head_kv=2, head_dim=32))
+    cs = memory.context_sizes(p, 4096, n_parallel=2)
+    assert memory.kv_layer_bytes(p, 0, cs) == 0  # recurrent layer: no KV
+    assert memory.state_layer_bytes(p, 0, cs) == (p.n_embd_r + p.n_embd_s) * 4 * 2
+    assert memory.kv_layer_bytes(p, 3, cs) == 2 * (2 * 32) * 2 * 4096
+    assert memory.state_layer_bytes(p, 3, cs) == 0
+
+
+def test_mla_is_k_only(tmp_path: Path) -> None:
+    p = load_profile(synth.write_deepseek2(tmp_path / "d.gguf", kv_lora_rank=64, rope_dim=32))
+    cs = memory.context_sizes(p, 2048)
+    assert memory.kv_layer_bytes(p, 0, cs) == 96 * 2 * 2048
+
+
+def test_v_padded_without_flash_attention(tmp_path: Path) -> None:
+    p = load_profile(synth.write_llama(tmp_path / "m.gguf", n_layer=2, n_head_kv=[4, 1]))
+    cs = memory.context_sizes(p, 1024)
+    with_fa = memory.kv_layer_bytes(p, 1, cs, flash_attn=True)
+    without = memory.kv_layer_bytes(p, 1, cs, flash_attn=False)
+    assert without > with_fa  # V rows padded to the widest layer
+
+
+def test_refusals(llama, tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match="flash attention"):
+        memory.check_cache_types(llama, "q8_0", "q8_0", flash_attn=False)
+    mla = load_profile(synth.write_deepseek2(tmp_path / "d.gguf"))
+    with pytest.raises(BadInput, match="same K and V"):
+        memory.check_cache_types(mla, "q8_0", "f16", flash_attn=True)
+
+
+def test_compute_grows_with_context_and_output(llama) -> None:
+    shape = memory.ComputeShape(n_ubatch=512, n_outputs=1, flash_attn=True, pipeline=True)
+    small = memory.compute_bytes(llama, memory.context_sizes(llama, 4096), 0, 2, False, shape)
+    big = memory.compute_bytes(llama, memory.context_sizes(llama, 32768), 0, 2, False, shape)
+    assert big > small  # the KQ mask copies grow with n_kv
+    cs = memory.context_sizes(llama, 4096)
+    fitp = memory.ComputeShape(n_ubatch=512, n_outputs=512, flash_attn=True, pipeline=True)
+    assert memory.compute_bytes(llama, cs, 2, 4, True, fitp) > memory.compute_bytes(llama, cs, 2, 4, True, shape)
