@@ -20,8 +20,6 @@ _BUFFER = re.compile(
     r"(?P<mib>[\d.]+)\s*MiB"
 )
 _ENDPOINT = re.compile(r"^(?P<name>[A-Za-z_]+\d*)\[(?P<endpoint>[^\]]+)\]$")
-# llama-server's progress callback prints one "." per percent without a newline (src/llama.cpp).
-_DOTS = re.compile(r"^\.+$")
 
 # Failure signatures. "alloc" is the Intel multi-device-context failure that makes arcsplit fall back to hybrid.
 _SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -55,14 +53,6 @@ def parse_buffer_line(line: str) -> BufferLine | None:
     if em:
         buf, endpoint = em.group("name"), em.group("endpoint")
     return BufferLine(kind=m.group("kind"), buffer=buf, endpoint=endpoint, bytes=int(float(m.group("mib")) * MiB))
-
-
-def progress_dots(partial: str) -> int | None:
-    """Load progress in percent from the unterminated line of dots llama-server is printing, if that is what it is."""
-    text = partial.strip()
-    if text and _DOTS.match(text):
-        return min(100, len(text))
-    return None
 
 
 def failure_kind(lines: Iterable[str]) -> str | None:

@@ -1,0 +1,220 @@
+"""One supervised process: spawn through the exec shim, capture its output line by line, stop it politely.
+
+States: starting -> ready -> stopping -> exited (the supervisor sets ready; exit is observed, never polled).
+The child runs in its own session (process group) so a stop reaches anything it forks; teardown is shielded
+from cancellation because anyio's own cancel of a process is a bare SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Callable, TextIO
+
+import anyio
+from anyio.abc import Process, TaskStatus
+
+from .specs import ProcessSpec
+
+_SHIM = str(Path(__file__).with_name("_exec.py"))
+_STDBUF = shutil.which("stdbuf")  # stdout of llama.cpp tools is block-buffered on a pipe: force line buffering
+
+# What llama-server's router sends a child to make it exit (tools/server/server-models.cpp).
+STDIN_EXIT = b"cmd_router_to_child:exit\n"
+
+LineHandler = Callable[["Child", str], None]
+
+
+class Child:
+    """Owns one OS process for one start; a restart makes a new Child."""
+
+    def __init__(self, spec: ProcessSpec, *, log_path: Path | None = None, on_line: LineHandler | None = None,
+                 on_exit: Callable[["Child"], None] | None = None, ring: deque[str] | None = None,
+                 extra_env: dict[str, str] | None = None, keep_stdin: bool = False) -> None:
+        self.spec = spec
+        self.state = "new"
+        self.pid: int | None = None
+        self.create_time: float | None = None
+        self.returncode: int | None = None
+        self.started_at: float | None = None
+        self.exited_at: float | None = None
+        self.output_count = 0  # lines + partial chunks seen: "progress" for the stall timeout
+        self.lines: deque[str] = ring if ring is not None else deque(maxlen=1000)
+        self.done = anyio.Event()
+        self._log_path = log_path
+        self._on_line = on_line
+        self._on_exit = on_exit
+        self._extra_env = extra_env or {}
+        self._keep_stdin = keep_stdin
+        self._process: Process | None = None
+        self._log: TextIO | None = None
+
+    # -- running --------------------------------------------------------------------------------------------
+
+    def command(self) -> list[str]:
+        shim = [sys.executable, "-I", "-S", _SHIM, "--parent", str(os.getpid())]
+        if self.spec.ignore_sigpipe:
+            shim.append("--ignore-sigpipe")
+        buf = [_STDBUF, "-oL", "-eL"] if _STDBUF else []
+        return [*shim, "--", *buf, *self.spec.argv]
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Spawn, report started, then pump output until the process exits and its pipe is drained."""
+        env = dict(os.environ)
+        env.update(self.spec.env_dict)
+        env.update(self._extra_env)
+        if self._log_path is not None:
+            self._log = open(self._log_path, "a", encoding="utf-8", errors="replace", buffering=1)
+            self._log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} start {' '.join(self.spec.argv)}\n")
+        self.state = "starting"
+        try:
+            self._process = await anyio.open_process(
+                self.command(), stdin=subprocess.PIPE if self._keep_stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        except OSError as exc:
+            self._finish(127, f"cannot start {self.spec.argv[0]}: {exc.strerror}")
+            task_status.started()
+            return
+        self.pid = self._process.pid
+        self.started_at = time.time()
+        try:
+            import psutil
+
+            self.create_time = psutil.Process(self.pid).create_time()
+        except Exception:  # exited already: the wait below reports it
+            self.create_time = None
+        task_status.started()
+        try:
+            await self._pump()
+            rc = await self._process.wait()
+            await self._process.aclose()  # exited already: this only releases the pipes
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.stop(grace=5.0)
+            raise
+        self._finish(rc)
+
+    async def _pump(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        partial = b""
+        try:
+            async for chunk in self._process.stdout:
+                self.output_count += 1
+                data = partial + chunk
+                *complete, partial = data.split(b"\n")
+                for raw in complete:
+                    self._line(raw.decode("utf-8", "replace").rstrip("\r"))
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+        if partial:
+            self._line(partial.decode("utf-8", "replace"))
+
+    def _line(self, line: str) -> None:
+        self.lines.append(line)
+        if self._log is not None:
+            try:
+                self._log.write(line + "\n")
+            except OSError:
+                pass
+        if self._on_line is not None:
+            self._on_line(self, line)
+
+    def _finish(self, rc: int, message: str | None = None) -> None:
+        if message:
+            self._line(message)
+        self.returncode = rc
+        self.exited_at = time.time()
+        self.state = "exited"
+        if self._log is not None:
+            self._log.write(f"=== exited {describe_exit(rc)}\n")
+            self._log.close()
+            self._log = None
+        self.done.set()
+        if self._on_exit is not None:
+            self._on_exit(self)
+
+    # -- stopping -------------------------------------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        return self.pid is not None and not self.done.is_set()
+
+    def signal_group(self, sig: int) -> None:
+        if self.pid is None or self.done.is_set():
+            return
+        try:
+            os.killpg(self.pid, sig)  # start_new_session: pgid == pid
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM the group, SIGKILL after ``grace``; returns once the exit is observed. Never cancelled midway."""
+        with anyio.CancelScope(shield=True):
+            if not self.alive:
+                return
+            self.state = "stopping"
+            self.signal_group(signal.SIGTERM)
+            await self._close_stdin()
+            with anyio.move_on_after(grace):
+                await self._wait_exit()
+                return
+            self.signal_group(signal.SIGKILL)
+            with anyio.move_on_after(10):
+                await self._wait_exit()
+
+    async def _close_stdin(self) -> None:
+        """llama-server in child mode joins a thread that reads stdin before it exits: tell it to stop, then EOF."""
+        stdin = self._process.stdin if self._process is not None else None
+        if stdin is None:
+            return
+        with anyio.move_on_after(1):
+            try:
+                await stdin.send(STDIN_EXIT)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                pass
+        try:
+            await stdin.aclose()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+
+    async def _wait_exit(self) -> None:
+        """Wait for the process itself (the pump task may still be draining)."""
+        if self._process is not None:
+            await self._process.wait()
+
+    def uptime(self) -> float | None:
+        if self.started_at is None:
+            return None
+        end = self.exited_at or time.time()
+        return end - self.started_at
+
+    def snapshot(self) -> dict[str, object]:
+        return {"state": self.state, "pid": self.pid, "port": self.spec.port, "endpoint": self.spec.endpoint,
+                "returncode": self.returncode, "uptime": self.uptime(), "argv": list(self.spec.argv)}
+
+
+def describe_exit(rc: int | None) -> str:
+    if rc is None:
+        return "still running"
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    if rc > 128 and rc - 128 < 65:
+        try:
+            return f"exit {rc} ({signal.Signals(rc - 128).name})"
+        except ValueError:
+            pass
+    return f"exit {rc}"

@@ -1,0 +1,52 @@
+"""Ports: pick free loopback ports, check the ones a user names, and probe an rpc-server once."""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+import anyio
+
+from ..errors import PortBusy
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the kernel says is free now; the caller binds it soon after (a lost race shows up as an early exit)."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def is_free(host: str, port: int) -> bool:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
+        # Same option llama-server's HTTP server uses, so a port in TIME_WAIT counts as free for it.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host or "0.0.0.0", port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
+    return True
+
+
+def check_free(host: str, port: int, what: str, flag: str) -> None:
+    """Raise PortBusy naming the flag to change when a port the user asked for is taken."""
+    if not is_free(host, port):
+        raise PortBusy(f"port {port} on {host or '0.0.0.0'} ({what}) is already in use",
+                       f"stop what uses it or pass another {flag}")
+
+
+async def probe_once(host: str, port: int, timeout: float = 1.0) -> bool:
+    """One connect-and-close. An rpc-server serves one client at a time: never call this after llama-server connects."""
+    try:
+        with anyio.fail_after(timeout):
+            stream = await anyio.connect_tcp(host, port)
+    except (OSError, TimeoutError):
+        return False
+    await stream.aclose()
+    return True

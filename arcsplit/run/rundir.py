@@ -1,0 +1,135 @@
+"""The run directory (logs + state.json) and the sweep that removes what a dead supervisor left behind.
+
+state_dir()/runs/<run-id>/ holds one log file per process name (appended across restarts) and state.json:
+pids, pgids, create times, ports, argv, the supervisor's pid. The next start reads every state.json whose
+supervisor is gone and kills the processes still matching by pid + create_time + cmdline: a reused pid is
+never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from .._dirs import state_dir
+
+KEEP_RUNS = 20
+
+
+def runs_root() -> Path:
+    return state_dir() / "runs"
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+
+
+@dataclass
+class RunDir:
+    path: Path
+
+    @classmethod
+    def create(cls, run_id: str | None = None) -> "RunDir":
+        root = runs_root()
+        root.mkdir(parents=True, exist_ok=True)
+        path = root / (run_id or new_run_id())
+        path.mkdir(parents=True, exist_ok=True)
+        _prune(root, keep=KEEP_RUNS)
+        return cls(path)
+
+    @property
+    def state_file(self) -> Path:
+        return self.path / "state.json"
+
+    def log_path(self, name: str) -> Path:
+        return self.path / f"{name}.log"
+
+    def write_state(self, state: dict[str, Any]) -> None:
+        """Atomic: a reader (or a sweep after SIGKILL) never sees half a file."""
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1), encoding="utf-8")
+        tmp.replace(self.state_file)
+
+
+def supervisor_identity() -> dict[str, Any]:
+    me = psutil.Process()
+    return {"pid": me.pid, "create_time": me.create_time()}
+
+
+def _alive(pid: int, create_time: float, cmdline: list[str] | None = None) -> psutil.Process | None:
+    try:
+        p = psutil.Process(pid)
+        if abs(p.create_time() - create_time) > 0.05:
+            return None
+        if cmdline is not None and p.cmdline() != cmdline:
+            return None
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return p
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def sweep(root: Path | None = None, grace: float = 3.0) -> list[int]:
+    """Kill leftovers of runs whose supervisor is dead; returns the pids killed."""
+    root = root or runs_root()
+    killed: list[int] = []
+    if not root.is_dir():
+        return killed
+    for state_file in root.glob("*/state.json"):
+        try:
+            state = json.loads(state_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not state.get("processes"):
+            continue
+        sup = state.get("supervisor") or {}
+        if sup and _alive(int(sup.get("pid", -1)), float(sup.get("create_time", 0))):
+            continue  # another arcsplit is running it
+        victims = []
+        for proc in state.get("processes", []):
+            p = _alive(int(proc.get("pid", -1)), float(proc.get("create_time", 0)), list(proc.get("argv", [])))
+            if p is not None:
+                victims.append(p)
+        for p in victims:
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
+        _, still = psutil.wait_procs(victims, timeout=grace)
+        for p in still:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(still, timeout=grace)
+        killed += [p.pid for p in victims]
+        state["processes"] = []
+        state["swept"] = time.time()
+        try:
+            tmp = state_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(state, indent=1), encoding="utf-8")
+            tmp.replace(state_file)
+        except OSError:
+            pass
+    return killed
+
+
+def _prune(root: Path, keep: int) -> None:
+    """Drop the oldest finished run dirs beyond ``keep``; a dir whose state lists live processes stays."""
+    dirs = sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime)
+    for d in dirs[:-keep] if len(dirs) > keep else []:
+        try:
+            state = json.loads((d / "state.json").read_text(encoding="utf-8"))
+            if state.get("processes"):
+                continue
+        except (OSError, ValueError):
+            pass
+        shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,191 @@
+"""Plan + mode -> the argv and environment of every process in a serving group. Pure: no I/O.
+
+The group is zero or more rpc-servers (one per card that llama-server does not hold itself) plus one
+llama-server. What each process may see is decided here, per backend, because llama.cpp picks up every
+visible device by default (reference: llama-cpp-observed.md, "Model device order").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from ..errors import BadInput
+from ..planner import HOST_DEVICE, CardPlan, Plan
+
+MODES = ("single", "multi", "multi+workaround", "hybrid", "rpc")
+LOOPBACK = "127.0.0.1"
+
+# The variable that limits what one process sees, and the device-name prefix it then uses.
+_SELECT_VAR = {"cuda": "CUDA_VISIBLE_DEVICES", "sycl": "ONEAPI_DEVICE_SELECTOR", "vulkan": "GGML_VK_VISIBLE_DEVICES"}
+_PREFIX = {"cuda": "CUDA", "sycl": "SYCL", "vulkan": "Vulkan"}
+# A selector that matches no device: Level Zero has no CPU devices. ggml-sycl treats zero devices as
+# "no SYCL backend" (ggml_sycl_init: "Do not hard crash when there exists no SYCL devices"). Not run on an Arc here.
+_SYCL_NONE = "level_zero:cpu"
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One process to run: what to exec, with which environment, and what it serves."""
+
+    name: str  # "rpc0", "rpc1", ..., "server"
+    role: str  # "rpc" | "server"
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]  # set on top of the supervisor's environment
+    host: str
+    port: int
+    cards: tuple[int, ...]  # positions in plan.cards this process holds
+    device: str | None = None  # for an rpc-server: its name in llama-server (RPC0, ...)
+    ignore_sigpipe: bool = False
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything a group needs except the rpc-server ports, which may change on each restart."""
+
+    plan: Plan
+    mode: str
+    backend: str
+    server_bin: str
+    rpc_bin: str
+    host: str = LOOPBACK
+    port: int = 8080
+    rpc_host: str = LOOPBACK
+    rpc_ports: tuple[int, ...] | None = None  # the user's fixed ports, else free ones are picked
+    threads: int | None = None  # rpc-server -t; None: cores // n_cards
+    cores: int = 1
+    extra_args: tuple[str, ...] = ()
+    mode_env: tuple[tuple[str, str], ...] = field(default=())  # from ModeDecision.env (workarounds)
+    forced_mode: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise BadInput(f"unknown mode {self.mode!r}", f"use one of {', '.join(MODES)}")
+        n = n_rpc_servers(self)
+        if self.rpc_ports is not None and len(self.rpc_ports) != n:
+            raise BadInput(f"{len(self.rpc_ports)} rpc ports given for {n} rpc-servers",
+                           f"give exactly {n} ports, or none")
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+
+def _rpc_cards(config: ServeConfig) -> list[int]:
+    """Positions in plan.cards that get their own rpc-server, in llama.cpp device order."""
+    cards = config.plan.cards
+    offloaded = [i for i, c in enumerate(cards) if c.device != HOST_DEVICE]
+    if config.mode == "rpc":
+        return offloaded
+    if config.mode == "hybrid":
+        # On the CPU backend llama-server's own CPU (HOST_DEVICE) is the local card; on GPUs the first card is.
+        if config.backend == "cpu":
+            return offloaded
+        return offloaded[1:]
+    return []
+
+
+def n_rpc_servers(config: ServeConfig) -> int:
+    return len(_rpc_cards(config))
+
+
+def rpc_threads(config: ServeConfig) -> int:
+    if config.threads is not None:
+        return max(1, config.threads)
+    return max(1, config.cores // max(1, len(config.plan.cards)))
+
+
+def _select(backend: str, indices: Sequence[int]) -> dict[str, str]:
+    """Environment that shows exactly these device indices (ascending) to one process."""
+    var = _SELECT_VAR.get(backend)
+    if var is None:
+        return {}
+    if backend == "sycl":
+        env = {var: f"level_zero:{','.join(str(i) for i in sorted(indices))}" if indices else _SYCL_NONE}
+        env["ZES_ENABLE_SYSMAN"] = "1"  # free-memory reporting (runtime.md, SYCL.md env notes)
+        return env
+    return {var: ",".join(str(i) for i in sorted(indices))}
+
+
+def _card_index(cp: CardPlan) -> int:
+    return cp.card.index
+
+
+def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessSpec, ...]:
+    """The rpc-servers (in --rpc order) then llama-server, for this mode, backend and these ports."""
+    plan, backend, mode = config.plan, config.backend, config.mode
+    rpc_positions = _rpc_cards(config)
+    if len(rpc_ports) != len(rpc_positions):
+        raise BadInput(f"{len(rpc_ports)} ports for {len(rpc_positions)} rpc-servers", "pass one port per rpc-server")
+    if backend == "cpu" and mode in ("multi", "multi+workaround"):
+        raise BadInput("the CPU backend has no multi-device mode", "use --mode rpc or --mode hybrid")
+    if mode == "single" and len(plan.cards) != 1:
+        raise BadInput(f"mode single needs one card, the plan has {len(plan.cards)}", "pick --mode auto")
+    if mode in ("hybrid", "rpc") and not rpc_positions:
+        raise BadInput(f"mode {mode} needs at least one card for an rpc-server", "use --mode single with one card")
+    extra_env = dict(config.mode_env)
+    threads = rpc_threads(config)
+
+    specs: list[ProcessSpec] = []
+    for k, (pos, port) in enumerate(zip(rpc_positions, rpc_ports)):
+        cp = plan.cards[pos]
+        env = dict(extra_env)
+        env.update(_select(backend, [_card_index(cp)]))
+        argv = (config.rpc_bin, "-H", config.rpc_host, "-p", str(port), "-t", str(threads))
+        specs.append(ProcessSpec(name=f"rpc{k}", role="rpc", argv=argv, env=tuple(sorted(env.items())),
+                                 host=config.rpc_host, port=port, cards=(pos,), device=f"RPC{k}",
+                                 ignore_sigpipe=True))
+
+    # What llama-server itself holds, and the names of its devices in --device order.
+    local_positions = [i for i in range(len(plan.cards)) if i not in rpc_positions]
+    local_gpu = [i for i in local_positions if plan.cards[i].device != HOST_DEVICE] if backend != "cpu" else []
+    order = sorted(local_gpu, key=lambda i: _card_index(plan.cards[i]))
+    local_names = {i: f"{_PREFIX[backend]}{order.index(i)}" for i in local_gpu}
+    rpc_names = {pos: f"RPC{k}" for k, pos in enumerate(rpc_positions)}
+    names = [local_names.get(i) or rpc_names.get(i) for i, c in enumerate(plan.cards) if c.device != HOST_DEVICE]
+    names = [n for n in names if n]  # CPU-backend cards held by llama-server itself have no device name
+
+    env = dict(extra_env)
+    env.update(_select(backend, [_card_index(plan.cards[i]) for i in local_gpu]))
+    argv: list[str] = [config.server_bin, "-m", plan.model_path, "--host", config.host, "--port", str(config.port),
+                       "--metrics"]
+    if rpc_positions:
+        argv += ["--rpc", ",".join(f"{config.rpc_host}:{p}" for p in rpc_ports)]  # before --device
+    argv += plan.llama_server_args(devices=names)
+    if backend == "cpu" and rpc_positions:
+        argv += ["-t", str(threads)]  # llama-server computes the host card's layers; share cores evenly
+    argv += list(config.extra_args)
+    specs.append(ProcessSpec(name="server", role="server", argv=tuple(argv), env=tuple(sorted(env.items())),
+                             host=config.host, port=config.port, cards=tuple(local_positions)))
+    return tuple(specs)
+
+
+def card_of_endpoint(specs: Sequence[ProcessSpec]) -> Mapping[str, int]:
+    """rpc endpoint -> plan card position, to attribute `RPC0[host:port]` buffer lines to cards."""
+    return {s.endpoint: s.cards[0] for s in specs if s.role == "rpc"}
+
+
+def plan_devices(mode: str, backend: str, indices: Sequence[int]) -> list[str]:
+    """The device name of each card (by its backend index, in --gpus order) as llama-server will see it."""
+    n_cards = len(indices)
+    prefix = _PREFIX.get(backend)
+    if mode == "rpc":
+        return [f"RPC{i}" for i in range(n_cards)]
+    if mode == "hybrid":
+        first = HOST_DEVICE if backend == "cpu" else f"{prefix}0"
+        return [first] + [f"RPC{i}" for i in range(n_cards - 1)]
+    if backend == "cpu":
+        # single: llama-server runs every layer on its CPU with --device none (build_specs names no device);
+        # the planner sizes it as an ordinary card.
+        return [f"CPU{i}" for i in indices]
+    order = sorted(indices)
+    return [f"{prefix}{order.index(i)}" for i in indices]

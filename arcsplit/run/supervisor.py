@@ -1,0 +1,554 @@
+"""The serving group: rpc-servers then llama-server, watched as one unit and restarted as one unit.
+
+    async with Supervisor(config) as sup:      # returns once the group first answers /health 200
+        print(sup.status()["url"])
+        await sup.wait_stopped()
+
+Readiness by role (reference/supervisors.md §8): an rpc-server is ready when it is alive and one
+connect-and-close succeeds (never probed again: it serves one client at a time); llama-server when /health
+turns 200, with a *stall* timeout that any log line, load-progress report or CPU use by the group resets.
+/health stays 200 when an rpc-server dies, so the processes themselves are watched (their exit is awaited,
+not polled). When any member exits the group is stopped in order (llama-server first) and restarted with
+exponential backoff; a cap of consecutive failures gives up with the log lines that explain why.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import anyio
+import httpx
+import psutil
+from anyio.abc import TaskGroup, TaskStatus
+
+from ..errors import ArcsplitError, RunError
+from ..llama import logs
+from ..planner import HOST_DEVICE
+from .child import Child, describe_exit
+from .events import Event, EventBus
+from .ports import free_port, is_free, probe_once
+from .rundir import RunDir, supervisor_identity, sweep
+from .specs import ProcessSpec, ServeConfig, build_specs, card_of_endpoint, n_rpc_servers
+
+# llama-server only reports its load progress in the router's child protocol (tools/server/server-models.cpp,
+# `cmd_child_to_router:state:{json}` on stdout, one per 200 ms); setting this variable opts in.
+# It also makes llama-server exit on stdin EOF, a second guard besides the parent-death signal.
+_ROUTER_STATE = "cmd_child_to_router:state:"
+SERVER_LOG_ARGS = ("-lv", "4")  # buffer-size lines are printed at verbosity 4 (llama-cpp-observed.md)
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    base_delay: float = 1.0
+    max_delay: float = 30.0
+    max_failures: int = 5  # consecutive failed starts or crashes before giving up
+    stable_after: float = 60.0  # ready this long: the failure count starts over
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    rpc_ready: float = 60.0  # an rpc-server must accept a connection within this
+    stall: float = 120.0  # llama-server load: no progress of any kind for this long
+    stop_grace: float = 10.0  # SIGTERM -> SIGKILL
+
+
+class _StartFailed(Exception):
+    def __init__(self, who: str, message: str, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.who, self.message, self.kind = who, message, kind
+
+
+Fallback = Callable[[ServeConfig, str], "ServeConfig | None"]
+
+
+class Supervisor:
+    """Runs one serving group until stop(); publishes Events; status() is a plain dict snapshot."""
+
+    def __init__(self, config: ServeConfig, *, run_dir: RunDir | None = None, policy: RestartPolicy = RestartPolicy(),
+                 timeouts: Timeouts = Timeouts(), fallback: Fallback | None = None, log_lines: int = 2000,
+                 sweep_leftovers: bool = True) -> None:
+        self.config = config
+        self.policy = policy
+        self.timeouts = timeouts
+        self.events = EventBus()
+        self.run_dir = run_dir
+        self._fallback = fallback
+        self._sweep = sweep_leftovers
+        self._rings: dict[str, deque[str]] = {}
+        self._ring_size = log_lines
+        self._children: dict[str, Child] = {}
+        self._specs: tuple[ProcessSpec, ...] = ()
+        self._rpc_ports: list[int] | None = list(config.rpc_ports) if config.rpc_ports else None
+        self._restarts: dict[str, int] = {}
+        self._group_state = "new"
+        self._generation = 0
+        self._failures = 0
+        self._ready_at: float | None = None
+        self._started_at = time.time()
+        self._stop_requested = False
+        self._restart_requested = False
+        self._tearing_down = False
+        self._wake = anyio.Event()
+        self._stopped = anyio.Event()
+        self._ready_event = anyio.Event()
+        self._progress: dict[str, Any] = {}
+        self._buffers: list[logs.BufferLine] = []
+        self._last_error: str | None = None
+        self._tg: TaskGroup | None = None
+
+    # -- public surface -------------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self.config.url
+
+    def subscribe(self, max_buffer: int = 1000) -> Any:
+        """A bounded receive stream of Events; a subscriber that falls behind loses events, never blocks us."""
+        return self.events.subscribe(max_buffer)
+
+    def stop(self) -> None:
+        """Ask the group to stop (llama-server first). Safe from signal handlers and other tasks."""
+        self._stop_requested = True
+        self._wake.set()
+
+    async def restart(self) -> None:
+        """Stop the group in order and start it again now (no backoff; the failure count is kept)."""
+        self._restart_requested = True
+        self._wake.set()
+
+    async def wait_ready(self) -> None:
+        await self._ready_event.wait()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    def logs(self, name: str | None = None, n: int = 100) -> list[str]:
+        """The last ``n`` captured lines of one process (or of all, prefixed with the process name)."""
+        if name is not None:
+            return list(self._rings.get(name, ()))[-n:]
+        out = []
+        for key, ring in self._rings.items():
+            out += [f"[{key}] {line}" for line in list(ring)[-n:]]
+        return out[-n:] if n else out
+
+    def status(self) -> dict[str, Any]:
+        procs = {}
+        for spec in self._specs:
+            child = self._children.get(spec.name)
+            snap = child.snapshot() if child else {"state": "new", "pid": None, "port": spec.port,
+                                                   "endpoint": spec.endpoint, "uptime": None}
+            snap["restarts"] = self._restarts.get(spec.name, 0)
+            snap["role"] = spec.role
+            procs[spec.name] = snap
+        return {
+            "state": self._group_state,
+            "mode": self.config.mode,
+            "backend": self.config.backend,
+            "url": self.url,
+            "generation": self._generation,
+            "failures": self._failures,
+            "uptime": (time.time() - self._ready_at) if self._ready_at and self._group_state == "ready" else None,
+            "processes": procs,
+            "progress": dict(self._progress),
+            "buffers": self.buffers(),
+            "last_error": self._last_error,
+            "run_dir": str(self.run_dir.path) if self.run_dir else None,
+            "plan": self.config.plan.to_dict(),
+            "events_dropped": self.events.dropped,
+        }
+
+    def buffers(self) -> dict[str, Any]:
+        """Actual bytes per plan card from llama-server's buffer lines, beside the plan's prediction."""
+        plan = self.config.plan
+        actual = logs.sum_buffers(self._buffers)
+        by_endpoint = card_of_endpoint(self._specs)
+        server = next((s for s in self._specs if s.role == "server"), None)
+        local = dict(server_device_names(self.config, server)) if server else {}
+        host_pos = next((i for i, c in enumerate(plan.cards) if c.device == HOST_DEVICE), None)
+        cards: list[dict[str, Any]] = []
+        for i, cp in enumerate(plan.cards):
+            cards.append({"device": cp.device, "plan": {"model": cp.weights, "KV": cp.kv + cp.state,
+                                                        "compute": cp.compute}, "actual": {}})
+        host: dict[str, int] = {}
+        for key, kinds in actual.items():
+            pos = by_endpoint.get(key)
+            if pos is None:
+                pos = local.get(key)
+            if pos is None and key.startswith("CPU") and host_pos is not None:
+                pos = host_pos
+            target = cards[pos]["actual"] if pos is not None else host
+            for kind, n in kinds.items():
+                kind = "KV" if kind in ("KV", "RS") else kind
+                target[kind] = target.get(kind, 0) + n
+        return {"cards": cards, "host": host, "plan_host": plan.host_bytes}
+
+    # -- context manager ------------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> "Supervisor":
+        """Start the group; return once it first answers /health 200, or raise why it never did."""
+        self._cm_error: BaseException | None = None
+        settled = anyio.Event()
+
+        async def runner() -> None:
+            try:
+                await self.run()
+            except ArcsplitError as exc:
+                self._cm_error = exc
+            finally:
+                settled.set()
+
+        async def on_ready() -> None:
+            await self._ready_event.wait()
+            settled.set()
+
+        self._cm_tg = anyio.create_task_group()
+        await self._cm_tg.__aenter__()
+        self._cm_tg.start_soon(runner)
+        self._cm_tg.start_soon(on_ready)
+        await settled.wait()
+        if not self._ready_event.is_set():
+            self._cm_tg.cancel_scope.cancel()
+            await self._cm_tg.__aexit__(None, None, None)
+            raise self._cm_error or RunError("the group stopped before it was ready")
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        self.stop()
+        result = await self._cm_tg.__aexit__(*exc)
+        if self._cm_error is not None and exc[0] is None:
+            raise self._cm_error
+        return result
+
+    # -- the loop -------------------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Start, watch, restart until stop(). task_status.started() at the first ready; RunError on giving up."""
+        self._pending_status: TaskStatus[Any] | None = task_status
+        if self._sweep:
+            sweep()
+        if self.run_dir is None:
+            self.run_dir = RunDir.create()
+        self._publish("plan", "group", {"plan": self.config.plan.to_dict(), "mode": self.config.mode})
+        try:
+            while not self._stop_requested:
+                reason = await self._one_generation()
+                if self._stop_requested:
+                    break
+                if reason == "restart":
+                    continue
+                if self._ready_at and time.time() - self._ready_at >= self.policy.stable_after:
+                    self._failures = 0
+                self._failures += 1
+                failure = reason if isinstance(reason, _StartFailed) else None
+                if failure and failure.kind == "alloc" and self.config.mode in ("multi", "multi+workaround") \
+                        and self._fallback and not self.config.forced_mode:
+                    new = self._fallback(self.config, failure.message)
+                    if new is not None:
+                        self._publish("verdict", "group", {"failed_mode": self.config.mode, "kind": "alloc",
+                                                           "message": failure.message, "fallback": new.mode})
+                        self.config = new
+                        self._rpc_ports = list(new.rpc_ports) if new.rpc_ports else None
+                        self._failures = 0
+                        continue
+                if failure and failure.kind == "fatal":
+                    raise RunError(failure.message, f"logs: {self.run_dir.path}")
+                if self._failures > self.policy.max_failures:
+                    raise RunError(f"gave up after {self._failures} failures in a row: {self._last_error}",
+                                   f"logs: {self.run_dir.path}")
+                delay = min(self.policy.max_delay, self.policy.base_delay * 2 ** (self._failures - 1))
+                self._set_group("backoff", {"delay": delay, "failures": self._failures, "error": self._last_error})
+                self._wake = anyio.Event()
+                with anyio.move_on_after(delay):
+                    await self._wake.wait()  # stop() or restart() cut the wait short
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._teardown()
+                self._set_group("stopped", {})
+                self._write_state(ended=True)
+                self._stopped.set()
+                self.events.close()
+
+    async def _one_generation(self) -> "str | _StartFailed":
+        """Start the group, wait for an exit or a request, tear down. Returns why it ended."""
+        self._generation += 1
+        self._wake = anyio.Event()
+        self._restart_requested = False
+        self._buffers = []
+        self._progress = {}
+        self._ready_at = None
+        reason: str | _StartFailed = "exit"
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            try:
+                await self._start_group(tg)
+                self._ready_at = time.time()
+                self._set_group("ready", {"url": self.url, "buffers": self.buffers()})
+                self._publish("buffers", "group", self.buffers())
+                if not self._ready_event.is_set():
+                    self._ready_event.set()
+                    self._task_started()
+                while True:
+                    await self._wake.wait()
+                    if self._stop_requested:
+                        reason = "stop"
+                        break
+                    if self._restart_requested:
+                        reason = "restart"
+                        break
+                    dead = [c for c in self._children.values() if c.done.is_set()]
+                    if dead:
+                        c = dead[0]
+                        self._last_error = f"{c.spec.name} {describe_exit(c.returncode)}" + _tail(c)
+                        reason = _StartFailed(c.spec.name, self._last_error, logs.failure_kind(c.lines))
+                        break
+                    self._wake = anyio.Event()
+            except _StartFailed as exc:
+                self._last_error = exc.message
+                reason = exc
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self._teardown()
+        self._tg = None
+        return reason
+
+    def _task_started(self) -> None:
+        ts = getattr(self, "_pending_status", None)
+        if ts is not None:
+            self._pending_status = None
+            ts.started(self.url)
+
+    # -- starting -------------------------------------------------------------------------------------------
+
+    def _pick_ports(self) -> list[int]:
+        n = n_rpc_servers(self.config)
+        if self.config.rpc_ports:
+            for p in self.config.rpc_ports:
+                if not is_free(self.config.rpc_host, p):
+                    raise _StartFailed("rpc", f"rpc port {p} is in use", "fatal")
+            return list(self.config.rpc_ports)
+        ports = self._rpc_ports or []
+        if len(ports) != n or not all(is_free(self.config.rpc_host, p) for p in ports):
+            ports = []
+            while len(ports) < n:
+                p = free_port(self.config.rpc_host)
+                if p not in ports:
+                    ports.append(p)
+        self._rpc_ports = ports
+        return ports
+
+    async def _start_group(self, tg: TaskGroup) -> None:
+        self._set_group("starting", {"generation": self._generation})
+        ports = self._pick_ports()
+        try:
+            specs = build_specs(self.config, ports)
+        except ArcsplitError as exc:
+            raise _StartFailed("group", str(exc), "fatal") from None
+        server_spec = specs[-1]
+        if SERVER_LOG_ARGS[0] not in server_spec.argv:
+            argv = server_spec.argv[: len(server_spec.argv) - len(self.config.extra_args)]
+            server_spec = replace(server_spec, argv=(*argv, *SERVER_LOG_ARGS, *self.config.extra_args))
+            specs = (*specs[:-1], server_spec)
+        self._specs = specs
+        if self._generation > 1:  # the whole group restarts together
+            for spec in specs:
+                self._restarts[spec.name] = self._restarts.get(spec.name, 0) + 1
+        self._children = {}
+
+        rpc_specs = [s for s in specs if s.role == "rpc"]
+        failures: list[_StartFailed] = []
+
+        async def start_rpc(spec: ProcessSpec) -> None:
+            try:
+                await self._start_rpc(tg, spec)
+            except _StartFailed as exc:
+                failures.append(exc)
+
+        async with anyio.create_task_group() as rtg:
+            for spec in rpc_specs:
+                rtg.start_soon(start_rpc, spec)
+        self._write_state()
+        if failures:
+            raise failures[0]
+        await self._start_server(tg, server_spec)
+        self._write_state()
+
+    def _child(self, spec: ProcessSpec, **kw: Any) -> Child:
+        ring = self._rings.setdefault(spec.name, deque(maxlen=self._ring_size))
+        assert self.run_dir is not None
+        child = Child(spec, log_path=self.run_dir.log_path(spec.name), on_line=self._on_line,
+                      on_exit=self._on_exit, ring=ring, **kw)
+        self._children[spec.name] = child
+        return child
+
+    async def _start_rpc(self, tg: TaskGroup, spec: ProcessSpec) -> None:
+        child = self._child(spec)
+        await tg.start(child.run)
+        self._publish_state(child)
+        with anyio.move_on_after(self.timeouts.rpc_ready) as scope:
+            while True:
+                if child.done.is_set():
+                    msg = f"{spec.name} ({spec.endpoint}) exited during start: {describe_exit(child.returncode)}" + _tail(child)
+                    raise _StartFailed(spec.name, msg, logs.failure_kind(child.lines))
+                if await probe_once(spec.host, spec.port, timeout=1.0):
+                    if child.done.is_set():
+                        continue  # someone else answered on that port: report the exit
+                    break
+                await anyio.sleep(0.02)  # only during start; a refused connect costs microseconds
+        if scope.cancelled_caught:
+            raise _StartFailed(spec.name, f"{spec.name} did not accept connections on {spec.endpoint} "
+                                          f"within {self.timeouts.rpc_ready:.0f} s" + _tail(child))
+        child.state = "ready"
+        self._publish_state(child)
+
+    async def _start_server(self, tg: TaskGroup, spec: ProcessSpec) -> None:
+        child = self._child(spec, extra_env={"LLAMA_SERVER_ROUTER_PORT": str(spec.port)}, keep_stdin=True)
+        await tg.start(child.run)
+        self._publish_state(child)
+        url = f"http://{_connect_host(spec.host)}:{spec.port}/health"
+        stall = self.timeouts.stall
+        deadline = time.monotonic() + stall
+        marker: tuple[Any, ...] = ()
+        last_cpu_check = 0.0
+        cpu_total = 0.0
+        async with httpx.AsyncClient(timeout=2.0, trust_env=False) as client:
+            while True:
+                for c in self._children.values():
+                    if c.done.is_set():
+                        msg = f"{c.spec.name} exited while llama-server was loading: {describe_exit(c.returncode)}" + _tail(c)
+                        raise _StartFailed(c.spec.name, msg, logs.failure_kind(c.lines))
+                try:
+                    r = await client.get(url)
+                    code: int | None = r.status_code
+                except httpx.HTTPError:
+                    code = None
+                if code == 200:
+                    break
+                now = time.monotonic()
+                new_marker = (code, child.output_count, self._progress.get("value"))
+                if new_marker != marker:
+                    marker, deadline = new_marker, now + stall
+                if now - last_cpu_check >= 1.0:  # big loads over RPC print nothing for minutes: CPU use is progress
+                    last_cpu_check = now
+                    total = _cpu_seconds(self._children.values())
+                    if total - cpu_total > 0.05:
+                        deadline = now + stall
+                    cpu_total = total
+                if now > deadline:
+                    raise _StartFailed("server", f"llama-server made no progress for {stall:.0f} s while loading" + _tail(child))
+                await anyio.sleep(0.05)
+        child.state = "ready"
+        self._progress["value"] = 1.0
+        self._publish_state(child)
+
+    # -- output and exits -----------------------------------------------------------------------------------
+
+    def _on_line(self, child: Child, line: str) -> None:
+        self._publish("log", child.spec.name, {"line": line})
+        if child.spec.role != "server":
+            return
+        if line.startswith(_ROUTER_STATE):
+            try:
+                state = json.loads(line[len(_ROUTER_STATE):])
+            except ValueError:
+                return
+            payload = state.get("payload") or {}
+            if state.get("state") == "loading" and "value" in payload:
+                self._progress = {"stage": payload.get("current"), "value": float(payload["value"])}
+                self._publish("progress", child.spec.name, dict(self._progress))
+            return
+        b = logs.parse_buffer_line(line)
+        if b is not None:
+            self._buffers.append(b)
+
+    def _on_exit(self, child: Child) -> None:
+        self._publish_state(child)
+        if not self._tearing_down:
+            self._wake.set()
+
+    async def _teardown(self) -> None:
+        """llama-server first (it aborts if an rpc peer vanishes under it), then all rpc-servers at once."""
+        self._tearing_down = True
+        try:
+            if any(c.alive for c in self._children.values()):
+                self._set_group("stopping", {})
+            server = self._children.get("server")
+            if server is not None:
+                await server.stop(self.timeouts.stop_grace)
+            async with anyio.create_task_group() as tg:
+                for c in self._children.values():
+                    if c.spec.role == "rpc":
+                        tg.start_soon(c.stop, self.timeouts.stop_grace)
+            # Pumps drain to EOF after the exit; bound it in case a grandchild holds the pipe.
+            with anyio.move_on_after(5):
+                for c in self._children.values():
+                    if c.pid is not None:
+                        await c.done.wait()
+            self._write_state()
+        finally:
+            self._tearing_down = False
+
+    # -- events and state file ------------------------------------------------------------------------------
+
+    def _publish(self, kind: str, name: str, data: dict[str, Any]) -> None:
+        self.events.publish(Event(kind=kind, name=name, data=data))
+
+    def _publish_state(self, child: Child) -> None:
+        self._publish("state", child.spec.name, child.snapshot())
+        if self.run_dir is not None:
+            self._write_state()
+
+    def _set_group(self, state: str, data: dict[str, Any]) -> None:
+        self._group_state = state
+        self._publish("group", "group", {"state": state, **data})
+
+    def _write_state(self, ended: bool = False) -> None:
+        if self.run_dir is None:
+            return
+        procs = []
+        for c in self._children.values():
+            if c.pid is not None and c.alive and not ended:
+                procs.append({"name": c.spec.name, "pid": c.pid, "pgid": c.pid, "create_time": c.create_time,
+                              "port": c.spec.port, "argv": list(c.spec.argv)})
+        state = {"supervisor": supervisor_identity(), "started": self._started_at, "url": self.url,
+                 "mode": self.config.mode, "group": self._group_state, "processes": procs}
+        if ended:
+            state["ended"] = time.time()
+        try:
+            self.run_dir.write_state(state)
+        except OSError:
+            pass
+
+
+def server_device_names(config: ServeConfig, server: ProcessSpec) -> list[tuple[str, int]]:
+    """llama-server's own device names (SYCL0, ...) -> plan card position, read back from its --device flag."""
+    argv = list(server.argv)
+    if "--device" not in argv:
+        return []
+    names = argv[argv.index("--device") + 1].split(",")
+    offloaded = [i for i, c in enumerate(config.plan.cards) if c.device != HOST_DEVICE]
+    return [(n, pos) for n, pos in zip(names, offloaded) if not n.startswith("RPC") and n != "none"]
+
+
+def _connect_host(host: str) -> str:
+    return "127.0.0.1" if host in ("", "0.0.0.0") else ("::1" if host == "::" else host)
+
+
+def _tail(child: Child, n: int = 3) -> str:
+    lines = logs.error_lines(child.lines, n) or [line for line in list(child.lines)[-n:] if line.strip()]
+    return (": " + " | ".join(lines)) if lines else ""
+
+
+def _cpu_seconds(children: Any) -> float:
+    total = 0.0
+    for c in children:
+        if c.alive and c.pid:
+            try:
+                t = psutil.Process(c.pid).cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+    return total

@@ -1,0 +1,140 @@
+"""Process specs: what each process may see and the flags it gets, per mode and backend. Pure, no processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from arcsplit.errors import BadInput
+from arcsplit.planner import HOST_DEVICE, CardPlan, Plan, PlanOptions
+from arcsplit.rig import Card
+from arcsplit.run.specs import ServeConfig, build_specs, n_rpc_servers, plan_devices, rpc_threads
+
+G = 1 << 30
+
+
+def make_plan(backend: str, indices: list[int], devices: list[str], n_layer: int = 18) -> Plan:
+    """A hand-built plan (the planner's contract types) splitting n_layer+1 layers evenly."""
+    n = len(indices)
+    bounds = [round(k * (n_layer + 1) / n) for k in range(n + 1)]
+    cards = tuple(
+        CardPlan(Card(backend, idx, f"{backend} {idx}", 16 * G, 16 * G), dev, bounds[k], bounds[k + 1],
+                 100, 10, 0, 5, has_output=k == n - 1)
+        for k, (idx, dev) in enumerate(zip(indices, devices)))
+    return Plan("/models/m.gguf", "llama", n_layer, 4096, PlanOptions(n_ctx=4096), cards)
+
+
+def config(backend: str, mode: str, indices: list[int], **kw) -> ServeConfig:
+    plan = make_plan(backend, indices, plan_devices(mode, backend, indices))
+    return ServeConfig(plan=plan, mode=mode, backend=backend, server_bin="/b/llama-server",
+                       rpc_bin="/b/ggml-rpc-server", port=8080, cores=8, **kw)
+
+
+def specs_for(cfg: ServeConfig):
+    ports = list(range(50100, 50100 + n_rpc_servers(cfg)))
+    return build_specs(cfg, ports)
+
+
+def flag(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+def test_sycl_rpc_one_selector_per_rpc_server_and_no_local_gpu_in_llama_server():
+    specs = specs_for(config("sycl", "rpc", [0, 1]))
+    rpc0, rpc1, server = specs
+    assert rpc0.env_dict["ONEAPI_DEVICE_SELECTOR"] == "level_zero:0"
+    assert rpc1.env_dict["ONEAPI_DEVICE_SELECTOR"] == "level_zero:1"
+    assert server.env_dict["ONEAPI_DEVICE_SELECTOR"] == "level_zero:cpu"  # matches no GPU
+    argv = list(server.argv)
+    assert flag(argv, "--rpc") == "127.0.0.1:50100,127.0.0.1:50101"
+    assert argv.index("--rpc") < argv.index("--device")  # llama.cpp needs --rpc first
+    assert flag(argv, "--device") == "RPC0,RPC1"
+    assert flag(argv, "-ts") == "10,9" and flag(argv, "--fit") == "off"
+    assert flag(argv, "-c") == "4096" and flag(argv, "-np") == "1"
+    assert "--metrics" in argv and flag(argv, "-m") == "/models/m.gguf"
+
+
+def test_rpc_servers_bind_loopback_with_threads_and_sigpipe_ignored():
+    specs = specs_for(config("cuda", "rpc", [2, 3]))
+    for s in specs[:-1]:
+        assert s.role == "rpc" and s.ignore_sigpipe
+        assert flag(list(s.argv), "-H") == "127.0.0.1"
+        assert flag(list(s.argv), "-t") == "4"  # 8 cores / 2 cards
+    assert [s.env_dict["CUDA_VISIBLE_DEVICES"] for s in specs] == ["2", "3", ""]
+
+
+def test_cuda_hybrid_keeps_first_card_local_and_first_in_device_order():
+    rpc0, server = specs_for(config("cuda", "hybrid", [1, 0]))
+    assert server.env_dict["CUDA_VISIBLE_DEVICES"] == "1"  # only its own card
+    assert rpc0.env_dict["CUDA_VISIBLE_DEVICES"] == "0"
+    assert flag(list(server.argv), "--device") == "CUDA0,RPC0"
+    assert flag(list(server.argv), "--rpc") == "127.0.0.1:50100"
+
+
+def test_vulkan_multi_is_one_process_seeing_all_cards():
+    (server,) = specs_for(config("vulkan", "multi", [1, 0]))
+    assert server.env_dict["GGML_VK_VISIBLE_DEVICES"] == "0,1"
+    assert flag(list(server.argv), "--device") == "Vulkan1,Vulkan0"  # card order as --gpus gave it
+    assert "--rpc" not in server.argv
+
+
+def test_workaround_env_reaches_llama_server():
+    cfg = config("sycl", "multi+workaround", [0, 1],
+                 mode_env=(("NEOReadDebugKeys", "1"), ("ForceZeDeviceCanAccessPerReturnValue", "0")))
+    (server,) = specs_for(cfg)
+    assert server.env_dict["NEOReadDebugKeys"] == "1"
+    assert server.env_dict["ONEAPI_DEVICE_SELECTOR"] == "level_zero:0,1"
+
+
+def test_cpu_rpc_and_hybrid():
+    specs = specs_for(config("cpu", "rpc", [0, 1], threads=1))
+    assert [s.name for s in specs] == ["rpc0", "rpc1", "server"]
+    assert flag(list(specs[0].argv), "-t") == "1"
+    rpc0, server = specs_for(config("cpu", "hybrid", [0, 1]))
+    argv = list(server.argv)
+    assert flag(argv, "--device") == "RPC0"
+    assert flag(argv, "-ngl") == "9"  # the first card's 10 layers stay on llama-server's CPU
+    assert rpc0.cards == (1,) and server.cards == (0,)
+
+
+def test_single_cpu_and_extra_args_last():
+    (server,) = specs_for(config("cpu", "single", [0], extra_args=("--temp", "0")))
+    argv = list(server.argv)
+    assert flag(argv, "--device") == "none"
+    assert argv[-2:] == ["--temp", "0"]
+
+
+def test_threads_default_is_cores_per_card_at_least_one():
+    assert rpc_threads(config("cpu", "rpc", [0, 1])) == 4
+    assert rpc_threads(config("cpu", "rpc", [0, 1], threads=0)) == 1
+    cfg = ServeConfig(plan=make_plan("cpu", [0, 1, 2], ["RPC0", "RPC1", "RPC2"]), mode="rpc", backend="cpu",
+                      server_bin="s", rpc_bin="r", cores=2)
+    assert rpc_threads(cfg) == 1
+
+
+def test_rpc_host_other_than_loopback_only_when_asked():
+    specs = specs_for(config("cpu", "rpc", [0, 1], rpc_host="10.0.0.5"))
+    assert flag(list(specs[0].argv), "-H") == "10.0.0.5"
+    assert flag(list(specs[-1].argv), "--rpc").startswith("10.0.0.5:")
+
+
+@pytest.mark.parametrize("backend,mode,indices", [("cpu", "multi", [0, 1]), ("cuda", "single", [0, 1])])
+def test_impossible_combinations_are_bad_input(backend, mode, indices):
+    with pytest.raises(BadInput):
+        specs_for(config(backend, mode, indices))
+
+
+def test_unknown_mode_is_bad_input():
+    with pytest.raises(BadInput):
+        config("cuda", "warp", [0, 1])
+
+
+def test_fixed_rpc_ports_must_match_the_number_of_rpc_servers():
+    with pytest.raises(BadInput):
+        config("cpu", "rpc", [0, 1], rpc_ports=(50000,))
+
+
+def test_plan_devices_per_mode():
+    assert plan_devices("rpc", "sycl", [0, 1]) == ["RPC0", "RPC1"]
+    assert plan_devices("hybrid", "cpu", [0, 1]) == [HOST_DEVICE, "RPC0"]
+    assert plan_devices("hybrid", "sycl", [1, 0]) == ["SYCL0", "RPC0"]
+    assert plan_devices("multi", "cuda", [2, 0]) == ["CUDA1", "CUDA0"]

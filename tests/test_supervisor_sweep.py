@@ -1,0 +1,45 @@
+"""The start-up sweep: leftovers of a dead supervisor die; a live supervisor's children and reused pids do not."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import psutil
+
+from arcsplit.run.rundir import sweep
+
+
+def _entry(p: subprocess.Popen, argv: list[str], create_time: float | None = None) -> dict:
+    return {"name": "rpc0", "pid": p.pid, "pgid": p.pid, "port": 1,
+            "create_time": create_time if create_time is not None else psutil.Process(p.pid).create_time(),
+            "argv": argv}
+
+
+def _write(root, run, supervisor: dict, procs: list[dict]) -> None:
+    d = root / run
+    d.mkdir(parents=True)
+    (d / "state.json").write_text(json.dumps({"supervisor": supervisor, "processes": procs}))
+
+
+def test_sweep_kills_only_what_matches_pid_create_time_and_cmdline(tmp_path):
+    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    leftover, reused, owned = (subprocess.Popen(argv) for _ in range(3))
+    try:
+        dead_supervisor = {"pid": 2 ** 22 + 12345, "create_time": 1.0}
+        me = psutil.Process()
+        _write(tmp_path, "dead", dead_supervisor, [
+            _entry(leftover, argv),
+            _entry(reused, argv, create_time=psutil.Process(reused.pid).create_time() - 100),  # pid reused
+        ])
+        _write(tmp_path, "live", {"pid": me.pid, "create_time": me.create_time()}, [_entry(owned, argv)])
+        killed = sweep(tmp_path, grace=5)
+        assert killed == [leftover.pid]
+        assert leftover.wait(5) is not None
+        assert reused.poll() is None and owned.poll() is None
+        assert json.loads((tmp_path / "dead" / "state.json").read_text())["processes"] == []
+    finally:
+        for p in (leftover, reused, owned):
+            p.kill()
+            p.wait()
