@@ -11,151 +11,76 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
-import time
-from pathlib import Path
 from typing import Any
 
 import anyio
 
-from .._dirs import cache_dir
-from ..errors import ArcsplitError, BadInput
+from ..errors import ArcsplitError
 from ..rig import MiB
+from ..run.prepare import MODE_CHOICES
 from .devices import add_card_options
 from .llama import add_llama_dir
 
-MODE_CHOICES = ("auto", "single", "multi", "multi+workaround", "hybrid", "rpc")
 
+def request_from_args(args: argparse.Namespace) -> Any:
+    """The CLI's flags as a ServeRequest (the same one the Python API builds)."""
+    from ..run.prepare import ServeRequest
 
-def _observed_path(backend: str) -> Path:
-    return cache_dir() / "observed" / f"{backend}.json"
-
-
-def load_observed(backend: str) -> dict[str, bool]:
-    """Modes that failed on this machine before (written when a load hit the allocation signature)."""
-    try:
-        data = json.loads(_observed_path(backend).read_text(encoding="utf-8"))
-        return {str(k): bool(v["ok"]) for k, v in data.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
-
-
-def record_observed(backend: str, mode: str, ok: bool, message: str) -> None:
-    path = _observed_path(backend)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        data = {}
-    data[mode] = {"ok": ok, "message": message[:500], "time": time.time()}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        tmp.replace(path)
-    except OSError:
-        pass
+    return ServeRequest(model=args.model, gpus=args.gpus, backend=args.backend, mode=args.mode, ctx=args.ctx,
+                        parallel=args.parallel, host=args.host, port=args.port, rpc_host=args.rpc_host,
+                        rpc_ports=args.rpc_ports, threads=args.threads, cpu_memory_mib=args.cpu_memory,
+                        llama_dir=args.llama_dir, extra_args=tuple(args.extra))
 
 
 def build_config(args: argparse.Namespace) -> Any:
     """Everything before the first process: binaries, ports, model, rig, mode, plan -> ServeConfig."""
-    from ..llama.devices import discover_rig, parse_gpus
-    from ..llama.locate import find_llama
-    from ..llama.mode import choose_mode
-    from ..run.ports import check_free
-    from ..run.specs import LOOPBACK, ServeConfig
+    from ..run.prepare import prepare
 
-    if args.port is not None and not 0 < args.port < 65536:
-        raise BadInput(f"--port {args.port} is not a port number", "use 1-65535")
-    rpc_ports = _parse_ports(args.rpc_ports)
-    if args.threads is not None and args.threads < 1:
-        raise BadInput(f"--threads {args.threads} must be at least 1", "give rpc-server threads per card")
-    gpus = parse_gpus(args.gpus)
-    binaries = find_llama(args.llama_dir, backend=args.backend)
-    check_free(args.host, args.port, "llama-server", "--port")
-    for p in rpc_ports or ():
-        check_free(args.rpc_host, p, "rpc-server", "--rpc-ports")
-    model = Path(args.model)
-    if not model.is_file():
-        raise BadInput(f"model {model} does not exist", "pass the path of a .gguf file")
-    from ..model import load_profile
-
-    profile = load_profile(model)
-    rig = discover_rig(args.backend, gpus, binaries if args.backend != "cpu" else None, args.cpu_memory)
-    forced = None if args.mode == "auto" else args.mode
-    decision = choose_mode(args.backend, len(rig.cards), forced=forced, verdict=_verdict(args, len(rig.cards)),
-                           probe_results=load_observed(args.backend) or None)
-    plan = _make_plan(profile, rig, args, decision.mode)
-    if args.rpc_host != LOOPBACK:
-        print(f"arcsplit: warning: rpc-servers listen on {args.rpc_host}; anyone who can reach it can run code "
-              f"on them - keep it on a trusted network", file=sys.stderr)
-    config = ServeConfig(plan=plan, mode=decision.mode, backend=args.backend, server_bin=str(binaries.server),
-                         rpc_bin=str(binaries.rpc_server), host=args.host, port=args.port, rpc_host=args.rpc_host,
-                         rpc_ports=tuple(rpc_ports) if rpc_ports else None, threads=args.threads,
-                         cores=os.cpu_count() or 1, extra_args=tuple(args.extra),
-                         mode_env=tuple(sorted(decision.env.items())), forced_mode=forced is not None)
-    return config, decision, profile, rig
-
-
-def _make_plan(profile: Any, rig: Any, args: argparse.Namespace, mode: str) -> Any:
-    from ..planner import PlanOptions, make_plan  # type: ignore[attr-defined]
-    from ..run.specs import plan_devices
-
-    options = PlanOptions(n_ctx=args.ctx, n_parallel=args.parallel)
-    return make_plan(profile, rig, options, devices=plan_devices(mode, args.backend, [c.index for c in rig.cards]))
-
-
-def _verdict(args: argparse.Namespace, n_cards: int) -> Any:
-    """Only a multi-card Intel run needs the runtime's versions; reading them costs a few subprocesses."""
-    if args.backend != "sycl" or n_cards < 2 or args.mode != "auto":
-        return None
-    from ..llama.facts import gather_facts
-    from ..llama.verdict import verdict_for
-
-    return verdict_for("sycl", gather_facts("sycl"))
-
-
-def _parse_ports(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        ports = [int(p) for p in text.split(",")]
-    except ValueError:
-        raise BadInput(f"--rpc-ports {text!r} is not a list of ports", "write it like --rpc-ports 50052,50053") from None
-    if any(not 0 < p < 65536 for p in ports) or len(set(ports)) != len(ports):
-        raise BadInput(f"--rpc-ports {text!r} has a bad or repeated port", "list distinct ports 1-65535")
-    return ports
+    p = prepare(request_from_args(args))
+    return p.config, p.decision, p.profile, p.rig
 
 
 def _serve(args: argparse.Namespace) -> int:
-    config, decision, _profile, _rig = build_config(args)
-    for reason in decision.reasons:
-        _say(f"mode {decision.mode}: {reason}")
-    return anyio.run(_run, config, args)
+    from ..run.prepare import prepare
+
+    prepared = prepare(request_from_args(args))
+    for reason in prepared.decision.reasons:
+        _say(f"mode {prepared.decision.mode}: {reason}")
+    return anyio.run(_run, prepared, args)
 
 
-async def _run(config: Any, args: argparse.Namespace) -> int:
-    from ..run.supervisor import RestartPolicy, Supervisor, Timeouts
+def serve_from_args(args: argparse.Namespace, demo: bool = False) -> int:
+    """Entry for other commands (``arcsplit demo``) that fill in a serve Namespace themselves."""
+    defaults = _defaults()
+    for key, value in defaults.items():
+        if not hasattr(args, key):
+            setattr(args, key, value)
+    args.demo = demo
+    return _serve(args)
 
-    def fallback(cfg: Any, message: str) -> Any:
-        from dataclasses import replace
 
-        from ..model import load_profile
-        from ..rig import Rig
+def _defaults() -> dict[str, Any]:
+    parser = argparse.ArgumentParser()
+    _add_arguments(parser)
+    ns = parser.parse_args([])
+    ns.extra = []
+    return vars(ns)
 
-        record_observed(cfg.backend, cfg.mode, False, message)
-        _say(f"{cfg.mode} failed with the multi-device allocation error; falling back to hybrid (recorded)")
-        rig = Rig(cards=tuple(c.card for c in cfg.plan.cards))
-        plan = _make_plan(load_profile(cfg.plan.model_path), rig, args, "hybrid")
-        return replace(cfg, plan=plan, mode="hybrid", mode_env=())
 
-    policy = RestartPolicy(max_failures=args.max_restarts)
-    sup = Supervisor(config, policy=policy, timeouts=Timeouts(stall=args.stall_timeout), fallback=fallback)
+async def _run(prepared: Any, args: argparse.Namespace) -> int:
+    from ..run.instance import Instance
+    from ..run.supervisor import RestartPolicy, Timeouts
+
+    instance = Instance(prepared, policy=RestartPolicy(max_failures=args.max_restarts),
+                        timeouts=Timeouts(stall=args.stall_timeout), bus=not args.no_bus, bus_tcp=args.bus,
+                        say=_say)
+    sup = instance.supervisor
     events = sup.subscribe(10_000)
     failure: BaseException | None = None
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_report, events, sup, args.json_events)
+        tg.start_soon(_report, events, sup, args.json_events, getattr(args, "demo", False))
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async def on_signal() -> None:
                 async for sig in signals:
@@ -163,8 +88,10 @@ async def _run(config: Any, args: argparse.Namespace) -> int:
                     sup.stop()
 
             tg.start_soon(on_signal)
+            if args.tui:
+                tg.start_soon(_dashboard, instance)
             try:
-                await sup.run()
+                await instance.run()
             except ArcsplitError as exc:  # raised after the task group, as itself, not in an ExceptionGroup
                 failure = exc
             finally:
@@ -174,7 +101,17 @@ async def _run(config: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _report(events: Any, sup: Any, as_json: bool) -> None:
+async def _dashboard(instance: Any) -> None:
+    """``--tui``: the dashboard in the foreground, attached to this instance's bus; quitting it stops serving."""
+    while instance.bus_info is None:
+        await anyio.sleep(0.05)
+    from ..tui import run_dashboard
+
+    await anyio.to_thread.run_sync(run_dashboard, instance.run_id)
+    instance.stop()
+
+
+async def _report(events: Any, sup: Any, as_json: bool, demo: bool = False) -> None:
     """Progress and state changes on stderr (or every event as a JSON line on stdout with --json-events)."""
     last_pct = -10
     async for ev in events:
@@ -198,6 +135,8 @@ async def _report(events: Any, sup: Any, as_json: bool) -> None:
                       flush=True)
                 for line in _buffer_table(ev.data.get("buffers") or {}):
                     _say(line)
+                if demo:
+                    _example(sup.url)
             elif state == "backoff":
                 _say(f"group failed ({ev.data.get('error')}); restart {ev.data.get('failures')} in "
                      f"{ev.data.get('delay'):.1f} s")
@@ -217,6 +156,13 @@ def _buffer_table(buffers: dict[str, Any]) -> list[str]:
     return rows
 
 
+def _example(url: str) -> None:
+    print("\ntry it (Ctrl-C stops everything):\n"
+          f"  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+          "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Name three primary colors.\"}], "
+          "\"max_tokens\": 32}'\n", flush=True)
+
+
 def _say(text: str) -> None:
     print(f"arcsplit: {text}", file=sys.stderr, flush=True)
 
@@ -227,6 +173,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "rpc-servers and llama-server, and restart the group if any member dies. "
                                    "Arguments after -- go to llama-server.")
     p.add_argument("model", help="GGUF file (first shard of a split model)")
+    _add_arguments(p)
+    p.set_defaults(func=_serve, extra=[])
+    _split_at_double_dash(p)
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_card_options(p)
     add_llama_dir(p)
     p.add_argument("--mode", choices=MODE_CHOICES, default="auto", help="how the cards share the model (default: auto)")
@@ -243,8 +195,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",
                    help="give up a load after this long without any progress (default: 120)")
     p.add_argument("--json-events", action="store_true", help="print every event but log lines as JSON on stdout")
-    p.set_defaults(func=_serve, extra=[])
-    _split_at_double_dash(p)
+    p.add_argument("--bus", metavar="tcp://HOST:PORT",
+                   help="serve the bus over TCP with CURVE keys: events on PORT, control on PORT+1 "
+                        "(default: private ipc:// sockets)")
+    p.add_argument("--no-bus", action="store_true", help="do not open the control/event bus")
+    p.add_argument("--tui", action="store_true", help="run the dashboard in the foreground")
 
 
 def _split_at_double_dash(p: argparse.ArgumentParser) -> None:

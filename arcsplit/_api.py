@@ -1,0 +1,172 @@
+"""The Python API behind ``arcsplit/__init__.py``: plan, serve, aserve, attach (and load, in inproc.py)."""
+
+from __future__ import annotations
+
+import os
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, AsyncIterator, Iterator, Sequence
+
+import anyio
+from anyio.from_thread import start_blocking_portal
+
+from .llama.devices import discover_rig, parse_gpus
+from .llama.locate import find_llama
+from .model import load_profile
+from .planner import Plan, PlanOptions, make_plan
+from .rig import Rig, load_layout
+from .run.bus import Client, attach
+from .run.events import Event
+from .run.instance import Instance
+from .run.prepare import ServeRequest, prepare
+from .run.specs import plan_devices
+from .run.supervisor import RestartPolicy, Timeouts
+
+__all__ = ["AsyncServer", "Server", "aserve", "attach", "plan", "serve"]
+
+
+def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None, *, backend: str = "cpu",
+         ctx: int | None = None, parallel: int = 1, cache_type: str = "f16", ubatch: int = 512,
+         layout: str | os.PathLike[str] | None = None, cpu_memory_mib: int | None = None,
+         mode: str = "rpc", llama_dir: str | None = None) -> Plan:
+    """Where every layer goes and what each card must hold; ``layout`` plans for a rig you do not have.
+
+    ``mode`` only names the devices as llama-server will see them (rpc: RPC0, RPC1, ...).
+    """
+    profile = load_profile(model)
+    if layout is not None:
+        rig: Rig = load_layout(layout)
+    else:
+        binaries = None if backend == "cpu" else find_llama(llama_dir, backend=backend)
+        rig = discover_rig(backend, parse_gpus(gpus if isinstance(gpus, str) or gpus is None else list(gpus)),
+                           binaries, cpu_memory_mib)
+    options = PlanOptions(n_ctx=ctx, n_parallel=parallel, cache_type_k=cache_type, cache_type_v=cache_type,
+                          n_ubatch=ubatch)
+    backends = {c.backend for c in rig.cards}
+    devices = plan_devices(mode, rig.cards[0].backend, [c.index for c in rig.cards]) if len(backends) == 1 else None
+    return make_plan(profile, rig, options, devices=devices)
+
+
+class AsyncServer:
+    """A served model, in the caller's event loop: ``url``, ``plan``, ``status()``, ``restart()``, ``events()``."""
+
+    def __init__(self, instance: Instance) -> None:
+        self._instance = instance
+
+    @property
+    def url(self) -> str:
+        return self._instance.url
+
+    @property
+    def plan(self) -> Plan:
+        return self._instance.supervisor.config.plan
+
+    @property
+    def mode(self) -> str:
+        return self._instance.supervisor.config.mode
+
+    @property
+    def run_id(self) -> str:
+        return self._instance.run_id
+
+    def status(self) -> dict[str, Any]:
+        return self._instance.supervisor.status()
+
+    def logs(self, name: str | None = None, n: int = 100) -> list[str]:
+        return self._instance.supervisor.logs(name, n)
+
+    async def restart(self) -> None:
+        """Stop the group in order and start it again; returns once it answers again."""
+        sup = self._instance.supervisor
+        generation = sup.status()["generation"]
+        await sup.restart()
+        while not (sup.status()["generation"] > generation and sup.status()["state"] == "ready"):
+            if sup.status()["state"] == "stopped":
+                raise RuntimeError("the group stopped instead of restarting")
+            await anyio.sleep(0.05)
+
+    async def events(self, max_buffer: int = 1000) -> AsyncIterator[Event]:
+        """Every event from now on; a consumer that falls behind loses events rather than slowing the group."""
+        async with self._instance.supervisor.subscribe(max_buffer) as stream:
+            async for ev in stream:
+                yield ev
+
+    def stop(self) -> None:
+        self._instance.stop()
+
+
+def _request(model: str | os.PathLike[str], gpus: Sequence[int] | str | None, kw: dict[str, Any]) -> ServeRequest:
+    extra = tuple(kw.pop("extra_args", ()))
+    return ServeRequest(model=str(model), gpus=gpus, extra_args=extra, **kw)
+
+
+@asynccontextmanager
+async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = (0, 1), *,
+                 bus: bool = True, bus_tcp: str | None = None, max_restarts: int = 5, stall_timeout: float = 120.0,
+                 **options: Any) -> AsyncIterator[AsyncServer]:
+    """Serve ``model`` across ``gpus`` until the block ends; entered once llama-server answers /health 200.
+
+    ``options`` are ServeRequest's fields: backend, mode, ctx, parallel, host, port, rpc_host, rpc_ports, threads,
+    cpu_memory_mib, llama_dir, extra_args.
+    """
+    prepared = prepare(_request(model, gpus, options))
+    instance = Instance(prepared, policy=RestartPolicy(max_failures=max_restarts), timeouts=Timeouts(stall=stall_timeout),
+                        bus=bus, bus_tcp=bus_tcp)
+    async with anyio.create_task_group() as tg:
+        await tg.start(instance.run)
+        try:
+            yield AsyncServer(instance)
+        finally:
+            instance.stop()
+
+
+class Server:
+    """A served model for synchronous code; the group runs on a private event-loop thread."""
+
+    def __init__(self, portal: Any, inner: AsyncServer) -> None:
+        self._portal = portal
+        self._inner = inner
+
+    @property
+    def url(self) -> str:
+        return self._inner.url
+
+    @property
+    def plan(self) -> Plan:
+        return self._inner.plan
+
+    @property
+    def mode(self) -> str:
+        return self._inner.mode
+
+    @property
+    def run_id(self) -> str:
+        return self._inner.run_id
+
+    def status(self) -> dict[str, Any]:
+        return self._portal.call(self._inner.status)
+
+    def logs(self, name: str | None = None, n: int = 100) -> list[str]:
+        return self._portal.call(self._inner.logs, name, n)
+
+    def restart(self) -> None:
+        self._portal.call(self._inner.restart)
+
+    def events(self, kinds: tuple[str, ...] | None = None, timeout: float | None = None) -> Iterator[dict[str, Any]]:
+        """A snapshot, then every later event as a bus message dict (see docs/bus.md)."""
+        with attach(self.run_id) as client:
+            yield from client.events(kinds=kinds, timeout=timeout)
+
+    def client(self) -> Client:
+        return attach(self.run_id)
+
+
+@contextmanager
+def serve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = (0, 1), **options: Any) -> Iterator[Server]:
+    """``with arcsplit.serve("model.gguf", gpus=[0, 1]) as server:`` — the sync twin of ``aserve``."""
+    with start_blocking_portal() as portal:
+        cm = aserve(model, gpus, **options)
+        with portal.wrap_async_context_manager(cm) as inner:
+            yield Server(portal, inner)
+
+
+__all__ += ["Client"]

@@ -1,0 +1,170 @@
+"""What a user asks for -> a ServeConfig, with everything checkable checked before any process starts.
+
+Shared by ``arcsplit serve`` and the Python API: binaries, ports, model, cards, runtime verdict, mode and plan.
+A mistake here is one ArcsplitError and nothing is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .._dirs import cache_dir
+from ..errors import BadInput
+from ..llama.devices import discover_rig, parse_gpus
+from ..llama.locate import find_llama
+from ..llama.mode import ModeDecision, choose_mode
+from ..model import load_profile
+from ..planner import Plan, PlanOptions, make_plan
+from ..rig import Rig
+from .ports import check_free
+from .specs import LOOPBACK, ServeConfig, plan_devices
+
+MODE_CHOICES = ("auto", "single", "multi", "multi+workaround", "hybrid", "rpc")
+
+
+@dataclass(frozen=True)
+class ServeRequest:
+    """The knobs of ``arcsplit serve``; defaults match the CLI's."""
+
+    model: str
+    gpus: Sequence[int] | str | None = None
+    backend: str = "cpu"
+    mode: str = "auto"
+    ctx: int | None = None
+    parallel: int = 1
+    host: str = LOOPBACK
+    port: int = 8080
+    rpc_host: str = LOOPBACK
+    rpc_ports: Sequence[int] | None = None
+    threads: int | None = None
+    cpu_memory_mib: int | None = None
+    llama_dir: str | None = None
+    extra_args: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A checked request: the config the supervisor runs, and why this mode."""
+
+    request: ServeRequest
+    config: ServeConfig
+    decision: ModeDecision
+    profile: Any
+    rig: Rig
+
+
+def _observed_path(backend: str) -> Path:
+    return cache_dir() / "observed" / f"{backend}.json"
+
+
+def load_observed(backend: str) -> dict[str, bool]:
+    """Modes that failed on this machine before (written when a load hit the allocation signature)."""
+    try:
+        data = json.loads(_observed_path(backend).read_text(encoding="utf-8"))
+        return {str(k): bool(v["ok"]) for k, v in data.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def record_observed(backend: str, mode: str, ok: bool, message: str) -> None:
+    path = _observed_path(backend)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = {}
+    data[mode] = {"ok": ok, "message": message[:500], "time": time.time()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
+def _ports(ports: Sequence[int] | str | None) -> list[int] | None:
+    if ports is None or ports == "":
+        return None
+    if isinstance(ports, str):
+        try:
+            ports = [int(p) for p in ports.split(",")]
+        except ValueError:
+            raise BadInput(f"--rpc-ports {ports!r} is not a list of ports",
+                           "write it like --rpc-ports 50052,50053") from None
+    ports = list(ports)
+    if any(not 0 < p < 65536 for p in ports) or len(set(ports)) != len(ports):
+        raise BadInput(f"--rpc-ports {ports!r} has a bad or repeated port", "list distinct ports 1-65535")
+    return ports
+
+
+def _verdict(req: ServeRequest, n_cards: int) -> Any:
+    """Only a multi-card Intel run needs the runtime's versions; reading them costs a few subprocesses."""
+    if req.backend != "sycl" or n_cards < 2 or req.mode != "auto":
+        return None
+    from ..llama.facts import gather_facts
+    from ..llama.verdict import verdict_for
+
+    return verdict_for("sycl", gather_facts("sycl"))
+
+
+def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str) -> Plan:
+    options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel)
+    return make_plan(profile, rig, options, devices=plan_devices(mode, req.backend, [c.index for c in rig.cards]))
+
+
+def prepare(req: ServeRequest) -> Prepared:
+    """Check everything, pick the mode, plan: no process is started here."""
+    if req.mode not in MODE_CHOICES:
+        raise BadInput(f"unknown mode {req.mode!r}", f"use one of {', '.join(MODE_CHOICES)}")
+    if not 0 < req.port < 65536:
+        raise BadInput(f"--port {req.port} is not a port number", "use 1-65535")
+    if req.ctx is not None and req.ctx <= 0:
+        raise BadInput(f"--ctx {req.ctx} must be positive", "give a context length, or leave it out for the largest")
+    if req.parallel < 1:
+        raise BadInput(f"--parallel {req.parallel} must be at least 1", "give the number of parallel sequences")
+    if req.threads is not None and req.threads < 1:
+        raise BadInput(f"--threads {req.threads} must be at least 1", "give rpc-server threads per card")
+    rpc_ports = _ports(req.rpc_ports)
+    gpus = parse_gpus(req.gpus) if isinstance(req.gpus, str) or req.gpus is None else parse_gpus(list(req.gpus))
+    binaries = find_llama(req.llama_dir, backend=req.backend)
+    check_free(req.host, req.port, "llama-server", "--port")
+    for p in rpc_ports or ():
+        check_free(req.rpc_host, p, "rpc-server", "--rpc-ports")
+    model = Path(req.model)
+    if not model.is_file():
+        raise BadInput(f"model {model} does not exist", "pass the path of a .gguf file")
+    profile = load_profile(model)
+    rig = discover_rig(req.backend, gpus, binaries if req.backend != "cpu" else None, req.cpu_memory_mib)
+    forced = None if req.mode == "auto" else req.mode
+    decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=_verdict(req, len(rig.cards)),
+                           probe_results=load_observed(req.backend) or None)
+    plan = plan_for_mode(profile, rig, req, decision.mode)
+    if req.rpc_host != LOOPBACK:
+        print(f"arcsplit: warning: rpc-servers listen on {req.rpc_host}; the RPC protocol has no authentication, "
+              f"so anyone who can reach it can run code on them - keep it on a trusted network", file=sys.stderr)
+    config = ServeConfig(plan=plan, mode=decision.mode, backend=req.backend, server_bin=str(binaries.server),
+                         rpc_bin=str(binaries.rpc_server), host=req.host, port=req.port, rpc_host=req.rpc_host,
+                         rpc_ports=tuple(rpc_ports) if rpc_ports else None, threads=req.threads,
+                         cores=os.cpu_count() or 1, extra_args=tuple(req.extra_args),
+                         mode_env=tuple(sorted(decision.env.items())), forced_mode=forced is not None)
+    return Prepared(req, config, decision, profile, rig)
+
+
+def hybrid_fallback(prepared: Prepared, say: Callable[[str], None] | None = None
+                    ) -> Callable[[ServeConfig, str], ServeConfig | None]:
+    """What the supervisor does when a one-context load fails with the allocation signature: record, go hybrid."""
+
+    def fallback(cfg: ServeConfig, message: str) -> ServeConfig | None:
+        record_observed(cfg.backend, cfg.mode, False, message)
+        if say:
+            say(f"{cfg.mode} failed with the multi-device allocation error; falling back to hybrid (recorded)")
+        plan = plan_for_mode(prepared.profile, prepared.rig, prepared.request, "hybrid")
+        return replace(cfg, plan=plan, mode="hybrid", mode_env=())
+
+    return fallback
