@@ -45,8 +45,8 @@ def _bindings(bin_dir: Path) -> Any:
     try:
         import llama_cpp
         import llama_cpp.llama_cpp as low
-    except ImportError:
-        raise ArcsplitError("arcsplit.load needs llama-cpp-python 0.3.36",
+    except (ImportError, OSError):
+        raise ArcsplitError("arcsplit.load needs llama-cpp-python 0.3.36 built against arcsplit's libllama",
                             'install it against the managed build: CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" '
                             "pip install llama-cpp-python==0.3.36 (or `pip install arcsplit[inproc]`)") from None
     loaded = Path(getattr(low._lib, "_name", "")).resolve().parent
@@ -162,8 +162,12 @@ def load(model: str | os.PathLike[str], gpus: Sequence[int] = (0, 1), *, backend
             split_mode=llama_cpp.LLAMA_SPLIT_MODE_LAYER,
             tensor_split=[float(n) for n in plan.tensor_split],
             n_ctx=plan.n_ctx, n_batch=o.n_batch, n_ubatch=o.n_ubatch, flash_attn=o.flash_attn,
+            swa_full=o.swa_full,  # the bindings default to a full-size SWA cache; the plan sized the window
             verbose=False,
         )
+        for key, name in (("type_k", o.cache_type_k), ("type_v", o.cache_type_v)):
+            if name != "f16":
+                kwargs[key] = getattr(llama_cpp, f"GGML_TYPE_{name.upper()}")
         kwargs.update(llama_kwargs)
         llm = llama_cpp.Llama(model_path=str(model), **kwargs)
     except BaseException:

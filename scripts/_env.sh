@@ -6,11 +6,14 @@ PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-stamp=".venv/.arcsplit-$(sha256sum pyproject.toml | cut -c1-16)"
+stamp=".venv/.arcsplit-$(cat pyproject.toml scripts/_env.sh | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   echo "arcsplit: installing into .venv …" >&2
   .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null
   .venv/bin/python -m pip install --quiet -e ".[test]"
+  # arcsplit.load's bindings, built against arcsplit's own libllama (nothing of llama.cpp is compiled here).
+  CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" .venv/bin/python -m pip install --quiet \
+    --no-binary llama-cpp-python "llama-cpp-python==0.3.36"
   rm -f .venv/.arcsplit-* && touch "$stamp"
 fi
 # ccache makes a rebuilt llama.cpp take seconds; optional, installed when we may.

@@ -46,9 +46,48 @@ def _serve(args: argparse.Namespace) -> int:
     from ..run.prepare import prepare
 
     prepared = prepare(request_from_args(args))
+    if args.tui:
+        return _serve_with_dashboard(prepared, args)
     for reason in prepared.decision.reasons:
         _say(f"mode {prepared.decision.mode}: {reason}")
     return anyio.run(_run, prepared, args)
+
+
+def _instance(prepared: Any, args: argparse.Namespace, say: Any) -> Any:
+    from ..run.instance import Instance
+    from ..run.supervisor import RestartPolicy, Timeouts
+
+    return Instance(prepared, policy=RestartPolicy(max_failures=args.max_restarts),
+                    timeouts=Timeouts(stall=args.stall_timeout), bus=not args.no_bus or args.tui,
+                    bus_tcp=args.bus, say=say)
+
+
+def _serve_with_dashboard(prepared: Any, args: argparse.Namespace) -> int:
+    """``--tui``: the group runs on a private event-loop thread, the dashboard owns the terminal (main thread);
+    quitting the dashboard stops the group in order."""
+    import time
+
+    from anyio.from_thread import start_blocking_portal
+
+    from ..run.bus import Client
+    from ..tui.app import run_dashboard
+
+    instance = _instance(prepared, args, None)
+    with start_blocking_portal() as portal:
+        running = portal.start_task_soon(instance.run)
+        while instance.bus_info is None and not running.done():
+            time.sleep(0.05)
+        if running.done():
+            running.result()  # the start failed: raise its one-line error
+        try:
+            run_dashboard(lambda: Client(instance.bus_info))
+        finally:
+            portal.call(instance.stop)
+            try:
+                running.result()
+            except ArcsplitError:
+                pass  # the dashboard already showed why the group stopped
+    return 0
 
 
 def serve_from_args(args: argparse.Namespace, demo: bool = False) -> int:
@@ -70,12 +109,7 @@ def _defaults() -> dict[str, Any]:
 
 
 async def _run(prepared: Any, args: argparse.Namespace) -> int:
-    from ..run.instance import Instance
-    from ..run.supervisor import RestartPolicy, Timeouts
-
-    instance = Instance(prepared, policy=RestartPolicy(max_failures=args.max_restarts),
-                        timeouts=Timeouts(stall=args.stall_timeout), bus=not args.no_bus, bus_tcp=args.bus,
-                        say=_say)
+    instance = _instance(prepared, args, _say)
     sup = instance.supervisor
     events = sup.subscribe(10_000)
     failure: BaseException | None = None
@@ -88,8 +122,6 @@ async def _run(prepared: Any, args: argparse.Namespace) -> int:
                     sup.stop()
 
             tg.start_soon(on_signal)
-            if args.tui:
-                tg.start_soon(_dashboard, instance)
             try:
                 await instance.run()
             except ArcsplitError as exc:  # raised after the task group, as itself, not in an ExceptionGroup
@@ -99,16 +131,6 @@ async def _run(prepared: Any, args: argparse.Namespace) -> int:
     if failure is not None:
         raise failure
     return 0
-
-
-async def _dashboard(instance: Any) -> None:
-    """``--tui``: the dashboard in the foreground, attached to this instance's bus; quitting it stops serving."""
-    while instance.bus_info is None:
-        await anyio.sleep(0.05)
-    from ..tui import run_dashboard
-
-    await anyio.to_thread.run_sync(run_dashboard, instance.run_id)
-    instance.stop()
 
 
 async def _report(events: Any, sup: Any, as_json: bool, demo: bool = False) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-KINDS = ("state", "log", "plan", "buffers", "group", "progress", "verdict")
+KINDS = ("state", "log", "plan", "buffers", "group", "progress", "verdict", "telemetry")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,93 @@
+"""``arcsplit ps | stop | restart | logs [RUN]``: drive running instances over their bus."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from .._api import attach
+from ..run.bus import list_runs
+from . import print_json
+
+
+def _ps(args: argparse.Namespace) -> int:
+    rows = []
+    for info in list_runs():
+        row = {"run": info.run_id, "pid": info.pid, "url": info.url, "model": info.model,
+               "started": info.started, "state": None, "mode": None}
+        try:
+            with attach(info.run_id, timeout=2.0) as client:
+                status = client.status()
+            row["state"], row["mode"] = status.get("state"), status.get("mode")
+            row["processes"] = {name: {"state": p.get("state"), "pid": p.get("pid"), "restarts": p.get("restarts")}
+                                for name, p in status.get("processes", {}).items()}
+        except Exception as exc:  # one unresponsive instance must not hide the others
+            row["state"] = f"not answering ({exc})"
+        rows.append(row)
+    if args.json:
+        print_json({"runs": rows})
+        return 0
+    if not rows:
+        print("no arcsplit instance is running")
+        return 0
+    print(f"{'run':<24} {'pid':>7} {'state':<10} {'mode':<8} {'up':>7}  url / model")
+    for r in rows:
+        up = time.time() - r["started"]
+        print(f"{r['run']:<24} {r['pid']:>7} {str(r['state']):<10} {str(r['mode']):<8} {up:>6.0f}s  "
+              f"{r['url']}  {r['model']}")
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    with attach(args.run) as client:
+        client.stop()
+        run = client.info
+    deadline = time.monotonic() + args.wait
+    while run.alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    print(f"stopped {run.run_id}" if not run.alive() else f"asked {run.run_id} to stop; it is still shutting down")
+    return 0
+
+
+def _restart(args: argparse.Namespace) -> int:
+    with attach(args.run) as client:
+        client.restart()
+        print(f"restarting {client.info.run_id}")
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    with attach(args.run) as client:
+        for line in client.logs(args.process, args.lines):
+            print(line)
+        if args.follow:
+            for msg in client.events(kinds=("log",), snapshot=False):
+                if args.process is None or msg["name"] == args.process:
+                    prefix = "" if args.process else f"[{msg['name']}] "
+                    print(prefix + str(msg["data"].get("line", "")), flush=True)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ps", help="list running arcsplit instances", description="List running arcsplit instances.")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_ps)
+
+    p = sub.add_parser("stop", help="stop a running instance (llama-server first, then rpc-servers)",
+                       description="Stop a running instance: llama-server first, then the rpc-servers.")
+    p.add_argument("run", nargs="?", help="run id or a unique prefix (default: the newest)")
+    p.add_argument("--wait", type=float, default=30.0, metavar="S", help="wait this long for it to exit (default 30)")
+    p.set_defaults(func=_stop)
+
+    p = sub.add_parser("restart", help="restart a running instance's group",
+                       description="Stop a running instance's group in order and start it again.")
+    p.add_argument("run", nargs="?", help="run id or a unique prefix (default: the newest)")
+    p.set_defaults(func=_restart)
+
+    p = sub.add_parser("logs", help="show (and follow) a running instance's logs",
+                       description="Show the captured output of a running instance's processes.")
+    p.add_argument("run", nargs="?", help="run id or a unique prefix (default: the newest)")
+    p.add_argument("--process", "-p", metavar="NAME", help="one process: server, rpc0, rpc1, ... (default: all)")
+    p.add_argument("--lines", "-n", type=int, default=50, metavar="N", help="lines of history (default 50)")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines")
+    p.set_defaults(func=_logs)

@@ -1,0 +1,59 @@
+"""Per-process CPU and memory through psutil; a CPU "card" is the rpc-server (or llama-server) that holds it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psutil
+
+
+class ProcessSampler:
+    """Keeps one psutil.Process per pid so cpu_percent() is the use since the previous sample."""
+
+    def __init__(self) -> None:
+        self._procs: dict[int, psutil.Process] = {}
+
+    def sample(self, pids: dict[str, int]) -> dict[str, dict[str, Any]]:
+        """name -> {pid, cpu (percent of one core), rss (bytes), threads}; a gone pid is left out."""
+        out: dict[str, dict[str, Any]] = {}
+        live: dict[int, psutil.Process] = {}
+        for name, pid in pids.items():
+            proc = self._procs.get(pid)
+            try:
+                if proc is None:
+                    proc = psutil.Process(pid)
+                    proc.cpu_percent(None)  # the first call only starts the clock
+                    cpu = None
+                else:
+                    cpu = proc.cpu_percent(None)
+                with proc.oneshot():
+                    mem = proc.memory_info()
+                    threads = proc.num_threads()
+            except psutil.Error:
+                continue
+            live[pid] = proc
+            out[name] = {"pid": pid, "cpu": cpu, "rss": mem.rss, "threads": threads}
+        self._procs = live
+        return out
+
+
+def threads_of(argv: list[str] | None) -> int | None:
+    """The ``-t N`` a process was started with (its share of cores), if any."""
+    argv = argv or []
+    for flag in ("-t", "--threads"):
+        if flag in argv[:-1]:
+            try:
+                return int(argv[argv.index(flag) + 1])
+            except ValueError:
+                return None
+    return None
+
+
+def cpu_card(proc: dict[str, Any] | None, budget: int | None, threads: int | None) -> dict[str, Any]:
+    """A CPU card's row: memory is the holder's RSS against its planned budget, use is CPU over its threads."""
+    if proc is None:
+        return {"source": "psutil", "used": None, "total": budget, "util": None, "temp": None, "power": None}
+    cpu = proc.get("cpu")
+    n = threads or psutil.cpu_count() or 1
+    return {"source": "psutil", "used": proc.get("rss"), "total": budget,
+            "util": None if cpu is None else min(1.0, cpu / 100.0 / n), "temp": None, "power": None}

@@ -1,0 +1,38 @@
+"""The anyio twin: serve, print the group's events while a request runs, then stop.
+
+    python examples/async_events.py [MODEL.gguf]
+"""
+
+import sys
+
+import anyio
+import httpx
+
+import arcsplit
+from arcsplit.demo import ensure_demo_model
+from arcsplit.run.ports import free_port
+
+
+async def main(model: str) -> None:
+    async with arcsplit.aserve(model, gpus=[0, 1], backend="cpu", cpu_memory_mib=1024, ctx=2048, threads=1,
+                               port=free_port()) as server:
+        print("serving", server.url)
+        seen: list[str] = []
+
+        async def watch() -> None:
+            async for ev in server.events():
+                if ev.kind == "group":
+                    seen.append(ev.data["state"])
+                    print("group:", ev.data["state"])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            await server.restart()
+            async with httpx.AsyncClient(timeout=120) as http:
+                r = await http.post(f"{server.url}/completion", json={"prompt": "Hello", "n_predict": 4})
+                print("tokens:", r.json()["tokens_predicted"])
+            tg.cancel_scope.cancel()
+        print("group states seen:", " -> ".join(seen))
+
+
+anyio.run(main, str(sys.argv[1] if len(sys.argv) > 1 else ensure_demo_model()))

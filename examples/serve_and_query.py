@@ -1,0 +1,23 @@
+"""Serve a model across two cards from a script, ask it something, watch a restart.
+
+    python examples/serve_and_query.py [MODEL.gguf]     # default: the demo model on two CPU cards
+"""
+
+import sys
+
+import httpx
+
+import arcsplit
+from arcsplit.demo import ensure_demo_model
+from arcsplit.run.ports import free_port
+
+model = sys.argv[1] if len(sys.argv) > 1 else ensure_demo_model()
+
+with arcsplit.serve(model, gpus=[0, 1], backend="cpu", cpu_memory_mib=1024, ctx=2048, threads=1,
+                    port=free_port()) as server:
+    print("serving", server.url, "mode", server.mode, "split", server.plan.tensor_split)
+    r = httpx.post(f"{server.url}/completion", json={"prompt": "The capital of France is", "n_predict": 8,
+                                                     "temperature": 0}, timeout=120)
+    print("answer:", r.json()["content"].strip())
+    server.restart()
+    print("after restart:", server.status()["state"], "generation", server.status()["generation"])

@@ -1,0 +1,262 @@
+"""The Python API and the ZeroMQ bus against a real running instance (real binaries, demo model, CPU cards)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import anyio
+import httpx
+import pytest
+import zmq
+
+import arcsplit
+from arcsplit.errors import NotRunning
+from arcsplit.run.bus import TOPIC_PREFIX, list_runs
+from arcsplit.run.ports import free_port
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT = "The three primary colors are"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def isolated(tmp_path_factory: pytest.TempPathFactory, llama_bins, demo_model) -> Iterator[dict[str, str]]:
+    """State, sockets and caches in a temp dir; the env is also what subprocesses (examples, CLI) get."""
+    root = tmp_path_factory.mktemp("arcsplit-api")
+    env = {"ARCSPLIT_STATE_DIR": str(root / "state"), "ARCSPLIT_RUNTIME_DIR": str(root / "rt"),
+           "ARCSPLIT_CACHE_DIR": str(root / "cache"), "ARCSPLIT_LLAMA_DIR": str(llama_bins.bin_dir)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield env
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def server(demo_model) -> Iterator[arcsplit.Server]:
+    with arcsplit.serve(demo_model, gpus=[0, 1], backend="cpu", cpu_memory_mib=1024, ctx=1024, threads=1,
+                        port=free_port(), max_restarts=3) as srv:
+        yield srv
+
+
+def greedy(url: str, n: int = 16) -> list[int]:
+    r = httpx.post(f"{url}/completion", json={"prompt": PROMPT, "n_predict": n, "temperature": 0, "top_k": 1,
+                                              "cache_prompt": False, "return_tokens": True}, timeout=120)
+    r.raise_for_status()
+    return r.json()["tokens"]
+
+
+def test_server_handle(server):
+    assert server.url.startswith("http://127.0.0.1:")
+    assert server.mode == "rpc"
+    assert sum(server.plan.tensor_split) == server.plan.n_layer + 1
+    status = server.status()
+    assert status["state"] == "ready"
+    assert set(status["processes"]) == {"rpc0", "rpc1", "server"}
+    assert all(p["state"] == "ready" for p in status["processes"].values())
+    assert len(greedy(server.url)) == 16
+
+
+def test_instance_is_listed_and_private(server, isolated):
+    (info,) = [r for r in list_runs() if r.run_id == server.run_id]
+    assert info.url == server.url
+    rt = Path(isolated["ARCSPLIT_RUNTIME_DIR"])
+    assert stat.S_IMODE(rt.stat().st_mode) == 0o700
+    for endpoint in (info.pub, info.ctl):
+        path = Path(endpoint.removeprefix("ipc://"))
+        assert path.parent == rt and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE((Path(info.run_dir) / "bus.json").stat().st_mode) == 0o600
+
+
+def test_two_subscribers_and_a_control_client(server):
+    """Both subscribers see the snapshot, then the restart's group transitions, in order, without gaps."""
+    got: dict[int, list[dict]] = {0: [], 1: []}
+    ready = threading.Barrier(3)
+
+    def subscribe(k: int) -> None:
+        with arcsplit.attach(server.run_id) as client:
+            stream = client.events(timeout=60)
+            got[k].append(next(stream))  # the snapshot
+            ready.wait()
+            for msg in stream:
+                got[k].append(msg)
+                if msg["kind"] == "group" and msg["data"].get("state") == "ready":
+                    return
+
+    threads = [threading.Thread(target=subscribe, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    ready.wait()
+    with arcsplit.attach(server.run_id) as control:
+        generation = control.status()["generation"]
+        control.restart()
+    for t in threads:
+        t.join(120)
+    for k in (0, 1):
+        snap, *events = got[k]
+        assert snap["kind"] == "snapshot" and snap["data"]["status"]["state"] == "ready"
+        seqs = [e["seq"] for e in events]
+        assert seqs == sorted(seqs) and seqs[0] > snap["seq"]
+        states = [e["data"]["state"] for e in events if e["kind"] == "group"]
+        assert states[0] == "stopping" and states[-1] == "ready" and "starting" in states
+    assert server.status()["generation"] == generation + 1
+    assert len(greedy(server.url)) == 16
+
+
+def test_late_subscriber_gets_a_correct_snapshot(server):
+    with arcsplit.attach(server.run_id) as client:
+        status = client.status()
+        snap = next(client.events(timeout=10))
+    s = snap["data"]["status"]
+    assert s["state"] == "ready" and s["generation"] == status["generation"]
+    assert {n: p["pid"] for n, p in s["processes"].items()} == {n: p["pid"] for n, p in status["processes"].items()}
+    assert s["plan"]["tensor_split"] == list(server.plan.tensor_split)
+    assert any("[server]" in line for line in snap["data"]["logs"])
+
+
+def test_stalled_subscriber_does_not_slow_the_supervisor(server):
+    """A SUB that never reads (tiny queue) is dropped past its high-water mark; others lose nothing."""
+    info = next(r for r in list_runs() if r.run_id == server.run_id)
+    ctx = zmq.Context()
+    stalled = ctx.socket(zmq.SUB)
+    stalled.setsockopt(zmq.RCVHWM, 5)
+    stalled.setsockopt(zmq.RCVBUF, 4096)
+    stalled.setsockopt(zmq.SUBSCRIBE, TOPIC_PREFIX)
+    stalled.connect(info.pub)
+    try:
+        with arcsplit.attach(server.run_id) as client:
+            seqs: list[int] = []
+            stop = threading.Event()
+
+            def consume() -> None:
+                for msg in client.events(kinds=("log",), timeout=1, snapshot=False):
+                    seqs.append(msg["seq"])
+                    if stop.is_set():
+                        return
+
+            t = threading.Thread(target=consume)
+            t.start()
+            time.sleep(0.5)
+            start = time.monotonic()
+            for _ in range(12):  # each request logs a few dozen lines at -lv 4
+                greedy(server.url, n=8)
+            elapsed = time.monotonic() - start
+            t0 = time.monotonic()
+            with arcsplit.attach(server.run_id) as control:
+                control.request("ping")
+            ping = time.monotonic() - t0
+            stop.set()
+            t.join(30)
+        assert len(seqs) > 100, "the requests should have produced plenty of log events"
+        assert ping < 1.0, f"the control socket took {ping:.2f} s to answer"
+        assert elapsed < 120
+    finally:
+        stalled.close(0)
+        ctx.term()
+
+
+def test_async_twin(demo_model):
+    async def main() -> tuple[str, int, list[str]]:
+        async with arcsplit.aserve(demo_model, gpus=[0, 1], backend="cpu", cpu_memory_mib=1024, ctx=1024,
+                                   threads=1, port=free_port(), bus=False) as srv:
+            states: list[str] = []
+
+            async def watch() -> None:
+                async for ev in srv.events():
+                    if ev.kind == "group":
+                        states.append(ev.data["state"])
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                await anyio.sleep(0)
+                await srv.restart()
+                tg.cancel_scope.cancel()
+            async with httpx.AsyncClient(timeout=120) as http:
+                r = await http.post(f"{srv.url}/completion", json={"prompt": PROMPT, "n_predict": 4})
+            return srv.status()["state"], r.json()["tokens_predicted"], states
+
+    state, n, states = anyio.run(main)
+    assert state == "ready" and n == 4
+    assert states[0] == "stopping" and states[-1] == "ready"
+
+
+def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "arcsplit", *args], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=120)
+
+
+def test_cli_ps_and_logs(server, isolated):
+    ps = run_cli("ps", "--json", env=isolated)
+    assert ps.returncode == 0, ps.stderr
+    runs = {r["run"]: r for r in json.loads(ps.stdout)["runs"]}
+    assert runs[server.run_id]["state"] == "ready" and runs[server.run_id]["url"] == server.url
+    logs = run_cli("logs", server.run_id, "-p", "rpc0", "-n", "5", env=isolated)
+    assert logs.returncode == 0 and logs.stdout.strip()
+
+
+def test_attach_errors_are_one_line(server, isolated):
+    with pytest.raises(NotRunning):
+        arcsplit.attach("no-such-run")
+    r = run_cli("stop", "no-such-run", env=isolated)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no-such-run" in r.stderr
+
+
+@pytest.mark.parametrize("example", ["serve_and_query.py", "async_events.py"])
+def test_examples_run(example, isolated, demo_model):
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / example), str(demo_model)], capture_output=True,
+                       text=True, env={**os.environ, **isolated}, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "serving http://127.0.0.1:" in r.stdout
+
+
+def test_example_attach(server, isolated):
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "attach_status.py"), server.run_id],
+                       capture_output=True, text=True, env={**os.environ, **isolated}, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"{server.run_id} ready rpc {server.url}" in r.stdout
+    assert "event: snapshot group" in r.stdout
+
+
+def test_load_places_layers_on_rpc_servers_and_matches_the_served_tokens(server, isolated, demo_model):
+    """arcsplit.load in a fresh process: same plan, layers on the rpc-servers, same greedy tokens."""
+    import importlib.util
+
+    assert importlib.util.find_spec("llama_cpp"), "scripts/test installs llama-cpp-python 0.3.36 (arcsplit[inproc])"
+    script = f"""
+import json, sys
+import arcsplit
+llm = arcsplit.load({str(demo_model)!r}, gpus=[0, 1], backend="cpu", cpu_memory_mib=1024, ctx=1024, threads=1,
+                    verbose=True)
+toks = llm.tokenize({PROMPT!r}.encode(), add_bos=True)
+out = []
+for tok in llm.generate(toks, temp=0.0, top_k=1, reset=True):
+    out.append(int(tok))
+    if len(out) == 16:
+        break
+print("RESULT " + json.dumps({{"split": list(llm.arcsplit_plan.tensor_split), "endpoints": llm.arcsplit_endpoints,
+                              "tokens": out}}), flush=True)
+llm.close()
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       env={**os.environ, **isolated}, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout.split("RESULT ", 1)[1])
+    assert result["split"] == list(server.plan.tensor_split)
+    for k, endpoint in enumerate(result["endpoints"]):
+        assert f"using device RPC{k} ({endpoint})" in r.stderr  # RPCk is that rpc-server
+    placed = dict(re.findall(r"load_tensors: layer +(\d+) assigned to device (\w+)", r.stderr))
+    expected = {str(il): c["device"] for c in server.plan.to_dict()["cards"] for il in range(*c["layers"])}
+    assert placed == expected  # every layer, the output layer included, on the card the plan chose
+    assert result["tokens"] == greedy(server.url)
