@@ -74,7 +74,8 @@ class _Model:
         if not tied:
             self.t("output.weight", self.n_embd, self.n_vocab)
 
-    def write(self, path: str | Path, header_only: bool = False, split_max_tensors: int = 0) -> Path:
+    def write(self, path: str | Path, header_only: bool = False, split_max_tensors: int = 0,
+              reuse_random: bool = False) -> Path:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         w = GGUFWriter(p, self.arch, split_max_tensors=split_max_tensors)
@@ -108,13 +109,16 @@ class _Model:
             w.close()
             _extend_sparse(p, self.tensors)
             return p
+        drawn: dict[tuple[tuple[int, ...], Any], Any] = {}
         for name, (shape, dt) in self.tensors.items():
-            if name.endswith("norm.weight") or "_norm" in name:
+            if reuse_random and (shape, dt) in drawn and not (name.endswith("norm.weight") or "_norm" in name):
+                data = drawn[(shape, dt)]  # one draw per shape: a 7B model is written in seconds, not minutes
+            elif name.endswith("norm.weight") or "_norm" in name:
                 data = np.ones(shape, dtype=dt)
             elif name.endswith("ssm_a"):
                 data = -np.ones(shape, dtype=dt)
             else:
-                data = (self.rng.standard_normal(shape) * 0.02).astype(dt)
+                data = drawn[(shape, dt)] = (self.rng.standard_normal(shape) * 0.02).astype(dt)
             w.add_tensor(name, data)
         w.write_header_to_file(p)
         w.write_kv_data_to_file()
@@ -186,6 +190,7 @@ def write_llama(
     header_only: bool = False,
     split_max_tensors: int = 0,
     seed: int = 0,
+    reuse_random: bool = False,
 ) -> Path:
     """A small Llama (GQA). Returns the path to pass on (the first shard when split).
 
@@ -201,7 +206,7 @@ def write_llama(
         kv = n_head_kv[i] if isinstance(n_head_kv, list) else n_head_kv
         _attention(m, i, n_head, kv, hd)
         _ffn(m, i, n_ff)
-    return m.write(path, header_only, split_max_tensors)
+    return m.write(path, header_only, split_max_tensors, reuse_random)
 
 
 def write_qwen3moe(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from ..errors import BadInput
 from ..llama.build import BACKENDS, BuildConfig, build, sycl_flags
 from ..llama.locate import find_llama, server_build_info
 from ..llama.source import SDIST_VERSION
@@ -11,9 +13,12 @@ from . import print_json
 
 
 def _build(args: argparse.Namespace) -> int:
-    extra = sycl_flags(args.sycl_arch) if args.backend == "sycl" else ()
+    extra = (sycl_flags(args.sycl_arch) if args.backend == "sycl" else ()) + tuple(args.cmake_flag or ())
+    bad = [f for f in extra if not f.startswith("-D")]
+    if bad:
+        raise BadInput(f"--cmake-flag {bad[0]!r} is not a -DNAME=VALUE definition", "write it like -DGGML_CUDA_F16=ON")
     config = BuildConfig(args.backend, extra)
-    bin_dir = build(config, jobs=args.jobs, force=args.force)
+    bin_dir = build(config, jobs=args.jobs, force=args.force, source=Path(args.source) if args.source else None)
     if args.json:
         print_json({"backend": args.backend, "bin_dir": str(bin_dir), "key": config.key,
                     "source": f"llama-cpp-python {SDIST_VERSION}"})
@@ -63,6 +68,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--backend", choices=BACKENDS, default="cpu", help="ggml backend (default: cpu)")
     b.add_argument("--jobs", "-j", type=int, default=None, help="parallel compile jobs (default: all cores)")
     b.add_argument("--sycl-arch", metavar="ARCH", help="SYCL AOT target, e.g. bmg_g31 for the Arc Pro B70")
+    b.add_argument("--cmake-flag", action="append", metavar="-DNAME=VALUE",
+                   help="an extra CMake definition, e.g. -DCMAKE_CUDA_ARCHITECTURES=90 (repeatable)")
+    b.add_argument("--source", metavar="DIR", help="build this llama.cpp tree instead of the pinned PyPI source")
     b.add_argument("--force", action="store_true", help="rebuild even if a finished build exists")
     b.add_argument("--json", action="store_true", help="machine-readable output")
     b.set_defaults(func=_build)

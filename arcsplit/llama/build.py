@@ -132,8 +132,11 @@ def _print_progress(step: str, pct: int | None) -> None:
 
 
 def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
-          progress: Callable[[str, int | None], None] = _print_progress) -> Path:
-    """Fetch, verify, extract and build; returns the bin dir. Reuses a finished build."""
+          progress: Callable[[str, int | None], None] = _print_progress, source: Path | None = None) -> Path:
+    """Fetch, verify, extract and build; returns the bin dir. Reuses a finished build.
+
+    ``source`` builds an already extracted tree instead (a machine that cannot reach PyPI).
+    """
     if is_built(config) and not force:
         return config.bin_dir
     check_toolchain(config.backend)
@@ -141,8 +144,13 @@ def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
     root.mkdir(parents=True, exist_ok=True)
     log = root / f"build-{config.key}.log"
     log.write_text(f"arcsplit llama build, llama-cpp-python {SDIST_VERSION}, {config.backend}\n")
-    progress("fetch", None)
-    src = extract_source(fetch_sdist(log))
+    if source is not None:
+        src = Path(source)
+        if not (src / "CMakeLists.txt").exists() or not (src / "tools" / "rpc").is_dir():
+            raise BadInput(f"--source {src} is not a llama.cpp source tree", "point it at the tree's top directory")
+    else:
+        progress("fetch", None)
+        src = extract_source(fetch_sdist(log))
     partial = config.build_dir.with_name(config.build_dir.name + ".partial")
     if force:
         shutil.rmtree(config.build_dir, ignore_errors=True)

@@ -1,0 +1,101 @@
+"""Kill one rpc-server of a serving group (SIGKILL) and measure how long until the group serves again.
+
+    python bench/recover.py [--backend cpu|cuda] [--gpus 0,1] [--model PATH] [--mode rpc|hybrid] [--repeat N]
+
+Prints: time from the kill to /health 200 with a new rpc-server, time to the first good completion, and
+whether the greedy tokens after recovery equal those before. Writes bench/results/recover_<backend>.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import arcsplit  # noqa: E402
+from arcsplit.demo import ensure_demo_model  # noqa: E402
+from arcsplit.run.ports import free_port  # noqa: E402
+
+PROMPT = "The three primary colors are"
+
+
+def greedy(url: str, n: int = 16) -> list[int]:
+    r = httpx.post(f"{url}/completion", json={"prompt": PROMPT, "n_predict": n, "temperature": 0, "top_k": 1,
+                                              "cache_prompt": False, "return_tokens": True}, timeout=300)
+    r.raise_for_status()
+    return r.json()["tokens"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--gpus", default="0,1")
+    ap.add_argument("--model")
+    ap.add_argument("--mode", default="rpc")
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--cpu-memory", type=int, default=1024)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    model = a.model or str(ensure_demo_model())
+    rows = []
+    with arcsplit.serve(model, gpus=a.gpus, backend=a.backend, mode=a.mode, ctx=a.ctx, port=free_port(),
+                        cpu_memory_mib=a.cpu_memory if a.backend == "cpu" else None,
+                        threads=1 if a.backend == "cpu" else None, max_restarts=10) as server:
+        before = greedy(server.url)
+        for i in range(a.repeat):
+            status = server.status()
+            victim = status["processes"]["rpc0"]["pid"]
+            generation = status["generation"]
+            t0 = time.monotonic()
+            os.kill(victim, signal.SIGKILL)
+            while True:
+                s = server.status()
+                if s["generation"] > generation and s["state"] == "ready":
+                    break
+                if s["state"] == "stopped":
+                    raise SystemExit("the group gave up instead of recovering")
+                time.sleep(0.02)
+            ready = time.monotonic() - t0
+            after = greedy(server.url)
+            served = time.monotonic() - t0
+            rows.append((ready, served, after == before, s["processes"]["rpc0"]["pid"] != victim))
+            print(f"kill {i + 1}: ready again after {ready:.2f} s, first completion after {served:.2f} s, "
+                  f"same tokens: {after == before}", flush=True)
+        argv = server.status()["processes"]
+    med_ready = statistics.median(r[0] for r in rows)
+    med_served = statistics.median(r[1] for r in rows)
+    gpu = os.popen("nvidia-smi -L 2>/dev/null").read().strip().replace("\n", "; ") or "none"
+    text = "\n".join([
+        f"# Recovery after SIGKILL of an rpc-server ({a.backend}, mode {a.mode})",
+        "",
+        f"- machine: {platform.node()} ({os.cpu_count()} cores), GPUs: {gpu}",
+        f"- model: {model}",
+        f"- command: `python bench/recover.py --backend {a.backend} --gpus {a.gpus} --mode {a.mode} "
+        f"--repeat {a.repeat}`",
+        "",
+        "| kill | ready again (s) | first completion (s) | same greedy tokens | new rpc-server pid |",
+        "|---|---|---|---|---|",
+        *[f"| {i + 1} | {r[0]:.2f} | {r[1]:.2f} | {r[2]} | {r[3]} |" for i, r in enumerate(rows)],
+        "",
+        f"Median: ready again after {med_ready:.2f} s, serving after {med_served:.2f} s.",
+        "",
+    ])
+    out = Path(a.out or Path(__file__).parent / "results" / f"recover_{a.backend}.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(text)
+    return 0 if all(r[2] and r[3] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
