@@ -30,7 +30,8 @@ def request_from_args(args: argparse.Namespace) -> Any:
 
     return ServeRequest(model=args.model, gpus=args.gpus, backend=args.backend, mode=args.mode, ctx=args.ctx,
                         parallel=args.parallel, host=args.host, port=args.port, rpc_host=args.rpc_host,
-                        rpc_ports=args.rpc_ports, threads=args.threads, cpu_memory_mib=args.cpu_memory,
+                        rpc_ports=args.rpc_ports, threads=args.threads, ubatch=args.ubatch,
+                        cpu_memory_mib=args.cpu_memory,
                         llama_dir=args.llama_dir, extra_args=tuple(args.extra))
 
 
@@ -212,6 +213,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rpc-server address (default: 127.0.0.1; anything else is reachable from the network)")
     p.add_argument("--rpc-ports", metavar="LIST", help="rpc-server ports, one per rpc-server (default: free ports)")
     p.add_argument("--threads", type=int, metavar="N", help="threads per rpc-server (default: cores / cards)")
+    p.add_argument("--ubatch", type=int, metavar="N",
+                   help="micro-batch size, -ub (default: 256 on hybrid/rpc routes, measured faster; else 512)")
     p.add_argument("--max-restarts", type=int, default=5, metavar="N",
                    help="consecutive failures before giving up (default: 5)")
     p.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",

@@ -22,10 +22,14 @@ from ..llama.mode import ModeDecision, choose_mode
 from ..model import load_profile
 from ..planner import Plan, PlanOptions, make_plan
 from ..rig import Rig
-from .ports import check_free
+from .ports import check_free, check_host
 from .specs import LOOPBACK, ServeConfig, plan_devices
 
 MODE_CHOICES = ("auto", "single", "multi", "multi+workaround", "hybrid", "rpc")
+# Micro-batch per route when the user does not set one. Over RPC every ubatch pays a blocking round trip per
+# device, yet larger ubatches made RPC prefill *worse* on 2x H200 (ub 2048: 0.24x of native; local-first hybrid
+# with ub 256: 0.69x vs 0.50x at 512; reference/llama-cpp-observed.md). Native routes keep llama.cpp's 512.
+ROUTE_UBATCH = {"hybrid": 256, "rpc": 256}
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class ServeRequest:
     rpc_host: str = LOOPBACK
     rpc_ports: Sequence[int] | None = None
     threads: int | None = None
+    ubatch: int | None = None  # None: chosen per route (ROUTE_UBATCH)
     cpu_memory_mib: int | None = None
     llama_dir: str | None = None
     extra_args: tuple[str, ...] = field(default=())
@@ -114,7 +119,8 @@ def _verdict(req: ServeRequest, n_cards: int) -> Any:
 
 
 def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str) -> Plan:
-    options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel)
+    ubatch = req.ubatch if req.ubatch is not None else ROUTE_UBATCH.get(mode, 512)
+    options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel, n_ubatch=ubatch, n_batch=max(2048, ubatch))
     return make_plan(profile, rig, options, devices=plan_devices(mode, req.backend, [c.index for c in rig.cards]))
 
 
@@ -126,11 +132,15 @@ def prepare(req: ServeRequest) -> Prepared:
         raise BadInput(f"--port {req.port} is not a port number", "use 1-65535")
     if req.ctx is not None and req.ctx <= 0:
         raise BadInput(f"--ctx {req.ctx} must be positive", "give a context length, or leave it out for the largest")
+    if req.ubatch is not None and req.ubatch < 1:
+        raise BadInput(f"--ubatch {req.ubatch} must be at least 1", "give the micro-batch size in tokens")
     if req.parallel < 1:
         raise BadInput(f"--parallel {req.parallel} must be at least 1", "give the number of parallel sequences")
     if req.threads is not None and req.threads < 1:
         raise BadInput(f"--threads {req.threads} must be at least 1", "give rpc-server threads per card")
     rpc_ports = _ports(req.rpc_ports)
+    check_host(req.host, "--host")
+    check_host(req.rpc_host, "--rpc-host")
     gpus = parse_gpus(req.gpus) if isinstance(req.gpus, str) or req.gpus is None else parse_gpus(list(req.gpus))
     binaries = find_llama(req.llama_dir, backend=req.backend)
     check_free(req.host, req.port, "llama-server", "--port")
