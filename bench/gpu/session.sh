@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# arcsplit on 2x NVIDIA H200 (the device machine). Idempotent phases, so a second call reuses the first's build
+# while the machine is still warm:
+#   bash bench/gpu/session.sh build     # CUDA build of the pinned llama.cpp + a 7.2B F16 synthetic llama
+#   bash bench/gpu/session.sh native    # plan, devices; throughput: native multi-device and hybrid
+#   bash bench/gpu/session.sh rpc       # throughput all-RPC; kill an rpc-server and watch the group recover
+# Needs (carried, git-ignored): .device/llama-src.tar.gz (the extracted pinned tree), .device/whl (py3.12 wheels).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/.device/out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export ARCSPLIT_CACHE_DIR=$ROOT/.device/cache ARCSPLIT_STATE_DIR=$ROOT/.device/state
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  .device/whl/*.whl >/dev/null 2>&1 || true
+export PYTHONPATH=/tmp/site:$ROOT
+MODEL=$ROOT/.device/model7b.gguf
+arcsplit() { python3 -m arcsplit "$@"; }
+
+build() {
+  [ -d .device/src ] || tar xzf .device/llama-src.tar.gz -C .device
+  local t0=$SECONDS
+  arcsplit llama build --backend cuda --source .device/src --cmake-flag=-DCMAKE_CUDA_ARCHITECTURES=90 \
+    --jobs "$(nproc)" > "$OUT/build.txt" 2>&1 &
+  local b=$!
+  [ -f "$MODEL" ] || python3 -c "
+from arcsplit.synth import write_llama
+write_llama('$MODEL', n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=32000, ctx=8192,
+            reuse_random=True)" || echo "model generation failed"
+  echo "model: $(du -h "$MODEL" | cut -f1) after $((SECONDS - t0)) s"
+  wait $b; echo "build rc=$? after $((SECONDS - t0)) s"; tail -2 "$OUT/build.txt"
+  export ARCSPLIT_LLAMA_DIR=$(ls -d "$ARCSPLIT_CACHE_DIR"/llama.cpp/*/build-cuda-*/bin | head -1)
+}
+
+case "${1:-all}" in
+  build) build ;;
+  native)
+    build
+    nvidia-smi -L; nvidia-smi --query-gpu=index,memory.total,memory.used --format=csv
+    arcsplit llama which --backend cuda | tee "$OUT/which.txt"
+    arcsplit devices --backend cuda --json | tee "$OUT/devices.json"
+    for m in multi hybrid rpc; do python3 -c "
+import json, time, arcsplit
+t = time.perf_counter(); p = arcsplit.plan('$MODEL', gpus=[0, 1], backend='cuda', mode='$m'); t = time.perf_counter() - t
+print(json.dumps({'mode': '$m', 'plan_ms': round(t * 1000, 2), **p.to_dict()}))" > "$OUT/plan_$m.json"; done
+    arcsplit plan "$MODEL" --gpus 0,1 --backend cuda | tee "$OUT/plan.txt"
+    ${THROUGHPUT_NATIVE:-python3 bench/throughput.py --backend cuda --gpus 0,1 --model $MODEL --modes native,hybrid}
+    ;;
+  rpc)
+    build
+    ${THROUGHPUT_RPC:-python3 bench/throughput.py --backend cuda --gpus 0,1 --model $MODEL --modes native,rpc}
+    python3 bench/recover.py --backend cuda --gpus 0,1 --model "$MODEL" --mode rpc --repeat 2 --out "$OUT/recover_cuda.md"
+    ;;
+esac
+cp bench/results/*cuda* "$OUT/" 2>/dev/null || true
+ls "$OUT"

@@ -1,0 +1,350 @@
+"""Run every bench script in a quick mode, then assemble bench/RESULTS.md from bench/results/*.md.
+
+    python bench/run_all.py [--full] [--assemble-only] [--skip NAME,...]
+
+Each figure the project claims gets a section: the figure, its target, pass/fail read from its results file, and
+that file's path. The long runs (soak, fuzz 100k) are never started here; their results files are included when
+present. A plot of throughput ratios goes to bench/results/throughput.png (matplotlib) or, without matplotlib,
+bench/results/throughput.svg (written directly). Needs ARCSPLIT_LLAMA_DIR or a managed CPU build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+RESULTS = BENCH / "results"
+
+# name -> (quick argv, full argv); scripts that are missing are skipped and said so.
+SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
+    "plan_speed": ([], []),
+    "plan_accuracy": ([], []),
+    "fit_context": ([], []),
+    "time_to_ready": (["--runs", "3"], []),
+    "idle_cpu": (["--seconds", "10"], []),
+    "throughput": (["--backend", "cpu"], ["--backend", "cpu", "--full"]),
+    # dash_frame writes its file only with --out; its results file holds two hand-run rates, so the quick run
+    # here only prints (see "This run") and the file is included as it is.
+    "dash_frame": (["--seconds", "3"], ["--seconds", "5"]),
+}
+HYBRID_TARGETS = {"prefill": 0.75, "decode": 0.90, "4 streams": 0.90}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str  # pass | FAIL | info | missing
+    detail: str
+
+
+def read(name: str) -> str | None:
+    p = RESULTS / name
+    return p.read_text(encoding="utf-8") if p.exists() else None
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """Cells of every markdown table row except header separators."""
+    rows = []
+    for line in text.splitlines():
+        if line.startswith("|") and not re.match(r"^\|[-| :]+\|$", line):
+            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def meets(text: str) -> Verdict | None:
+    """The 'meets/misses the ... target' wording the bench scripts share."""
+    if re.search(r"\bmisses\b", text):
+        return Verdict("FAIL", "misses: " + first_line_with(text, "misses"))
+    if re.search(r"\bmeets\b", text):
+        return Verdict("pass", first_line_with(text, "meets"))
+    return None
+
+
+def first_line_with(text: str, word: str) -> str:
+    line = next((ln for ln in text.splitlines() if word in ln), "")
+    return re.sub(r"\s+", " ", line.replace("**", "")).strip()[:220]
+
+
+def v_plan_speed(text: str) -> Verdict:
+    ratios = [(r[0], float(r[6].rstrip("x")), float(r[7].rstrip("x"))) for r in table_rows(text)
+              if len(r) == 8 and r[6].endswith("x")]
+    if not ratios:
+        return Verdict("info", "no ratios found")
+    cold = min(ratios, key=lambda x: x[1])
+    warm = min(r[2] for r in ratios)
+    status = "pass" if cold[1] >= 20 else ("FAIL cold, pass warm" if warm >= 20 else "FAIL")
+    return Verdict(status, f"worst cold case {cold[0]}: llama.cpp takes {cold[1]:.0f}x arcsplit's time with the "
+                   f"header read each time; {warm:.0f}x at worst with the profile cache warm; {len(ratios)} models")
+
+
+def v_plan_accuracy(text: str) -> Verdict:
+    oks = [r[-1] for r in table_rows(text) if r and r[-1] in ("yes", "NO")]
+    if not oks:
+        return Verdict("info", "no rows found")
+    bad = oks.count("NO")
+    return Verdict("pass" if not bad else "FAIL", f"{len(oks) - bad}/{len(oks)} cards within 2 % and 64 MiB")
+
+
+def v_fit_context(text: str) -> Verdict:
+    m = re.search(r"Ratio arcsplit / fit: min ([\d.]+), max ([\d.]+) \(target >= 1\.0: (\w+)\); arcsplit's context "
+                  r"loads and answers in (\d+)/(\d+); its allocation stays within the budget on every card in "
+                  r"(\d+)/(\d+)", text)
+    if not m:
+        return Verdict("info", "no summary line found")
+    ok = m.group(3) == "meets" and m.group(4) == m.group(5)
+    return Verdict("pass" if ok else "FAIL", f"context ratio min {m.group(1)}, max {m.group(2)}; loads "
+                   f"{m.group(4)}/{m.group(5)}; within budget {m.group(6)}/{m.group(7)}")
+
+
+def throughput_ratios(text: str) -> dict[str, dict[str, float]]:
+    """mode -> {prefill, decode, 4 streams} ratios to native, from a throughput_<backend>.md table."""
+    out: dict[str, dict[str, float]] = {}
+    for r in table_rows(text):
+        m = re.match(r"(native|hybrid|rpc) \(", r[0]) if r else None
+        if m and len(r) >= 9 and all(x.endswith("x") for x in r[6:9]):
+            out[m.group(1)] = {k: float(v.rstrip("x")) for k, v in zip(("prefill", "decode", "4 streams"), r[6:9])}
+    return out
+
+
+def v_throughput(text: str, backend: str) -> Verdict:
+    ratios = throughput_ratios(text)
+    if "hybrid" not in ratios:
+        return Verdict("info", "no hybrid row")
+    h = ratios["hybrid"]
+    desc = ", ".join(f"{k} {h[k]:.2f}x (>= {t})" for k, t in HYBRID_TARGETS.items())
+    rpc = ratios.get("rpc")
+    if rpc:
+        desc += "; all-RPC " + ", ".join(f"{k} {v:.2f}x" for k, v in rpc.items())
+    eq = "greedy output equal in every mode" if not re.search(r"\| NO \(", text) else "greedy output DIFFERS"
+    desc += f"; {eq}"
+    if backend == "cpu":
+        return Verdict("info", f"CPU cards (targets are for GPUs): hybrid {desc}")
+    ok = all(h[k] >= t for k, t in HYBRID_TARGETS.items())
+    return Verdict("pass" if ok else "FAIL", f"hybrid {desc}")
+
+
+def v_generic(text: str) -> Verdict:
+    return meets(text) or Verdict("info", "no target stated in the file")
+
+
+def v_fuzz(text: str) -> Verdict:
+    for r in table_rows(text):
+        if len(r) >= 5 and r[0].replace(",", "").isdigit():
+            crash, timeout = r[3].replace(",", ""), r[4].replace(",", "")
+            ok = crash == "0" and timeout == "0"
+            return Verdict("pass" if ok else "FAIL", f"{r[0]} cases: {crash} crashes, {timeout} timeouts")
+    return v_generic(text)
+
+
+@dataclass(frozen=True)
+class Figure:
+    title: str
+    target: str
+    files: tuple[str, ...]
+    judge: Callable[[str, str], Verdict]  # (text, file name) -> verdict
+
+
+FIGURES = [
+    Figure("1. Plan time vs llama-fit-params", "arcsplit's plan in at most 1/20 of llama-fit-params' time",
+           ("plan_speed.md",), lambda t, f: v_plan_speed(t)),
+    Figure("2. Plan accuracy per card vs llama.cpp", "every card within 2 % and 64 MiB of llama-fit-params",
+           ("plan_accuracy.md",), lambda t, f: v_plan_accuracy(t)),
+    Figure("3. Largest context vs --fit, same margin", "arcsplit / fit >= 1.0, and arcsplit's context loads",
+           ("fit_context.md",), lambda t, f: v_fit_context(t)),
+    Figure("4. Time to ready vs the same commands by hand", "at most 1.05x", ("time_to_ready.md",),
+           lambda t, f: v_generic(t)),
+    Figure("5. Throughput per mode (prefill, decode, 4 streams)",
+           "hybrid >= 0.75x prefill, >= 0.90x decode, >= 0.90x 4 streams of native, on 2 real GPUs",
+           ("throughput_cuda.md", "throughput_cpu.md"),
+           lambda t, f: v_throughput(t, f.removeprefix("throughput_").removesuffix(".md"))),
+    Figure("Supervisor CPU while idle", "< 0.5 % of one core", ("idle_cpu.md",), lambda t, f: v_generic(t)),
+    Figure("Dashboard frame time under a log flood", "frames under 50 ms at realistic log rates",
+           ("dash_frame.md",), lambda t, f: v_generic(t)),
+    Figure("Soak (long run, not started by run_all)", "no hang, no leak, nothing left behind", ("soak.md",),
+           lambda t, f: v_generic(t)),
+    Figure("GGUF header fuzzing (not started by run_all)", "no crash, no timeout", ("fuzz.md",),
+           lambda t, f: v_fuzz(t)),
+]
+
+
+def run_scripts(full: bool, skip: set[str]) -> list[tuple[str, str, float, int | None]]:
+    log = []
+    for name, (quick, long) in SCRIPTS.items():
+        script = BENCH / f"{name}.py"
+        argv = [sys.executable, str(script), *(long if full else quick)]
+        shown = " ".join(["python", f"bench/{name}.py", *(long if full else quick)])
+        if name in skip or not script.exists():
+            log.append((name, shown, 0.0, None))
+            print(f"== {name}: {'skipped' if name in skip else 'not present'}", flush=True)
+            continue
+        print(f"== {shown}", flush=True)
+        t0 = time.perf_counter()
+        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+        secs = time.perf_counter() - t0
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-6:]
+        print("\n".join(f"   {ln}" for ln in tail), flush=True)
+        print(f"   exit {proc.returncode} in {secs:.0f} s", flush=True)
+        log.append((name, shown, secs, proc.returncode))
+    return log
+
+
+def demote(text: str) -> str:
+    """A results file's headings one level below its section's."""
+    return "\n".join("###" + ln[1:] if ln.startswith("# ") else ("#" + ln if ln.startswith("##") else ln)
+                     for ln in text.strip().splitlines())
+
+
+def plot(out_dir: Path) -> tuple[Path | None, str]:
+    """Throughput ratios per backend, mode and metric, with the hybrid targets."""
+    series = {b: throughput_ratios(t) for b in ("cpu", "cuda") if (t := read(f"throughput_{b}.md"))}
+    series = {b: s for b, s in series.items() if s}
+    if not series:
+        return None, "no throughput results to plot"
+    bars = [(f"{b} {m}", k, v) for b, s in series.items() for m in ("hybrid", "rpc") if m in s
+            for k, v in s[m].items()]
+    groups = list(dict.fromkeys(g for g, _, _ in bars))
+    metrics = list(HYBRID_TARGETS)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        svg = write_svg(out_dir / "throughput.svg", groups, metrics, bars)
+        return svg, "matplotlib is not installed: SVG drawn directly"
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(metrics)
+    for i, metric in enumerate(metrics):
+        xs = [g + i * width for g in range(len(groups))]
+        ys = [next((v for g2, k, v in bars if g2 == g and k == metric), 0) for g in groups]
+        ax.bar(xs, ys, width, label=metric)
+    for metric, t in HYBRID_TARGETS.items():
+        ax.axhline(t, linestyle="--", linewidth=0.8, color="grey")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], groups)
+    ax.set_ylabel("ratio to native")
+    ax.set_title("Throughput vs native (dashed: hybrid targets 0.75 / 0.90)")
+    ax.legend()
+    path = out_dir / "throughput.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return path, "matplotlib"
+
+
+def write_svg(path: Path, groups: list[str], metrics: list[str], bars: list[tuple[str, str, float]]) -> Path:
+    """A grouped bar chart as plain SVG (no plotting library needed)."""
+    w, h, left, bottom, top = 640, 300, 50, 40, 30
+    ymax = max([1.2] + [v * 1.1 for _, _, v in bars])
+    colors = ["#4878d0", "#ee854a", "#6acc64"]
+    gw = (w - left - 10) / max(1, len(groups))
+    bw = gw * 0.8 / len(metrics)
+
+    def y(v: float) -> float:
+        return h - bottom - (h - bottom - top) * v / ymax
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
+             f'font-size="11">', f'<rect width="{w}" height="{h}" fill="white"/>',
+             f'<text x="{w / 2}" y="16" text-anchor="middle" font-size="13">Throughput vs native '
+             f'(dashed: hybrid targets 0.75 / 0.90)</text>']
+    for tick in [i * 0.25 for i in range(int(ymax / 0.25) + 1)]:
+        parts.append(f'<text x="{left - 5}" y="{y(tick) + 4:.1f}" text-anchor="end">{tick:.2f}</text>')
+    for gi, g in enumerate(groups):
+        for mi, metric in enumerate(metrics):
+            v = next((v for g2, k, v in bars if g2 == g and k == metric), 0.0)
+            x = left + gi * gw + gw * 0.1 + mi * bw
+            parts.append(f'<rect x="{x:.1f}" y="{y(v):.1f}" width="{bw:.1f}" height="{y(0) - y(v):.1f}" '
+                         f'fill="{colors[mi % 3]}"><title>{g} {metric}: {v:.2f}x</title></rect>')
+            parts.append(f'<text x="{x + bw / 2:.1f}" y="{y(v) - 3:.1f}" text-anchor="middle" '
+                         f'font-size="9">{v:.2f}</text>')
+        parts.append(f'<text x="{left + gi * gw + gw / 2:.1f}" y="{h - bottom + 15}" text-anchor="middle">{g}</text>')
+    for t in sorted(set(HYBRID_TARGETS.values())):
+        parts.append(f'<line x1="{left}" x2="{w - 10}" y1="{y(t):.1f}" y2="{y(t):.1f}" stroke="grey" '
+                     f'stroke-dasharray="4,3"/>')
+    parts.append(f'<line x1="{left}" x2="{w - 10}" y1="{y(1):.1f}" y2="{y(1):.1f}" stroke="black"/>')
+    for mi, metric in enumerate(metrics):
+        x = left + mi * 110
+        parts.append(f'<rect x="{x}" y="{h - 16}" width="10" height="10" fill="{colors[mi % 3]}"/>')
+        parts.append(f'<text x="{x + 14}" y="{h - 7}">{metric}</text>')
+    parts.append("</svg>")
+    path.write_text("\n".join(parts) + "\n", encoding="utf-8")
+    return path
+
+
+def assemble(log: list[tuple[str, str, float, int | None]]) -> str:
+    from arcsplit.llama.devices import cpu_model
+
+    now = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    lines = ["# arcsplit: measured figures", "",
+             f"Assembled by `python bench/run_all.py` on {now} ({cpu_model()}, {os.cpu_count()} cores) from "
+             "bench/results/*.md. Every figure is a ratio measured side by side in one run; each results file names "
+             "its build, machine, model and command. GPU figures come from the files the 2x H200 runs write "
+             "(throughput_cuda.md when present).", "",
+             "| figure | target | status | result | source |", "|---|---|---|---|---|"]
+    sections: list[str] = []
+    seen: set[str] = set()
+    for fig in FIGURES:
+        found = [(f, t) for f in fig.files if (t := read(f)) is not None]
+        seen.update(fig.files)
+        if not found:
+            lines.append(f"| {fig.title} | {fig.target} | missing | no results file | "
+                         f"{', '.join(f'bench/results/{f}' for f in fig.files)} |")
+            continue
+        body = []
+        for f, text in found:
+            v = fig.judge(text, f)
+            lines.append(f"| {fig.title} | {fig.target} | **{v.status}** | {v.detail} | "
+                         f"[bench/results/{f}](results/{f}) |")
+            body += [f"Status: **{v.status}** ({v.detail}). Source: `bench/results/{f}`.", "", demote(text), ""]
+        sections += [f"## {fig.title}", "", f"Target: {fig.target}.", "", *body]
+    others = sorted(p.name for p in RESULTS.glob("*.md") if p.name not in seen)
+    for name in others:
+        text = read(name) or ""
+        v = v_generic(text)
+        lines.append(f"| {name} | (as stated in the file) | **{v.status}** | {v.detail} | "
+                     f"[bench/results/{name}](results/{name}) |")
+        sections += [f"## Other: {name}", "", f"Status: **{v.status}**. Source: `bench/results/{name}`.", "",
+                     demote(text), ""]
+    path, how = plot(RESULTS)
+    lines += [""]
+    if path is not None:
+        lines += [f"![throughput ratios](results/{path.name})", "",
+                  f"Throughput ratios to native per backend and mode (bench/results/{path.name}; {how}).", ""]
+    else:
+        lines += [f"No plot: {how}.", ""]
+    lines += sections
+    if log:
+        lines += ["## This run", "", "| script | command | seconds | exit |", "|---|---|---|---|"]
+        for name, shown, secs, rc in log:
+            lines.append(f"| {name} | `{shown}` | {secs:.0f} | {'skipped / not present' if rc is None else rc} |")
+        lines += ["", "Long runs (bench/soak.py, bench/fuzz_gguf.py --cases 100000) are not started here; their "
+                  "results files are included as they are. dash_frame's quick run only prints; its results file "
+                  "is from a hand run.", ""]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--full", action="store_true", help="each script's full settings instead of the quick ones")
+    ap.add_argument("--assemble-only", action="store_true", help="only rebuild RESULTS.md from bench/results")
+    ap.add_argument("--skip", default="", help="comma-separated script names not to run")
+    a = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("PYTHONPATH", str(ROOT))
+    log = [] if a.assemble_only else run_scripts(a.full, {s for s in a.skip.split(",") if s})
+    text = assemble(log)
+    (BENCH / "RESULTS.md").write_text(text, encoding="utf-8")
+    print(f"wrote {BENCH / 'RESULTS.md'}")
+    return 0 if all(rc in (0, None) for _, _, _, rc in log) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,389 @@
+"""Throughput per serving mode, served through arcsplit itself and measured over real HTTP.
+
+    python bench/throughput.py [--backend cpu|cuda] [--gpus 0,1] [--model PATH] [--modes native,hybrid,rpc]
+                               [--full] [--reps N] [--n-predict N] [--threads N] [--ubatch N] [--out FILE]
+
+Each mode is started with ``arcsplit.serve`` (the public API: plan, specs, supervisor) at the same context,
+``-np 4`` and the planner's flags (``-fa on``), then measured against llama-server's
+/completion: prefill t/s (a 512-token prompt, n_predict 1, no prompt cache: ``timings.prompt_per_second``),
+decode t/s (a short prompt, n_predict N, eos ignored: ``timings.predicted_per_second``) and 4 parallel streams
+(4 concurrent decode requests: sum of predicted tokens / wall time). Each figure is the median of N repetitions
+after one discarded warm-up. Ratios are to "native". -ub is arcsplit's choice per route (llama.cpp's 512 for
+native routes, 256 over RPC) unless --ubatch sets one for all; the table shows what each mode ran with.
+
+native: CUDA = mode multi (one llama-server holding both GPUs, llama.cpp's own multi-device split); CPU = mode
+single with one card (one llama-server running the whole model on its own CPU: the CPU build has no
+multi-device mode). hybrid = llama-server holds the first card itself (local card first) plus one rpc-server
+per other card; rpc = one rpc-server per card.
+
+Greedy output (temperature 0) of every mode is compared with native's at the same -fa and -ub. On CPU the
+rpc-servers keep weights unrepacked while a local llama-server repacks Q4_K for its own CPU, which changes
+rounding, so that comparison runs every mode once more with ``--no-repack`` (the throughput runs keep llama.cpp's
+defaults). Writes bench/results/throughput_<backend>.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import arcsplit  # noqa: E402
+from arcsplit.llama.devices import cpu_model  # noqa: E402
+from arcsplit.llama.locate import find_llama, server_build_info  # noqa: E402
+from arcsplit.run.ports import free_port  # noqa: E402
+
+PROMPT_TOKENS = 512
+STREAMS = 4
+DECODE_PROMPT = "Write a long story about a lighthouse keeper and the sea."
+EQUALITY_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,")
+FILLER = ("In the year {i}, the council of the river towns met to discuss the price of grain, the state of the "
+          "bridges and the long dispute about fishing rights downstream. ")
+
+
+@dataclass
+class ModeResult:
+    mode: str  # native | hybrid | rpc
+    arcsplit_mode: str  # single | multi | hybrid | rpc
+    prefill: list[float] = field(default_factory=list)
+    decode: list[float] = field(default_factory=list)
+    streams: list[float] = field(default_factory=list)
+    argv: dict[str, list[str]] = field(default_factory=dict)
+    greedy: list[list[int]] = field(default_factory=list)
+    greedy_argv: dict[str, list[str]] = field(default_factory=dict)
+    error: str | None = None
+    greedy_error: str | None = None
+
+    def median(self, name: str) -> float | None:
+        xs = getattr(self, name)
+        return statistics.median(xs) if xs else None
+
+
+def serve_mode(mode: str, backend: str) -> tuple[str, bool]:
+    """Our mode name -> (arcsplit mode, whether it takes only the first card)."""
+    if mode == "native":
+        return ("single", True) if backend == "cpu" else ("multi", False)
+    if mode in ("hybrid", "rpc"):
+        return mode, False
+    raise SystemExit(f"unknown mode {mode!r}: use native, hybrid, rpc")
+
+
+def long_prompt(client: httpx.Client, url: str, n: int) -> list[int]:
+    """Exactly ``n`` token ids of ordinary text, through the model's own tokenizer."""
+    text, i = "", 0
+    while True:
+        text += FILLER.format(i=1500 + i)
+        i += 1
+        if i % 8 == 0:
+            toks = client.post(f"{url}/tokenize", json={"content": text}).json()["tokens"]
+            if len(toks) >= n:
+                return toks[:n]
+
+
+def complete(client: httpx.Client, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    r = client.post(f"{url}/completion", json={"temperature": 0, "cache_prompt": False, **body})
+    r.raise_for_status()
+    return r.json()
+
+
+def measure_prefill(client: httpx.Client, url: str, prompt: list[int]) -> float:
+    return float(complete(client, url, {"prompt": prompt, "n_predict": 1})["timings"]["prompt_per_second"])
+
+
+def measure_decode(client: httpx.Client, url: str, n_predict: int) -> float:
+    r = complete(client, url, {"prompt": DECODE_PROMPT, "n_predict": n_predict, "ignore_eos": True})
+    return float(r["timings"]["predicted_per_second"])
+
+
+def measure_streams(url: str, n_predict: int, timeout: float) -> float:
+    """STREAMS concurrent decode requests (one per slot): total predicted tokens / wall time."""
+    tokens = [0] * STREAMS
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(STREAMS + 1)
+
+    def one(k: int) -> None:
+        try:
+            with httpx.Client(timeout=timeout) as c:
+                barrier.wait()
+                r = complete(c, url, {"prompt": f"{DECODE_PROMPT} (part {k + 1})", "n_predict": n_predict,
+                                      "ignore_eos": True})
+                tokens[k] = int(r["tokens_predicted"])
+        except BaseException as exc:  # reported below; a thread must not die silently
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(STREAMS)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return sum(tokens) / wall
+
+
+def greedy(client: httpx.Client, url: str, n_predict: int) -> list[list[int]]:
+    out = []
+    for p in EQUALITY_PROMPTS:
+        r = complete(client, url, {"prompt": p, "n_predict": n_predict, "ignore_eos": True, "return_tokens": True})
+        out.append([int(t) for t in r["tokens"]])
+    return out
+
+
+def argv_of(server: Any) -> dict[str, list[str]]:
+    return {name: list(p.get("argv", [])) for name, p in server.status()["processes"].items()}
+
+
+def serve_kwargs(a: argparse.Namespace, mode: str, extra: tuple[str, ...],
+                 ubatch: int | None = None) -> tuple[list[int], dict[str, Any]]:
+    amode, first_only = serve_mode(mode, a.backend)
+    gpus = a.gpu_list[:1] if first_only else a.gpu_list
+    args = list(extra)
+    if a.threads is not None and amode == "single":
+        args += ["-t", str(a.threads)]  # the other modes pass it to llama-server and rpc-servers via ServeRequest
+    kw: dict[str, Any] = dict(backend=a.backend, mode=amode, ctx=a.ctx, parallel=STREAMS, port=free_port(),
+                              threads=a.threads, ubatch=ubatch if ubatch is not None else a.ubatch,
+                              cpu_memory_mib=a.cpu_memory_mib, llama_dir=a.llama_dir, extra_args=tuple(args), bus=False)
+    return gpus, kw
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    """The last value of ``name`` in an argv (llama.cpp takes the last one)."""
+    values = [argv[i + 1] for i, x in enumerate(argv[:-1]) if x == name]
+    return values[-1] if values else None
+
+
+def server_flag(r: "ModeResult", name: str) -> str | None:
+    return flag(r.argv.get("server", []), name)
+
+
+def run_mode(a: argparse.Namespace, mode: str) -> ModeResult:
+    amode, _ = serve_mode(mode, a.backend)
+    res = ModeResult(mode, amode)
+    gpus, kw = serve_kwargs(a, mode, ())
+    with arcsplit.serve(a.model, gpus=gpus, **kw) as server, httpx.Client(timeout=a.timeout) as client:
+        url = server.url
+        res.argv = argv_of(server)
+        prompt = long_prompt(client, url, PROMPT_TOKENS)
+        for i in range(a.reps + 1):  # repetition 0 is the warm-up
+            p = measure_prefill(client, url, prompt)
+            d = measure_decode(client, url, a.n_predict)
+            s = measure_streams(url, a.n_predict, a.timeout)
+            if i:
+                res.prefill.append(p)
+                res.decode.append(d)
+                res.streams.append(s)
+            print(f"  {mode:<7} rep {i}{' (warm-up)' if i == 0 else '          '}  prefill {p:8.1f}  "
+                  f"decode {d:7.2f}  {STREAMS} streams {s:7.2f} t/s", flush=True)
+    return res
+
+
+def check_greedy(a: argparse.Namespace, results: list[ModeResult]) -> int:
+    """Greedy tokens of every mode at one -fa and one -ub (the smallest any mode used: safe for every plan)."""
+    ubs = [int(u) for r in results if not r.error and (u := server_flag(r, "-ub"))]
+    ub = min(ubs) if ubs else None
+    for r in results:
+        if r.error:
+            continue
+        gpus, kw = serve_kwargs(a, r.mode, a.equality_args, ubatch=ub)
+        try:
+            with arcsplit.serve(a.model, gpus=gpus, **kw) as server, httpx.Client(timeout=a.timeout) as client:
+                r.greedy = greedy(client, server.url, a.greedy_tokens)
+                r.greedy_argv = argv_of(server)
+        except Exception as exc:  # reported in the table
+            r.greedy_error = str(exc).splitlines()[0][:200]
+        print(f"  greedy {r.mode}: {'failed: ' + r.greedy_error if r.greedy_error else 'done'}", flush=True)
+    return ub or 0
+
+
+def machine(backend: str) -> str:
+    parts = [f"{cpu_model()} ({os.cpu_count()} cores)"]
+    try:
+        gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout.strip()
+        if gpus:
+            parts.append("; ".join(gpus.splitlines()))
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    load = os.getloadavg()
+    parts.append(f"{platform.system()} {platform.release()}; load average at start {load[0]:.2f}")
+    return ", ".join(parts)
+
+
+def build_line(llama_dir: str | None, backend: str) -> str:
+    bins = find_llama(llama_dir, backend=backend)
+    info = server_build_info(bins)
+    return (f"llama.cpp {info.version} (build {info.build_number or '?'}, commit {info.commit or '?'}), "
+            f"{info.compiler} for {info.target}, in {bins.bin_dir} (`arcsplit llama which`)")
+
+
+def fmt(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def ratio(x: float | None, base: float | None) -> str:
+    return "-" if x is None or not base else f"{x / base:.2f}x"
+
+
+def report(a: argparse.Namespace, results: list[ModeResult], build: str, mach: str, cmdline: str, eq_ub: int) -> str:
+    native = next((r for r in results if r.mode == "native" and not r.error), None)
+    nat = {k: native.median(k) if native else None for k in ("prefill", "decode", "streams")}
+    native_label = ("mode single, one card: one llama-server runs the whole model on its own CPU (the CPU build "
+                    "has no multi-device mode)" if a.backend == "cpu"
+                    else "mode multi: one llama-server holding every GPU (llama.cpp's own multi-device split)")
+    threads = (f"{a.threads} per process (llama-server and every rpc-server; arcsplit's default is cores / cards)"
+               if a.threads else "llama.cpp's and arcsplit's defaults")
+    ub = f"{a.ubatch} in every mode (--ubatch)" if a.ubatch else "chosen per route by arcsplit (column -ub)"
+    lines = [f"# Throughput per mode ({a.backend})", "",
+             f"- Build: {build}",
+             f"- Machine: {mach}",
+             f"- Model: `{a.model}` ({Path(a.model).stat().st_size / 2**20:.0f} MiB)",
+             f"- Command: `{cmdline}`",
+             f"- Settings: --gpus {a.gpus}, ctx {a.ctx}, -np {STREAMS} (unified KV), `-fa on` (the plan's), -ub {ub}, "
+             f"threads {threads}; {a.reps} repetitions after 1 warm-up, medians; prefill = {PROMPT_TOKENS}-token "
+             f"prompt, n_predict 1, no prompt cache; decode = n_predict {a.n_predict}, eos ignored; {STREAMS} streams "
+             f"= {STREAMS} concurrent decode requests, total tokens / wall time.",
+             f"- native = {native_label}; hybrid = llama-server holds the first card itself, one rpc-server per "
+             "other card; rpc = one rpc-server per card." + (
+                 " On CPU the planner leaves as few layers as it can on llama-server's own CPU card (layers not in "
+                 "-ngl stay there)." if a.backend == "cpu" else ""), "",
+             "| mode | -ub | -ngl (-ts) | prefill t/s | decode t/s | 4 streams t/s | prefill / native | "
+             "decode / native | 4 streams / native | greedy = native |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if r.error:
+            lines.append(f"| {r.mode} ({r.arcsplit_mode}) | | | failed: {r.error} | | | | | | |")
+            continue
+        p, d, s = r.median("prefill"), r.median("decode"), r.median("streams")
+        if r is native:
+            eq = "(reference)" if r.greedy else f"failed: {r.greedy_error}"
+        elif r.greedy_error:
+            eq = f"failed: {r.greedy_error}"
+        elif native is None or not native.greedy or not r.greedy:
+            eq = "-"
+        else:
+            same = sum(x == y for x, y in zip(r.greedy, native.greedy))
+            eq = f"{'yes' if same == len(native.greedy) else 'NO'} ({same}/{len(native.greedy)})"
+        layers = f"{server_flag(r, '-ngl') or '-'} ({server_flag(r, '-ts') or '-'})"
+        lines.append(f"| {r.mode} ({r.arcsplit_mode}) | {server_flag(r, '-ub') or '-'} | {layers} | {fmt(p)} | "
+                     f"{fmt(d, 2)} | {fmt(s, 2)} | {ratio(p, nat['prefill'])} | {ratio(d, nat['decode'])} | "
+                     f"{ratio(s, nat['streams'])} | {eq} |")
+    lines += ["", "Every repetition (t/s):", ""]
+    for r in results:
+        if not r.error:
+            lines.append(f"- {r.mode}: prefill {', '.join(f'{x:.1f}' for x in r.prefill)}; decode "
+                         f"{', '.join(f'{x:.2f}' for x in r.decode)}; 4 streams "
+                         f"{', '.join(f'{x:.2f}' for x in r.streams)}")
+    extra = f" and `{' '.join(a.equality_args)}`" if a.equality_args else ""
+    why = (" (CPU rpc-servers keep weights unrepacked; a local llama-server repacks Q4_K for its own CPU, which "
+           "changes rounding)" if a.equality_args else "")
+    lines += ["", f"Greedy check: {len(EQUALITY_PROMPTS)} prompts x {a.greedy_tokens} tokens at temperature 0, "
+              f"token ids compared with native's; every mode served again with `-ub {eq_ub}`{extra}{why}.", ""]
+    if a.backend == "cpu":
+        lines += ["Targets (hybrid >= 0.90x decode, >= 0.75x prefill, >= 0.90x 4 streams of native) are set for real "
+                  "GPUs. Here every route shares the same CPU cores, so these rows show the RPC route's own costs "
+                  "(serialisation, TCP copies, one thread pool per process) and the effect of arcsplit's route "
+                  "settings, not a GPU pair.", ""]
+    lines += ["The exact commands arcsplit ran (from `server.status()[\"processes\"]`):", ""]
+    for r in results:
+        for name, argv in r.argv.items():
+            lines.append(f"- {r.mode} / {name}: `{shlex.join(argv)}`")
+    lines += ["", "Greedy-check runs:", ""]
+    for r in results:
+        for name, argv in r.greedy_argv.items():
+            lines.append(f"- {r.mode} / {name}: `{shlex.join(argv)}`")
+    return "\n".join(lines) + "\n"
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", choices=("cpu", "cuda", "sycl", "vulkan"), default="cpu")
+    ap.add_argument("--gpus", default="0,1", help="cards, as for arcsplit serve (default 0,1)")
+    ap.add_argument("--model", default=None, help="GGUF to serve (default: the demo Gemma 3 270M)")
+    ap.add_argument("--modes", default="native,hybrid,rpc")
+    ap.add_argument("--full", action="store_true", help="10 repetitions, n_predict 128 (default: quick)")
+    ap.add_argument("--reps", type=int, default=None, help="measured repetitions (quick 3, full 10)")
+    ap.add_argument("--n-predict", type=int, default=None, help="decode tokens per request (quick 32, full 128)")
+    ap.add_argument("--greedy-tokens", type=int, default=None, help="tokens per greedy check (default n-predict)")
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads of every process, native included (CPU default: cores / cards, arcsplit's "
+                         "rpc-server default; 0 = leave llama.cpp's and arcsplit's defaults)")
+    ap.add_argument("--ubatch", type=int, default=None,
+                    help="-ub for every mode, planned for (default: arcsplit's choice per route)")
+    ap.add_argument("--cpu-memory-mib", type=int, default=None)
+    ap.add_argument("--llama-dir", default=None)
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--out", default=None, help="default bench/results/throughput_<backend>.md")
+    a = ap.parse_args(argv)
+    a.reps = a.reps if a.reps is not None else (10 if a.full else 3)
+    a.n_predict = a.n_predict if a.n_predict is not None else (128 if a.full else 32)
+    a.greedy_tokens = a.greedy_tokens or a.n_predict
+    if a.reps < 1 or a.n_predict < 1:
+        ap.error("--reps and --n-predict must be at least 1")
+    if a.ubatch is not None and a.ubatch < 1:
+        ap.error("--ubatch must be at least 1")
+    try:
+        a.gpu_list = [int(g) for g in a.gpus.split(",")]
+    except ValueError:
+        ap.error(f"--gpus {a.gpus!r} is not a list of card indices (write it like 0,1)")
+    a.mode_list = [m.strip() for m in a.modes.split(",") if m.strip()]
+    for m in a.mode_list:
+        serve_mode(m, a.backend)
+    a.equality_args = ("--no-repack",) if a.backend == "cpu" else ()
+    if a.threads is None and a.backend == "cpu":
+        # Oversubscribed ggml thread pools spin against each other (and against anything else on the box):
+        # give every process, native included, what arcsplit gives each rpc-server.
+        a.threads = max(1, (os.cpu_count() or 1) // len(a.gpu_list))
+    a.threads = a.threads or None
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse(argv)
+    if a.model is None:
+        from arcsplit.demo import ensure_demo_model
+
+        a.model = str(ensure_demo_model())
+    cmdline = shlex.join(["python", "bench/throughput.py", *(sys.argv[1:] if argv is None else argv)])
+    build, mach = build_line(a.llama_dir, a.backend), machine(a.backend)
+    if a.backend == "cpu":
+        print("native on CPU = arcsplit mode single with one card: one llama-server holding the whole model "
+              "on its own CPU", flush=True)
+    results = []
+    for mode in a.mode_list:
+        print(f"{mode}: serving through arcsplit ...", flush=True)
+        try:
+            results.append(run_mode(a, mode))
+        except Exception as exc:  # one failed mode is a row in the table, not the end of the run
+            amode, _ = serve_mode(mode, a.backend)
+            results.append(ModeResult(mode, amode, error=str(exc).splitlines()[0][:200]))
+            print(f"  {mode} failed: {exc}", flush=True)
+    print("greedy check ...", flush=True)
+    eq_ub = check_greedy(a, results)
+    text = report(a, results, build, mach, cmdline, eq_ub)
+    out = Path(a.out) if a.out else ROOT / "bench" / "results" / f"throughput_{a.backend}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    print(text)
+    print(f"wrote {out}")
+    return 0 if all(r.error is None for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

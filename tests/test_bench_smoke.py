@@ -1,0 +1,47 @@
+"""bench/throughput.py end to end at its quickest: every mode served through arcsplit, real HTTP, a table out."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_throughput_bench_prints_table_and_ratios(llama_bins, demo_model, tmp_path: Path) -> None:
+    out = tmp_path / "throughput.md"
+    env = {**os.environ, "ARCSPLIT_LLAMA_DIR": str(llama_bins.bin_dir)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "throughput.py"), "--model", str(demo_model), "--reps", "1",
+         "--n-predict", "4", "--ctx", "2048", "--out", str(out)],
+        capture_output=True, text=True, timeout=180, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "native on CPU = arcsplit mode single" in proc.stdout
+    rows = {}
+    for line in out.read_text().splitlines():
+        m = re.match(r"\| (native|hybrid|rpc) \((\w+)\) \| (\d+) \| .*? \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| "
+                     r"([\d.]+)x \| ([\d.]+)x \| ([\d.]+)x \| (.*) \|$", line)
+        if m:
+            rows[m.group(1)] = m.groups()
+    assert set(rows) == {"native", "hybrid", "rpc"}, out.read_text()
+    assert rows["native"][1] == "single" and rows["hybrid"][1] == "hybrid" and rows["rpc"][1] == "rpc"
+    for mode, g in rows.items():
+        prefill, decode, streams = (float(x) for x in g[3:6])
+        assert prefill > 0 and decode > 0 and streams > 0, g
+        # ratio columns are the mode's medians over native's, as printed (2 decimals)
+        for value, native, r in zip((prefill, decode, streams), (float(x) for x in rows["native"][3:6]), g[6:9]):
+            assert abs(value / native - float(r)) < 0.006, (mode, value, native, r)
+    assert rows["native"][9] == "(reference)"
+    # greedy output through the RPC routes equals the one-process run (same -fa/-ub, repack off)
+    assert rows["hybrid"][9].startswith("yes") and rows["rpc"][9].startswith("yes"), rows
+    # the recorded commands are the ones arcsplit ran: rpc-servers on loopback, llama-server pointed at them
+    text = out.read_text()
+    assert re.search(r"rpc / rpc1: `\S*rpc-server -H 127\.0\.0\.1 -p \d+ -t \d+`", text)
+    assert re.search(r"rpc / server: `\S*llama-server .*--rpc 127\.0\.0\.1:\d+,127\.0\.0\.1:\d+ "
+                     r"--device RPC0,RPC1", text)
