@@ -69,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--jobs", "-j", type=int, default=None, help="parallel compile jobs (default: all cores)")
     b.add_argument("--sycl-arch", metavar="ARCH", help="SYCL AOT target, e.g. bmg_g31 for the Arc Pro B70")
     b.add_argument("--cmake-flag", action="append", metavar="-DNAME=VALUE",
-                   help="an extra CMake definition, e.g. -DCMAKE_CUDA_ARCHITECTURES=90 (repeatable)")
+                   help="an extra CMake definition, e.g. --cmake-flag=-DCMAKE_CUDA_ARCHITECTURES=90 (repeatable)")
     b.add_argument("--source", metavar="DIR", help="build this llama.cpp tree instead of the pinned PyPI source")
     b.add_argument("--force", action="store_true", help="rebuild even if a finished build exists")
     b.add_argument("--json", action="store_true", help="machine-readable output")
