@@ -260,3 +260,24 @@ llm.close()
     expected = {str(il): c["device"] for c in server.plan.to_dict()["cards"] for il in range(*c["layers"])}
     assert placed == expected  # every layer, the output layer included, on the card the plan chose
     assert result["tokens"] == greedy(server.url)
+
+
+def test_tcp_bus_needs_the_private_curve_keys(demo_model):
+    """Over TCP the bus is only for whoever can read the 0600 keys file: a client without them gets nothing."""
+    port = free_port()
+    with arcsplit.serve(demo_model, gpus=[0, 1], backend="cpu", cpu_memory_mib=1024, ctx=512, threads=1,
+                        port=free_port(), bus_tcp=f"tcp://127.0.0.1:{port}") as srv:
+        info = next(r for r in list_runs() if r.run_id == srv.run_id)
+        assert info.ctl == f"tcp://127.0.0.1:{port + 1}" and info.keys
+        assert stat.S_IMODE(Path(info.keys).stat().st_mode) == 0o600
+        with arcsplit.attach(srv.run_id) as client:
+            assert client.status()["state"] == "ready"
+        ctx = zmq.Context()
+        plain = ctx.socket(zmq.DEALER)
+        plain.setsockopt(zmq.LINGER, 0)
+        plain.connect(info.ctl)
+        plain.send(json.dumps({"v": 1, "id": "x", "cmd": "status"}).encode())
+        answered = plain.poll(1500)
+        plain.close(0)
+        ctx.term()
+        assert not answered, "a client without the CURVE keys must not be answered"
