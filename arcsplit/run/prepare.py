@@ -108,14 +108,18 @@ def _ports(ports: Sequence[int] | str | None) -> list[int] | None:
     return ports
 
 
-def _verdict(req: ServeRequest, n_cards: int) -> Any:
-    """Only a multi-card Intel run needs the runtime's versions; reading them costs a few subprocesses."""
-    if req.backend != "sycl" or n_cards < 2 or req.mode != "auto":
-        return None
-    from ..llama.facts import gather_facts
-    from ..llama.verdict import verdict_for
+def _runtime(req: ServeRequest, rig: Rig, binaries: Any) -> tuple[Any, dict[str, bool] | None]:
+    """The verdict and what is known to work here. Only a multi-card Intel run in auto mode needs it: the
+    versions, then the probe of one multi-device context (run once, cached per NEO/kernel/build/cards)."""
+    observed = load_observed(req.backend)
+    if req.backend != "sycl" or len(rig.cards) < 2 or req.mode != "auto":
+        return None, observed or None
+    from ..llama.runtime import check_runtime
 
-    return verdict_for("sycl", gather_facts("sycl"))
+    report = check_runtime("sycl", [c.index for c in rig.cards], binaries)
+    known = {p.mode: p.ok for p in report.probes}
+    known.update(observed)  # a load that failed here since the probe outranks it
+    return report.verdict, known or None
 
 
 def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str) -> Plan:
@@ -152,8 +156,8 @@ def prepare(req: ServeRequest) -> Prepared:
     profile = load_profile(model)
     rig = discover_rig(req.backend, gpus, binaries if req.backend != "cpu" else None, req.cpu_memory_mib)
     forced = None if req.mode == "auto" else req.mode
-    decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=_verdict(req, len(rig.cards)),
-                           probe_results=load_observed(req.backend) or None)
+    verdict, known = _runtime(req, rig, binaries)
+    decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known)
     plan = plan_for_mode(profile, rig, req, decision.mode)
     if req.rpc_host != LOOPBACK:
         print(f"arcsplit: warning: rpc-servers listen on {req.rpc_host}; the RPC protocol has no authentication, "
