@@ -139,8 +139,11 @@ def _conv_kernel_minus_one(profile: ModelProfile) -> int:
 # Calibrated against llama-fit-params -fitp on (CPU backend over RPC), see bench/plan_accuracy.py.
 K_FFN = 3.0  # gate, up and their product live together
 K_EMBD = 2.5  # residual stream, normed input, attention output
-K_OUT_EMBD = 4.75  # the output layer: final norm, its input rows, logits staging
-K_NOFA_EMBD = 6.0  # without flash attention: Q/K/V permuted copies next to the KQ scores
+K_OUT_EMBD = 4.75  # the output layer on one of several devices: final norm, its input rows, logits staging
+K_OUT_EMBD_SOLO = 1.0  # the same on a lone device: the graph is one split, only the normed rows stay with the logits
+K_NOFA_EMBD = 4.0  # without flash attention, next to the KQ scores, Q and KQV (counted per head) and the residual
+K_NOFA_OUT = 4.0  # without flash attention, the last card of a pipeline keeps its last layer's rows for the output
+K_MLA_OUT = 6.0  # MLA (absorbed heads): the same on the last card of a pipeline, with flash attention too
 
 
 @dataclass(frozen=True)
@@ -174,12 +177,21 @@ def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int,
             # absorbed MLA: every head's query is as wide as the compressed K row (kv_lora_rank + rope)
             w = max(w, t * 4 * (profile.n_head[il] * profile.n_embd_k[il] * 2.25 + K_EMBD * e))
         if not shape.flash_attn and profile.has_kv[il]:
+            # build_attn_mha without FA: KQ [n_kv, t, n_head] f32 (soft_max runs in place), beside the query and
+            # KQV of every head; MLA's absorbed heads are kv_lora_rank (+ rope) wide for both
             n_kv = (cs.swa_size if profile.is_swa[il] else cs.kv_size) * cs.n_stream
-            w = max(w, t * 4 * (profile.n_head[il] * n_kv + K_NOFA_EMBD * e))
+            h_kv = max(1, profile.n_head_kv[il])
+            hk = profile.n_embd_k[il] // h_kv
+            hv = hk if profile.mla else profile.n_embd_v[il] // h_kv
+            w = max(w, t * 4 * (profile.n_head[il] * (n_kv + hk + hv) + K_NOFA_EMBD * e))
         ws = max(ws, int(w))
     out = 0
     if has_output:
-        out = int(shape.n_outputs * profile.n_vocab * 4 + K_OUT_EMBD * e * t * 4)
+        out = int(shape.n_outputs * profile.n_vocab * 4 + (K_OUT_EMBD if shape.pipeline else K_OUT_EMBD_SOLO) * e * t * 4)
+        if shape.pipeline and not shape.flash_attn:
+            ws += int(K_NOFA_OUT * e * t * 4)
+        if shape.pipeline and profile.mla:
+            out += int(K_MLA_OUT * e * t * 4)
     if shape.pipeline:
         return PIPELINE_COPIES * inputs + max(ws, out)
     return max(inputs + ws, out)

@@ -164,6 +164,8 @@ class _Costs:
     weights: tuple[int, ...]
     kv: tuple[int, ...]
     state: tuple[int, ...]
+    prefix: tuple[tuple[int, int, int], ...] = ()  # running sums of (weights, kv, state): a card's sum in O(1)
+    memo: dict[tuple[int, int, int], tuple[int, int, int, int]] = field(default_factory=dict, compare=False, repr=False)
 
 
 def _costs(profile: Any, options: PlanOptions, n_ctx: int) -> _Costs:
@@ -178,7 +180,14 @@ def _costs(profile: Any, options: PlanOptions, n_ctx: int) -> _Costs:
     w.append(profile.output_bytes)
     k.append(0)
     s.append(0)
-    return _Costs(cs, tuple(a + b + c for a, b, c in zip(w, k, s)), tuple(w), tuple(k), tuple(s))
+    prefix = [(0, 0, 0)]
+    for x, y, z in zip(w, k, s):
+        pw, pk, ps = prefix[-1]
+        prefix.append((pw + x, pk + y, ps + z))
+    return _Costs(cs, tuple(a + b + c for a, b, c in zip(w, k, s)), tuple(w), tuple(k), tuple(s), tuple(prefix))
+
+
+_INF = float("inf")
 
 
 class _Solver:
@@ -195,19 +204,19 @@ class _Solver:
         self.budgets = [c.budget_bytes for c in cards]
         gpu_cards = len(cards) - (1 if self.host else 0)
         self.pipeline = gpu_cards > 1
-        self._memo: dict[tuple[Any, int, int, int], tuple[int, int, int, int]] = {}
+        o = options
+        n_out = o.n_outputs if o.n_outputs is not None else max(1, o.n_parallel)
+        self._shape = memory.ComputeShape(o.n_ubatch, min(n_out, o.n_ubatch), o.flash_attn, self.pipeline)
 
     def shape(self) -> Any:
-        o = self.options
-        n_out = o.n_outputs if o.n_outputs is not None else max(1, o.n_parallel)
-        return self.memory.ComputeShape(o.n_ubatch, min(n_out, o.n_ubatch), o.flash_attn, self.pipeline)
+        return self._shape
 
     def card_bytes(self, costs: _Costs, j: int, a: int, b: int) -> tuple[int, int, int, int]:
         """(weights, kv, state, compute) of card j holding units [a, b)."""
-        key = (costs.cs, j, a, b)
-        hit = self._memo.get(key)
+        key = (j, a, b)
+        hit = costs.memo.get(key)
         if hit is None:
-            hit = self._memo[key] = self._card_bytes(costs, j, a, b)
+            hit = costs.memo[key] = self._card_bytes(costs, j, a, b)
         return hit
 
     def _card_bytes(self, costs: _Costs, j: int, a: int, b: int) -> tuple[int, int, int, int]:
@@ -215,15 +224,24 @@ class _Solver:
         end = min(b, self.profile.n_layer)
         if self.host and j == 0:
             # llama-server's CPU keeps these layers; its compute buffer also builds every card's inputs
-            comp = self.memory.host_compute_bytes(self.profile, costs.cs, self.shape())
+            comp = self.memory.host_compute_bytes(self.profile, costs.cs, self._shape)
             extra = self.profile.host_bytes
         else:
-            comp = self.memory.compute_bytes(self.profile, costs.cs, a, end, has_out, self.shape()) if b > a else 0
+            comp = self.memory.compute_bytes(self.profile, costs.cs, a, end, has_out, self._shape) if b > a else 0
             extra = 0
-        return (sum(costs.weights[a:b]) + extra, sum(costs.kv[a:b]), sum(costs.state[a:b]), comp)
+        (wa, ka, sa), (wb, kb, sb) = costs.prefix[a], costs.prefix[b]
+        return (wb - wa + extra, kb - ka, sb - sa, comp)
+
+    def ratio(self, costs: _Costs, j: int, a: int, b: int) -> float:
+        """Card j's bytes for units [a, b) as a share of its budget (inf: cannot hold them at any share)."""
+        total = sum(self.card_bytes(costs, j, a, b))
+        budget = self.budgets[j]
+        if budget > 0:
+            return total / budget
+        return 0.0 if total <= 0 and budget == 0 else _INF
 
     def fits(self, costs: _Costs, j: int, a: int, b: int, cap: float = 1.0) -> bool:
-        return sum(self.card_bytes(costs, j, a, b)) <= cap * self.budgets[j]
+        return self.ratio(costs, j, a, b) <= cap
 
     def split(self, costs: _Costs) -> list[int] | None:
         """Boundaries [0, c1, ..., n_units] that fit, spreading layers in proportion to each card's budget."""
@@ -240,34 +258,50 @@ class _Solver:
                 return ([0] if self.host else []) + bounds
         return None
 
-    def _greedy(self, costs: _Costs, gpus: list[int], start: int, cap: float) -> list[int] | None:
+    def _greedy(self, costs: _Costs, gpus: list[int], start: int, cap: float) -> tuple[list[int] | None, float]:
+        """Fill each card up to ``cap`` of its budget, the last takes the rest: (bounds or None, largest share used).
+
+        Every cap in [largest share used, cap] gives the same bounds: the shares accepted stay accepted and the
+        ones refused stay refused, which lets the search below jump instead of halving.
+        """
         n = self.n_units
+        ratio = self.ratio
         bounds = [start]
         a = start
+        used = 0.0
         for idx, j in enumerate(gpus):
             if idx == len(gpus) - 1:
-                if not self.fits(costs, j, a, n, cap):
-                    return None
+                r = ratio(costs, j, a, n)
+                if r > cap:
+                    return None, used
                 bounds.append(n)
-                return bounds
+                return bounds, max(used, r)
             b = a
-            while b < n - 1 and self.fits(costs, j, a, b + 1, cap):
+            while b < n - 1:
+                r = ratio(costs, j, a, b + 1)
+                if r > cap:
+                    break
+                used = max(used, r)
                 b += 1
             bounds.append(b)
             a = b
-        return None
+        return None, used
 
     def _split_gpus(self, costs: _Costs, gpus: list[int], start: int) -> list[int] | None:
-        if self._greedy(costs, gpus, start, 1.0) is None:
+        bounds, hi = self._greedy(costs, gpus, start, 1.0)
+        if bounds is None:
             return None
-        lo, hi = 0.0, 1.0  # smallest share of every budget that still holds the model: proportional fill
-        for _ in range(16):  # 1/65536 of a budget: finer than one layer of any real model
+        # smallest share of every budget that still holds the model (proportional fill), to 1/65536 of a budget:
+        # bisection, where a cap that fits moves the top down to the share its split really uses
+        lo = 0.0
+        while hi - lo > 1 / 65536:
             mid = (lo + hi) / 2
-            if self._greedy(costs, gpus, start, mid) is None:
+            got, used = self._greedy(costs, gpus, start, mid)
+            if got is None:
                 lo = mid
             else:
-                hi = mid
-        return self._greedy(costs, gpus, start, hi)
+                bounds, hi = got, used
+        return bounds
 
 
 def _as_cards(rig_or_cards: Any) -> tuple[Card, ...]:
@@ -331,24 +365,28 @@ def make_plan(profile: Any, rig_or_cards: Any, options: PlanOptions | None = Non
         if options.kv_unified:
             cap = max(256, (train or 4096) * options.n_parallel)
         cap = memory.pad(cap, 256) if cap % 256 else cap
-        lo_costs = _costs(profile, options, 256)
-        if solver.split(lo_costs) is None:
-            raise DoesNotFit(*_why(profile, solver, options, 256))
         lo, hi = 1, cap // 256  # in units of 256 tokens
-        if solver.split(_costs(profile, options, hi * 256)) is not None:
-            lo = hi
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if solver.split(_costs(profile, options, mid * 256)) is not None:
-                lo = mid
-            else:
-                hi = mid - 1
+        costs = _costs(profile, options, hi * 256)
+        bounds = solver.split(costs)
+        if bounds is not None:
+            lo = hi  # the whole training context fits: the common case, one solve
+        else:
+            costs = _costs(profile, options, 256)
+            bounds = solver.split(costs)
+            if bounds is None:
+                raise DoesNotFit(*_why(profile, solver, options, 256))
+            hi -= 1
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                mid_costs = _costs(profile, options, mid * 256)
+                mid_bounds = solver.split(mid_costs)
+                if mid_bounds is not None:
+                    lo, costs, bounds = mid, mid_costs, mid_bounds
+                else:
+                    hi = mid - 1
         ctx = lo * 256
         if train and ctx < min(train, 4096):
             warnings.append(f"only {ctx} tokens of context fit (training context {train})")
-        costs = _costs(profile, options, ctx)
-        bounds = solver.split(costs)
-        assert bounds is not None
 
     plans = []
     for j, card in enumerate(cards):

@@ -28,6 +28,9 @@ async def main(model: str) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch)
             await server.restart()
+            with anyio.fail_after(10):  # let the watcher see the group's last transition
+                while not seen or seen[-1] != "ready":
+                    await anyio.sleep(0.01)
             async with httpx.AsyncClient(timeout=120) as http:
                 r = await http.post(f"{server.url}/completion", json={"prompt": "Hello", "n_predict": 4})
                 print("tokens:", r.json()["tokens_predicted"])

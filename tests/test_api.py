@@ -104,6 +104,7 @@ def test_two_subscribers_and_a_control_client(server):
         control.restart()
     for t in threads:
         t.join(120)
+        assert not t.is_alive(), "a subscriber never saw the group ready again"
     for k in (0, 1):
         snap, *events = got[k]
         assert snap["kind"] == "snapshot" and snap["data"]["status"]["state"] == "ready"
@@ -182,6 +183,9 @@ def test_async_twin(demo_model):
                 tg.start_soon(watch)
                 await anyio.sleep(0)
                 await srv.restart()
+                with anyio.fail_after(10):  # the watcher sees the last transition a moment after restart()
+                    while not states or states[-1] != "ready":
+                        await anyio.sleep(0.01)
                 tg.cancel_scope.cancel()
             async with httpx.AsyncClient(timeout=120) as http:
                 r = await http.post(f"{srv.url}/completion", json={"prompt": PROMPT, "n_predict": 4})

@@ -165,3 +165,45 @@ def test_profile_cache_roundtrip_and_invalidation(tmp_path: Path, monkeypatch: p
     assert load_profile(path) == fresh  # hit
     synth.write_llama(path, n_layer=3)  # the same path, a different model
     assert load_profile(path).n_layer == 3
+
+
+def test_string_arrays_of_every_shape_are_walked_exactly(tmp_path: Path) -> None:
+    """The bulk path for short strings must land exactly where the one-by-one walk does: long, empty and NUL-holding
+    strings in the middle of a large vocabulary, across reader windows, then keys and tensors read right after."""
+    import random
+
+    import numpy as np
+    from gguf import GGUFReader, GGUFWriter
+
+    rnd = random.Random(7)
+    tokens: list[str] = []
+    for i in range(60000):
+        r = rnd.random()
+        if r < 0.002:
+            tokens.append("")
+        elif r < 0.004:
+            tokens.append("x" * rnd.choice((255, 256, 300, 70000)))
+        elif r < 0.006:
+            tokens.append("\0" * rnd.randint(1, 9))
+        else:
+            tokens.append("".join(rnd.choice("ab\u00e9\u4e2d ") for _ in range(rnd.randint(1, 24))))
+    path = tmp_path / "vocab.gguf"
+    w = GGUFWriter(str(path), "llama")
+    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_uint32("after.tokens", 4242)
+    w.add_array("tokenizer.ggml.merges", [t[:5] for t in tokens[:3000]] + ["\0" * 8] * 200)
+    w.add_string("after.merges", "still here")
+    w.add_tensor("token_embd.weight", np.zeros((7, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    h = read_header(path)
+    assert h.metadata["tokenizer.ggml.tokens"].length == len(tokens)
+    assert h.metadata["after.tokens"] == 4242 and h.metadata["after.merges"] == "still here"
+    ref = GGUFReader(str(path))  # the official reader, as the reference walk
+    assert h.data_offset == ref.data_offset
+    assert [(t.name, t.shape, t.offset) for t in h.tensors] == [
+        (t.name, tuple(int(x) for x in t.shape), int(t.data_offset) - ref.data_offset) for t in ref.tensors
+    ]

@@ -411,8 +411,9 @@ class Client:
         raise NotRunning(f"could not subscribe to arcsplit run {self.info.run_id}", "check it with `arcsplit ps`")
 
     def close(self) -> None:
-        self._dealer.close(0)
-        self._ctx.term()
+        # destroy, not term: an events() generator not yet finalised still holds a SUB socket, and term()
+        # would wait for it forever.
+        self._ctx.destroy(linger=0)
 
     def __enter__(self) -> "Client":
         return self
