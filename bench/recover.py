@@ -13,6 +13,7 @@ import os
 import platform
 import signal
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -74,7 +75,11 @@ def main() -> int:
         argv = server.status()["processes"]
     med_ready = statistics.median(r[0] for r in rows)
     med_served = statistics.median(r[1] for r in rows)
-    gpu = os.popen("nvidia-smi -L 2>/dev/null").read().strip().replace("\n", "; ") or "none"
+    try:  # an argv, never a shell
+        smi = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        smi = ""
+    gpu = smi.strip().replace("\n", "; ") or "none"
     text = "\n".join([
         f"# Recovery after SIGKILL of an rpc-server ({a.backend}, mode {a.mode})",
         "",

@@ -219,6 +219,18 @@ def test_kill9_mid_request_group_comes_back_and_serves(rpc_group, single_tokens,
     assert greedy_tokens(rpc_group.url) == single_tokens
 
 
+def test_sigterm_of_llama_server_is_noticed_even_if_it_does_not_exit(rpc_group, single_tokens):
+    """SIGTERM makes llama-server stop serving, yet (in the router child mode arcsplit uses for load progress)
+    it then waits on stdin instead of exiting: the /health watchdog must restart the group anyway."""
+    before = rpc_group.status()
+    gen = before["generation"]
+    os.kill(before["processes"]["server"]["pid"], signal.SIGTERM)
+    st = wait_for(lambda: (s := rpc_group.status())["generation"] > gen and s["state"] == "ready" and s,
+                  what="the group to restart after SIGTERM of llama-server")
+    assert st["processes"]["server"]["pid"] != before["processes"]["server"]["pid"]
+    assert greedy_tokens(rpc_group.url) == single_tokens
+
+
 # -- the command line, as a user runs it ---------------------------------------------------------------------
 
 def run_cli(args: list[str], env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -44,7 +44,13 @@ def build_config(args: argparse.Namespace) -> Any:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from ..errors import BadInput
     from ..run.prepare import prepare
+
+    if args.max_restarts < 0:
+        raise BadInput(f"--max-restarts {args.max_restarts} is negative", "give 0 or more failures to tolerate")
+    if args.stall_timeout <= 0:
+        raise BadInput(f"--stall-timeout {args.stall_timeout} must be positive", "give seconds, e.g. 120")
 
     prepared = prepare(request_from_args(args))
     if args.tui:

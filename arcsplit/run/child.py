@@ -70,8 +70,11 @@ class Child:
         env.update(self.spec.env_dict)
         env.update(self._extra_env)
         if self._log_path is not None:
-            self._log = open(self._log_path, "a", encoding="utf-8", errors="replace", buffering=1)
-            self._log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} start {' '.join(self.spec.argv)}\n")
+            try:  # a full or unwritable log disk costs log lines, never the group
+                self._log = open(self._log_path, "a", encoding="utf-8", errors="replace", buffering=1)
+            except OSError:
+                self._log = None
+            self._log_write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} start {' '.join(self.spec.argv)}\n")
         self.state = "starting"
         try:
             self._process = await anyio.open_process(
@@ -117,13 +120,16 @@ class Child:
 
     def _line(self, line: str) -> None:
         self.lines.append(line)
-        if self._log is not None:
-            try:
-                self._log.write(line + "\n")
-            except OSError:
-                pass
+        self._log_write(line + "\n")
         if self._on_line is not None:
             self._on_line(self, line)
+
+    def _log_write(self, text: str) -> None:
+        if self._log is not None:
+            try:
+                self._log.write(text)
+            except OSError:
+                pass
 
     def _finish(self, rc: int, message: str | None = None) -> None:
         if message:
@@ -132,8 +138,11 @@ class Child:
         self.exited_at = time.time()
         self.state = "exited"
         if self._log is not None:
-            self._log.write(f"=== exited {describe_exit(rc)}\n")
-            self._log.close()
+            self._log_write(f"=== exited {describe_exit(rc)}\n")
+            try:
+                self._log.close()
+            except OSError:  # the final flush on a full disk
+                pass
             self._log = None
         self.done.set()
         if self._on_exit is not None:

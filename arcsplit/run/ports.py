@@ -7,7 +7,7 @@ import socket
 
 import anyio
 
-from ..errors import PortBusy
+from ..errors import BadInput, PortBusy
 
 
 def _family(host: str) -> socket.AddressFamily:
@@ -19,6 +19,16 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(_family(host), socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def check_host(host: str, flag: str) -> None:
+    """Raise BadInput when nothing can listen on ``host`` here (not an address of this machine, or no such name)."""
+    try:
+        free_port(host)
+    except (OSError, UnicodeError) as exc:
+        raise BadInput(f"{flag} {host!r} is not an address this machine can listen on "
+                       f"({getattr(exc, 'strerror', None) or exc})",
+                       "use 127.0.0.1 (the default) or an address of one of this machine's interfaces") from None
 
 
 def is_free(host: str, port: int) -> bool:

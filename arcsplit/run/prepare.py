@@ -151,8 +151,10 @@ def prepare(req: ServeRequest) -> Prepared:
     for p in rpc_ports or ():
         check_free(req.rpc_host, p, "rpc-server", "--rpc-ports")
     model = Path(req.model)
-    if not model.is_file():
+    if not model.exists():
         raise BadInput(f"model {model} does not exist", "pass the path of a .gguf file")
+    if not model.is_file():
+        raise BadInput(f"model {model} is not a regular file", "pass the path of a .gguf file")
     profile = load_profile(model)
     rig = discover_rig(req.backend, gpus, binaries if req.backend != "cpu" else None, req.cpu_memory_mib)
     forced = None if req.mode == "auto" else req.mode

@@ -38,9 +38,11 @@ class RunDir:
     @classmethod
     def create(cls, run_id: str | None = None) -> "RunDir":
         root = runs_root()
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        root.chmod(0o700)  # logs and state hold argv, ports and prompts: private to the user
         path = root / (run_id or new_run_id())
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.chmod(0o700)
         _prune(root, keep=KEEP_RUNS)
         return cls(path)
 
@@ -54,7 +56,9 @@ class RunDir:
     def write_state(self, state: dict[str, Any]) -> None:
         """Atomic: a reader (or a sweep after SIGKILL) never sees half a file."""
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=1), encoding="utf-8")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(state, indent=1))
         tmp.replace(self.state_file)
 
 

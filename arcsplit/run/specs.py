@@ -15,6 +15,29 @@ from ..planner import HOST_DEVICE, CardPlan, Plan
 
 MODES = ("single", "multi", "multi+workaround", "hybrid", "rpc")
 LOOPBACK = "127.0.0.1"
+# llama-server flags whose value is a secret, and the variable llama-server reads the same value from
+# (common/arg.cpp: `--api-key` .set_env("LLAMA_API_KEY")). argv shows in `ps`, state.json, logs and events;
+# the environment does not.
+SECRET_FLAGS = {"--api-key": "LLAMA_API_KEY"}
+
+
+def split_secrets(args: Sequence[str]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """Extra llama-server args -> (the args without secret flags, their values as environment variables)."""
+    out: list[str] = []
+    env: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        flag, eq, value = args[i].partition("=")
+        if flag in SECRET_FLAGS and eq:
+            env[SECRET_FLAGS[flag]] = value
+        elif args[i] in SECRET_FLAGS and i + 1 < len(args):
+            env[SECRET_FLAGS[args[i]]] = args[i + 1]
+            i += 1
+        else:
+            out.append(args[i])
+        i += 1
+    return tuple(out), tuple(sorted(env.items()))
+
 
 # The variable that limits what one process sees, and the device-name prefix it then uses.
 _SELECT_VAR = {"cuda": "CUDA_VISIBLE_DEVICES", "sycl": "ONEAPI_DEVICE_SELECTOR", "vulkan": "GGML_VK_VISIBLE_DEVICES"}
@@ -65,8 +88,13 @@ class ServeConfig:
     extra_args: tuple[str, ...] = ()
     mode_env: tuple[tuple[str, str], ...] = field(default=())  # from ModeDecision.env (workarounds)
     forced_mode: bool = False
+    secret_env: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # llama-server only; never recorded
 
     def __post_init__(self) -> None:
+        public, secrets = split_secrets(self.extra_args)
+        if secrets:  # a key given after `--` moves out of argv into llama-server's environment
+            object.__setattr__(self, "extra_args", public)
+            object.__setattr__(self, "secret_env", tuple(sorted({**dict(self.secret_env), **dict(secrets)}.items())))
         if self.mode not in MODES:
             raise BadInput(f"unknown mode {self.mode!r}", f"use one of {', '.join(MODES)}")
         n = n_rpc_servers(self)
@@ -156,6 +184,7 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
 
     env = dict(extra_env)
     env.update(_select(backend, [_card_index(plan.cards[i]) for i in local_gpu]))
+    env.update(config.secret_env)
     argv: list[str] = [config.server_bin, "-m", plan.model_path, "--host", config.host, "--port", str(config.port),
                        "--metrics"]
     if rpc_positions:

@@ -53,7 +53,10 @@ class RestartPolicy:
 class Timeouts:
     rpc_ready: float = 60.0  # an rpc-server must accept a connection within this
     stall: float = 120.0  # llama-server load: no progress of any kind for this long
-    stop_grace: float = 10.0  # SIGTERM -> SIGKILL
+    stop_grace: float = 10.0  # SIGTERM -> SIGKILL when the user stops or restarts
+    failed_grace: float = 2.0  # the same when a member died: a group missing a member has nothing to finish
+    health_interval: float = 3.0  # once ready, /health is asked this often (one cheap GET)
+    health_failures: int = 3  # this many misses in a row: the group is restarted even if no process exited
 
 
 class _StartFailed(Exception):
@@ -99,6 +102,7 @@ class Supervisor:
         self._buffers: list[logs.BufferLine] = []
         self._last_error: str | None = None
         self._tg: TaskGroup | None = None
+        self._unhealthy: str | None = None
 
     # -- public surface -------------------------------------------------------------------------------------
 
@@ -280,6 +284,7 @@ class Supervisor:
         self._buffers = []
         self._progress = {}
         self._ready_at = None
+        self._unhealthy: str | None = None
         reason: str | _StartFailed = "exit"
         async with anyio.create_task_group() as tg:
             self._tg = tg
@@ -291,6 +296,7 @@ class Supervisor:
                 if not self._ready_event.is_set():
                     self._ready_event.set()
                     self._task_started()
+                tg.start_soon(self._watch_health)
                 while True:
                     await self._wake.wait()
                     if self._stop_requested:
@@ -305,6 +311,10 @@ class Supervisor:
                         self._last_error = f"{c.spec.name} {describe_exit(c.returncode)}" + _tail(c)
                         reason = _StartFailed(c.spec.name, self._last_error, logs.failure_kind(c.lines))
                         break
+                    if self._unhealthy:
+                        self._last_error = self._unhealthy
+                        reason = _StartFailed("server", self._unhealthy)
+                        break
                     self._wake = anyio.Event()
             except _StartFailed as exc:
                 self._last_error = exc.message
@@ -314,6 +324,27 @@ class Supervisor:
                     await self._teardown()
         self._tg = None
         return reason
+
+    async def _watch_health(self) -> None:
+        """A llama-server that stops answering without exiting (SIGTERM'd and waiting on its stdin, wedged)
+        is a failure too: the processes alone cannot tell."""
+        t = self.timeouts
+        misses = 0
+        url = f"{self.url}/health"
+        async with httpx.AsyncClient(timeout=max(2.0, t.health_interval)) as http:
+            while True:
+                await anyio.sleep(t.health_interval)
+                try:
+                    ok = (await http.get(url)).status_code == 200
+                    why = "answers but not 200"
+                except httpx.HTTPError as exc:
+                    ok, why = False, type(exc).__name__
+                misses = 0 if ok else misses + 1
+                if misses >= t.health_failures:
+                    self._unhealthy = (f"llama-server stopped answering /health ({why}, {misses} times in "
+                                       f"{misses * t.health_interval:.0f} s) while its process is alive")
+                    self._wake.set()
+                    return
 
     def _task_started(self) -> None:
         ts = getattr(self, "_pending_status", None)
@@ -475,13 +506,17 @@ class Supervisor:
         try:
             if any(c.alive for c in self._children.values()):
                 self._set_group("stopping", {})
+            # A llama-server whose rpc peer died sits in a blocking RPC call and ignores SIGTERM: waiting the full
+            # grace then only delays the restart (measured: 10 of 13.6 s to serve again).
+            failed = any(c.done.is_set() for c in self._children.values()) or bool(self._unhealthy)
+            grace = self.timeouts.failed_grace if failed and not self._stop_requested else self.timeouts.stop_grace
             server = self._children.get("server")
             if server is not None:
-                await server.stop(self.timeouts.stop_grace)
+                await server.stop(grace)
             async with anyio.create_task_group() as tg:
                 for c in self._children.values():
                     if c.spec.role == "rpc":
-                        tg.start_soon(c.stop, self.timeouts.stop_grace)
+                        tg.start_soon(c.stop, grace)
             # Pumps drain to EOF after the exit; bound it in case a grandchild holds the pipe.
             with anyio.move_on_after(5):
                 for c in self._children.values():

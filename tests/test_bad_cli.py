@@ -1,0 +1,156 @@
+"""Bad invocations of the real CLI: exit 2, one line on stderr that names the problem and the fix, no traceback,
+and nothing left behind: no process, no state file listing processes, no temp file, no half-written output.
+
+Each case runs `python -m arcsplit ...` as a subprocess with its own state, cache, runtime and temp dirs, so what
+it leaves (or starts) can be found by those dirs alone."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (id, argv with {model} {dir} {busy} placeholders, words the message must contain)
+CASES = [
+    ("unknown-flag", ["--bogus"], ["--bogus"]),
+    ("unknown-command", ["frobnicate"], ["frobnicate"]),
+    ("plan-unknown-flag", ["plan", "{model}", "--gpuz", "0"], ["--gpuz"]),
+    ("missing-model-arg", ["plan"], ["model"]),
+    ("gpus-empty-item", ["plan", "{model}", "--gpus", "0,,1"], ["--gpus", "0,1"]),
+    ("gpus-not-numbers", ["plan", "{model}", "--gpus", "a,b"], ["--gpus"]),
+    ("gpus-duplicate", ["plan", "{model}", "--gpus", "0,0"], ["twice"]),
+    ("gpus-negative", ["plan", "{model}", "--gpus=-1"], ["negative"]),
+    ("serve-gpus-duplicate", ["serve", "{model}", "--gpus", "1,1", "--port", "{free}"], ["twice"]),
+    ("ctx-negative", ["plan", "{model}", "--ctx", "-5"], ["--ctx", "positive"]),
+    ("ctx-junk", ["plan", "{model}", "--ctx", "lots"], ["--ctx"]),
+    ("serve-ctx-negative", ["serve", "{model}", "--ctx", "-5", "--port", "{free}"], ["--ctx", "positive"]),
+    ("np-zero", ["plan", "{model}", "--np", "0"], ["--np"]),
+    ("cpu-memory-zero", ["plan", "{model}", "--cpu-memory", "0"], ["--cpu-memory"]),
+    ("backend-unknown", ["plan", "{model}", "--backend", "quantum"], ["quantum"]),
+    ("model-missing", ["plan", "{dir}/nope.gguf"], ["does not exist"]),
+    ("model-dangling-link", ["plan", "{dir}/dangling.gguf"], ["does not exist"]),
+    ("model-is-directory", ["plan", "{dir}/adir"], ["directory"]),
+    ("model-is-fifo", ["plan", "{dir}/fifo.gguf"], ["not a regular file"]),
+    ("model-not-gguf", ["plan", "{dir}/text.gguf"], ["not a GGUF"]),
+    ("model-empty", ["plan", "{dir}/empty.gguf"], ["not a GGUF"]),
+    ("model-truncated", ["plan", "{dir}/trunc.gguf"], ["trunc.gguf"]),
+    ("layout-bad-toml", ["plan", "{model}", "--layout", "{dir}/bad.toml"], ["not valid TOML"]),
+    ("layout-is-directory", ["plan", "{model}", "--layout", "{dir}/adir"], ["directory"]),
+    ("layout-missing", ["plan", "{model}", "--layout", "{dir}/missing.toml"], ["does not exist"]),
+    ("layout-is-fifo", ["plan", "{model}", "--layout", "{dir}/fifo.toml"], ["not a regular file"]),
+    ("layout-no-cards", ["plan", "{model}", "--layout", "{dir}/nocards.toml"], ["[[cards]]"]),
+    ("layout-negative-memory", ["plan", "{model}", "--layout", "{dir}/negmem.toml"], ["memory_mib"]),
+    ("layout-unknown-backend", ["plan", "{model}", "--layout", "{dir}/badbackend.toml"], ["quantum"]),
+    ("layout-and-gpus", ["plan", "{model}", "--layout", "{dir}/good.toml", "--gpus", "0"], ["--layout", "--gpus"]),
+    ("save-to-directory", ["plan", "{model}", "--gpus", "0,1", "--save", "{dir}/adir"], ["adir"]),
+    ("save-to-missing-dir", ["plan", "{model}", "--gpus", "0,1", "--save", "{dir}/no/such/x.toml"], ["cannot write"]),
+    ("does-not-fit", ["plan", "{model}", "--gpus", "0,1", "--cpu-memory", "5"], ["short by"]),
+    ("serve-port-out-of-range", ["serve", "{model}", "--port", "70000"], ["--port"]),
+    ("serve-port-taken", ["serve", "{model}", "--gpus", "0,1", "--port", "{busy}"], ["already in use", "--port"]),
+    ("serve-rpc-ports-junk", ["serve", "{model}", "--port", "{free}", "--rpc-ports", "1,x"], ["--rpc-ports"]),
+    ("serve-rpc-ports-count", ["serve", "{model}", "--gpus", "0,1", "--port", "{free}", "--rpc-ports", "{free2}"],
+     ["2 ports"]),
+    ("serve-rpc-port-taken", ["serve", "{model}", "--gpus", "0,1", "--port", "{free}", "--rpc-ports",
+                              "{busy},{free2}"], ["already in use", "--rpc-ports"]),
+    ("serve-threads-zero", ["serve", "{model}", "--port", "{free}", "--threads", "0"], ["--threads"]),
+    ("serve-parallel-zero", ["serve", "{model}", "--port", "{free}", "--parallel", "0"], ["--parallel"]),
+    ("serve-mode-multi-on-cpu", ["serve", "{model}", "--gpus", "0,1", "--port", "{free}", "--mode", "multi"],
+     ["--mode multi"]),
+    ("serve-llama-dir-missing", ["serve", "{model}", "--port", "{free}", "--llama-dir", "{dir}/nobuild"],
+     ["--llama-dir"]),
+    ("serve-rpc-host-not-here", ["serve", "{model}", "--gpus", "0,1", "--port", "{free}", "--rpc-host", "192.0.2.7"],
+     ["--rpc-host"]),
+    ("serve-host-unknown-name", ["serve", "{model}", "--port", "{free}", "--host", "no-such-host.invalid"],
+     ["--host"]),
+    ("serve-does-not-fit", ["serve", "{model}", "--gpus", "0,1", "--port", "{free}", "--cpu-memory", "5"],
+     ["short by"]),
+    ("devices-bad-gpus", ["devices", "--gpus", "x"], ["--gpus"]),
+]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("badcli")
+    (d / "adir").mkdir()
+    os.mkfifo(d / "fifo.gguf")
+    os.mkfifo(d / "fifo.toml")
+    (d / "dangling.gguf").symlink_to(d / "gone" / "x.gguf")
+    (d / "text.gguf").write_text("hello, this is not a model at all\n")
+    (d / "empty.gguf").write_bytes(b"")
+    (d / "bad.toml").write_text("not toml [[[\n")
+    (d / "nocards.toml").write_text('[rig]\nname = "x"\n')
+    (d / "negmem.toml").write_text('[[cards]]\nbackend = "cpu"\nindex = 0\nname = "a"\nmemory_mib = -5\n')
+    (d / "badbackend.toml").write_text('[[cards]]\nbackend = "quantum"\nindex = 0\nname = "a"\nmemory_mib = 5\n')
+    (d / "good.toml").write_text('[[cards]]\nbackend = "cpu"\nindex = 0\nname = "a"\nmemory_mib = 4096\n')
+    return d
+
+
+@pytest.fixture(scope="module")
+def busy_port():
+    """A port some other program holds."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    yield s.getsockname()[1]
+    s.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _marked(marker: str) -> list[str]:
+    """Live processes whose environment carries this case's private state dir."""
+    found = []
+    for p in psutil.process_iter(["pid", "name"]):
+        try:
+            if p.environ().get("ARCSPLIT_STATE_DIR") == marker and p.pid != os.getpid():
+                found.append(f"{p.pid} {p.info['name']}")
+        except (psutil.Error, OSError):
+            pass
+    return found
+
+
+@pytest.mark.parametrize("argv,words", [(c[1], c[2]) for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_invocation(argv, words, files, busy_port, demo_model, llama_bins, tmp_path):
+    subs = {"{model}": str(demo_model), "{dir}": str(files), "{busy}": str(busy_port), "{free}": str(_free_port()),
+            "{free2}": str(_free_port())}
+    args = []
+    for a in argv:
+        for k, v in subs.items():
+            a = a.replace(k, v)
+        args.append(a)
+    for name in ("state", "cache", "runtime", "tmp"):
+        (tmp_path / name).mkdir()
+    env = dict(os.environ, ARCSPLIT_STATE_DIR=str(tmp_path / "state"), ARCSPLIT_CACHE_DIR=str(tmp_path / "cache"),
+               ARCSPLIT_RUNTIME_DIR=str(tmp_path / "runtime"), TMPDIR=str(tmp_path / "tmp"),
+               ARCSPLIT_LLAMA_DIR=str(llama_bins.server.parent))
+    before = set(files.rglob("*"))
+    res = subprocess.run([sys.executable, "-m", "arcsplit", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=60)
+    err_lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 2, f"exit {res.returncode}: {res.stderr[-1500:]}"
+    assert "Traceback" not in res.stderr
+    assert len(err_lines) == 1, res.stderr
+    line = err_lines[0]
+    assert line.startswith("arcsplit: ")
+    problem, sep, fix = line.partition("; ")
+    assert sep and fix.strip(), f"no fix named: {line}"
+    for w in words:
+        assert w in line, f"{w!r} not in {line!r}"
+    assert res.stdout == "", res.stdout
+    # nothing left running or half-written
+    assert _marked(str(tmp_path / "state")) == []
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert not any(p.suffix == ".tmp" for p in (tmp_path / "state").rglob("*"))
+    assert not list((tmp_path / "state").rglob("state.json")), "a run dir was made for a run that never started"
+    assert set(files.rglob("*")) == before, "a file was written next to the inputs"
