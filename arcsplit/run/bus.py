@@ -74,10 +74,10 @@ class BusInfo:
     keys: str | None = None
 
     def alive(self) -> bool:
-        try:
-            return abs(psutil.Process(self.pid).create_time() - self.create_time) < 0.05
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            return False
+        """Still the process that wrote this file (a reused pid is not)."""
+        from .rundir import same_process
+
+        return same_process(self.pid, self.create_time) is not None
 
     @classmethod
     def read(cls, path: Path) -> "BusInfo":

@@ -67,7 +67,8 @@ def supervisor_identity() -> dict[str, Any]:
     return {"pid": me.pid, "create_time": me.create_time()}
 
 
-def _alive(pid: int, create_time: float, cmdline: list[str] | None = None) -> psutil.Process | None:
+def same_process(pid: int, create_time: float, cmdline: list[str] | None = None) -> psutil.Process | None:
+    """The live process with this pid *and* start time (and argv, when given): never a reused pid."""
     try:
         p = psutil.Process(pid)
         if abs(p.create_time() - create_time) > 0.05:
@@ -95,11 +96,11 @@ def sweep(root: Path | None = None, grace: float = 3.0) -> list[int]:
         if not state.get("processes"):
             continue
         sup = state.get("supervisor") or {}
-        if sup and _alive(int(sup.get("pid", -1)), float(sup.get("create_time", 0))):
+        if sup and same_process(int(sup.get("pid", -1)), float(sup.get("create_time", 0))):
             continue  # another arcsplit is running it
         victims = []
         for proc in state.get("processes", []):
-            p = _alive(int(proc.get("pid", -1)), float(proc.get("create_time", 0)), list(proc.get("argv", [])))
+            p = same_process(int(proc.get("pid", -1)), float(proc.get("create_time", 0)), list(proc.get("argv", [])))
             if p is not None:
                 victims.append(p)
         for p in victims:
