@@ -186,10 +186,11 @@ def _buffer_table(buffers: dict[str, Any]) -> list[str]:
 
 
 def _example(url: str) -> None:
+    # A plain completion: the 270M demo model continues text well but is too small to chat.
     print("\ntry it (Ctrl-C stops everything):\n"
-          f"  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
-          "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Name three primary colors.\"}], "
-          "\"max_tokens\": 32}'\n", flush=True)
+          f"  curl -s {url}/v1/completions -H 'Content-Type: application/json' \\\n"
+          "    -d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 16, \"temperature\": 0}'\n",
+          flush=True)
 
 
 def _say(text: str) -> None:
