@@ -124,6 +124,7 @@ class Plan:
                     "backend": c.card.backend,
                     "index": c.card.index,
                     "name": c.card.name,
+                    "pci": c.card.pci,
                     "layers": [c.first_layer, c.end_layer],
                     "has_output": c.has_output,
                     "free": c.card.free_bytes,

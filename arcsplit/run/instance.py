@@ -26,7 +26,9 @@ class Instance:
         self.run_dir = RunDir.create()
         self.run_id = self.run_dir.path.name
         self.supervisor = Supervisor(prepared.config, run_dir=self.run_dir, policy=policy, timeouts=timeouts,
-                                     fallback=hybrid_fallback(prepared, say))
+                                     fallback=hybrid_fallback(prepared, say),
+                                     decision={"mode": prepared.decision.mode,
+                                               "reasons": list(prepared.decision.reasons)})
         self._bus = bus
         self._bus_tcp = bus_tcp
         self._telemetry = telemetry

@@ -73,8 +73,9 @@ class Supervisor:
 
     def __init__(self, config: ServeConfig, *, run_dir: RunDir | None = None, policy: RestartPolicy = RestartPolicy(),
                  timeouts: Timeouts = Timeouts(), fallback: Fallback | None = None, log_lines: int = 2000,
-                 sweep_leftovers: bool = True) -> None:
+                 sweep_leftovers: bool = True, decision: dict[str, Any] | None = None) -> None:
         self.config = config
+        self.decision = decision or {"mode": config.mode, "reasons": []}  # why this mode, for status()
         self.policy = policy
         self.timeouts = timeouts
         self.events = EventBus()
@@ -162,6 +163,7 @@ class Supervisor:
             "last_error": self._last_error,
             "run_dir": str(self.run_dir.path) if self.run_dir else None,
             "plan": self.config.plan.to_dict(),
+            "decision": self.decision,
             "events_dropped": self.events.dropped,
         }
 
@@ -254,6 +256,9 @@ class Supervisor:
                     if new is not None:
                         self._publish("verdict", "group", {"failed_mode": self.config.mode, "kind": "alloc",
                                                            "message": failure.message, "fallback": new.mode})
+                        self.decision = {"mode": new.mode, "reasons": [
+                            f"{self.config.mode} failed here with the multi-device allocation error "
+                            f"(recorded); fell back to {new.mode}"]}
                         self.config = new
                         self._rpc_ports = list(new.rpc_ports) if new.rpc_ports else None
                         self._failures = 0
