@@ -291,6 +291,7 @@ class Supervisor:
         self._ready_at = None
         self._unhealthy: str | None = None
         reason: str | _StartFailed = "exit"
+        watchdog: anyio.CancelScope | None = None
         async with anyio.create_task_group() as tg:
             self._tg = tg
             try:
@@ -301,7 +302,8 @@ class Supervisor:
                 if not self._ready_event.is_set():
                     self._ready_event.set()
                     self._task_started()
-                tg.start_soon(self._watch_health)
+                watchdog = anyio.CancelScope()
+                tg.start_soon(self._watch_health, watchdog)
                 while True:
                     await self._wake.wait()
                     if self._stop_requested:
@@ -325,31 +327,37 @@ class Supervisor:
                 self._last_error = exc.message
                 reason = exc
             finally:
+                if watchdog is not None:
+                    watchdog.cancel()  # else the task group would wait out its remaining probes
                 with anyio.CancelScope(shield=True):
                     await self._teardown()
         self._tg = None
         return reason
 
-    async def _watch_health(self) -> None:
+    async def _watch_health(self, scope: anyio.CancelScope) -> None:
         """A llama-server that stops answering without exiting (SIGTERM'd and waiting on its stdin, wedged)
         is a failure too: the processes alone cannot tell."""
         t = self.timeouts
-        misses = 0
         url = f"{self.url}/health"
-        async with httpx.AsyncClient(timeout=max(2.0, t.health_interval)) as http:
-            while True:
-                await anyio.sleep(t.health_interval)
-                try:
-                    ok = (await http.get(url)).status_code == 200
-                    why = "answers but not 200"
-                except httpx.HTTPError as exc:
-                    ok, why = False, type(exc).__name__
-                misses = 0 if ok else misses + 1
-                if misses >= t.health_failures:
-                    self._unhealthy = (f"llama-server stopped answering /health ({why}, {misses} times in "
-                                       f"{misses * t.health_interval:.0f} s) while its process is alive")
-                    self._wake.set()
-                    return
+        with scope:
+            async with httpx.AsyncClient(timeout=max(2.0, t.health_interval)) as http:
+                await self._probe_health(http, url, t)
+
+    async def _probe_health(self, http: httpx.AsyncClient, url: str, t: Timeouts) -> None:
+        misses = 0
+        while True:
+            await anyio.sleep(t.health_interval)
+            try:
+                ok = (await http.get(url)).status_code == 200
+                why = "answers but not 200"
+            except httpx.HTTPError as exc:
+                ok, why = False, type(exc).__name__
+            misses = 0 if ok else misses + 1
+            if misses >= t.health_failures:
+                self._unhealthy = (f"llama-server stopped answering /health ({why}, {misses} times in "
+                                   f"{misses * t.health_interval:.0f} s) while its process is alive")
+                self._wake.set()
+                return
 
     def _task_started(self) -> None:
         ts = getattr(self, "_pending_status", None)
