@@ -21,7 +21,7 @@ from .run.prepare import ServeRequest, prepare
 from .run.specs import plan_devices
 from .run.supervisor import RestartPolicy, Timeouts
 
-__all__ = ["AsyncServer", "Server", "aserve", "attach", "plan", "serve"]
+__all__ = ["AsyncServer", "Client", "Server", "aserve", "attach", "plan", "serve"]
 
 
 def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None, *, backend: str = "cpu",
@@ -168,5 +168,3 @@ def serve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = (0, 
         with portal.wrap_async_context_manager(cm) as inner:
             yield Server(portal, inner)
 
-
-__all__ += ["Client"]

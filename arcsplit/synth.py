@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 from gguf import GGUFWriter
-from gguf.constants import GGMLQuantizationType, TokenType
+from gguf.constants import TokenType
 
 _DTYPES = {"f16": np.float16, "f32": np.float32}
 

@@ -20,7 +20,7 @@ from arcsplit import synth  # noqa: E402
 from arcsplit.fitoracle import RpcServers, fit_print  # noqa: E402
 from arcsplit.llama.locate import find_llama  # noqa: E402
 from arcsplit.model import load_profile  # noqa: E402
-from arcsplit.planner import PlanOptions, make_plan, plan_for_split  # noqa: E402
+from arcsplit.planner import PlanOptions, plan_for_split  # noqa: E402
 from arcsplit.rig import Card  # noqa: E402
 
 MiB = 1024 * 1024

@@ -72,7 +72,6 @@ def main() -> int:
             rows.append((ready, served, after == before, s["processes"]["rpc0"]["pid"] != victim))
             print(f"kill {i + 1}: ready again after {ready:.2f} s, first completion after {served:.2f} s, "
                   f"same tokens: {after == before}", flush=True)
-        argv = server.status()["processes"]
     med_ready = statistics.median(r[0] for r in rows)
     med_served = statistics.median(r[1] for r in rows)
     try:  # an argv, never a shell
