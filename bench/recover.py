@@ -45,13 +45,14 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--cpu-memory", type=int, default=1024)
+    ap.add_argument("--rpc-cache", action="store_true", help="serve with rpc-server -c (weights cached on disk)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     model = a.model or str(ensure_demo_model())
     rows = []
     with arcsplit.serve(model, gpus=a.gpus, backend=a.backend, mode=a.mode, ctx=a.ctx, port=free_port(),
                         cpu_memory_mib=a.cpu_memory if a.backend == "cpu" else None,
-                        threads=1 if a.backend == "cpu" else None, max_restarts=10) as server:
+                        threads=1 if a.backend == "cpu" else None, max_restarts=10, rpc_cache=a.rpc_cache) as server:
         before = greedy(server.url)
         for i in range(a.repeat):
             status = server.status()
@@ -80,12 +81,13 @@ def main() -> int:
         smi = ""
     gpu = smi.strip().replace("\n", "; ") or "none"
     text = "\n".join([
-        f"# Recovery after SIGKILL of an rpc-server ({a.backend}, mode {a.mode})",
+        f"# Recovery after SIGKILL of an rpc-server ({a.backend}, mode {a.mode}"
+        f"{', rpc-server -c' if a.rpc_cache else ''})",
         "",
         f"- machine: {platform.node()} ({os.cpu_count()} cores), GPUs: {gpu}",
         f"- model: {model}",
         f"- command: `python bench/recover.py --backend {a.backend} --gpus {a.gpus} --mode {a.mode} "
-        f"--repeat {a.repeat}`",
+        f"--repeat {a.repeat}{' --rpc-cache' if a.rpc_cache else ''}`",
         "",
         "| kill | ready again (s) | first completion (s) | same greedy tokens | new rpc-server pid |",
         "|---|---|---|---|---|",

@@ -30,7 +30,7 @@ def request_from_args(args: argparse.Namespace) -> Any:
 
     return ServeRequest(model=args.model, gpus=args.gpus, backend=args.backend, mode=args.mode, ctx=args.ctx,
                         parallel=args.parallel, host=args.host, port=args.port, rpc_host=args.rpc_host,
-                        rpc_ports=args.rpc_ports, threads=args.threads, ubatch=args.ubatch,
+                        rpc_ports=args.rpc_ports, threads=args.threads, ubatch=args.ubatch, rpc_cache=args.rpc_cache,
                         cpu_memory_mib=args.cpu_memory,
                         llama_dir=args.llama_dir, extra_args=tuple(args.extra))
 
@@ -220,6 +220,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rpc-server address (default: 127.0.0.1; anything else is reachable from the network)")
     p.add_argument("--rpc-ports", metavar="LIST", help="rpc-server ports, one per rpc-server (default: free ports)")
     p.add_argument("--threads", type=int, metavar="N", help="threads per rpc-server (default: cores / cards)")
+    p.add_argument("--rpc-cache", action="store_true",
+                   help="rpc-servers cache weight tensors on local disk (rpc-server -c), so a restart reloads faster")
     p.add_argument("--ubatch", type=int, metavar="N",
                    help="micro-batch size, -ub (default: 256 on hybrid/rpc routes, measured faster; else 512)")
     p.add_argument("--max-restarts", type=int, default=5, metavar="N",

@@ -48,6 +48,7 @@ class ServeRequest:
     rpc_ports: Sequence[int] | None = None
     threads: int | None = None
     ubatch: int | None = None  # None: chosen per route (ROUTE_UBATCH)
+    rpc_cache: bool = False  # rpc-servers keep big weight tensors on local disk: reloads after a crash read them
     cpu_memory_mib: int | None = None
     llama_dir: str | None = None
     extra_args: tuple[str, ...] = field(default=())
@@ -168,6 +169,7 @@ def prepare(req: ServeRequest) -> Prepared:
                          rpc_bin=str(binaries.rpc_server), host=req.host, port=req.port, rpc_host=req.rpc_host,
                          rpc_ports=tuple(rpc_ports) if rpc_ports else None, threads=req.threads,
                          cores=os.cpu_count() or 1, extra_args=tuple(req.extra_args),
+                         rpc_cache_dir=str(cache_dir() / "rpc-cache") if req.rpc_cache else None,
                          mode_env=tuple(sorted(decision.env.items())), forced_mode=forced is not None)
     return Prepared(req, config, decision, profile, rig)
 

@@ -84,6 +84,7 @@ class ServeConfig:
     rpc_host: str = LOOPBACK
     rpc_ports: tuple[int, ...] | None = None  # the user's fixed ports, else free ones are picked
     threads: int | None = None  # rpc-server -t; None: cores // n_cards
+    rpc_cache_dir: str | None = None  # rpc-server -c with LLAMA_CACHE here: a reload reads weights from disk
     cores: int = 1
     extra_args: tuple[str, ...] = ()
     mode_env: tuple[tuple[str, str], ...] = field(default=())  # from ModeDecision.env (workarounds)
@@ -169,6 +170,9 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
         env = dict(extra_env)
         env.update(_select(backend, [_card_index(cp)]))
         argv = (config.rpc_bin, "-H", config.rpc_host, "-p", str(port), "-t", str(threads))
+        if config.rpc_cache_dir:
+            argv += ("-c",)
+            env["LLAMA_CACHE"] = config.rpc_cache_dir  # the server keeps tensors > 10 MiB under <this>/rpc
         specs.append(ProcessSpec(name=f"rpc{k}", role="rpc", argv=argv, env=tuple(sorted(env.items())),
                                  host=config.rpc_host, port=port, cards=(pos,), device=f"RPC{k}",
                                  ignore_sigpipe=True))
