@@ -389,6 +389,14 @@ def make_plan(profile: Any, rig_or_cards: Any, options: PlanOptions | None = Non
         if train and ctx < min(train, 4096):
             warnings.append(f"only {ctx} tokens of context fit (training context {train})")
 
+    return _assemble(profile, solver, costs, cards, names, bounds, options, warnings)
+
+
+def _assemble(profile: Any, solver: "_Solver", costs: _Costs, cards: tuple[Card, ...], names: list[str],
+              bounds: list[int], options: PlanOptions, warnings: list[str]) -> Plan:
+    """The Plan for layer boundaries ``bounds``: each card's bytes from the solver, the host's share."""
+    from . import memory
+
     plans = []
     for j, card in enumerate(cards):
         a, b = bounds[j], bounds[j + 1]
@@ -468,13 +476,4 @@ def plan_for_split(profile: Any, rig_or_cards: Any, options: PlanOptions, tensor
     bounds = [0]
     for n in tensor_split:
         bounds.append(bounds[-1] + n)
-    plans = []
-    for j, card in enumerate(cards):
-        a, b = bounds[j], bounds[j + 1]
-        w, k, s, c = solver.card_bytes(costs, j, a, b)
-        plans.append(CardPlan(card=card, device=names[j], first_layer=a, end_layer=b, weights=w, kv=k, state=s,
-                              compute=c, has_output=b == solver.n_units and a < b))
-    host = profile.host_bytes + (0 if solver.host else memory.host_compute_bytes(profile, costs.cs, solver.shape()))
-    return Plan(model_path=profile.path, arch=profile.arch, n_layer=profile.n_layer, n_ctx=costs.cs.n_ctx,
-                options=_with_ctx(options, costs.cs.n_ctx), cards=tuple(plans), host_bytes=host,
-                warnings=tuple(profile.warnings))
+    return _assemble(profile, solver, costs, cards, names, bounds, options, list(profile.warnings))
