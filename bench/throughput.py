@@ -14,7 +14,8 @@ native routes, 256 over RPC) unless --ubatch sets one for all; the table shows w
 native: CUDA = mode multi (one llama-server holding both GPUs, llama.cpp's own multi-device split); CPU = mode
 single with one card (one llama-server running the whole model on its own CPU: the CPU build has no
 multi-device mode). hybrid = llama-server holds the first card itself (local card first) plus one rpc-server
-per other card; rpc = one rpc-server per card.
+per other card; rpc = one rpc-server per card. hybrid-stock / rpc-stock = the same, with arcsplit's llama.cpp
+patch switched off in every process (ARCSPLIT_RPC_STOCK=1): a side-by-side A/B on one build.
 
 Greedy output (temperature 0) of every mode is compared with native's at the same -fa and -ub. On CPU the
 rpc-servers keep weights unrepacked while a local llama-server repacks Q4_K for its own CPU, which changes
@@ -25,6 +26,7 @@ defaults). Writes bench/results/throughput_<backend>.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import shlex
@@ -35,7 +37,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import httpx
 
@@ -73,13 +75,35 @@ class ModeResult:
         return statistics.median(xs) if xs else None
 
 
+STOCK_SUFFIX = "-stock"
+STOCK_ENV = "ARCSPLIT_RPC_STOCK"
+
+
 def serve_mode(mode: str, backend: str) -> tuple[str, bool]:
     """Our mode name -> (arcsplit mode, whether it takes only the first card)."""
     if mode == "native":
         return ("single", True) if backend == "cpu" else ("multi", False)
-    if mode in ("hybrid", "rpc"):
-        return mode, False
-    raise SystemExit(f"unknown mode {mode!r}: use native, hybrid, rpc")
+    if mode.removesuffix(STOCK_SUFFIX) in ("hybrid", "rpc"):
+        return mode.removesuffix(STOCK_SUFFIX), False
+    raise SystemExit(f"unknown mode {mode!r}: use native, hybrid, rpc, hybrid-stock, rpc-stock")
+
+
+@contextlib.contextmanager
+def mode_env(mode: str) -> Iterator[None]:
+    """``hybrid-stock``/``rpc-stock``: the same build with arcsplit's RPC patch switched off in every process
+    (ARCSPLIT_RPC_STOCK=1, inherited by llama-server and the rpc-servers), for a side-by-side A/B."""
+    if not mode.endswith(STOCK_SUFFIX):
+        yield
+        return
+    old = os.environ.get(STOCK_ENV)
+    os.environ[STOCK_ENV] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(STOCK_ENV, None)
+        else:
+            os.environ[STOCK_ENV] = old
 
 
 def long_prompt(client: httpx.Client, url: str, n: int) -> list[int]:
@@ -177,7 +201,8 @@ def run_mode(a: argparse.Namespace, mode: str) -> ModeResult:
     amode, _ = serve_mode(mode, a.backend)
     res = ModeResult(mode, amode)
     gpus, kw = serve_kwargs(a, mode, ())
-    with arcsplit.serve(a.model, gpus=gpus, **kw) as server, httpx.Client(timeout=a.timeout) as client:
+    with mode_env(mode), arcsplit.serve(a.model, gpus=gpus, **kw) as server, \
+            httpx.Client(timeout=a.timeout) as client:
         url = server.url
         res.argv = argv_of(server)
         prompt = long_prompt(client, url, PROMPT_TOKENS)
@@ -203,7 +228,8 @@ def check_greedy(a: argparse.Namespace, results: list[ModeResult]) -> int:
             continue
         gpus, kw = serve_kwargs(a, r.mode, a.equality_args, ubatch=ub)
         try:
-            with arcsplit.serve(a.model, gpus=gpus, **kw) as server, httpx.Client(timeout=a.timeout) as client:
+            with mode_env(r.mode), arcsplit.serve(a.model, gpus=gpus, **kw) as server, \
+                    httpx.Client(timeout=a.timeout) as client:
                 r.greedy = greedy(client, server.url, a.greedy_tokens)
                 r.greedy_argv = argv_of(server)
         except Exception as exc:  # reported in the table
@@ -259,7 +285,8 @@ def report(a: argparse.Namespace, results: list[ModeResult], build: str, mach: s
              f"prompt, n_predict 1, no prompt cache; decode = n_predict {a.n_predict}, eos ignored; {STREAMS} streams "
              f"= {STREAMS} concurrent decode requests, total tokens / wall time.",
              f"- native = {native_label}; hybrid = llama-server holds the first card itself, one rpc-server per "
-             "other card; rpc = one rpc-server per card." + (
+             "other card; rpc = one rpc-server per card; a `-stock` row is the same mode and build with arcsplit's "
+             "llama.cpp patch switched off (ARCSPLIT_RPC_STOCK=1)." + (
                  " On CPU the planner leaves as few layers as it can on llama-server's own CPU card (layers not in "
                  "-ngl stay there)." if a.backend == "cpu" else ""), "",
              "| mode | -ub | -ngl (-ts) | prefill t/s | decode t/s | 4 streams t/s | prefill / native | "

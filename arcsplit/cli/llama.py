@@ -8,6 +8,7 @@ from pathlib import Path
 from ..errors import BadInput
 from ..llama.build import BACKENDS, BuildConfig, build, sycl_flags
 from ..llama.locate import find_llama, server_build_info
+from ..llama.patches import build_patches, patches
 from ..llama.source import SDIST_VERSION
 from . import print_json
 
@@ -17,11 +18,12 @@ def _build(args: argparse.Namespace) -> int:
     bad = [f for f in extra if not f.startswith("-D")]
     if bad:
         raise BadInput(f"--cmake-flag {bad[0]!r} is not a -DNAME=VALUE definition", "write it like -DGGML_CUDA_F16=ON")
-    config = BuildConfig(args.backend, extra)
+    config = BuildConfig(args.backend, extra, patched=not args.no_patches)
     bin_dir = build(config, jobs=args.jobs, force=args.force, source=Path(args.source) if args.source else None)
     if args.json:
         print_json({"backend": args.backend, "bin_dir": str(bin_dir), "key": config.key,
-                    "source": f"llama-cpp-python {SDIST_VERSION}"})
+                    "source": f"llama-cpp-python {SDIST_VERSION}",
+                    "patches": [p.name for p in patches()] if config.patched else []})
     else:
         print(f"llama.cpp ({args.backend}) ready in {bin_dir}")
     return 0
@@ -39,6 +41,7 @@ def _which(args: argparse.Namespace) -> int:
         "target": info.target,
         "rpc_server_name": bins.rpc_server.name,
         "same_build": bins.rpc_server.parent == bins.server.parent,
+        "patches": build_patches(bins.bin_dir),
     }
     if args.json:
         print_json(data)
@@ -48,6 +51,8 @@ def _which(args: argparse.Namespace) -> int:
         for label, path in (("llama-cli", bins.cli), ("llama-bench", bins.bench), ("fit-params", bins.fit_params)):
             print(f"{label:<14} {path or '(missing)'}")
         print(f"build          {info.build_number} ({info.commit}), {info.compiler} for {info.target}")
+        applied = data["patches"]
+        print(f"arcsplit patches {', '.join(applied) if applied else ('none' if applied == [] else 'unknown')}")
         print(f"found by       {bins.found_by}")
     return 0
 
@@ -71,6 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--cmake-flag", action="append", metavar="-DNAME=VALUE",
                    help="an extra CMake definition, e.g. --cmake-flag=-DCMAKE_CUDA_ARCHITECTURES=90 (repeatable)")
     b.add_argument("--source", metavar="DIR", help="build this llama.cpp tree instead of the pinned PyPI source")
+    b.add_argument("--no-patches", action="store_true",
+                   help="build the stock llama.cpp tree, without arcsplit's patches (see docs/patches.md)")
     b.add_argument("--force", action="store_true", help="rebuild even if a finished build exists")
     b.add_argument("--json", action="store_true", help="machine-readable output")
     b.set_defaults(func=_build)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import BadInput, BuildError
+from . import patches
 from .source import SDIST_VERSION, extract_source, fetch_sdist, llama_root, source_commit
 
 TARGETS = ("llama-server", "ggml-rpc-server", "llama-cli", "llama-bench", "llama-fit-params")
@@ -58,6 +59,8 @@ class BuildConfig:
 
     backend: str = "cpu"
     extra_flags: tuple[str, ...] = ()
+    # arcsplit's llama.cpp patches (arcsplit/data/patches); False builds the stock tree.
+    patched: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -69,7 +72,8 @@ class BuildConfig:
 
     @property
     def key(self) -> str:
-        digest = hashlib.sha256("\0".join(self.cmake_flags).encode()).hexdigest()[:10]
+        parts = self.cmake_flags + ((f"patches={patches.digest()}",) if self.patched else ())
+        digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:10]
         return f"{self.backend}-{digest}"
 
     @property
@@ -131,6 +135,25 @@ def _print_progress(step: str, pct: int | None) -> None:
         print(f"\r  {step}: {pct:3d}%", end="", file=sys.stderr, flush=True)
 
 
+def _managed_tree(sdist: Path, patched: bool, log: Path, progress: Callable[[str, int | None], None]) -> Path:
+    """The extracted tree to build: ``src`` carries the current patch set, ``src-stock`` none.
+
+    The patched tree keeps the name ``src`` so ccache's relative paths, and so its hits, survive a
+    change of the patch set; a tree patched with another set, or half patched, is unpacked again.
+    """
+    root = llama_root()
+    if not patched:
+        return extract_source(sdist, root / "src-stock")
+    dest = root / "src"
+    if (dest / "CMakeLists.txt").exists() and patches.applied(dest) == patches.digest():
+        return dest
+    shutil.rmtree(dest, ignore_errors=True)
+    extract_source(sdist, dest)
+    progress("patch", None)
+    patches.apply(dest, log)
+    return dest
+
+
 def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
           progress: Callable[[str, int | None], None] = _print_progress, source: Path | None = None) -> Path:
     """Fetch, verify, extract and build; returns the bin dir. Reuses a finished build.
@@ -148,9 +171,17 @@ def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
         src = Path(source)
         if not (src / "CMakeLists.txt").exists() or not (src / "tools" / "rpc").is_dir():
             raise BadInput(f"--source {src} is not a llama.cpp source tree", "point it at the tree's top directory")
+        if config.patched:
+            # The user's tree is never modified: the patches go onto a copy in the cache.
+            progress("patch", None)
+            copy = root / "src-source"
+            shutil.rmtree(copy, ignore_errors=True)
+            shutil.copytree(src, copy, symlinks=True)
+            patches.apply(copy, log)
+            src = copy
     else:
         progress("fetch", None)
-        src = extract_source(fetch_sdist(log))
+        src = _managed_tree(fetch_sdist(log), config.patched, log, progress)
     partial = config.build_dir.with_name(config.build_dir.name + ".partial")
     if force:
         shutil.rmtree(config.build_dir, ignore_errors=True)
@@ -174,6 +205,9 @@ def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
     if missing:
         raise BuildError(f"the build finished without {', '.join(missing)} (log: {log})",
                          "read the log; the llama.cpp source may have renamed a target")
+    # Which patches went in, readable later by `arcsplit llama which` from the bin dir alone.
+    (partial / "bin" / patches.MARKER).write_text(
+        (src / patches.MARKER).read_text() if config.patched else "stock\n")
     shutil.rmtree(config.build_dir, ignore_errors=True)
     partial.rename(config.build_dir)
     with log.open("a") as fh:

@@ -76,13 +76,14 @@ def fetch_sdist(log: Path) -> Path:
     return target
 
 
-def extract_source(sdist: Path) -> Path:
-    """Unpack vendor/llama.cpp once into the cache; a half-finished unpack is never reused."""
-    dest = llama_root() / "src"
+def extract_source(sdist: Path, dest: Path | None = None) -> Path:
+    """Unpack vendor/llama.cpp once into ``dest`` (default: the cache's ``src``); a half-finished
+    unpack is never reused."""
+    dest = dest or llama_root() / "src"
     if (dest / "CMakeLists.txt").exists():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = dest.with_name("src.partial")
+    partial = dest.with_name(dest.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     with tarfile.open(sdist, "r:gz") as tar:
         members = []

@@ -1,0 +1,96 @@
+"""arcsplit's own patches to llama.cpp, applied to the tree the managed build compiles.
+
+They change what no flag reaches (how the RPC client waits, see each patch's header), never the wire
+protocol, so a patched build still talks to stock rpc-servers and stock clients. The patch files live in
+``arcsplit/data/patches`` (applied in name order with ``patch -p1``); their digest is part of the build
+key, so editing a patch rebuilds, and ``arcsplit llama build --no-patches`` builds the stock tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import BuildError
+
+MARKER = ".arcsplit-patches"
+_DIR = Path(__file__).resolve().parent.parent / "data" / "patches"
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    path: Path
+    summary: str
+
+    @property
+    def text(self) -> bytes:
+        return self.path.read_bytes()
+
+
+def patches() -> tuple[Patch, ...]:
+    """The patch set, in the order it is applied."""
+    found = []
+    for path in sorted(_DIR.glob("*.patch")):
+        first = path.read_text(encoding="utf-8").splitlines()[0]
+        found.append(Patch(path.stem, path, first.split(":", 1)[-1].strip()))
+    return tuple(found)
+
+
+def digest() -> str:
+    """One short hash over every patch's bytes: the build key and the tree marker carry it."""
+    h = hashlib.sha256()
+    for p in patches():
+        h.update(p.name.encode() + b"\0" + p.text + b"\0")
+    return h.hexdigest()[:10]
+
+
+def applied(src: Path) -> str | None:
+    """The digest recorded in a tree by :func:`apply`, or None for a stock tree."""
+    try:
+        return (src / MARKER).read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _command(tool: str, patch: Path, src: Path) -> tuple[list[str], dict[str, str] | None]:
+    if Path(tool).name == "patch":
+        return [tool, "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-d", str(src), "-i", str(patch)], None
+    # git apply outside a repository works like patch; the ceiling keeps it from finding an enclosing repo.
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(src.resolve().parent))
+    return [tool, "apply", "-p1", str(patch.resolve())], env
+
+
+def apply(src: Path, log: Path) -> None:
+    """Apply every patch to ``src`` in place and record the digest; a patch that does not apply is an error.
+
+    A tree that already carries this patch set (its marker says so) is left as it is.
+    """
+    if applied(src) == digest():
+        return
+    tool = shutil.which("patch") or shutil.which("git")
+    if tool is None:
+        raise BuildError("applying arcsplit's llama.cpp patches needs `patch` or `git`, and neither is on PATH",
+                         "apt-get install patch, or build the stock tree with --no-patches")
+    for p in patches():
+        cmd, env = _command(tool, p.path, src)
+        with log.open("ab") as fh:
+            fh.write(f"\n$ {' '.join(cmd)}\n".encode())
+            fh.flush()
+            rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=src, env=env).returncode
+        if rc != 0:
+            raise BuildError(f"arcsplit patch {p.name} does not apply to {src} (log: {log})",
+                             "this llama.cpp tree differs from the pinned one; build it with --no-patches")
+    (src / MARKER).write_text(digest() + "\n" + "\n".join(p.name for p in patches()) + "\n")
+
+def build_patches(bin_dir: Path) -> list[str] | None:
+    """The patches a managed build was made with ([] for a stock build), None when unknown (not ours)."""
+    try:
+        lines = (bin_dir / MARKER).read_text().split()
+    except OSError:
+        return None
+    return [] if lines[:1] == ["stock"] else lines[1:]
