@@ -132,6 +132,24 @@ def v_throughput(text: str, backend: str) -> Verdict:
     return Verdict("pass" if ok else "FAIL", f"hybrid {desc}")
 
 
+def v_patch_ab(text: str) -> Verdict:
+    """Stock -> patched ratios to native, per route, from one side-by-side run (`-stock` rows)."""
+    rows: dict[str, dict[str, float]] = {}
+    for r in table_rows(text):
+        m = re.match(r"((?:hybrid|rpc)(?:-stock)?) \(", r[0]) if r else None
+        if m and len(r) >= 9 and all(x.endswith("x") for x in r[6:9]):
+            rows[m.group(1)] = {k: float(v.rstrip("x")) for k, v in zip(("prefill", "decode", "4 streams"), r[6:9])}
+    parts = []
+    for route in ("hybrid", "rpc"):
+        if route in rows and f"{route}-stock" in rows:
+            new, old = rows[route], rows[f"{route}-stock"]
+            parts.append(f"{route}: " + ", ".join(f"{k} {old[k]:.2f} -> {new[k]:.2f}x" for k in new))
+    if not parts:
+        return Verdict("info", "no stock/patched pair in the file")
+    eq = "greedy output equal in every mode" if not re.search(r"\| NO \(", text) else "greedy output DIFFERS"
+    return Verdict("info", "stock -> patched, ratios to native: " + "; ".join(parts) + f"; {eq}")
+
+
 def v_generic(text: str) -> Verdict:
     return meets(text) or Verdict("info", "no target stated in the file")
 
@@ -166,6 +184,10 @@ FIGURES = [
            "hybrid >= 0.75x prefill, >= 0.90x decode, >= 0.90x 4 streams of native, on 2 real GPUs",
            ("throughput_cuda.md", "throughput_cpu.md"),
            lambda t, f: v_throughput(t, f.removeprefix("throughput_").removesuffix(".md"))),
+    Figure("5b. arcsplit's llama.cpp RPC patch, stock vs patched in one run (2x H200)",
+           "a gain over the same build with the patch switched off (docs/patches.md)",
+           ("gpu/throughput_cuda_ab_hybrid.md", "gpu/throughput_cuda_ab_hybrid_np128.md",
+            "gpu/throughput_cuda_ab_rpc.md"), lambda t, f: v_patch_ab(t)),
     Figure("Supervisor CPU while idle", "< 0.5 % of one core", ("idle_cpu.md",), lambda t, f: v_generic(t)),
     Figure("Dashboard frame time under a log flood", "frames under 50 ms at realistic log rates",
            ("dash_frame.md",), lambda t, f: v_generic(t)),

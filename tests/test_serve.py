@@ -147,6 +147,29 @@ def test_greedy_tokens_identical_to_single_device(rpc_group, single_tokens):
     assert greedy_tokens(rpc_group.url) == single_tokens
 
 
+LONG_PROMPT = " ".join(f"Line {i}: the ferry left the harbour at dawn and the gulls followed it." for i in range(48))
+
+
+def test_prompt_over_several_ubatches_matches_single_device(rpc_group, demo_model):
+    """A prompt of several ubatches crosses the RPC route's queued uploads (arcsplit's llama.cpp patch) many
+    times before the first token: the output must still equal one process holding every layer at the same -ub."""
+    argv = rpc_group.status()["processes"]["server"]["argv"]
+    ub = argv[argv.index("-ub") + 1]
+    n_prompt = len(httpx.post(f"{rpc_group.url}/tokenize", json={"content": LONG_PROMPT}).json()["tokens"])
+    assert n_prompt > 2 * int(ub), (n_prompt, ub)
+
+    def tokens(url: str) -> list[int]:
+        r = httpx.post(f"{url}/completion", json={"prompt": LONG_PROMPT, "n_predict": 8, "temperature": 0,
+                                                  "top_k": 1, "cache_prompt": False, "return_tokens": True},
+                       timeout=300)
+        r.raise_for_status()
+        return r.json()["tokens"]
+
+    got = tokens(rpc_group.url)
+    with running(config_for(demo_model, gpus="0", extra=("--no-repack", "-ub", ub))) as single:
+        assert tokens(single.url) == got
+
+
 def test_hybrid_keeps_first_card_in_llama_server_and_matches(demo_model, single_tokens):
     config = config_for(demo_model, mode="hybrid")
     with running(config) as sup:

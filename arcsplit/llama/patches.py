@@ -87,10 +87,13 @@ def apply(src: Path, log: Path) -> None:
                              "this llama.cpp tree differs from the pinned one; build it with --no-patches")
     (src / MARKER).write_text(digest() + "\n" + "\n".join(p.name for p in patches()) + "\n")
 
+
 def build_patches(bin_dir: Path) -> list[str] | None:
     """The patches a managed build was made with ([] for a stock build), None when unknown (not ours)."""
     try:
         lines = (bin_dir / MARKER).read_text().split()
     except OSError:
+        return None
+    if not lines:
         return None
     return [] if lines[:1] == ["stock"] else lines[1:]

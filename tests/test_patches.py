@@ -1,0 +1,248 @@
+"""arcsplit's own llama.cpp patches: they apply to the pinned tree, with `patch` or `git`, fail loudly on
+another tree, key the build, and `arcsplit llama which` says which ones a build carries."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from arcsplit.errors import BuildError
+from arcsplit.llama import build as build_mod
+from arcsplit.llama import patches
+from arcsplit.llama.build import BuildConfig
+from arcsplit.llama.source import extract_source, fetch_sdist
+
+RPC_FILE = "ggml/src/ggml-rpc/ggml-rpc.cpp"
+
+
+def arcsplit(*args: str) -> subprocess.CompletedProcess[str]:
+    # The managed build, not whatever $ARCSPLIT_LLAMA_DIR points at.
+    env = {k: v for k, v in os.environ.items() if k != "ARCSPLIT_LLAMA_DIR"}
+    return subprocess.run([sys.executable, "-m", "arcsplit", *args], check=False, capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def touched_files() -> list[str]:
+    """Every file the patch set changes, read from the patches' ``+++ b/...`` lines."""
+    found: list[str] = []
+    for p in patches.patches():
+        for line in p.text.decode().splitlines():
+            if line.startswith("+++ b/"):
+                name = line[len("+++ b/"):].split("\t")[0].strip()
+                if name not in found:
+                    found.append(name)
+    return found
+
+
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory) -> Path:
+    return fetch_sdist(tmp_path_factory.mktemp("fetch") / "fetch.log")
+
+
+@pytest.fixture(scope="module")
+def pristine(sdist, tmp_path_factory) -> tuple[Path, dict[str, bytes]]:
+    """The pinned llama.cpp tree, freshly unpacked, and the stock bytes of every file the patches touch."""
+    tree = extract_source(sdist, tmp_path_factory.mktemp("pinned") / "tree")
+    assert patches.applied(tree) is None
+    return tree, {name: (tree / name).read_bytes() for name in touched_files()}
+
+
+def minimal_tree(root: Path, stock: dict[str, bytes]) -> Path:
+    """A tree holding only the files the patches touch, as they are in the pinned source."""
+    for name, data in stock.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+def test_patch_set_is_not_empty_and_named_in_order():
+    names = [p.name for p in patches.patches()]
+    assert names and names == sorted(names)
+    assert "0001-rpc-async-uploads" in names
+    assert all(p.summary for p in patches.patches())
+    assert touched_files(), "a patch that touches no file"
+
+
+def test_every_patch_applies_cleanly_to_the_pinned_tree(pristine, tmp_path):
+    tree, stock = pristine
+    log = tmp_path / "patch.log"
+    patches.apply(tree, log)
+    assert patches.applied(tree) == patches.digest()
+    text = log.read_text()
+    # Applies exactly: no hunk needed fuzz or an offset, none was rejected, no backup or reject files left.
+    for word in ("fuzz", "offset", "FAILED", "reject", "Reversed"):
+        assert word not in text, text
+    assert not list(tree.rglob("*.rej")) and not list(tree.rglob("*.orig"))
+    for name, data in stock.items():
+        assert (tree / name).read_bytes() != data, f"{name} unchanged by the patches"
+    assert "ARCSPLIT_RPC_STOCK" in (tree / RPC_FILE).read_text()
+    # The marker names the patches, in order, after the digest.
+    assert (tree / patches.MARKER).read_text().split() == [patches.digest(), *[p.name for p in patches.patches()]]
+
+    # Applying again is a no-op: same marker, same files, nothing run.
+    marker = (tree / patches.MARKER).read_bytes()
+    patched = {name: (tree / name).read_bytes() for name in stock}
+    log.write_text("")
+    patches.apply(tree, log)
+    assert log.read_text() == ""
+    assert (tree / patches.MARKER).read_bytes() == marker
+    assert {name: (tree / name).read_bytes() for name in stock} == patched
+
+
+def test_git_apply_fallback_gives_the_same_bytes_as_patch(pristine, tmp_path, monkeypatch):
+    _, stock = pristine
+    with_patch = minimal_tree(tmp_path / "with-patch", stock)
+    with_git = minimal_tree(tmp_path / "with-git", stock)
+    patches.apply(with_patch, tmp_path / "patch.log")
+    assert "patch -p1" in (tmp_path / "patch.log").read_text()
+
+    real_which = shutil.which
+    monkeypatch.setattr(patches.shutil, "which", lambda name, *a, **k: None if name == "patch" else real_which(name, *a, **k))
+    patches.apply(with_git, tmp_path / "git.log")
+    git_log = (tmp_path / "git.log").read_text()
+    assert " apply -p1 " in git_log and "patch -p1" not in git_log, git_log
+
+    assert patches.applied(with_git) == patches.applied(with_patch) == patches.digest()
+    for name in stock:
+        assert (with_git / name).read_bytes() == (with_patch / name).read_bytes(), name
+    assert (with_git / patches.MARKER).read_bytes() == (with_patch / patches.MARKER).read_bytes()
+    # Neither tool left anything beside the patched files.
+    assert sorted(p.relative_to(with_git) for p in with_git.rglob("*")) == \
+        sorted(p.relative_to(with_patch) for p in with_patch.rglob("*"))
+
+
+def test_no_patch_tool_at_all_says_so(pristine, tmp_path, monkeypatch):
+    _, stock = pristine
+    tree = minimal_tree(tmp_path / "tree", stock)
+    monkeypatch.setattr(patches.shutil, "which", lambda *a, **k: None)
+    with pytest.raises(BuildError) as err:
+        patches.apply(tree, tmp_path / "log")
+    assert "--no-patches" in (err.value.fix or "")
+    assert patches.applied(tree) is None
+
+
+@pytest.mark.parametrize("tool", ["patch", "git"])
+def test_a_tree_that_differs_is_an_error_naming_the_patch(pristine, tmp_path, monkeypatch, tool):
+    _, stock = pristine
+    # Another llama.cpp: the code around every hunk was rewritten, so no hunk's context matches.
+    edited = {name: data.replace(b"ctx->dispatcher->send", b"ctx->dispatcher->post")
+                        .replace(b"static void ", b"static inline void ")
+              for name, data in stock.items()}
+    assert edited != stock
+    tree = minimal_tree(tmp_path / "tree", edited)
+    if tool == "git":
+        real_which = shutil.which
+        monkeypatch.setattr(patches.shutil, "which",
+                            lambda name, *a, **k: None if name == "patch" else real_which(name, *a, **k))
+    log = tmp_path / "patch.log"
+    with pytest.raises(BuildError) as err:
+        patches.apply(tree, log)
+    first = patches.patches()[0].name
+    assert first in err.value.problem and str(log) in err.value.problem
+    assert "--no-patches" in (err.value.fix or "")
+    assert patches.applied(tree) is None and not (tree / patches.MARKER).exists()
+    if tool == "git":  # git apply is all or nothing
+        assert {name: (tree / name).read_bytes() for name in edited} == edited
+
+
+def test_a_tree_already_patched_without_marker_is_an_error(pristine, tmp_path):
+    """`patch --forward` refuses to apply twice; a half-known tree is never marked as carrying the set."""
+    _, stock = pristine
+    tree = minimal_tree(tmp_path / "tree", stock)
+    patches.apply(tree, tmp_path / "log")
+    (tree / patches.MARKER).unlink()
+    with pytest.raises(BuildError):
+        patches.apply(tree, tmp_path / "log")
+    assert patches.applied(tree) is None
+
+
+def test_build_key_carries_the_patch_set(monkeypatch):
+    patched, stock = BuildConfig("cpu").key, BuildConfig("cpu", patched=False).key
+    assert patched != stock
+    assert BuildConfig("cpu").build_dir != BuildConfig("cpu", patched=False).build_dir
+    assert patched == BuildConfig("cpu").key  # stable
+    assert patched.startswith("cpu-") and stock.startswith("cpu-")
+    # Another patch set is another build; the stock build does not depend on the patches at all.
+    monkeypatch.setattr(patches, "digest", lambda: "0123456789")
+    assert BuildConfig("cpu").key != patched
+    assert BuildConfig("cpu", patched=False).key == stock
+
+
+def test_managed_trees_patched_and_stock_are_apart(sdist, tmp_path, monkeypatch):
+    monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache"))
+    log = tmp_path / "build.log"
+    steps: list[str] = []
+    progress = lambda step, pct: steps.append(step)
+
+    stock = build_mod._managed_tree(sdist, False, log, progress)
+    src = build_mod._managed_tree(sdist, True, log, progress)
+    assert stock != src and stock.name == "src-stock" and src.name == "src"
+    assert patches.applied(stock) is None
+    assert "ARCSPLIT_RPC_STOCK" not in (stock / RPC_FILE).read_text()
+    assert patches.applied(src) == patches.digest()
+    assert "ARCSPLIT_RPC_STOCK" in (src / RPC_FILE).read_text()
+    assert steps == ["patch"]
+
+    # A tree carrying this patch set is reused as it is ...
+    (src / "sentinel").write_text("kept")
+    assert build_mod._managed_tree(sdist, True, log, progress) == src
+    assert (src / "sentinel").exists() and steps == ["patch"]
+    # ... one marked with another set is unpacked again and patched with this one.
+    (src / patches.MARKER).write_text("0123456789\n0001-old\n")
+    assert build_mod._managed_tree(sdist, True, log, progress) == src
+    assert not (src / "sentinel").exists()
+    assert patches.applied(src) == patches.digest() and steps == ["patch", "patch"]
+
+
+def test_build_patches_reads_the_bin_dir_marker(tmp_path):
+    assert patches.build_patches(tmp_path) is None
+    (tmp_path / patches.MARKER).write_text("stock\n")
+    assert patches.build_patches(tmp_path) == []
+    (tmp_path / patches.MARKER).write_text("0123456789\n0001-a\n0002-b\n")
+    assert patches.build_patches(tmp_path) == ["0001-a", "0002-b"]
+
+
+@pytest.fixture(scope="module")
+def managed_cpu_build() -> Path:
+    config = BuildConfig("cpu")
+    build_mod.build(config)  # a no-op when scripts/test already built it
+    return config.bin_dir
+
+
+def test_which_reports_the_patches_of_the_managed_build(managed_cpu_build):
+    r = arcsplit("llama", "which", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert Path(data["bin_dir"]) == managed_cpu_build, data
+    assert data["patches"] == [p.name for p in patches.patches()] == ["0001-rpc-async-uploads"]
+    assert (managed_cpu_build / patches.MARKER).read_text().split()[0] == patches.digest()
+
+    text = arcsplit("llama", "which")
+    assert text.returncode == 0, text.stderr
+    assert "arcsplit patches 0001-rpc-async-uploads" in text.stdout
+
+
+def test_which_on_a_bin_dir_without_marker_says_unknown(managed_cpu_build, tmp_path):
+    # The same binaries, seen from a dir arcsplit did not build: the patches are unknown (null), not [].
+    for f in managed_cpu_build.iterdir():
+        if f.name != patches.MARKER:
+            (tmp_path / f.name).symlink_to(f)
+    r = arcsplit("llama", "which", "--json", "--llama-dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["patches"] is None
+    (tmp_path / patches.MARKER).write_text("stock\n")
+    r = arcsplit("llama", "which", "--llama-dir", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "arcsplit patches none" in r.stdout
+
+
+def test_build_help_offers_no_patches():
+    r = arcsplit("llama", "build", "--help")
+    assert r.returncode == 0, r.stderr
+    assert "--no-patches" in r.stdout
