@@ -53,5 +53,6 @@ print(json.dumps({'mode': '$m', 'plan_ms': round(t * 1000, 2), **p.to_dict()}))"
     python3 bench/recover.py --backend cuda --gpus 0,1 --model "$MODEL" --mode rpc --repeat 2 --out "$OUT/recover_cuda.md"
     ;;
 esac
-cp bench/results/*cuda* "$OUT/" 2>/dev/null || true
+# never over a file this run wrote to $OUT under the same name
+cp -n bench/results/*cuda* "$OUT/" 2>/dev/null || true
 ls "$OUT"
