@@ -33,6 +33,7 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
     "time_to_ready": (["--runs", "3"], []),
     "idle_cpu": (["--seconds", "10"], []),
     "throughput": (["--backend", "cpu"], ["--backend", "cpu", "--full"]),
+    "rpc_waits": ([], ["--reps", "5"]),
     # dash_frame writes its file only with --out; its results file holds two hand-run rates, so the quick run
     # here only prints (see "This run") and the file is included as it is.
     "dash_frame": (["--seconds", "3"], ["--seconds", "5"]),
@@ -188,6 +189,9 @@ FIGURES = [
            "a gain over the same build with the patch switched off (docs/patches.md)",
            ("gpu/throughput_cuda_ab_hybrid.md", "gpu/throughput_cuda_ab_hybrid_np128.md",
             "gpu/throughput_cuda_ab_rpc.md"), lambda t, f: v_patch_ab(t)),
+    Figure("5c. Blocking waits per token on the RPC routes, stock vs patched (CPU, hardware-independent)",
+           "fewer waits with the patch (its mechanism; tokens/s on 2 shared cores is noise)",
+           ("rpc_waits.md",), lambda t, f: Verdict("info", first_line_with(t, "Result:").removeprefix("Result: "))),
     Figure("Supervisor CPU while idle", "< 0.5 % of one core", ("idle_cpu.md",), lambda t, f: v_generic(t)),
     Figure("Dashboard frame time under a log flood", "frames under 50 ms at realistic log rates",
            ("dash_frame.md",), lambda t, f: v_generic(t)),

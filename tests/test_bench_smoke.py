@@ -45,3 +45,25 @@ def test_throughput_bench_prints_table_and_ratios(llama_bins, demo_model, tmp_pa
     assert re.search(r"rpc / rpc1: `\S*rpc-server -H 127\.0\.0\.1 -p \d+ -t \d+`", text)
     assert re.search(r"rpc / server: `\S*llama-server .*--rpc 127\.0\.0\.1:\d+,127\.0\.0\.1:\d+ "
                      r"--device RPC0,RPC1", text)
+
+
+@pytest.mark.slow
+def test_rpc_patch_removes_blocking_waits(llama_bins, demo_model, tmp_path: Path) -> None:
+    """arcsplit's llama.cpp patch (docs/patches.md) queues uploads instead of waiting for them: on the all-RPC
+    route the rpc-server holding the layers sleeps far less often per token than with the patch switched off."""
+    out = tmp_path / "waits.md"
+    env = {**os.environ, "ARCSPLIT_LLAMA_DIR": str(llama_bins.bin_dir)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "rpc_waits.py"), "--model", str(demo_model), "--modes", "rpc",
+         "--reps", "3", "--tokens", "32", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = {}
+    for line in out.read_text().splitlines():
+        m = re.match(r"\| rpc \| (stock|patched) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|", line)
+        if m:
+            rows[m.group(1)] = [float(x) for x in m.groups()[1:]]
+    assert set(rows) == {"stock", "patched"}, out.read_text()
+    server, rpc0, _, total = range(4)
+    assert rows["patched"][rpc0] < 0.75 * rows["stock"][rpc0], rows
+    assert rows["patched"][total] < rows["stock"][total], rows
