@@ -211,6 +211,33 @@ def test_restart_request_publishes_events_and_serves_again(rpc_group):
     assert rpc_group.status()["failures"] == 0  # asked for, not a failure
 
 
+def test_a_stopped_rpc_server_is_shown_paused_and_not_restarted(rpc_group, single_tokens):
+    """SIGSTOP leaves an rpc-server alive and llama-server's /health green, so nothing else would show it:
+    the process is reported paused (status and a log event), the group is left alone, and after SIGCONT the
+    same processes serve the same tokens."""
+    rx = rpc_group.subscribe(10_000)
+    before = rpc_group.status()
+    pid = before["processes"]["rpc0"]["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: rpc_group.status()["processes"]["rpc0"]["paused"], timeout=20, what="rpc0 shown paused")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: not rpc_group.status()["processes"]["rpc0"]["paused"], timeout=20, what="rpc0 resumed")
+    after = rpc_group.status()
+    assert after["generation"] == before["generation"] and after["processes"]["rpc0"]["pid"] == pid
+    events = []
+    while True:
+        try:
+            events.append(rpc_group.portal.call(rx.receive_nowait))
+        except anyio.WouldBlock:
+            break
+    lines = [e.data["line"] for e in events if e.kind == "log" and e.name == "rpc0"]
+    assert any("is stopped (SIGSTOP" in ln for ln in lines) and any("resumed" in ln for ln in lines), lines
+    assert [e.data["paused"] for e in events if e.kind == "state" and e.name == "rpc0"][-2:] == [True, False]
+    assert greedy_tokens(rpc_group.url) == single_tokens
+
+
 def _stream_until_killed(url: str, started: threading.Event, result: dict) -> None:
     try:
         with httpx.stream("POST", f"{url}/completion", json={"prompt": PROMPT, "n_predict": 400, "stream": True,

@@ -19,7 +19,8 @@ def _ps(args: argparse.Namespace) -> int:
             with attach(info.run_id, timeout=2.0) as client:
                 status = client.status()
             row["state"], row["mode"] = status.get("state"), status.get("mode")
-            row["processes"] = {name: {"state": p.get("state"), "pid": p.get("pid"), "restarts": p.get("restarts")}
+            row["processes"] = {name: {"state": p.get("state"), "pid": p.get("pid"), "restarts": p.get("restarts"),
+                                        "paused": p.get("paused", False)}
                                 for name, p in status.get("processes", {}).items()}
         except Exception as exc:  # one unresponsive instance must not hide the others
             row["state"] = f"not answering ({exc})"

@@ -45,6 +45,7 @@ class Child:
         self.started_at: float | None = None
         self.exited_at: float | None = None
         self.output_count = 0  # lines + partial chunks seen: "progress" for the stall timeout
+        self.paused = False  # stopped by SIGSTOP or a debugger: alive, holding its port, doing nothing
         self.lines: deque[str] = ring if ring is not None else deque(maxlen=1000)
         self.done = anyio.Event()
         self._log_path = log_path
@@ -208,9 +209,27 @@ class Child:
         end = self.exited_at or time.time()
         return end - self.started_at
 
+    def check_paused(self) -> bool:
+        """Read whether the process is stopped (SIGSTOP, ^Z, a debugger); True when that changed.
+
+        A stopped rpc-server exits nothing and llama-server's /health still answers, so requests just wait:
+        only the process state shows it.
+        """
+        now = False
+        if self.pid is not None and self.alive:
+            import psutil
+
+            try:
+                now = psutil.Process(self.pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+            except psutil.Error:
+                now = False
+        changed, self.paused = now != self.paused, now
+        return changed
+
     def snapshot(self) -> dict[str, object]:
         return {"state": self.state, "pid": self.pid, "port": self.spec.port, "endpoint": self.spec.endpoint,
-                "returncode": self.returncode, "uptime": self.uptime(), "argv": list(self.spec.argv)}
+                "returncode": self.returncode, "uptime": self.uptime(), "argv": list(self.spec.argv),
+                "paused": self.paused}
 
 
 def describe_exit(rc: int | None) -> str:

@@ -353,6 +353,13 @@ class Supervisor:
             except httpx.HTTPError as exc:
                 ok, why = False, type(exc).__name__
             misses = 0 if ok else misses + 1
+            for child in list(self._children.values()):
+                if child.check_paused():
+                    self._publish_state(child)
+                    self._publish("log", child.spec.name, {"line": (
+                        f"arcsplit: {child.spec.name} (pid {child.pid}) is stopped (SIGSTOP or a debugger): "
+                        "requests wait until it gets SIGCONT") if child.paused else
+                        f"arcsplit: {child.spec.name} (pid {child.pid}) resumed"})
             if misses >= t.health_failures:
                 self._unhealthy = (f"llama-server stopped answering /health ({why}, {misses} times in "
                                    f"{misses * t.health_interval:.0f} s) while its process is alive")
