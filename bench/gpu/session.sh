@@ -5,6 +5,12 @@
 #   bash bench/gpu/session.sh native    # plan, devices; throughput: native multi-device and hybrid
 #   bash bench/gpu/session.sh rpc       # throughput all-RPC; kill an rpc-server and watch the group recover
 # Needs (carried, git-ignored): .device/llama-src.tar.gz (the extracted pinned tree), .device/whl (py3.12 wheels).
+# Make them here once (the stock pinned tree; the device build patches a copy of it):
+#   python -c "from pathlib import Path; from arcsplit.llama.source import *; \
+#     extract_source(fetch_sdist(Path('/dev/null')), Path('/tmp/dev-src/src'))"
+#   tar czf .device/llama-src.tar.gz -C /tmp/dev-src src
+#   pip download --only-binary :all: --python-version 3.12 -d .device/whl anyio httpx gguf psutil pyzmq
+# The build applies arcsplit's patches to a copy (see docs/patches.md); ARCSPLIT_RPC_STOCK=1 rows switch them off.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
