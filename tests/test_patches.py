@@ -247,3 +247,19 @@ def test_build_help_offers_no_patches():
     r = arcsplit("llama", "build", "--help")
     assert r.returncode == 0, r.stderr
     assert "--no-patches" in r.stdout
+
+
+def test_missing_note_names_the_fix_only_when_the_build_lacks_the_patches(tmp_path):
+    current = tmp_path / "current"
+    current.mkdir()
+    (current / patches.MARKER).write_text(patches.digest() + "\n" + "\n".join(p.name for p in patches.patches()))
+    assert patches.missing_note(current) is None
+    stock = tmp_path / "stock"
+    stock.mkdir()
+    (stock / patches.MARKER).write_text("stock\n")
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / patches.MARKER).write_text("0123456789\n0001-rpc-async-uploads\n")
+    for d, what in ((stock, "stock or unknown"), (tmp_path, "stock or unknown"), (older, "older arcsplit patch set")):
+        note = patches.missing_note(d)
+        assert note and what in note and "arcsplit llama build" in note and "\n" not in note

@@ -13,6 +13,7 @@ import argparse
 import json
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -57,6 +58,12 @@ def _serve(args: argparse.Namespace) -> int:
         return _serve_with_dashboard(prepared, args)
     for reason in prepared.decision.reasons:
         _say(f"mode {prepared.decision.mode}: {reason}")
+    if prepared.config.mode in ("hybrid", "rpc"):
+        from ..llama.patches import missing_note
+
+        note = missing_note(Path(prepared.config.server_bin).parent)
+        if note:
+            _say(f"note: {note}")
     return anyio.run(_run, prepared, args)
 
 

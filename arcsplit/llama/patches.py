@@ -97,3 +97,15 @@ def build_patches(bin_dir: Path) -> list[str] | None:
     if not lines:
         return None
     return [] if lines[:1] == ["stock"] else lines[1:]
+
+
+def missing_note(bin_dir: Path) -> str | None:
+    """A one-line hint when an RPC route runs on a build without arcsplit's current patches, else None."""
+    have = build_patches(bin_dir)
+    want = [p.name for p in patches()]
+    if have == want:
+        return None
+    which = "a stock or unknown llama.cpp build" if not have else "an older arcsplit patch set"
+    return (f"{bin_dir} is {which}: the RPC route runs without arcsplit's patches (on 2x H200 they took hybrid "
+            "prefill from 0.71x to 0.83x of native, docs/patches.md); `arcsplit llama build --backend <yours>` "
+            "makes a patched build")
