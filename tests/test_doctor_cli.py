@@ -117,3 +117,18 @@ def test_check_runtime_reads_the_cache(llama_bins, tmp_path):
     other_cards = check_runtime("cpu", [0, 1, 2], llama_bins, probe=True)
     assert not other_cards.probe_cached and other_cards.probes[0].devices == ("RPC0", "RPC1", "RPC2")
     assert check_runtime("cpu", [0, 1], llama_bins, probe=True, reprobe=True).probe_cached is False
+
+
+def test_doctor_reports_the_builds_arcsplit_patches(capsys, llama_bins, tmp_path):
+    """The managed build carries arcsplit's RPC patches; a build dir without arcsplit's marker is 'unknown'."""
+    from arcsplit.llama.patches import patches
+
+    data = run_json(capsys, "--backend", "cpu", "--no-probe")
+    assert data["llama_patches"] == [p.name for p in patches()]
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in llama_bins.bin_dir.iterdir():
+        if not f.name.startswith("."):
+            (bare / f.name).symlink_to(f)
+    assert main(["doctor", "--backend", "cpu", "--no-probe", "--llama-dir", str(bare)]) == 0
+    assert "unknown (not an arcsplit build" in capsys.readouterr().out

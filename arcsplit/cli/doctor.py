@@ -14,6 +14,7 @@ from ..errors import ArcsplitError, BadInput
 from ..llama.devices import discover_rig, parse_gpus
 from ..llama.facts import discover_cards, parse_sycl_ls, read_text
 from ..llama.locate import find_llama
+from ..llama.patches import build_patches
 from ..llama.mode import MODES, NEO_WORKAROUND_ENV
 from ..llama.probe import DEFAULT_TIMEOUT_S
 from ..llama.runtime import RuntimeReport, check_runtime
@@ -104,18 +105,21 @@ def _doctor(args: argparse.Namespace) -> int:
                            sycl_ls_file=args.sycl_ls, kernel=args.kernel, kernel_config=args.kernel_config,
                            timeout=args.timeout, cards=labels)
     fixes = remedies(report)
+    applied = build_patches(binaries.bin_dir) if binaries is not None else None
     if args.json:
         data = report.to_dict()
         data["remedies"] = fixes
+        data["llama_patches"] = applied
         if card_note:
             data["facts"]["unread"].append(card_note)
         print_json(data)
         return 0
-    print(_render(report, labels, card_note, fixes))
+    print(_render(report, labels, card_note, fixes, applied))
     return 0
 
 
-def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: list[dict[str, str]]) -> str:
+def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: list[dict[str, str]],
+            applied: list[str] | None = None) -> str:
     f = r.facts
     lines = [f"arcsplit doctor: backend {r.backend}, cards {','.join(map(str, r.gpus)) or '-'}", "", "Facts"]
     row = lambda k, v: lines.append(f"  {k:<22} {v}")  # noqa: E731
@@ -131,6 +135,8 @@ def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: l
               None: "CONFIG_DMABUF_MOVE_NOTIFY unknown"}[k.move_notify]
     row("kernel", f"{k.release or 'not read'}, {notify}" + (f" ({k.config_source})" if k.config_source else ""))
     row("llama.cpp", f.llama_build or "not read")
+    row("arcsplit patches", ", ".join(applied) if applied else
+        ("none (stock build; docs/patches.md)" if applied == [] else "unknown (not an arcsplit build; docs/patches.md)"))
     for c in f.cards:
         row(f"sysfs {c.drm}", f"{c.pci_id or '?'} {c.name or ''} driver {c.driver or '?'} {c.pci_slot or ''}".strip())
     for label in labels:
