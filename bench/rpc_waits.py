@@ -27,9 +27,9 @@ sys.path.insert(0, str(ROOT))
 
 import arcsplit  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
+from arcsplit.llama.patches import rpc_patches_switched  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
 
-STOCK_ENV = "ARCSPLIT_RPC_STOCK"
 PROMPT = "Once upon a time"
 
 
@@ -48,32 +48,24 @@ def voluntary_switches(pid: int) -> int:
 
 def measure(model: str, mode: str, stock: bool, tokens: int, reps: int) -> dict[str, list[float]]:
     """Per process: voluntary switches per decoded token, one value per repetition (plus 'tok/s')."""
-    saved = os.environ.get(STOCK_ENV)
-    os.environ[STOCK_ENV] = "1" if stock else "0"
-    try:
-        with arcsplit.serve(model, gpus=[0, 1], backend="cpu", mode=mode, ctx=2048, parallel=1, threads=1,
-                            port=free_port(), bus=False) as server, httpx.Client(timeout=300) as client:
-            pids = {name: p["pid"] for name, p in server.status()["processes"].items()}
-            body = {"prompt": PROMPT, "n_predict": tokens, "ignore_eos": True, "temperature": 0,
-                    "cache_prompt": False}
-            client.post(f"{server.url}/completion", json=body).raise_for_status()  # warm-up
-            out: dict[str, list[float]] = {name: [] for name in pids} | {"tok/s": []}
-            for _ in range(reps):
-                before = {name: voluntary_switches(pid) for name, pid in pids.items()}
-                r = client.post(f"{server.url}/completion", json=body)
-                r.raise_for_status()
-                after = {name: voluntary_switches(pid) for name, pid in pids.items()}
-                timings = r.json()["timings"]
-                n = int(timings["predicted_n"])
-                for name in pids:
-                    out[name].append((after[name] - before[name]) / n)
-                out["tok/s"].append(float(timings["predicted_per_second"]))
-            return out
-    finally:
-        if saved is None:
-            os.environ.pop(STOCK_ENV, None)
-        else:
-            os.environ[STOCK_ENV] = saved
+    with rpc_patches_switched(on=not stock), \
+            arcsplit.serve(model, gpus=[0, 1], backend="cpu", mode=mode, ctx=2048, parallel=1, threads=1,
+                           port=free_port(), bus=False) as server, httpx.Client(timeout=300) as client:
+        pids = {name: p["pid"] for name, p in server.status()["processes"].items()}
+        body = {"prompt": PROMPT, "n_predict": tokens, "ignore_eos": True, "temperature": 0, "cache_prompt": False}
+        client.post(f"{server.url}/completion", json=body).raise_for_status()  # warm-up
+        out: dict[str, list[float]] = {name: [] for name in pids} | {"tok/s": []}
+        for _ in range(reps):
+            before = {name: voluntary_switches(pid) for name, pid in pids.items()}
+            r = client.post(f"{server.url}/completion", json=body)
+            r.raise_for_status()
+            after = {name: voluntary_switches(pid) for name, pid in pids.items()}
+            timings = r.json()["timings"]
+            n = int(timings["predicted_n"])
+            for name in pids:
+                out[name].append((after[name] - before[name]) / n)
+            out["tok/s"].append(float(timings["predicted_per_second"]))
+        return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,7 +37,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 
@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 import arcsplit  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama, server_build_info  # noqa: E402
+from arcsplit.llama.patches import rpc_patches_switched  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
 
 PROMPT_TOKENS = 512
@@ -76,7 +77,6 @@ class ModeResult:
 
 
 STOCK_SUFFIX = "-stock"
-STOCK_ENV = "ARCSPLIT_RPC_STOCK"
 
 
 def serve_mode(mode: str, backend: str) -> tuple[str, bool]:
@@ -88,22 +88,10 @@ def serve_mode(mode: str, backend: str) -> tuple[str, bool]:
     raise SystemExit(f"unknown mode {mode!r}: use native, hybrid, rpc, hybrid-stock, rpc-stock")
 
 
-@contextlib.contextmanager
-def mode_env(mode: str) -> Iterator[None]:
-    """``hybrid-stock``/``rpc-stock``: the same build with arcsplit's RPC patch switched off in every process
+def mode_env(mode: str) -> contextlib.AbstractContextManager[None]:
+    """``hybrid-stock``/``rpc-stock``: the same build with arcsplit's RPC patches switched off in every process
     (ARCSPLIT_RPC_STOCK=1, inherited by llama-server and the rpc-servers), for a side-by-side A/B."""
-    if not mode.endswith(STOCK_SUFFIX):
-        yield
-        return
-    old = os.environ.get(STOCK_ENV)
-    os.environ[STOCK_ENV] = "1"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(STOCK_ENV, None)
-        else:
-            os.environ[STOCK_ENV] = old
+    return rpc_patches_switched(on=False) if mode.endswith(STOCK_SUFFIX) else contextlib.nullcontext()
 
 
 def long_prompt(client: httpx.Client, url: str, n: int) -> list[int]:

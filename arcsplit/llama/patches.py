@@ -8,16 +8,20 @@ key, so editing a patch rebuilds, and ``arcsplit llama build --no-patches`` buil
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BuildError
 
 MARKER = ".arcsplit-patches"
+# Set to 1 in a process's environment, it switches the RPC patches off at run time (see docs/patches.md).
+STOCK_ENV = "ARCSPLIT_RPC_STOCK"
 _DIR = Path(__file__).resolve().parent.parent / "data" / "patches"
 
 
@@ -109,3 +113,17 @@ def missing_note(bin_dir: Path) -> str | None:
     return (f"{bin_dir} is {which}: the RPC route runs without arcsplit's patches (on 2x H200 they took hybrid "
             "prefill from 0.71x to 0.83x of native, docs/patches.md); `arcsplit llama build --backend <yours>` "
             "makes a patched build")
+
+
+@contextlib.contextmanager
+def rpc_patches_switched(on: bool) -> Iterator[None]:
+    """Processes started inside run with the RPC patches on or off (they inherit STOCK_ENV): for A/B runs."""
+    saved = os.environ.get(STOCK_ENV)
+    os.environ[STOCK_ENV] = "0" if on else "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(STOCK_ENV, None)
+        else:
+            os.environ[STOCK_ENV] = saved
