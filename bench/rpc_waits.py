@@ -24,11 +24,15 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import arcsplit  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.patches import rpc_patches_switched  # noqa: E402
+from arcsplit.llama.locate import find_llama  # noqa: E402
+from arcsplit.llama.patches import build_patches  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
+from throughput import build_line  # noqa: E402
 
 PROMPT = "Once upon a time"
 
@@ -80,9 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         from arcsplit.demo import ensure_demo_model
 
         a.model = str(ensure_demo_model())
-    lines = ["# Blocking waits per decoded token on the RPC routes, stock vs arcsplit's patch", "",
-             f"- Machine: {cpu_model()} ({os.cpu_count()} cores); CPU build of the pinned llama.cpp with arcsplit's "
-             "patches; stock rows switch them off with ARCSPLIT_RPC_STOCK=1 (same build, same run)",
+    lines = ["# Blocking waits per decoded token on the RPC routes, stock vs arcsplit's patches", "",
+             f"- Build: {build_line(None, 'cpu')}; arcsplit patches: "
+             f"{', '.join(build_patches(find_llama(None, backend='cpu').bin_dir) or []) or 'none'}; "
+             "stock rows switch them off with ARCSPLIT_RPC_STOCK=1 (same build, same run)",
+             f"- Machine: {cpu_model()} ({os.cpu_count()} cores)",
              f"- Model: `{a.model}`; 2 CPU cards, ctx 2048, -np 1, 1 thread per process; greedy decode of "
              f"{a.tokens} tokens after a warm-up; medians of {a.reps} repetitions",
              f"- Command: `{shlex.join(['python', 'bench/rpc_waits.py', *(sys.argv[1:] if argv is None else argv)])}`",
