@@ -4,6 +4,7 @@
 #   bash bench/gpu/session.sh build     # CUDA build of the pinned llama.cpp + a 7.2B F16 synthetic llama
 #   bash bench/gpu/session.sh native    # plan, devices; throughput: native multi-device and hybrid
 #   bash bench/gpu/session.sh rpc       # throughput all-RPC; kill an rpc-server and watch the group recover
+#   bash bench/gpu/session.sh ab-hybrid # hybrid with arcsplit's llama.cpp patches on and off, same run (also ab-rpc)
 # Needs (carried, git-ignored): .device/llama-src.tar.gz (the extracted pinned tree), .device/whl (py3.12 wheels).
 # Make them here once (the stock pinned tree; the device build patches a copy of it):
 #   python -c "from pathlib import Path; from arcsplit.llama.source import *; \
@@ -52,6 +53,13 @@ t = time.perf_counter(); p = arcsplit.plan('$MODEL', gpus=[0, 1], backend='cuda'
 print(json.dumps({'mode': '$m', 'plan_ms': round(t * 1000, 2), **p.to_dict()}))" > "$OUT/plan_$m.json"; done
     arcsplit plan "$MODEL" --gpus 0,1 --backend cuda | tee "$OUT/plan.txt"
     ${THROUGHPUT_NATIVE:-python3 bench/throughput.py --backend cuda --gpus 0,1 --model $MODEL --modes native,hybrid}
+    ;;
+  ab-hybrid|ab-rpc)
+    # arcsplit's llama.cpp patches on and off in one run (docs/patches.md), -ub 256 in every mode
+    build
+    route=${1#ab-}
+    python3 bench/throughput.py --backend cuda --gpus 0,1 --model "$MODEL" --modes "native,$route,$route-stock" \
+      --ubatch 256 --reps "${REPS:-5}" --greedy-tokens 32 --out "$OUT/throughput_cuda_ab_$route.md"
     ;;
   rpc)
     build
