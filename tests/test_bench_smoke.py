@@ -13,16 +13,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def run_bench(script: str, llama_bins, out: Path, *args: str, timeout: float = 300) -> str:
+    """Run bench/<script> on the test build, writing its results to ``out``; returns its stdout."""
+    env = {**os.environ, "ARCSPLIT_LLAMA_DIR": str(llama_bins.bin_dir)}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
 @pytest.mark.slow
 def test_throughput_bench_prints_table_and_ratios(llama_bins, demo_model, tmp_path: Path) -> None:
     out = tmp_path / "throughput.md"
-    env = {**os.environ, "ARCSPLIT_LLAMA_DIR": str(llama_bins.bin_dir)}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "throughput.py"), "--model", str(demo_model), "--reps", "1",
-         "--n-predict", "4", "--ctx", "2048", "--out", str(out)],
-        capture_output=True, text=True, timeout=180, cwd=ROOT, env=env)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "native on CPU = arcsplit mode single" in proc.stdout
+    stdout = run_bench("throughput.py", llama_bins, out, "--model", str(demo_model), "--reps", "1", "--n-predict", "4",
+                       "--ctx", "2048", timeout=180)
+    assert "native on CPU = arcsplit mode single" in stdout
     rows = {}
     for line in out.read_text().splitlines():
         m = re.match(r"\| (native|hybrid|rpc) \((\w+)\) \| (\d+) \| .*? \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| "
@@ -52,12 +57,8 @@ def test_rpc_patch_removes_blocking_waits(llama_bins, demo_model, tmp_path: Path
     """arcsplit's llama.cpp patch (docs/patches.md) queues uploads instead of waiting for them: on the all-RPC
     route the rpc-server holding the layers sleeps far less often per token than with the patch switched off."""
     out = tmp_path / "waits.md"
-    env = {**os.environ, "ARCSPLIT_LLAMA_DIR": str(llama_bins.bin_dir)}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "rpc_waits.py"), "--model", str(demo_model), "--modes", "rpc",
-         "--reps", "3", "--tokens", "32", "--out", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    run_bench("rpc_waits.py", llama_bins, out, "--model", str(demo_model), "--modes", "rpc", "--reps", "3",
+              "--tokens", "32")
     rows = {}
     for line in out.read_text().splitlines():
         m = re.match(r"\| rpc \| (stock|patched) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|", line)
