@@ -263,3 +263,11 @@ def test_missing_note_names_the_fix_only_when_the_build_lacks_the_patches(tmp_pa
     for d, what in ((stock, "stock or unknown"), (tmp_path, "stock or unknown"), (older, "older arcsplit patch set")):
         note = patches.missing_note(d)
         assert note and what in note and "arcsplit llama build" in note and "\n" not in note
+
+
+def test_bad_source_is_refused_even_when_a_build_exists(llama_bins, tmp_path):
+    """A finished build for the key must not hide a wrong --source: one line, exit 2."""
+    r = subprocess.run([sys.executable, "-m", "arcsplit", "llama", "build", "--source", str(tmp_path / "nope")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "is not a llama.cpp source tree" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

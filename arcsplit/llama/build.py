@@ -135,6 +135,11 @@ def _print_progress(step: str, pct: int | None) -> None:
         print(f"\r  {step}: {pct:3d}%", end="", file=sys.stderr, flush=True)
 
 
+def _check_source(src: Path) -> None:
+    if not (src / "CMakeLists.txt").exists() or not (src / "tools" / "rpc").is_dir():
+        raise BadInput(f"--source {src} is not a llama.cpp source tree", "point it at the tree's top directory")
+
+
 def _managed_tree(sdist: Path, patched: bool, log: Path, progress: Callable[[str, int | None], None]) -> Path:
     """The extracted tree to build: ``src`` carries the current patch set, ``src-stock`` none.
 
@@ -160,6 +165,8 @@ def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
 
     ``source`` builds an already extracted tree instead (a machine that cannot reach PyPI).
     """
+    if source is not None:
+        _check_source(Path(source))
     if is_built(config) and not force:
         return config.bin_dir
     check_toolchain(config.backend)
@@ -169,15 +176,17 @@ def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
     log.write_text(f"arcsplit llama build, llama-cpp-python {SDIST_VERSION}, {config.backend}\n")
     if source is not None:
         src = Path(source)
-        if not (src / "CMakeLists.txt").exists() or not (src / "tools" / "rpc").is_dir():
-            raise BadInput(f"--source {src} is not a llama.cpp source tree", "point it at the tree's top directory")
         if config.patched:
             # The user's tree is never modified: the patches go onto a copy in the cache.
             progress("patch", None)
             copy = root / "src-source"
             shutil.rmtree(copy, ignore_errors=True)
             shutil.copytree(src, copy, symlinks=True)
-            patches.apply(copy, log)
+            try:
+                patches.apply(copy, log)
+            except BuildError:
+                shutil.rmtree(copy, ignore_errors=True)  # no half-patched tree left behind
+                raise
             src = copy
     else:
         progress("fetch", None)
