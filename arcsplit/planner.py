@@ -12,6 +12,9 @@ from .rig import Card
 
 HOST_DEVICE = "CPU"
 """Device name of llama-server's own CPU: layers planned there are simply not offloaded."""
+OUTPUT_TENSORS = r"^output"
+"""llama.cpp ``-ot`` pattern (regex_search on tensor names) of the output layer's own tensors: output.weight,
+output_norm.weight (and their biases). A tied output (no output.weight) is token_embd, which this does not move."""
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,10 @@ class PlanOptions:
     flash_attn: bool = True
     swa_full: bool = False
     n_outputs: int | None = None  # logits rows the graph is reserved for; None: one per slot, as llama-server does
+    # The output layer (final norm + output matrix) on the first card instead of the last. In a hybrid group the
+    # first card is llama-server's own, so the logits (n_vocab floats a row) are made where they are read and only
+    # the final hidden rows (n_embd floats) cross the RPC link. llama.cpp puts it on the last card; ``-ot`` moves it.
+    output_on_first: bool = False
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,9 @@ class Plan:
         args += ["-fa", "on" if o.flash_attn else "off"]
         if o.swa_full:
             args += ["--swa-full"]
+        if o.output_on_first:
+            first = HOST_DEVICE if self.cards[0].device == HOST_DEVICE else names[0]
+            args += ["-ot", f"{OUTPUT_TENSORS}={first}"]
         args += ["--fit", "off"]
         return args
 
@@ -170,6 +180,8 @@ class _Costs:
 
 
 def _costs(profile: Any, options: PlanOptions, n_ctx: int) -> _Costs:
+    """With ``output_on_first`` the output unit (still the last of llama.cpp's -ts units) weighs nothing there:
+    its bytes are the first card's (see _Solver._card_bytes)."""
     from . import memory
 
     cs = memory.context_sizes(profile, n_ctx, options.n_parallel, options.kv_unified, options.n_ubatch, options.swa_full)
@@ -178,7 +190,7 @@ def _costs(profile: Any, options: PlanOptions, n_ctx: int) -> _Costs:
         w.append(memory.weight_layer_bytes(profile, il))
         k.append(memory.kv_layer_bytes(profile, il, cs, options.cache_type_k, options.cache_type_v, options.flash_attn))
         s.append(memory.state_layer_bytes(profile, il, cs))
-    w.append(profile.output_bytes)
+    w.append(0 if options.output_on_first else profile.output_bytes)
     k.append(0)
     s.append(0)
     prefix = [(0, 0, 0)]
@@ -220,16 +232,25 @@ class _Solver:
             hit = costs.memo[key] = self._card_bytes(costs, j, a, b)
         return hit
 
+    def has_output(self, j: int, a: int, b: int) -> bool:
+        """Whether card j, holding units [a, b), computes the output layer."""
+        if self.options.output_on_first:
+            return j == 0
+        return b == self.n_units and a < b
+
     def _card_bytes(self, costs: _Costs, j: int, a: int, b: int) -> tuple[int, int, int, int]:
-        has_out = b == self.n_units
+        has_out = self.has_output(j, a, b)
         end = min(b, self.profile.n_layer)
+        extra = self.profile.output_bytes if has_out and self.options.output_on_first else 0
         if self.host and j == 0:
             # llama-server's CPU keeps these layers; its compute buffer also builds every card's inputs
             comp = self.memory.host_compute_bytes(self.profile, costs.cs, self._shape)
-            extra = self.profile.host_bytes
+            if has_out:
+                comp += self.memory.compute_bytes(self.profile, costs.cs, 0, 0, True, self._shape)
+            extra += self.profile.host_bytes
         else:
-            comp = self.memory.compute_bytes(self.profile, costs.cs, a, end, has_out, self._shape) if b > a else 0
-            extra = 0
+            busy = b > a or has_out
+            comp = self.memory.compute_bytes(self.profile, costs.cs, a, end, has_out, self._shape) if busy else 0
         (wa, ka, sa), (wb, kb, sb) = costs.prefix[a], costs.prefix[b]
         return (wb - wa + extra, kb - ka, sb - sa, comp)
 
@@ -347,6 +368,7 @@ def make_plan(profile: Any, rig_or_cards: Any, options: PlanOptions | None = Non
     if options.n_ubatch < 1 or options.n_batch < 1:
         raise _bad("batch sizes must be positive", "pass --ubatch N with N > 0")
     memory.check_cache_types(profile, options.cache_type_k, options.cache_type_v, options.flash_attn)
+    options = _output_placement(profile, cards, options)
     solver = _Solver(profile, cards, names, options)
     warnings = list(profile.warnings)
 
@@ -402,13 +424,27 @@ def _assemble(profile: Any, solver: "_Solver", costs: _Costs, cards: tuple[Card,
         a, b = bounds[j], bounds[j + 1]
         w, k, s, c = solver.card_bytes(costs, j, a, b)
         plans.append(CardPlan(card=card, device=names[j], first_layer=a, end_layer=b, weights=w, kv=k, state=s,
-                              compute=c, has_output=b == solver.n_units and a < b))
+                              compute=c, has_output=solver.has_output(j, a, b)))
     host = profile.host_bytes
     if not solver.host:
         host += memory.host_compute_bytes(profile, costs.cs, solver.shape())
     return Plan(model_path=profile.path, arch=profile.arch, n_layer=profile.n_layer, n_ctx=costs.cs.n_ctx,
                 options=options if options.n_ctx == costs.cs.n_ctx else _with_ctx(options, costs.cs.n_ctx),
                 cards=tuple(plans), host_bytes=host, warnings=tuple(warnings))
+
+
+def _output_placement(profile: Any, cards: tuple[Card, ...], options: PlanOptions) -> PlanOptions:
+    """``output_on_first`` only where it means something (two cards or more) and where ``-ot`` can do it."""
+    from dataclasses import replace
+
+    if not options.output_on_first:
+        return options
+    if len(cards) < 2:
+        return replace(options, output_on_first=False)
+    if profile.tied_output:
+        raise _bad(f"{profile.arch} model ties its output to the token embeddings, so its output layer cannot be "
+                   "moved to the first card", "use --output-layer last (or auto)")
+    return options
 
 
 def _with_ctx(options: PlanOptions, n_ctx: int) -> PlanOptions:
@@ -471,6 +507,7 @@ def plan_for_split(profile: Any, rig_or_cards: Any, options: PlanOptions, tensor
         raise _bad(f"tensor split {tensor_split} must give {len(cards)} non-negative counts summing to "
                    f"{profile.n_layer + 1}", "fix the split or let arcsplit plan it")
     memory.check_cache_types(profile, options.cache_type_k, options.cache_type_v, options.flash_attn)
+    options = _output_placement(profile, cards, options)
     solver = _Solver(profile, cards, names, options)
     costs = _costs(profile, options, options.n_ctx)
     bounds = [0]

@@ -15,7 +15,9 @@ native: CUDA = mode multi (one llama-server holding both GPUs, llama.cpp's own m
 single with one card (one llama-server running the whole model on its own CPU: the CPU build has no
 multi-device mode). hybrid = llama-server holds the first card itself (local card first) plus one rpc-server
 per other card; rpc = one rpc-server per card. hybrid-stock / rpc-stock = the same, with arcsplit's llama.cpp
-patch switched off in every process (ARCSPLIT_RPC_STOCK=1): a side-by-side A/B on one build.
+patches switched off in every process (ARCSPLIT_RPC_STOCK=1): a side-by-side A/B on one build. hybrid-last =
+hybrid with the output layer on the last card (llama.cpp's place) instead of llama-server's own card, where
+arcsplit puts it on GPUs (--output-layer); hybrid-last-stock = both of arcsplit's changes off.
 
 Greedy output (temperature 0) of every mode is compared with native's at the same -fa and -ub. On CPU the
 rpc-servers keep weights unrepacked while a local llama-server repacks Q4_K for its own CPU, which changes
@@ -77,15 +79,22 @@ class ModeResult:
 
 
 STOCK_SUFFIX = "-stock"
+LAST_SUFFIX = "-last"  # hybrid with the output layer on the last card (llama.cpp's place) instead of the local one
 
 
 def serve_mode(mode: str, backend: str) -> tuple[str, bool]:
     """Our mode name -> (arcsplit mode, whether it takes only the first card)."""
     if mode == "native":
         return ("single", True) if backend == "cpu" else ("multi", False)
-    if mode.removesuffix(STOCK_SUFFIX) in ("hybrid", "rpc"):
-        return mode.removesuffix(STOCK_SUFFIX), False
-    raise SystemExit(f"unknown mode {mode!r}: use native, hybrid, rpc, hybrid-stock, rpc-stock")
+    base = mode.removesuffix(STOCK_SUFFIX).removesuffix(LAST_SUFFIX)
+    if base in ("hybrid", "rpc"):
+        return base, False
+    raise SystemExit(f"unknown mode {mode!r}: use native, hybrid, rpc, hybrid-last, and any of them but native "
+                     f"with -stock")
+
+
+def output_layer(mode: str) -> str:
+    return "last" if mode.removesuffix(STOCK_SUFFIX).endswith(LAST_SUFFIX) else "auto"
 
 
 def mode_env(mode: str) -> contextlib.AbstractContextManager[None]:
@@ -171,7 +180,8 @@ def serve_kwargs(a: argparse.Namespace, mode: str, extra: tuple[str, ...],
         args += ["-t", str(a.threads)]  # the other modes pass it to llama-server and rpc-servers via ServeRequest
     kw: dict[str, Any] = dict(backend=a.backend, mode=amode, ctx=a.ctx, parallel=STREAMS, port=free_port(),
                               threads=a.threads, ubatch=ubatch if ubatch is not None else a.ubatch,
-                              cpu_memory_mib=a.cpu_memory_mib, llama_dir=a.llama_dir, extra_args=tuple(args), bus=False)
+                              cpu_memory_mib=a.cpu_memory_mib, llama_dir=a.llama_dir, extra_args=tuple(args), bus=False,
+                              output_layer=output_layer(mode))
     return gpus, kw
 
 
@@ -273,8 +283,9 @@ def report(a: argparse.Namespace, results: list[ModeResult], build: str, mach: s
              f"prompt, n_predict 1, no prompt cache; decode = n_predict {a.n_predict}, eos ignored; {STREAMS} streams "
              f"= {STREAMS} concurrent decode requests, total tokens / wall time.",
              f"- native = {native_label}; hybrid = llama-server holds the first card itself, one rpc-server per "
-             "other card; rpc = one rpc-server per card; a `-stock` row is the same mode and build with arcsplit's "
-             "llama.cpp patch switched off (ARCSPLIT_RPC_STOCK=1)." + (
+             "other card (output layer there too on GPUs: `-ot ^output=CUDA0`); rpc = one rpc-server per card; a "
+             "`-stock` row is the same mode and build with arcsplit's llama.cpp patches switched off "
+             "(ARCSPLIT_RPC_STOCK=1); a `-last` row keeps the output layer on the last card (llama.cpp's place)." + (
                  " On CPU the planner leaves as few layers as it can on llama-server's own CPU card (layers not in "
                  "-ngl stay there)." if a.backend == "cpu" else ""), "",
              "| mode | -ub | -ngl (-ts) | prefill t/s | decode t/s | 4 streams t/s | prefill / native | "
@@ -295,6 +306,8 @@ def report(a: argparse.Namespace, results: list[ModeResult], build: str, mach: s
             same = sum(x == y for x, y in zip(r.greedy, native.greedy))
             eq = f"{'yes' if same == len(native.greedy) else 'NO'} ({same}/{len(native.greedy)})"
         layers = f"{server_flag(r, '-ngl') or '-'} ({server_flag(r, '-ts') or '-'})"
+        if server_flag(r, "-ot"):
+            layers += f" -ot {server_flag(r, '-ot')}"
         lines.append(f"| {r.mode} ({r.arcsplit_mode}) | {server_flag(r, '-ub') or '-'} | {layers} | {fmt(p)} | "
                      f"{fmt(d, 2)} | {fmt(s, 2)} | {ratio(p, nat['prefill'])} | {ratio(d, nat['decode'])} | "
                      f"{ratio(s, nat['streams'])} | {eq} |")

@@ -143,3 +143,35 @@ def test_mtp_layers_count_but_weigh_nothing(tmp_path: Path) -> None:
     p = load_profile(path)
     plan = make_plan(p, [card(0, 1024), card(1, 1024)], PlanOptions(n_ctx=1024))
     assert sum(plan.tensor_split) == p.n_layer + 1
+
+
+def test_output_on_first_moves_the_output_layer_and_its_bytes(big) -> None:
+    """Hybrid: the output layer on llama-server's own (first) card, moved there with -ot; the -ts units stay."""
+    rig = Rig((card(0, 16384, backend="cuda"), card(1, 16384, backend="cuda")))
+    last = make_plan(big, rig, PlanOptions(n_ctx=4096), devices=["CUDA0", "RPC0"])
+    first = make_plan(big, rig, PlanOptions(n_ctx=4096, output_on_first=True), devices=["CUDA0", "RPC0"])
+    assert first.tensor_split == last.tensor_split and sum(first.tensor_split) == big.n_layer + 1
+    assert first.cards[0].has_output and not first.cards[1].has_output
+    assert first.cards[0].weights - last.cards[0].weights == big.output_bytes
+    assert last.cards[1].weights - first.cards[1].weights == big.output_bytes
+    args = first.llama_server_args(["CUDA0", "RPC0"])
+    assert args[args.index("-ot") + 1] == "^output=CUDA0"
+    assert "-ot" not in last.llama_server_args(["CUDA0", "RPC0"])
+    assert first.to_dict()["cards"][0]["has_output"] is True
+
+
+def test_output_on_first_host_card_and_single_card(big) -> None:
+    """On the CPU backend's hybrid the first card is llama-server's own CPU; one card has nowhere to move it."""
+    rig = Rig((card(0, 65536, backend="cpu"), card(1, 65536, backend="cpu")))
+    plan = make_plan(big, rig, PlanOptions(n_ctx=4096, output_on_first=True), devices=[HOST_DEVICE, "RPC0"])
+    args = plan.llama_server_args(["RPC0"])
+    assert args[args.index("-ot") + 1] == "^output=CPU" and plan.cards[0].has_output
+    solo = make_plan(big, Rig((card(0, 65536),)), PlanOptions(n_ctx=4096, output_on_first=True))
+    assert not solo.options.output_on_first and "-ot" not in solo.llama_server_args() and solo.cards[0].has_output
+
+
+def test_output_on_first_refused_for_a_tied_output(tmp_path: Path) -> None:
+    tied = load_profile(synth.write_llama(tmp_path / "t.gguf", n_layer=2, tied=True))
+    with pytest.raises(BadInput, match="tie") as e:
+        make_plan(tied, Rig((card(0, 4096), card(1, 4096))), PlanOptions(n_ctx=512, output_on_first=True))
+    assert "--output-layer last" in str(e.value) and "\n" not in str(e.value)

@@ -138,3 +138,20 @@ def test_plan_devices_per_mode():
     assert plan_devices("hybrid", "cpu", [0, 1]) == [HOST_DEVICE, "RPC0"]
     assert plan_devices("hybrid", "sycl", [1, 0]) == ["SYCL0", "RPC0"]
     assert plan_devices("multi", "cuda", [2, 0]) == ["CUDA1", "CUDA0"]
+
+
+def test_output_layer_per_route(tmp_path) -> None:
+    """auto: local on a GPU hybrid with an untied output; never on rpc/multi routes, the CPU hybrid or a tied model."""
+    from arcsplit import synth
+    from arcsplit.model import load_profile
+    from arcsplit.run.prepare import ServeRequest, output_local
+
+    untied = load_profile(synth.write_llama(tmp_path / "u.gguf", n_layer=2))
+    tied = load_profile(synth.write_llama(tmp_path / "t.gguf", n_layer=2, tied=True))
+    req = ServeRequest(model="m.gguf", backend="cuda")
+    assert output_local(untied, req, "hybrid")
+    assert not output_local(tied, req, "hybrid")
+    assert not any(output_local(untied, req, m) for m in ("rpc", "multi", "single"))
+    assert not output_local(untied, ServeRequest(model="m.gguf", backend="cpu"), "hybrid")
+    assert output_local(untied, ServeRequest(model="m.gguf", backend="cpu", output_layer="local"), "hybrid")
+    assert not output_local(untied, ServeRequest(model="m.gguf", backend="cuda", output_layer="last"), "hybrid")

@@ -104,10 +104,10 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
     cols = ["card", "device", "layers", "weights", "KV", "state", "compute", "total", "free", "free after"]
     rows = []
     for c in plan.cards:
-        layers = f"{c.first_layer}-{c.end_layer - 1}" if c.n_layers else "-"
+        end = min(c.end_layer, plan.n_layer)  # the output unit is shown as "+out" on the card that computes it
+        layers = f"{c.first_layer}-{end - 1}" if end > c.first_layer else "-"
         if c.has_output:
-            layers += " +out" if c.n_layers > 1 else ""
-            layers = layers if c.n_layers > 1 else "output"
+            layers = f"{layers} +out" if end > c.first_layer else "output"
         rows.append([c.card.name[:28], c.device, layers, _mib(c.weights), _mib(c.kv), _mib(c.state),
                      _mib(c.compute), _mib(c.total), _mib(c.card.free_bytes), _mib(c.free_after)])
     widths = [max(len(cols[i]), *(len(r[i]) for r in rows)) for i in range(len(cols))]
@@ -118,13 +118,10 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
     lines += ["", "layer map:"]
     for c in plan.cards:
         marks = []
-        for il in range(c.first_layer, c.end_layer):
-            if il == plan.n_layer:
-                marks.append("[out]")
-            elif il >= plan.n_layer - n_nextn:
-                marks.append(f"{il}(mtp)")
-            else:
-                marks.append(str(il))
+        for il in range(c.first_layer, min(c.end_layer, plan.n_layer)):
+            marks.append(f"{il}(mtp)" if il >= plan.n_layer - n_nextn else str(il))
+        if c.has_output:
+            marks.append("[out]")
         where = "not offloaded" if c.device == HOST_DEVICE else c.device
         lines.append(f"  {where:>14}: {' '.join(marks) if marks else '(none)'}")
     lines += ["", "llama-server " + " ".join(plan.llama_server_args())]

@@ -20,7 +20,7 @@ import anyio
 
 from ..errors import ArcsplitError
 from ..rig import MiB
-from ..run.prepare import MODE_CHOICES
+from ..run.prepare import MODE_CHOICES, OUTPUT_LAYER_CHOICES
 from .devices import add_card_options
 from .llama import add_llama_dir
 
@@ -32,7 +32,7 @@ def request_from_args(args: argparse.Namespace) -> Any:
     return ServeRequest(model=args.model, gpus=args.gpus, backend=args.backend, mode=args.mode, ctx=args.ctx,
                         parallel=args.parallel, host=args.host, port=args.port, rpc_host=args.rpc_host,
                         rpc_ports=args.rpc_ports, threads=args.threads, ubatch=args.ubatch, rpc_cache=args.rpc_cache,
-                        cpu_memory_mib=args.cpu_memory,
+                        cpu_memory_mib=args.cpu_memory, output_layer=args.output_layer,
                         llama_dir=args.llama_dir, extra_args=tuple(args.extra))
 
 
@@ -231,6 +231,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rpc-servers cache weight tensors on local disk (rpc-server -c), so a restart reloads faster")
     p.add_argument("--ubatch", type=int, metavar="N",
                    help="micro-batch size, -ub (default: 256 on hybrid/rpc routes, measured faster; else 512)")
+    p.add_argument("--output-layer", choices=OUTPUT_LAYER_CHOICES, default="auto",
+                   help="where the output layer goes in hybrid mode: local (llama-server's own card, so logits do "
+                        "not cross the RPC link), last (llama.cpp's default); auto: local on GPUs when the model's "
+                        "output is not tied to its embeddings")
     p.add_argument("--max-restarts", type=int, default=5, metavar="N",
                    help="consecutive failures before giving up (default: 5)")
     p.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",

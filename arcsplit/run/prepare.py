@@ -30,6 +30,7 @@ MODE_CHOICES = ("auto", "single", "multi", "multi+workaround", "hybrid", "rpc")
 # device, yet larger ubatches made RPC prefill *worse* on 2x H200 (ub 2048: 0.24x of native; local-first hybrid
 # with ub 256: 0.69x vs 0.50x at 512; reference/llama-cpp-observed.md). Native routes keep llama.cpp's 512.
 ROUTE_UBATCH = {"hybrid": 256, "rpc": 256}
+OUTPUT_LAYER_CHOICES = ("auto", "local", "last")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class ServeRequest:
     threads: int | None = None
     ubatch: int | None = None  # None: chosen per route (ROUTE_UBATCH)
     rpc_cache: bool = False  # rpc-servers keep big weight tensors on local disk: reloads after a crash read them
+    output_layer: str = "auto"  # local: on llama-server's own card (hybrid); last: llama.cpp's place; auto: per route
     cpu_memory_mib: int | None = None
     llama_dir: str | None = None
     extra_args: tuple[str, ...] = field(default=())
@@ -123,9 +125,21 @@ def _runtime(req: ServeRequest, rig: Rig, binaries: Any) -> tuple[Any, dict[str,
     return report.verdict, known or None
 
 
+def output_local(profile: Any, req: ServeRequest, mode: str) -> bool:
+    """Whether the output layer goes on llama-server's own card. Only a hybrid group has one next to rpc-servers;
+    there the logits then never cross the RPC link (auto: on GPU backends, for a model whose output is not tied to
+    its token embeddings, which ``-ot`` cannot move; the CPU backend's hybrid keeps llama.cpp's placement)."""
+    if req.output_layer == "last" or mode != "hybrid":
+        return False
+    if req.output_layer == "local":
+        return True
+    return req.backend != "cpu" and not profile.tied_output
+
+
 def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str) -> Plan:
     ubatch = req.ubatch if req.ubatch is not None else ROUTE_UBATCH.get(mode, 512)
-    options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel, n_ubatch=ubatch, n_batch=max(2048, ubatch))
+    options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel, n_ubatch=ubatch, n_batch=max(2048, ubatch),
+                          output_on_first=output_local(profile, req, mode))
     return make_plan(profile, rig, options, devices=plan_devices(mode, req.backend, [c.index for c in rig.cards]))
 
 
@@ -141,6 +155,8 @@ def prepare(req: ServeRequest) -> Prepared:
         raise BadInput(f"--ubatch {req.ubatch} must be at least 1", "give the micro-batch size in tokens")
     if req.parallel < 1:
         raise BadInput(f"--parallel {req.parallel} must be at least 1", "give the number of parallel sequences")
+    if req.output_layer not in OUTPUT_LAYER_CHOICES:
+        raise BadInput(f"unknown --output-layer {req.output_layer!r}", f"use one of {', '.join(OUTPUT_LAYER_CHOICES)}")
     if req.threads is not None and req.threads < 1:
         raise BadInput(f"--threads {req.threads} must be at least 1", "give rpc-server threads per card")
     rpc_ports = _ports(req.rpc_ports)
