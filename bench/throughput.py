@@ -16,8 +16,8 @@ single with one card (one llama-server running the whole model on its own CPU: t
 multi-device mode). hybrid = llama-server holds the first card itself (local card first) plus one rpc-server
 per other card; rpc = one rpc-server per card. hybrid-stock / rpc-stock = the same, with arcsplit's llama.cpp
 patches switched off in every process (ARCSPLIT_RPC_STOCK=1): a side-by-side A/B on one build. hybrid-last =
-hybrid with the output layer on the last card (llama.cpp's place) instead of llama-server's own card, where
-arcsplit puts it on GPUs (--output-layer); hybrid-last-stock = both of arcsplit's changes off.
+hybrid with the output layer on the last card (llama.cpp's place, arcsplit's default) and hybrid-local with it
+on llama-server's own card (--output-layer local); -stock goes last (hybrid-last-stock).
 
 Greedy output (temperature 0) of every mode is compared with native's at the same -fa and -ub. On CPU the
 rpc-servers keep weights unrepacked while a local llama-server repacks Q4_K for its own CPU, which changes
@@ -79,22 +79,24 @@ class ModeResult:
 
 
 STOCK_SUFFIX = "-stock"
-LAST_SUFFIX = "-last"  # hybrid with the output layer on the last card (llama.cpp's place) instead of the local one
+LAST_SUFFIX = "-last"  # hybrid with the output layer on the last card (llama.cpp's place)
+LOCAL_SUFFIX = "-local"  # hybrid with the output layer on llama-server's own card (--output-layer local)
 
 
 def serve_mode(mode: str, backend: str) -> tuple[str, bool]:
     """Our mode name -> (arcsplit mode, whether it takes only the first card)."""
     if mode == "native":
         return ("single", True) if backend == "cpu" else ("multi", False)
-    base = mode.removesuffix(STOCK_SUFFIX).removesuffix(LAST_SUFFIX)
+    base = mode.removesuffix(STOCK_SUFFIX).removesuffix(LAST_SUFFIX).removesuffix(LOCAL_SUFFIX)
     if base in ("hybrid", "rpc"):
         return base, False
     raise SystemExit(f"unknown mode {mode!r}: use native, hybrid, rpc, hybrid-last, and any of them but native "
-                     f"with -stock")
+                     f"with -stock (hybrid-last, hybrid-local: where the output layer goes)")
 
 
 def output_layer(mode: str) -> str:
-    return "last" if mode.removesuffix(STOCK_SUFFIX).endswith(LAST_SUFFIX) else "auto"
+    m = mode.removesuffix(STOCK_SUFFIX)
+    return "last" if m.endswith(LAST_SUFFIX) else "local" if m.endswith(LOCAL_SUFFIX) else "auto"
 
 
 def mode_env(mode: str) -> contextlib.AbstractContextManager[None]:
@@ -283,9 +285,10 @@ def report(a: argparse.Namespace, results: list[ModeResult], build: str, mach: s
              f"prompt, n_predict 1, no prompt cache; decode = n_predict {a.n_predict}, eos ignored; {STREAMS} streams "
              f"= {STREAMS} concurrent decode requests, total tokens / wall time.",
              f"- native = {native_label}; hybrid = llama-server holds the first card itself, one rpc-server per "
-             "other card (output layer there too on GPUs: `-ot ^output=CUDA0`); rpc = one rpc-server per card; a "
+             "other card; rpc = one rpc-server per card; a "
              "`-stock` row is the same mode and build with arcsplit's llama.cpp patches switched off "
-             "(ARCSPLIT_RPC_STOCK=1); a `-last` row keeps the output layer on the last card (llama.cpp's place)." + (
+             "(ARCSPLIT_RPC_STOCK=1); `-last` keeps the output layer on the last card (llama.cpp's place, the default), "
+             "`-local` puts it on llama-server's own card (`-ot ^output=CUDA0`)." + (
                  " On CPU the planner leaves as few layers as it can on llama-server's own CPU card (layers not in "
                  "-ngl stay there)." if a.backend == "cpu" else ""), "",
              "| mode | -ub | -ngl (-ts) | prefill t/s | decode t/s | 4 streams t/s | prefill / native | "

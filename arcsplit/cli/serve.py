@@ -232,9 +232,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ubatch", type=int, metavar="N",
                    help="micro-batch size, -ub (default: 256 on hybrid/rpc routes, measured faster; else 512)")
     p.add_argument("--output-layer", choices=OUTPUT_LAYER_CHOICES, default="auto",
-                   help="where the output layer goes in hybrid mode: local (llama-server's own card, so logits do "
-                        "not cross the RPC link), last (llama.cpp's default); auto: local on GPUs when the model's "
-                        "output is not tied to its embeddings")
+                   help="hybrid mode: local puts the output layer on llama-server's own card (-ot), so the logits "
+                        "do not cross the RPC link; last/auto keep llama.cpp's place (the last card)")
     p.add_argument("--max-restarts", type=int, default=5, metavar="N",
                    help="consecutive failures before giving up (default: 5)")
     p.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",
