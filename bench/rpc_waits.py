@@ -1,6 +1,6 @@
 """How often each process blocks per decoded token on the RPC routes, with arcsplit's llama.cpp patch and without.
 
-    python bench/rpc_waits.py [--modes hybrid,rpc] [--tokens 64] [--reps 3] [--out FILE]
+    python bench/rpc_waits.py [--modes hybrid,rpc] [--tokens 64] [--reps 3] [--spin-us N] [--out FILE]
 
 Why this figure: the patch (docs/patches.md) removes waits, not work. Its effect on a GPU pair is tokens/s, but
 tokens/s on the 2-core CPU machine is dominated by compute and by the cores being shared, so the mechanism is
@@ -8,12 +8,15 @@ measured directly and hardware-independently: voluntary context switches (a thre
 a futex hand-off to the RPC dispatcher, a blocking socket read) per decoded token, summed over every thread of
 llama-server and of each rpc-server (/proc/PID/task/*/status), during a greedy decode of N tokens. Both rows of a
 mode run the same build; "stock" sets ARCSPLIT_RPC_STOCK=1 in every process, which switches the patch off.
-Writes bench/results/rpc_waits.md.
+With --spin-us N a third row per mode also sets ARCSPLIT_RPC_SPIN_US=N (patch 0005: the link's threads poll up
+to N microseconds before they sleep; arcsplit sets it on GPU groups, not on the CPU backend): the waits it removes
+are the ones that row no longer has. Writes bench/results/rpc_waits.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import statistics
@@ -28,7 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import arcsplit  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
-from arcsplit.llama.patches import rpc_patches_switched  # noqa: E402
+from arcsplit.llama.patches import rpc_link_polling, rpc_patches_switched  # noqa: E402
 from arcsplit.llama.locate import find_llama  # noqa: E402
 from arcsplit.llama.patches import build_patches  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
@@ -50,9 +53,9 @@ def voluntary_switches(pid: int) -> int:
     return total
 
 
-def measure(model: str, mode: str, stock: bool, tokens: int, reps: int) -> dict[str, list[float]]:
+def measure(model: str, mode: str, stock: bool, tokens: int, reps: int, spin_us: int = 0) -> dict[str, list[float]]:
     """Per process: voluntary switches per decoded token, one value per repetition (plus 'tok/s')."""
-    with rpc_patches_switched(on=not stock), \
+    with rpc_patches_switched(on=not stock), (rpc_link_polling(spin_us) if spin_us else contextlib.nullcontext()), \
             arcsplit.serve(model, gpus=[0, 1], backend="cpu", mode=mode, ctx=2048, parallel=1, threads=1,
                            port=free_port(), bus=False) as server, httpx.Client(timeout=300) as client:
         pids = {name: p["pid"] for name, p in server.status()["processes"].items()}
@@ -78,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="hybrid,rpc")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--spin-us", type=int, default=0, help="also a row with ARCSPLIT_RPC_SPIN_US=N (patch 0005)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "rpc_waits.md"))
     a = ap.parse_args(argv)
     if a.model is None:
@@ -99,10 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     summary = []
     for mode in [m.strip() for m in a.modes.split(",") if m.strip()]:
         totals = {}
-        for stock in (True, False):
-            label = "stock" if stock else "patched"
+        rows = [(True, 0, "stock"), (False, 0, "patched")]
+        if a.spin_us:
+            rows.append((False, a.spin_us, f"patched, spin {a.spin_us} us"))
+        for stock, spin, label in rows:
             print(f"{mode} {label} ...", flush=True)
-            got = measure(a.model, mode, stock, a.tokens, a.reps)
+            got = measure(a.model, mode, stock, a.tokens, a.reps, spin)
             med = {k: statistics.median(v) for k, v in got.items()}
             procs = [k for k in med if k != "tok/s"]
             totals[label] = sum(med[k] for k in procs)
@@ -110,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {mode} | {label} | {cell.get('server', '-')} | {cell.get('rpc0', '-')} | "
                          f"{cell.get('rpc1', '-')} | {totals[label]:.1f} | {med['tok/s']:.1f} |")
         cut = 1 - totals["patched"] / totals["stock"] if totals["stock"] else 0.0
-        summary.append(f"{mode}: {totals['stock']:.1f} -> {totals['patched']:.1f} waits per token ({cut:.0%} fewer)")
+        summary.append(f"{mode}: {totals['stock']:.1f} -> {totals['patched']:.1f} waits per token ({cut:.0%} fewer)"
+                       + (f", {totals[rows[2][2]]:.1f} polling" if a.spin_us else ""))
     lines += ["", "Result: " + "; ".join(summary) + ".", ""]
     text = "\n".join(lines)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,9 @@ multi-device mode). hybrid = llama-server holds the first card itself (local car
 per other card; rpc = one rpc-server per card. hybrid-stock / rpc-stock = the same, with arcsplit's llama.cpp
 patches switched off in every process (ARCSPLIT_RPC_STOCK=1): a side-by-side A/B on one build. hybrid-last =
 hybrid with the output layer on the last card (llama.cpp's place, arcsplit's default) and hybrid-local with it
-on llama-server's own card (--output-layer local); -stock goes last (hybrid-last-stock).
+on llama-server's own card (--output-layer local); -stock goes last (hybrid-last-stock). hybrid-nospin /
+rpc-nospin = patches on, but the RPC link's threads sleep at once instead of polling first
+(ARCSPLIT_RPC_SPIN_US=0; arcsplit sets it on GPU groups, patch 0005).
 
 Greedy output (temperature 0) of every mode is compared with native's at the same -fa and -ub. On CPU the
 rpc-servers keep weights unrepacked while a local llama-server repacks Q4_K for its own CPU, which changes
@@ -49,7 +51,8 @@ sys.path.insert(0, str(ROOT))
 import arcsplit  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama, server_build_info  # noqa: E402
-from arcsplit.llama.patches import rpc_patches_switched  # noqa: E402
+from arcsplit.llama.patches import rpc_link_polling, rpc_patches_switched  # noqa: E402
+from arcsplit.run.prepare import rpc_spin_us  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
 
 PROMPT_TOKENS = 512
@@ -81,13 +84,15 @@ class ModeResult:
 STOCK_SUFFIX = "-stock"
 LAST_SUFFIX = "-last"  # hybrid with the output layer on the last card (llama.cpp's place)
 LOCAL_SUFFIX = "-local"  # hybrid with the output layer on llama-server's own card (--output-layer local)
+NOSPIN_SUFFIX = "-nospin"  # patches on, but the RPC link's threads sleep at once (ARCSPLIT_RPC_SPIN_US=0)
 
 
 def serve_mode(mode: str, backend: str) -> tuple[str, bool]:
     """Our mode name -> (arcsplit mode, whether it takes only the first card)."""
     if mode == "native":
         return ("single", True) if backend == "cpu" else ("multi", False)
-    base = mode.removesuffix(STOCK_SUFFIX).removesuffix(LAST_SUFFIX).removesuffix(LOCAL_SUFFIX)
+    base = mode.removesuffix(STOCK_SUFFIX).removesuffix(NOSPIN_SUFFIX).removesuffix(LAST_SUFFIX)
+    base = base.removesuffix(LOCAL_SUFFIX)
     if base in ("hybrid", "rpc"):
         return base, False
     raise SystemExit(f"unknown mode {mode!r}: use native, hybrid, rpc, hybrid-last, and any of them but native "
@@ -95,14 +100,19 @@ def serve_mode(mode: str, backend: str) -> tuple[str, bool]:
 
 
 def output_layer(mode: str) -> str:
-    m = mode.removesuffix(STOCK_SUFFIX)
+    m = mode.removesuffix(STOCK_SUFFIX).removesuffix(NOSPIN_SUFFIX)
     return "last" if m.endswith(LAST_SUFFIX) else "local" if m.endswith(LOCAL_SUFFIX) else "auto"
 
 
 def mode_env(mode: str) -> contextlib.AbstractContextManager[None]:
     """``hybrid-stock``/``rpc-stock``: the same build with arcsplit's RPC patches switched off in every process
-    (ARCSPLIT_RPC_STOCK=1, inherited by llama-server and the rpc-servers), for a side-by-side A/B."""
-    return rpc_patches_switched(on=False) if mode.endswith(STOCK_SUFFIX) else contextlib.nullcontext()
+    (ARCSPLIT_RPC_STOCK=1, inherited by llama-server and the rpc-servers), for a side-by-side A/B; ``-nospin``:
+    patches on, the link's polling off (ARCSPLIT_RPC_SPIN_US=0, patch 0005)."""
+    if mode.endswith(STOCK_SUFFIX):
+        return rpc_patches_switched(on=False)
+    if mode.endswith(NOSPIN_SUFFIX):
+        return rpc_link_polling(0)
+    return contextlib.nullcontext()
 
 
 def long_prompt(client: httpx.Client, url: str, n: int) -> list[int]:
@@ -285,10 +295,12 @@ def report(a: argparse.Namespace, results: list[ModeResult], build: str, mach: s
              f"prompt, n_predict 1, no prompt cache; decode = n_predict {a.n_predict}, eos ignored; {STREAMS} streams "
              f"= {STREAMS} concurrent decode requests, total tokens / wall time.",
              f"- native = {native_label}; hybrid = llama-server holds the first card itself, one rpc-server per "
-             "other card; rpc = one rpc-server per card; a "
-             "`-stock` row is the same mode and build with arcsplit's llama.cpp patches switched off "
-             "(ARCSPLIT_RPC_STOCK=1); `-last` keeps the output layer on the last card (llama.cpp's place, the default), "
-             "`-local` puts it on llama-server's own card (`-ot ^output=CUDA0`)." + (
+             "other card; rpc = one rpc-server per card; a `-stock` row is the same mode and build with "
+             "arcsplit's llama.cpp patches switched off (ARCSPLIT_RPC_STOCK=1); `-last` keeps the output layer on "
+             "the last card (llama.cpp's place, the default), `-local` puts it on llama-server's own card "
+             "(`-ot ^output=CUDA0`); `-nospin` turns the link's polling off (ARCSPLIT_RPC_SPIN_US=0, patch 0005; "
+             f"the other RPC rows poll {rpc_spin_us(a.backend, os.cpu_count() or 1)} us, arcsplit's choice "
+             "here)." + (
                  " On CPU the planner leaves as few layers as it can on llama-server's own CPU card (layers not in "
                  "-ngl stay there)." if a.backend == "cpu" else ""), "",
              "| mode | -ub | -ngl (-ts) | prefill t/s | decode t/s | 4 streams t/s | prefill / native | "

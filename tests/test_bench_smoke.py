@@ -54,17 +54,21 @@ def test_throughput_bench_prints_table_and_ratios(llama_bins, demo_model, tmp_pa
 
 @pytest.mark.slow
 def test_rpc_patch_removes_blocking_waits(llama_bins, demo_model, tmp_path: Path) -> None:
-    """arcsplit's llama.cpp patch (docs/patches.md) queues uploads instead of waiting for them: on the all-RPC
-    route the rpc-server holding the layers sleeps far less often per token than with the patch switched off."""
+    """arcsplit's llama.cpp patches (docs/patches.md) queue uploads instead of waiting for them: on the all-RPC
+    route the rpc-server holding the layers sleeps far less often per token than with the patches switched off;
+    with the link polling (patch 0005, ARCSPLIT_RPC_SPIN_US) the whole group sleeps far less again."""
     out = tmp_path / "waits.md"
     run_bench("rpc_waits.py", llama_bins, out, "--model", str(demo_model), "--modes", "rpc", "--reps", "3",
-              "--tokens", "32")
+              "--tokens", "32", "--spin-us", "3000")
     rows = {}
     for line in out.read_text().splitlines():
-        m = re.match(r"\| rpc \| (stock|patched) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|", line)
+        m = re.match(r"\| rpc \| (stock|patched|patched, spin \d+ us) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| "
+                     r"([\d.]+) \|", line)
         if m:
-            rows[m.group(1)] = [float(x) for x in m.groups()[1:]]
-    assert set(rows) == {"stock", "patched"}, out.read_text()
+            rows[m.group(1).split(",")[0] + ("+spin" if "spin" in m.group(1) else "")] = [
+                float(x) for x in m.groups()[1:]]
+    assert set(rows) == {"stock", "patched", "patched+spin"}, out.read_text()
     server, rpc0, _, total = range(4)
     assert rows["patched"][rpc0] < 0.75 * rows["stock"][rpc0], rows
     assert rows["patched"][total] < rows["stock"][total], rows
+    assert rows["patched+spin"][total] < 0.5 * rows["patched"][total], rows

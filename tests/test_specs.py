@@ -152,3 +152,27 @@ def test_output_layer_per_route(tmp_path) -> None:
     assert not any(output_local(untied, local, m) for m in ("rpc", "multi", "single"))
     for choice in ("auto", "last"):
         assert not output_local(untied, ServeRequest(model="m.gguf", backend="cuda", output_layer=choice), "hybrid")
+
+
+def test_rpc_link_polling_only_for_gpu_groups_with_cores_to_spare() -> None:
+    """Patch 0005's ARCSPLIT_RPC_SPIN_US: set by arcsplit on GPU groups of a machine with cores to spare, never on
+    the CPU backend (there the cards are the cores); the user's own value wins; nonsense is one clear line."""
+    from arcsplit.errors import BadInput
+    from arcsplit.run.prepare import RPC_SPIN_US, rpc_spin_us
+
+    assert rpc_spin_us("cuda", 32, {}) == RPC_SPIN_US > 0
+    assert rpc_spin_us("sycl", 4, {}) == 0 and rpc_spin_us("cpu", 64, {}) == 0
+    assert rpc_spin_us("cpu", 2, {"ARCSPLIT_RPC_SPIN_US": "500"}) == 500
+    assert rpc_spin_us("cuda", 32, {"ARCSPLIT_RPC_SPIN_US": "0"}) == 0
+    with pytest.raises(BadInput, match="ARCSPLIT_RPC_SPIN_US"):
+        rpc_spin_us("cuda", 32, {"ARCSPLIT_RPC_SPIN_US": "fast"})
+
+
+def test_rpc_spin_reaches_every_process_of_an_rpc_group_only() -> None:
+    for mode in ("hybrid", "rpc"):
+        for spec in specs_for(config("cuda", mode, [0, 1], rpc_spin_us=20000)):
+            assert spec.env_dict["ARCSPLIT_RPC_SPIN_US"] == "20000", (mode, spec.name)
+    for spec in specs_for(config("cuda", "multi", [0, 1], rpc_spin_us=20000)):
+        assert "ARCSPLIT_RPC_SPIN_US" not in spec.env_dict
+    for spec in specs_for(config("cuda", "rpc", [0, 1])):
+        assert "ARCSPLIT_RPC_SPIN_US" not in spec.env_dict

@@ -22,6 +22,7 @@ from ..errors import BuildError
 MARKER = ".arcsplit-patches"
 # Set to 1 in a process's environment, it switches the RPC patches off at run time (see docs/patches.md).
 STOCK_ENV = "ARCSPLIT_RPC_STOCK"
+SPIN_ENV = "ARCSPLIT_RPC_SPIN_US"  # patch 0005
 _DIR = Path(__file__).resolve().parent.parent / "data" / "patches"
 
 
@@ -116,14 +117,24 @@ def missing_note(bin_dir: Path) -> str | None:
 
 
 @contextlib.contextmanager
-def rpc_patches_switched(on: bool) -> Iterator[None]:
-    """Processes started inside run with the RPC patches on or off (they inherit STOCK_ENV): for A/B runs."""
-    saved = os.environ.get(STOCK_ENV)
-    os.environ[STOCK_ENV] = "0" if on else "1"
+def _environ_set(name: str, value: str) -> Iterator[None]:
+    saved = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if saved is None:
-            os.environ.pop(STOCK_ENV, None)
+            os.environ.pop(name, None)
         else:
-            os.environ[STOCK_ENV] = saved
+            os.environ[name] = saved
+
+
+def rpc_patches_switched(on: bool) -> contextlib.AbstractContextManager[None]:
+    """Processes started inside run with the RPC patches on or off (they inherit STOCK_ENV): for A/B runs."""
+    return _environ_set(STOCK_ENV, "0" if on else "1")
+
+
+def rpc_link_polling(us: int) -> contextlib.AbstractContextManager[None]:
+    """Groups started inside poll their RPC link up to ``us`` microseconds (0: off) before sleeping (patch 0005):
+    arcsplit reads SPIN_ENV from the environment as the user's choice and passes it to every process."""
+    return _environ_set(SPIN_ENV, str(max(0, us)))

@@ -30,6 +30,11 @@ MODE_CHOICES = ("auto", "single", "multi", "multi+workaround", "hybrid", "rpc")
 # device, yet larger ubatches made RPC prefill *worse* on 2x H200 (ub 2048: 0.24x of native; local-first hybrid
 # with ub 256: 0.69x vs 0.50x at 512; reference/llama-cpp-observed.md). Native routes keep llama.cpp's 512.
 ROUTE_UBATCH = {"hybrid": 256, "rpc": 256}
+# Polling budget of the RPC link's threads on GPU groups (patch 0005): covers a token's wait for the other card on
+# the cards we serve. Only with cores to spare: up to three threads poll during generation (never on the CPU
+# backend, where the cards are those cores). ARCSPLIT_RPC_SPIN_US in the environment overrides it (0: off).
+RPC_SPIN_US = 20_000
+RPC_SPIN_MIN_CORES = 8
 OUTPUT_LAYER_CHOICES = ("auto", "local", "last")
 
 
@@ -134,6 +139,20 @@ def output_local(profile: Any, req: ServeRequest, mode: str) -> bool:
     return req.output_layer == "local" and mode == "hybrid"
 
 
+def rpc_spin_us(backend: str, cores: int, environ: Any = os.environ) -> int:
+    """The polling budget for this group's RPC link: the user's ARCSPLIT_RPC_SPIN_US, else arcsplit's default."""
+    from ..llama.patches import SPIN_ENV as RPC_SPIN_ENV
+
+    value = environ.get(RPC_SPIN_ENV)
+    if value is not None:
+        try:
+            return max(0, int(value))
+        except ValueError:
+            raise BadInput(f"{RPC_SPIN_ENV}={value!r} is not a number of microseconds",
+                           f"set {RPC_SPIN_ENV} to a whole number (0 turns polling off)") from None
+    return RPC_SPIN_US if backend != "cpu" and cores >= RPC_SPIN_MIN_CORES else 0
+
+
 def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str) -> Plan:
     ubatch = req.ubatch if req.ubatch is not None else ROUTE_UBATCH.get(mode, 512)
     options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel, n_ubatch=ubatch, n_batch=max(2048, ubatch),
@@ -183,6 +202,7 @@ def prepare(req: ServeRequest) -> Prepared:
                          rpc_bin=str(binaries.rpc_server), host=req.host, port=req.port, rpc_host=req.rpc_host,
                          rpc_ports=tuple(rpc_ports) if rpc_ports else None, threads=req.threads,
                          cores=os.cpu_count() or 1, extra_args=tuple(req.extra_args),
+                         rpc_spin_us=rpc_spin_us(req.backend, os.cpu_count() or 1),
                          rpc_cache_dir=str(cache_dir() / "rpc-cache") if req.rpc_cache else None,
                          mode_env=tuple(sorted(decision.env.items())), forced_mode=forced is not None)
     return Prepared(req, config, decision, profile, rig)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from ..errors import BadInput
+from ..llama.patches import SPIN_ENV
 from ..planner import HOST_DEVICE, CardPlan, Plan
 
 MODES = ("single", "multi", "multi+workaround", "hybrid", "rpc")
@@ -90,6 +91,7 @@ class ServeConfig:
     mode_env: tuple[tuple[str, str], ...] = field(default=())  # from ModeDecision.env (workarounds)
     forced_mode: bool = False
     secret_env: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # llama-server only; never recorded
+    rpc_spin_us: int = 0  # > 0: every process of a hybrid/rpc group polls the RPC link this long before sleeping
 
     def __post_init__(self) -> None:
         public, secrets = split_secrets(self.extra_args)
@@ -162,6 +164,8 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
     if mode in ("hybrid", "rpc") and not rpc_positions:
         raise BadInput(f"mode {mode} needs at least one card for an rpc-server", "use --mode single with one card")
     extra_env = dict(config.mode_env)
+    if config.rpc_spin_us > 0 and rpc_positions:
+        extra_env[SPIN_ENV] = str(config.rpc_spin_us)  # patch 0005: poll the link before sleeping
     threads = rpc_threads(config)
 
     specs: list[ProcessSpec] = []
