@@ -22,6 +22,7 @@ import arcsplit
 from arcsplit.errors import NotRunning
 from arcsplit.run.bus import TOPIC_PREFIX, list_runs
 from arcsplit.run.ports import free_port
+from conftest import arcsplit_dirs_in
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,17 +32,8 @@ PROMPT = "The three primary colors are"
 @pytest.fixture(scope="module", autouse=True)
 def isolated(tmp_path_factory: pytest.TempPathFactory, llama_bins, demo_model) -> Iterator[dict[str, str]]:
     """State, sockets and caches in a temp dir; the env is also what subprocesses (examples, CLI) get."""
-    root = tmp_path_factory.mktemp("arcsplit-api")
-    env = {"ARCSPLIT_STATE_DIR": str(root / "state"), "ARCSPLIT_RUNTIME_DIR": str(root / "rt"),
-           "ARCSPLIT_CACHE_DIR": str(root / "cache"), "ARCSPLIT_LLAMA_DIR": str(llama_bins.bin_dir)}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    yield env
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with arcsplit_dirs_in(tmp_path_factory.mktemp("arcsplit-api"), llama_bins) as env:
+        yield env
 
 
 @pytest.fixture(scope="module")

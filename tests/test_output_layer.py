@@ -7,7 +7,6 @@ output layer, as planned) and the text is the same as with llama.cpp's own place
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Iterator
 
@@ -18,23 +17,15 @@ import arcsplit
 from arcsplit import synth
 from arcsplit.model import load_profile
 from arcsplit.run.ports import free_port
+from conftest import arcsplit_dirs_in
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module", autouse=True)
 def isolated(tmp_path_factory: pytest.TempPathFactory, llama_bins) -> Iterator[None]:
-    root = tmp_path_factory.mktemp("arcsplit-out")
-    env = {"ARCSPLIT_STATE_DIR": str(root / "state"), "ARCSPLIT_RUNTIME_DIR": str(root / "rt"),
-           "ARCSPLIT_CACHE_DIR": str(root / "cache"), "ARCSPLIT_LLAMA_DIR": str(llama_bins.bin_dir)}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    yield
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with arcsplit_dirs_in(tmp_path_factory.mktemp("arcsplit-out"), llama_bins):
+        yield
 
 
 @pytest.fixture(scope="module")
