@@ -22,7 +22,7 @@ import arcsplit
 from arcsplit.errors import NotRunning
 from arcsplit.run.bus import TOPIC_PREFIX, list_runs
 from arcsplit.run.ports import free_port
-from conftest import arcsplit_dirs_in
+from _instance import ENV_KEYS, isolated_env
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,8 +32,8 @@ PROMPT = "The three primary colors are"
 @pytest.fixture(scope="module", autouse=True)
 def isolated(tmp_path_factory: pytest.TempPathFactory, llama_bins, demo_model) -> Iterator[dict[str, str]]:
     """State, sockets and caches in a temp dir; the env is also what subprocesses (examples, CLI) get."""
-    with arcsplit_dirs_in(tmp_path_factory.mktemp("arcsplit-api"), llama_bins) as env:
-        yield env
+    with isolated_env(tmp_path_factory.mktemp("arcsplit-api"), llama_bins.bin_dir):
+        yield {k: os.environ[k] for k in ENV_KEYS}
 
 
 @pytest.fixture(scope="module")

@@ -17,14 +17,14 @@ import arcsplit
 from arcsplit import synth
 from arcsplit.model import load_profile
 from arcsplit.run.ports import free_port
-from conftest import arcsplit_dirs_in
+from _instance import isolated_env
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module", autouse=True)
 def isolated(tmp_path_factory: pytest.TempPathFactory, llama_bins) -> Iterator[None]:
-    with arcsplit_dirs_in(tmp_path_factory.mktemp("arcsplit-out"), llama_bins):
+    with isolated_env(tmp_path_factory.mktemp("arcsplit-out"), llama_bins.bin_dir):
         yield
 
 
