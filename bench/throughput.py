@@ -81,36 +81,44 @@ class ModeResult:
         return statistics.median(xs) if xs else None
 
 
-STOCK_SUFFIX = "-stock"
-LAST_SUFFIX = "-last"  # hybrid with the output layer on the last card (llama.cpp's place)
-LOCAL_SUFFIX = "-local"  # hybrid with the output layer on llama-server's own card (--output-layer local)
-NOSPIN_SUFFIX = "-nospin"  # patches on, but the RPC link's threads sleep at once (ARCSPLIT_RPC_SPIN_US=0)
+@dataclass(frozen=True)
+class Variant:
+    """A mode name of this script: ``route[-last|-local][-stock|-nospin]``.
+
+    -last / -local: where the output layer goes in hybrid (llama.cpp's place, the default; llama-server's own card);
+    -stock: arcsplit's llama.cpp patches switched off in every process (ARCSPLIT_RPC_STOCK=1, inherited);
+    -nospin: patches on, the RPC link's polling off (ARCSPLIT_RPC_SPIN_US=0, patch 0005).
+    """
+
+    route: str  # native | hybrid | rpc
+    output: str = "auto"  # --output-layer
+    off: str = ""  # "", "stock" or "nospin"
+
+
+def parse_mode(mode: str) -> Variant:
+    route, *tags = mode.split("-")
+    output = tags.pop(0) if tags and tags[0] in ("last", "local") else "auto"
+    off = tags.pop(0) if tags and tags[0] in ("stock", "nospin") else ""
+    if route not in ("native", "hybrid", "rpc") or tags or (route == "native" and mode != "native"):
+        raise SystemExit(f"unknown mode {mode!r}: use native, or hybrid/rpc with -last or -local (where the "
+                         "output layer goes) and then -stock or -nospin")
+    return Variant(route, output, off)
 
 
 def serve_mode(mode: str, backend: str) -> tuple[str, bool]:
     """Our mode name -> (arcsplit mode, whether it takes only the first card)."""
-    if mode == "native":
+    route = parse_mode(mode).route
+    if route == "native":
         return ("single", True) if backend == "cpu" else ("multi", False)
-    base = mode.removesuffix(STOCK_SUFFIX).removesuffix(NOSPIN_SUFFIX).removesuffix(LAST_SUFFIX)
-    base = base.removesuffix(LOCAL_SUFFIX)
-    if base in ("hybrid", "rpc"):
-        return base, False
-    raise SystemExit(f"unknown mode {mode!r}: use native, hybrid, rpc, hybrid-last, and any of them but native "
-                     f"with -stock (hybrid-last, hybrid-local: where the output layer goes)")
-
-
-def output_layer(mode: str) -> str:
-    m = mode.removesuffix(STOCK_SUFFIX).removesuffix(NOSPIN_SUFFIX)
-    return "last" if m.endswith(LAST_SUFFIX) else "local" if m.endswith(LOCAL_SUFFIX) else "auto"
+    return route, False
 
 
 def mode_env(mode: str) -> contextlib.AbstractContextManager[None]:
-    """``hybrid-stock``/``rpc-stock``: the same build with arcsplit's RPC patches switched off in every process
-    (ARCSPLIT_RPC_STOCK=1, inherited by llama-server and the rpc-servers), for a side-by-side A/B; ``-nospin``:
-    patches on, the link's polling off (ARCSPLIT_RPC_SPIN_US=0, patch 0005)."""
-    if mode.endswith(STOCK_SUFFIX):
+    """The environment a variant's processes inherit: patches off (-stock) or the link's polling off (-nospin)."""
+    off = parse_mode(mode).off
+    if off == "stock":
         return rpc_patches_switched(on=False)
-    if mode.endswith(NOSPIN_SUFFIX):
+    if off == "nospin":
         return rpc_link_polling(0)
     return contextlib.nullcontext()
 
@@ -193,7 +201,7 @@ def serve_kwargs(a: argparse.Namespace, mode: str, extra: tuple[str, ...],
     kw: dict[str, Any] = dict(backend=a.backend, mode=amode, ctx=a.ctx, parallel=STREAMS, port=free_port(),
                               threads=a.threads, ubatch=ubatch if ubatch is not None else a.ubatch,
                               cpu_memory_mib=a.cpu_memory_mib, llama_dir=a.llama_dir, extra_args=tuple(args), bus=False,
-                              output_layer=output_layer(mode))
+                              output_layer=parse_mode(mode).output)
     return gpus, kw
 
 

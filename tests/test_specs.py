@@ -140,18 +140,15 @@ def test_plan_devices_per_mode():
     assert plan_devices("multi", "cuda", [2, 0]) == ["CUDA1", "CUDA0"]
 
 
-def test_output_layer_per_route(tmp_path) -> None:
+def test_output_layer_per_route() -> None:
     """local only when asked, and only on a hybrid route; auto keeps llama.cpp's place (measured no faster)."""
-    from arcsplit import synth
-    from arcsplit.model import load_profile
     from arcsplit.run.prepare import ServeRequest, output_local
 
-    untied = load_profile(synth.write_llama(tmp_path / "u.gguf", n_layer=2))
     local = ServeRequest(model="m.gguf", backend="cuda", output_layer="local")
-    assert output_local(untied, local, "hybrid")
-    assert not any(output_local(untied, local, m) for m in ("rpc", "multi", "single"))
+    assert output_local(local, "hybrid")
+    assert not any(output_local(local, m) for m in ("rpc", "multi", "single"))
     for choice in ("auto", "last"):
-        assert not output_local(untied, ServeRequest(model="m.gguf", backend="cuda", output_layer=choice), "hybrid")
+        assert not output_local(ServeRequest(model="m.gguf", backend="cuda", output_layer=choice), "hybrid")
 
 
 def test_rpc_link_polling_only_for_gpu_groups_with_cores_to_spare() -> None:

@@ -9,6 +9,7 @@ key, so editing a patch rebuilds, and ``arcsplit llama build --no-patches`` buil
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
@@ -37,8 +38,9 @@ class Patch:
         return self.path.read_bytes()
 
 
+@functools.cache
 def patches() -> tuple[Patch, ...]:
-    """The patch set, in the order it is applied."""
+    """The patch set, in the order it is applied (package data: read once per process)."""
     found = []
     for path in sorted(_DIR.glob("*.patch")):
         first = path.read_text(encoding="utf-8").splitlines()[0]
@@ -46,6 +48,7 @@ def patches() -> tuple[Patch, ...]:
     return tuple(found)
 
 
+@functools.cache
 def digest() -> str:
     """One short hash over every patch's bytes: the build key and the tree marker carry it."""
     h = hashlib.sha256()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 import anyio
+import psutil
 from anyio.abc import Process, TaskStatus
 
 from .specs import ProcessSpec
@@ -88,8 +89,6 @@ class Child:
         self.pid = self._process.pid
         self.started_at = time.time()
         try:
-            import psutil
-
             self.create_time = psutil.Process(self.pid).create_time()
         except Exception:  # exited already: the wait below reports it
             self.create_time = None
@@ -217,8 +216,6 @@ class Child:
         """
         now = False
         if self.pid is not None and self.alive:
-            import psutil
-
             try:
                 now = psutil.Process(self.pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
             except psutil.Error:

@@ -19,6 +19,7 @@ from ..errors import BadInput
 from ..llama.devices import discover_rig, parse_gpus
 from ..llama.locate import find_llama
 from ..llama.mode import ModeDecision, choose_mode
+from ..llama.patches import SPIN_ENV
 from ..model import load_profile
 from ..planner import Plan, PlanOptions, make_plan
 from ..rig import Rig
@@ -130,7 +131,7 @@ def _runtime(req: ServeRequest, rig: Rig, binaries: Any) -> tuple[Any, dict[str,
     return report.verdict, known or None
 
 
-def output_local(profile: Any, req: ServeRequest, mode: str) -> bool:
+def output_local(req: ServeRequest, mode: str) -> bool:
     """Whether the output layer goes on llama-server's own card. Only a hybrid group has one next to rpc-servers;
     there the logits (n_vocab floats a row) then never cross the RPC link, only the final hidden rows. auto keeps
     llama.cpp's place (the last card): on 2x H200 with a 32k vocabulary, local measured the same within noise in
@@ -141,22 +142,20 @@ def output_local(profile: Any, req: ServeRequest, mode: str) -> bool:
 
 def rpc_spin_us(backend: str, cores: int, environ: Any = os.environ) -> int:
     """The polling budget for this group's RPC link: the user's ARCSPLIT_RPC_SPIN_US, else arcsplit's default."""
-    from ..llama.patches import SPIN_ENV as RPC_SPIN_ENV
-
-    value = environ.get(RPC_SPIN_ENV)
+    value = environ.get(SPIN_ENV)
     if value is not None:
         try:
             return max(0, int(value))
         except ValueError:
-            raise BadInput(f"{RPC_SPIN_ENV}={value!r} is not a number of microseconds",
-                           f"set {RPC_SPIN_ENV} to a whole number (0 turns polling off)") from None
+            raise BadInput(f"{SPIN_ENV}={value!r} is not a number of microseconds",
+                           f"set {SPIN_ENV} to a whole number (0 turns polling off)") from None
     return RPC_SPIN_US if backend != "cpu" and cores >= RPC_SPIN_MIN_CORES else 0
 
 
 def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str) -> Plan:
     ubatch = req.ubatch if req.ubatch is not None else ROUTE_UBATCH.get(mode, 512)
     options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel, n_ubatch=ubatch, n_batch=max(2048, ubatch),
-                          output_on_first=output_local(profile, req, mode))
+                          output_on_first=output_local(req, mode))
     return make_plan(profile, rig, options, devices=plan_devices(mode, req.backend, [c.index for c in rig.cards]))
 
 

@@ -5,7 +5,7 @@
 #   bash bench/gpu/session.sh native    # plan, devices; throughput: native multi-device and hybrid
 #   bash bench/gpu/session.sh rpc       # throughput all-RPC; kill an rpc-server and watch the group recover
 #   bash bench/gpu/session.sh ab-hybrid # hybrid with arcsplit's llama.cpp patches on and off, same run (also ab-rpc)
-#   MODES=native,hybrid,hybrid-last NAME=x bash bench/gpu/session.sh modes   # any modes, arcsplit's own -ub per route
+#   MODES=native,hybrid,hybrid-nospin NAME=x bash bench/gpu/session.sh modes  # any modes (UBATCH, NPREDICT, REPS)
 # Needs (carried, git-ignored): .device/llama-src.tar.gz (the extracted pinned tree), .device/whl (py3.12 wheels).
 # Make them here once (the stock pinned tree; the device build patches a copy of it):
 #   python -c "from pathlib import Path; from arcsplit.llama.source import *; \
@@ -55,17 +55,13 @@ print(json.dumps({'mode': '$m', 'plan_ms': round(t * 1000, 2), **p.to_dict()}))"
     arcsplit plan "$MODEL" --gpus 0,1 --backend cuda | tee "$OUT/plan.txt"
     ${THROUGHPUT_NATIVE:-python3 bench/throughput.py --backend cuda --gpus 0,1 --model $MODEL --modes native,hybrid}
     ;;
-  ab-hybrid|ab-rpc)
-    # arcsplit's llama.cpp patches on and off in one run (docs/patches.md), -ub 256 in every mode
+  ab-hybrid|ab-rpc|modes)
+    # ab-ROUTE: arcsplit's llama.cpp patches on and off in one run (docs/patches.md), -ub 256 in every mode
+    if [ "$1" != modes ]; then route=${1#ab-}; MODES=native,$route,$route-stock UBATCH=256 NAME=ab_$route; fi
     build
-    route=${1#ab-}
-    python3 bench/throughput.py --backend cuda --gpus 0,1 --model "$MODEL" --modes "native,$route,$route-stock" \
-      --ubatch 256 --reps "${REPS:-5}" --greedy-tokens 32 --out "$OUT/throughput_cuda_ab_$route.md"
-    ;;
-  modes)
-    build
-    python3 bench/throughput.py --backend cuda --gpus 0,1 --model "$MODEL" --modes "${MODES:-native,hybrid,hybrid-last}" \
-      --reps "${REPS:-5}" --greedy-tokens 32 ${NPREDICT:+--n-predict $NPREDICT} --out "$OUT/throughput_cuda_${NAME:-modes}.md"
+    python3 bench/throughput.py --backend cuda --gpus 0,1 --model "$MODEL" --modes "${MODES:-native,hybrid,hybrid-nospin}" \
+      --reps "${REPS:-5}" --greedy-tokens 32 ${UBATCH:+--ubatch $UBATCH} ${NPREDICT:+--n-predict $NPREDICT} \
+      --out "$OUT/throughput_cuda_${NAME:-modes}.md"
     ;;
   rpc)
     build
