@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .. import backends
 from ..errors import BadInput, BuildError
 from . import patches
 from .source import SDIST_VERSION, extract_source, fetch_sdist, llama_root, source_commit
 
 TARGETS = ("llama-server", "ggml-rpc-server", "llama-cli", "llama-bench", "llama-fit-params")
-BACKENDS = ("cpu", "cuda", "vulkan", "sycl")
 
 _COMMON = (
     "-DCMAKE_BUILD_TYPE=Release",
@@ -36,21 +36,6 @@ _COMMON = (
     "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
     "-DCMAKE_INSTALL_RPATH=$ORIGIN",
 )
-_BACKEND_FLAGS: dict[str, tuple[str, ...]] = {
-    "cpu": ("-DGGML_NATIVE=ON",),
-    "cuda": ("-DGGML_NATIVE=ON", "-DGGML_CUDA=ON"),
-    "vulkan": ("-DGGML_NATIVE=ON", "-DGGML_VULKAN=ON"),
-    "sycl": ("-DGGML_SYCL=ON", "-DGGML_SYCL_F16=ON", "-DGGML_SYCL_TARGET=INTEL",
-             "-DCMAKE_C_COMPILER=icx", "-DCMAKE_CXX_COMPILER=icpx"),
-}
-# What each backend needs on PATH before anything starts: (program, how to get it).
-_TOOLCHAIN: dict[str, tuple[tuple[str, str], ...]] = {
-    "cpu": (("cmake", "apt-get install cmake"), ("c++", "apt-get install g++")),
-    "cuda": (("cmake", "apt-get install cmake"), ("nvcc", "install the CUDA toolkit and put nvcc on PATH")),
-    "vulkan": (("cmake", "apt-get install cmake"), ("glslc", "install the Vulkan SDK (glslc) and libvulkan-dev")),
-    "sycl": (("cmake", "apt-get install cmake"),
-             ("icpx", "install Intel oneAPI and run `source /opt/intel/oneapi/setvars.sh` first")),
-}
 
 
 @dataclass(frozen=True)
@@ -63,12 +48,11 @@ class BuildConfig:
     patched: bool = True
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise BadInput(f"unknown backend {self.backend!r}", f"use one of {', '.join(BACKENDS)}")
+        backends.get(self.backend)  # an unknown name is a one-line error
 
     @property
     def cmake_flags(self) -> tuple[str, ...]:
-        return _COMMON + _BACKEND_FLAGS[self.backend] + self.extra_flags
+        return _COMMON + backends.get(self.backend).cmake_flags + self.extra_flags
 
     @property
     def key(self) -> str:
@@ -96,7 +80,7 @@ def is_built(config: BuildConfig) -> bool:
 
 def check_toolchain(backend: str) -> None:
     """Say what is missing before anything is downloaded or compiled."""
-    for program, fix in _TOOLCHAIN[backend]:
+    for program, fix in backends.get(backend).toolchain:
         if shutil.which(program) is None:
             raise BuildError(f"the {backend} build needs `{program}`, which is not on PATH", fix)
 
