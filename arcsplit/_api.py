@@ -9,41 +9,29 @@ from typing import Any, AsyncIterator, Iterator, Sequence
 import anyio
 from anyio.from_thread import start_blocking_portal
 
-from .llama.devices import discover_rig, parse_gpus
-from .llama.locate import find_llama
-from .model import load_profile
-from .planner import Plan, PlanOptions, make_plan
-from .rig import Rig, load_layout
+from .planner import Plan
+from .rig import load_layout
 from .run.bus import Client, attach
 from .run.events import Event
 from .run.instance import Instance
-from .run.prepare import ServeRequest, prepare
-from .run.specs import plan_devices
+from .run.prepare import ServeRequest, prepare, preview
 from .run.supervisor import RestartPolicy, Timeouts
 
 __all__ = ["AsyncServer", "Client", "Server", "aserve", "attach", "plan", "serve"]
 
 
 def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None, *, backend: str = "cpu",
-         ctx: int | None = None, parallel: int = 1, cache_type: str = "f16", ubatch: int = 512,
+         ctx: int | None = None, parallel: int = 1, cache_type: str = "f16", ubatch: int | None = None,
          layout: str | os.PathLike[str] | None = None, cpu_memory_mib: int | None = None,
-         mode: str = "rpc", llama_dir: str | None = None) -> Plan:
+         mode: str = "auto", llama_dir: str | None = None) -> Plan:
     """Where every layer goes and what each card must hold; ``layout`` plans for a rig you do not have.
 
-    ``mode`` only names the devices as llama-server will see them (rpc: RPC0, RPC1, ...).
+    The plan of the mode ``serve`` would run (``mode="auto"``, as ``arcsplit plan``): its device names, ubatch
+    and output placement come from that mode's Route. Starts nothing and probes nothing.
     """
-    profile = load_profile(model)
-    if layout is not None:
-        rig: Rig = load_layout(layout)
-    else:
-        binaries = None if backend == "cpu" else find_llama(llama_dir, backend=backend)
-        rig = discover_rig(backend, parse_gpus(gpus if isinstance(gpus, str) or gpus is None else list(gpus)),
-                           binaries, cpu_memory_mib)
-    options = PlanOptions(n_ctx=ctx, n_parallel=parallel, cache_type_k=cache_type, cache_type_v=cache_type,
-                          n_ubatch=ubatch)
-    backends = {c.backend for c in rig.cards}
-    devices = plan_devices(mode, rig.cards[0].backend, [c.index for c in rig.cards]) if len(backends) == 1 else None
-    return make_plan(profile, rig, options, devices=devices)
+    req = ServeRequest(model=str(model), gpus=gpus, backend=backend, mode=mode, ctx=ctx, parallel=parallel,
+                       ubatch=ubatch, cache_type=cache_type, cpu_memory_mib=cpu_memory_mib, llama_dir=llama_dir)
+    return preview(req, load_layout(layout) if layout is not None else None).config.plan
 
 
 class AsyncServer:

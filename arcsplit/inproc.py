@@ -30,7 +30,8 @@ from .llama.locate import LlamaBinaries, find_llama
 from .model import load_profile
 from .planner import Plan, PlanOptions, make_plan
 from .run.ports import free_port
-from .run.specs import ServeConfig, build_specs, plan_devices
+from .route import Route
+from .run.specs import ServeConfig, build_specs
 
 _SHIM = str(Path(__file__).parent / "run" / "_exec.py")
 _registered: set[str] = set()
@@ -139,8 +140,8 @@ def load(model: str | os.PathLike[str], gpus: Sequence[int] = (0, 1), *, backend
     gpus = list(gpus)
     profile = load_profile(model)
     rig = discover_rig(backend, gpus, binaries, cpu_memory_mib)
-    devices = plan_devices("rpc", backend, [c.index for c in rig.cards])
-    plan: Plan = make_plan(profile, rig, PlanOptions(n_ctx=ctx, flash_attn=flash_attn), devices=devices)
+    route = Route.build("rpc", backend, [c.index for c in rig.cards])
+    plan: Plan = make_plan(profile, rig, PlanOptions(n_ctx=ctx, flash_attn=flash_attn), devices=route.devices)
     config = ServeConfig(plan=plan, mode="rpc", backend=backend, server_bin=str(binaries.server),
                          rpc_bin=str(binaries.rpc_server), threads=threads, cores=os.cpu_count() or 1)
     specs = [s for s in build_specs(config, [free_port() for _ in plan.cards]) if s.role == "rpc"]

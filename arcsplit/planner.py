@@ -9,9 +9,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .rig import Card
+from .route import HOST_DEVICE  # llama-server's own CPU: layers planned there are simply not offloaded
 
-HOST_DEVICE = "CPU"
-"""Device name of llama-server's own CPU: layers planned there are simply not offloaded."""
 OUTPUT_TENSORS = r"^output"
 """llama.cpp ``-ot`` pattern (regex_search on tensor names) of the output layer's own tensors: output.weight,
 output_norm.weight (and their biases). A tied output (no output.weight) is token_embd, which this does not move."""

@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 from arcsplit.cli import build_parser  # noqa: E402
 from arcsplit.cli.serve import build_config  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
-from arcsplit.run.specs import build_specs, n_rpc_servers  # noqa: E402
-from arcsplit.run.supervisor import SERVER_LOG_ARGS, Supervisor  # noqa: E402
+from arcsplit.run.specs import ROUTER_PORT_ENV, build_specs, n_rpc_servers  # noqa: E402
+from arcsplit.run.supervisor import Supervisor  # noqa: E402
 
 
 def serve_argv(a: argparse.Namespace, port: int) -> list[str]:
@@ -60,8 +60,8 @@ def by_hand(config) -> float:
         for s in specs[:-1]:
             wait_port(s.host, s.port)
         server = specs[-1]
-        argv = [*server.argv, *SERVER_LOG_ARGS]
-        procs.append(subprocess.Popen(argv, env={**os.environ, **server.env_dict}, stdout=subprocess.DEVNULL,
+        env = {k: v for k, v in server.env if k != ROUTER_PORT_ENV}  # by hand: no router protocol on stdin
+        procs.append(subprocess.Popen(server.argv, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL))
         url = f"http://127.0.0.1:{server.port}/health"
         while True:

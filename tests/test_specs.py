@@ -7,7 +7,8 @@ import pytest
 from arcsplit.errors import BadInput
 from arcsplit.planner import HOST_DEVICE, CardPlan, Plan, PlanOptions
 from arcsplit.rig import Card
-from arcsplit.run.specs import ServeConfig, build_specs, n_rpc_servers, plan_devices, rpc_threads
+from arcsplit.route import Route
+from arcsplit.run.specs import SERVER_LOG_ARGS, ServeConfig, build_specs, n_rpc_servers, rpc_threads
 
 G = 1 << 30
 
@@ -24,7 +25,7 @@ def make_plan(backend: str, indices: list[int], devices: list[str], n_layer: int
 
 
 def config(backend: str, mode: str, indices: list[int], **kw) -> ServeConfig:
-    plan = make_plan(backend, indices, plan_devices(mode, backend, indices))
+    plan = make_plan(backend, indices, Route.build(mode, backend, indices).devices)
     return ServeConfig(plan=plan, mode=mode, backend=backend, server_bin="/b/llama-server",
                        rpc_bin="/b/ggml-rpc-server", port=8080, cores=8, **kw)
 
@@ -133,36 +134,78 @@ def test_fixed_rpc_ports_must_match_the_number_of_rpc_servers():
         config("cpu", "rpc", [0, 1], rpc_ports=(50000,))
 
 
-def test_plan_devices_per_mode():
-    assert plan_devices("rpc", "sycl", [0, 1]) == ["RPC0", "RPC1"]
-    assert plan_devices("hybrid", "cpu", [0, 1]) == [HOST_DEVICE, "RPC0"]
-    assert plan_devices("hybrid", "sycl", [1, 0]) == ["SYCL0", "RPC0"]
-    assert plan_devices("multi", "cuda", [2, 0]) == ["CUDA1", "CUDA0"]
+def test_route_devices_per_mode():
+    assert Route.build("rpc", "sycl", [0, 1]).devices == ["RPC0", "RPC1"]
+    assert Route.build("hybrid", "cpu", [0, 1]).devices == [HOST_DEVICE, "RPC0"]
+    assert Route.build("hybrid", "sycl", [1, 0]).devices == ["SYCL0", "RPC0"]
+    assert Route.build("multi", "cuda", [2, 0]).devices == ["CUDA1", "CUDA0"]
+
+
+def test_route_names_each_cards_holder_and_what_it_sees():
+    """One answer to "who holds card i": rpc-servers in --gpus order, then llama-server; each sees only its own."""
+    r = Route.build("hybrid", "cuda", [3, 1, 2])
+    assert [c.holder for c in r.cards] == ["server", "rpc0", "rpc1"]
+    assert [dict(c.env)["CUDA_VISIBLE_DEVICES"] for c in r.cards] == ["3", "1", "2"]
+    assert [p.name for p in r.processes] == ["rpc0", "rpc1", "server"] and r.server.cards == (0,)
+    assert Route.build("rpc", "cuda", [0, 1]).server.cards == ()
+    assert [c.holder for c in Route.build("multi", "sycl", [0, 1]).cards] == ["server", "server"]
+    assert Route.build("hybrid", "cpu", [0, 1]).host_position == 0 and Route.build("rpc", "cpu", [0, 1]).host_position is None
+
+
+def test_route_defaults():
+    """-ub 256 over an RPC link, 512 on a native context; link polling only on GPU groups with cores to spare."""
+    assert Route.build("hybrid", "cuda", [0, 1]).ubatch == Route.build("rpc", "cpu", [0]).ubatch == 256
+    assert Route.build("multi", "cuda", [0, 1]).ubatch == Route.build("single", "cpu", [0]).ubatch == 512
+
+
+@pytest.mark.parametrize("mode,backend,indices", [("multi", "cpu", [0, 1]), ("single", "cuda", [0, 1]),
+                                                  ("hybrid", "cuda", [0]), ("multi+workaround", "cuda", [0, 1]),
+                                                  ("warp", "cuda", [0, 1]), ("rpc", "cuda", [0, 0]),
+                                                  ("rpc", "quantum", [0])])
+def test_impossible_routes_are_one_line_errors(mode, backend, indices):
+    with pytest.raises(BadInput):
+        Route.build(mode, backend, indices)
+
+
+def test_specs_refuse_a_plan_made_for_another_route():
+    cfg = config("cuda", "hybrid", [0, 1])
+    with pytest.raises(BadInput, match="arcsplit plan --mode"):
+        build_specs(ServeConfig(plan=cfg.plan, mode="rpc", backend="cuda", server_bin="s", rpc_bin="r"), [1, 2])
+
+
+def test_llama_server_argv_is_complete_verbosity_and_router_protocol_included():
+    """The spec is what runs: -lv 4 (buffer lines) before the user's args, the router env, stdin kept."""
+    server = specs_for(config("cpu", "rpc", [0, 1], extra_args=("--temp", "0")))[-1]
+    argv = list(server.argv)
+    assert argv[-4:] == [*SERVER_LOG_ARGS, "--temp", "0"]
+    assert server.env_dict["LLAMA_SERVER_ROUTER_PORT"] == "8080" and server.keep_stdin
+    own = specs_for(config("cpu", "rpc", [0, 1], extra_args=("-lv", "1")))[-1]
+    assert list(own.argv)[-2:] == ["-lv", "1"] and list(own.argv).count("-lv") == 1
 
 
 def test_output_layer_per_route() -> None:
     """local only when asked, and only on a hybrid route; auto keeps llama.cpp's place (measured no faster)."""
-    from arcsplit.run.prepare import ServeRequest, output_local
-
-    local = ServeRequest(model="m.gguf", backend="cuda", output_layer="local")
-    assert output_local(local, "hybrid")
-    assert not any(output_local(local, m) for m in ("rpc", "multi", "single"))
+    assert Route.build("hybrid", "cuda", [0, 1]).output_local("local")
+    assert not any(Route.build(m, "cuda", [0, 1]).output_local("local") for m in ("rpc", "multi"))
     for choice in ("auto", "last"):
-        assert not output_local(ServeRequest(model="m.gguf", backend="cuda", output_layer=choice), "hybrid")
+        assert not Route.build("hybrid", "cuda", [0, 1]).output_local(choice)
+    with pytest.raises(BadInput, match="--output-layer"):
+        Route.build("hybrid", "cuda", [0, 1]).output_local("first")
 
 
 def test_rpc_link_polling_only_for_gpu_groups_with_cores_to_spare() -> None:
     """Patch 0005's ARCSPLIT_RPC_SPIN_US: set by arcsplit on GPU groups of a machine with cores to spare, never on
     the CPU backend (there the cards are the cores); the user's own value wins; nonsense is one clear line."""
-    from arcsplit.errors import BadInput
-    from arcsplit.run.prepare import RPC_SPIN_US, rpc_spin_us
+    from arcsplit.route import RPC_SPIN_US
+    from arcsplit.run.prepare import rpc_spin_us
 
-    assert rpc_spin_us("cuda", 32, {}) == RPC_SPIN_US > 0
-    assert rpc_spin_us("sycl", 4, {}) == 0 and rpc_spin_us("cpu", 64, {}) == 0
-    assert rpc_spin_us("cpu", 2, {"ARCSPLIT_RPC_SPIN_US": "500"}) == 500
-    assert rpc_spin_us("cuda", 32, {"ARCSPLIT_RPC_SPIN_US": "0"}) == 0
+    cuda, sycl, cpu = (Route.build("rpc", b, [0, 1]) for b in ("cuda", "sycl", "cpu"))
+    assert rpc_spin_us(cuda, 32, {}) == RPC_SPIN_US > 0
+    assert rpc_spin_us(sycl, 4, {}) == 0 and rpc_spin_us(cpu, 64, {}) == 0
+    assert rpc_spin_us(cpu, 2, {"ARCSPLIT_RPC_SPIN_US": "500"}) == 500
+    assert rpc_spin_us(cuda, 32, {"ARCSPLIT_RPC_SPIN_US": "0"}) == 0
     with pytest.raises(BadInput, match="ARCSPLIT_RPC_SPIN_US"):
-        rpc_spin_us("cuda", 32, {"ARCSPLIT_RPC_SPIN_US": "fast"})
+        rpc_spin_us(cuda, 32, {"ARCSPLIT_RPC_SPIN_US": "fast"})
 
 
 def test_rpc_spin_reaches_every_process_of_an_rpc_group_only() -> None:

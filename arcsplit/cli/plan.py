@@ -7,88 +7,69 @@ from pathlib import Path
 
 from ..errors import BadInput
 from ..memory import CACHE_TYPES
-from ..model import load_profile
-from ..planner import HOST_DEVICE, Plan, PlanOptions, make_plan
-from ..backends import NAMES as BACKENDS
+from ..planner import Plan
 from ..rig import Rig, load_layout, save_layout
+from ..route import HOST_DEVICE
 from . import print_json
+from .serve import add_group_arguments, request_from_args, split_at_double_dash
 
 MiB = 1024 * 1024
 
 
-def _ctx(value: str) -> int | None:
-    if value.strip().lower() == "max":
-        return None
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--ctx {value!r} is not a number or 'max'") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"--ctx {n} must be positive (or 'max')")
-    return n
-
-
-def _positive(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"{n} must be positive")
-    return n
-
-
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("plan", help="plan how a model splits across cards (no processes started)")
+    p = sub.add_parser("plan", help="plan how a model splits across cards (no processes started)",
+                       description="Plan the split for the mode serve would run (or --mode), and print the exact "
+                                   "argv of llama-server and of each rpc-server. Arguments after -- go to "
+                                   "llama-server, as with serve.")
     p.add_argument("model", help="GGUF model file (for a split model, any of its shards)")
-    p.add_argument("--gpus", metavar="LIST", help="cards to use, in order, e.g. 0,1")
-    p.add_argument("--backend", choices=BACKENDS, default="cpu", help="ggml backend of the live cards (default: cpu)")
+    add_group_arguments(p)
     p.add_argument("--layout", metavar="FILE", help="plan for the rig described in a layout TOML instead of live cards")
-    p.add_argument("--ctx", type=_ctx, default=None, metavar="N|max", help="context size, or 'max' (default: max)")
-    p.add_argument("--np", type=_positive, default=1, metavar="N", help="parallel slots (default: 1)")
     p.add_argument("--cache-type", choices=sorted(CACHE_TYPES), default="f16", help="KV cache type for K and V")
-    p.add_argument("--ubatch", type=_positive, default=512, metavar="N", help="micro-batch size (default: 512)")
-    p.add_argument("--no-kv-unified", action="store_true", help="one KV stream per slot instead of a shared one")
-    p.add_argument("--cpu-memory", type=_positive, metavar="MiB", help="budget of each CPU card (cpu backend)")
+    p.add_argument("--no-kv-unified", dest="kv_unified", action="store_false",
+                   help="one KV stream per slot instead of a shared one")
     p.add_argument("--save", metavar="FILE", help="write the rig and this plan as a layout TOML")
-    p.add_argument("--json", action="store_true", help="machine-readable output (Plan.to_dict)")
-    p.set_defaults(func=_plan)
-
-
-def _rig(args: argparse.Namespace) -> tuple[Rig, list[str]]:
-    if args.layout:
-        if args.gpus:
-            raise BadInput("--layout and --gpus both name cards", "pass one of them")
-        rig = load_layout(args.layout)
-    else:
-        from ..llama.devices import discover_rig, parse_gpus
-
-        rig = discover_rig(args.backend, parse_gpus(args.gpus), cpu_memory_mib=args.cpu_memory)
-    names = []
-    for i, card in enumerate(rig.cards):
-        # CPU cards are rpc-servers: llama-server sees them as RPC0, RPC1, ... in --rpc order
-        names.append(f"RPC{i}" if card.backend == "cpu" else card.device)
-    return rig, names
+    p.add_argument("--json", action="store_true", help="machine-readable output (Plan.to_dict, route, processes)")
+    p.set_defaults(func=_plan, extra=[])
+    split_at_double_dash(p)
 
 
 def _plan(args: argparse.Namespace) -> int:
-    profile = load_profile(args.model)
-    rig, names = _rig(args)
-    options = PlanOptions(n_ctx=args.ctx, n_parallel=args.np, kv_unified=not args.no_kv_unified,
-                          cache_type_k=args.cache_type, cache_type_v=args.cache_type, n_ubatch=args.ubatch,
-                          n_batch=max(2048, args.ubatch))
-    plan = make_plan(profile, rig, options, devices=names)
+    from ..run.ports import free_port
+    from ..run.prepare import preview
+    from ..run.specs import build_specs, n_rpc_servers
+
+    if args.layout and args.gpus:
+        raise BadInput("--layout and --gpus both name cards", "pass one of them")
+    rig = load_layout(args.layout) if args.layout else None
+    prepared = preview(request_from_args(args), rig)
+    config, plan, profile = prepared.config, prepared.config.plan, prepared.profile
     if args.save:
-        pinned = {"model": str(Path(profile.path).name), "n_ctx": plan.n_ctx, "n_parallel": args.np,
+        pinned = {"model": str(Path(profile.path).name), "n_ctx": plan.n_ctx, "n_parallel": args.parallel,
                   "cache_type": args.cache_type, "tensor_split": list(plan.tensor_split),
                   "devices": [c.device for c in plan.cards]}
-        save_layout(args.save, Rig(cards=rig.cards, name=rig.name), pinned)
+        save_layout(args.save, Rig(cards=prepared.rig.cards, name=prepared.rig.name), pinned)
+    # serve picks free rpc ports unless --rpc-ports fixes them: shown here with ports free now.
+    ports = list(config.rpc_ports or ())
+    while len(ports) < n_rpc_servers(config):
+        port = free_port(config.rpc_host)
+        ports += [port] if port not in ports else []
+    specs = build_specs(config, ports)
+    secret = dict(config.secret_env)
+    processes = [{"name": s.name, "role": s.role, "cards": list(s.cards), "argv": list(s.argv),
+                  "env": {k: v for k, v in s.env if k not in secret}} for s in specs]
     if args.json:
-        print_json(plan.to_dict())
-    else:
-        print(render(plan, profile.n_layer_nextn))
-        if args.save:
-            print(f"\nsaved rig and plan to {args.save}")
+        print_json({**plan.to_dict(), "mode": config.mode, "reasons": list(prepared.decision.reasons),
+                    "route": config.route.to_dict(), "processes": processes})
+        return 0
+    print(render(plan, profile.n_layer_nextn))
+    print(f"\nmode {config.mode}: {'; '.join(prepared.decision.reasons)}")
+    for proc in processes:
+        env = " ".join(f"{k}={v}" for k, v in proc["env"].items())
+        print(f"{proc['name']:>7}: {env + ' ' if env else ''}{' '.join(proc['argv'])}")
+    if not config.rpc_ports and len(processes) > 1:
+        print("(rpc ports: free ones now; serve picks its own unless --rpc-ports fixes them)")
+    if args.save:
+        print(f"\nsaved rig and plan to {args.save}")
     return 0
 
 
@@ -125,7 +106,6 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
             marks.append("[out]")
         where = "not offloaded" if c.device == HOST_DEVICE else c.device
         lines.append(f"  {where:>14}: {' '.join(marks) if marks else '(none)'}")
-    lines += ["", "llama-server " + " ".join(plan.llama_server_args())]
     for w in plan.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)

@@ -33,7 +33,8 @@ def request_from_args(args: argparse.Namespace) -> Any:
                         parallel=args.parallel, host=args.host, port=args.port, rpc_host=args.rpc_host,
                         rpc_ports=args.rpc_ports, threads=args.threads, ubatch=args.ubatch, rpc_cache=args.rpc_cache,
                         cpu_memory_mib=args.cpu_memory, output_layer=args.output_layer,
-                        llama_dir=args.llama_dir, extra_args=tuple(args.extra))
+                        llama_dir=args.llama_dir, extra_args=tuple(args.extra),
+                        **{k: getattr(args, k) for k in ("cache_type", "kv_unified") if hasattr(args, k)})
 
 
 def build_config(args: argparse.Namespace) -> Any:
@@ -212,15 +213,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", help="GGUF file (first shard of a split model)")
     _add_arguments(p)
     p.set_defaults(func=_serve, extra=[])
-    _split_at_double_dash(p)
+    split_at_double_dash(p)
 
 
-def _add_arguments(p: argparse.ArgumentParser) -> None:
+def _ctx(value: str) -> int | None:
+    """--ctx N, or 'max' (the default): the largest context that fits."""
+    if value.strip().lower() == "max":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--ctx {value!r} is not a number or 'max'") from None
+
+
+def add_group_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that decide what a group runs: shared by ``serve`` and ``plan``, so both build the same Route."""
     add_card_options(p)
     add_llama_dir(p)
     p.add_argument("--mode", choices=MODE_CHOICES, default="auto", help="how the cards share the model (default: auto)")
-    p.add_argument("--ctx", type=int, metavar="N", help="context length (default: the largest that fits)")
-    p.add_argument("--parallel", type=int, default=1, metavar="N", help="parallel sequences, -np (default: 1)")
+    p.add_argument("--ctx", type=_ctx, metavar="N|max", help="context length (default: max, the largest that fits)")
+    p.add_argument("--parallel", "--np", type=int, default=1, metavar="N",
+                   help="parallel sequences (slots), llama-server -np (default: 1)")
     p.add_argument("--host", default="127.0.0.1", help="llama-server address (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="llama-server port (default: 8080)")
     p.add_argument("--rpc-host", default="127.0.0.1",
@@ -234,6 +247,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-layer", choices=OUTPUT_LAYER_CHOICES, default="auto",
                    help="hybrid mode: local puts the output layer on llama-server's own card (-ot), so the logits "
                         "do not cross the RPC link; last/auto keep llama.cpp's place (the last card)")
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    add_group_arguments(p)
     p.add_argument("--max-restarts", type=int, default=5, metavar="N",
                    help="consecutive failures before giving up (default: 5)")
     p.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",
@@ -246,7 +263,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tui", action="store_true", help="run the dashboard in the foreground")
 
 
-def _split_at_double_dash(p: argparse.ArgumentParser) -> None:
+def split_at_double_dash(p: argparse.ArgumentParser) -> None:
     """Everything after ``--`` goes to llama-server untouched. argparse alone cannot do this once a positional
     (the model) has been matched, so the subparser splits its own arguments first."""
     parse = p.parse_known_args

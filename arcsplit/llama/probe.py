@@ -24,10 +24,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from .. import backends
 from .._dirs import cache_dir
 from ..errors import BadInput, LlamaError
 from .locate import LlamaBinaries
+from ..route import Route
 from .mode import NEO_WORKAROUND_ENV
 
 PROBE_MODES = ("multi", "multi+workaround", "hybrid", "rpc")
@@ -213,11 +213,6 @@ def _tail(path: Path, n: int = 40) -> str:
     return "\n".join(lines[-n:])
 
 
-def visible_env(backend: str, cards: Sequence[int]) -> dict[str, str]:
-    """Environment that makes exactly ``cards`` visible to one process (so it builds its context over them)."""
-    return backends.get(backend).visibility(cards)
-
-
 @dataclass(frozen=True)
 class ProbePlan:
     """What one probe runs: rpc-servers (one per card, each seeing only its card) and one llama-bench."""
@@ -230,6 +225,7 @@ class ProbePlan:
 
 
 def plan_probe(mode: str, backend: str, gpus: Sequence[int], env_extra: dict[str, str] | None = None) -> ProbePlan:
+    """The probe of ``mode``: the same Route serve would run (rpc-servers, llama-bench in llama-server's place)."""
     if mode not in PROBE_MODES:
         raise BadInput(f"unknown probe mode {mode!r}", f"use one of {', '.join(PROBE_MODES)}")
     if len(gpus) < 2 and mode != "rpc":
@@ -239,20 +235,13 @@ def plan_probe(mode: str, backend: str, gpus: Sequence[int], env_extra: dict[str
         if backend != "sycl":
             raise BadInput("the NEO workaround exists only for sycl", "probe multi, hybrid or rpc")
         extra = {**NEO_WORKAROUND_ENV, **extra}
-    if backend == "cpu":
-        if mode != "rpc":
-            raise BadInput(f"the CPU backend has no {mode} mode to probe", "probe rpc (one rpc-server per CPU card)")
-        return ProbePlan(mode, tuple((f"CPU card {g}", {}) for g in gpus), {}, (), extra)
-    be = backends.get(backend)
-    if mode in ("multi", "multi+workaround"):
-        return ProbePlan(mode, (), {**visible_env(backend, gpus), **extra},
-                         tuple(be.device_name(k) for k in range(len(gpus))), extra)
-    first = gpus[0]
-    rest = gpus if mode == "rpc" else gpus[1:]
-    servers = tuple((f"{backend} card {g}", visible_env(backend, [g])) for g in rest)
-    local = (be.device_name(0),) if mode == "hybrid" else ()
-    # llama-bench itself sees one card only, so it never builds a multi-device context.
-    return ProbePlan(mode, servers, visible_env(backend, [first]), local, extra)
+    if backend == "cpu" and mode != "rpc":
+        raise BadInput(f"the CPU backend has no {mode} mode to probe", "probe rpc (one rpc-server per CPU card)")
+    route = Route.build(mode, backend, list(gpus))
+    label = "CPU" if backend == "cpu" else backend
+    servers = tuple((f"{label} card {route.cards[p.cards[0]].index}", dict(p.env)) for p in route.rpc)
+    # llama-bench sees what llama-server would see, so it never builds a context over more cards than that.
+    return ProbePlan(mode, servers, {**dict(route.server.env), **extra}, route.server.devices, extra)
 
 
 def run_probe(mode: str, backend: str, gpus: Sequence[int], binaries: LlamaBinaries, model: Path,

@@ -36,8 +36,7 @@ class Child:
     """Owns one OS process for one start; a restart makes a new Child."""
 
     def __init__(self, spec: ProcessSpec, *, log_path: Path | None = None, on_line: LineHandler | None = None,
-                 on_exit: Callable[["Child"], None] | None = None, ring: deque[str] | None = None,
-                 extra_env: dict[str, str] | None = None, keep_stdin: bool = False) -> None:
+                 on_exit: Callable[["Child"], None] | None = None, ring: deque[str] | None = None) -> None:
         self.spec = spec
         self.state = "new"
         self.pid: int | None = None
@@ -52,8 +51,6 @@ class Child:
         self._log_path = log_path
         self._on_line = on_line
         self._on_exit = on_exit
-        self._extra_env = extra_env or {}
-        self._keep_stdin = keep_stdin
         self._process: Process | None = None
         self._log: TextIO | None = None
 
@@ -70,7 +67,6 @@ class Child:
         """Spawn, report started, then pump output until the process exits and its pipe is drained."""
         env = dict(os.environ)
         env.update(self.spec.env_dict)
-        env.update(self._extra_env)
         if self._log_path is not None:
             try:  # a full or unwritable log disk costs log lines, never the group
                 self._log = open(self._log_path, "a", encoding="utf-8", errors="replace", buffering=1)
@@ -80,7 +76,7 @@ class Child:
         self.state = "starting"
         try:
             self._process = await anyio.open_process(
-                self.command(), stdin=subprocess.PIPE if self._keep_stdin else subprocess.DEVNULL,
+                self.command(), stdin=subprocess.PIPE if self.spec.keep_stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         except OSError as exc:
             self._finish(127, f"cannot start {self.spec.argv[0]}: {exc.strerror}")

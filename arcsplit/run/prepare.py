@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .._dirs import cache_dir
-from ..errors import BadInput
+from ..errors import ArcsplitError, BadInput
 from ..llama.devices import discover_rig, parse_gpus
 from ..llama.locate import find_llama
 from ..llama.mode import ModeDecision, choose_mode
@@ -24,19 +24,10 @@ from ..model import load_profile
 from ..planner import Plan, PlanOptions, make_plan
 from ..rig import Rig
 from .ports import check_free, check_host
-from .specs import LOOPBACK, ServeConfig, plan_devices
+from ..route import MODES, OUTPUT_LAYER_CHOICES, Route
+from .specs import LOOPBACK, ServeConfig
 
-MODE_CHOICES = ("auto", "single", "multi", "multi+workaround", "hybrid", "rpc")
-# Micro-batch per route when the user does not set one. Over RPC every ubatch pays a blocking round trip per
-# device, yet larger ubatches made RPC prefill *worse* on 2x H200 (ub 2048: 0.24x of native; local-first hybrid
-# with ub 256: 0.69x vs 0.50x at 512; reference/llama-cpp-observed.md). Native routes keep llama.cpp's 512.
-ROUTE_UBATCH = {"hybrid": 256, "rpc": 256}
-# Polling budget of the RPC link's threads on GPU groups (patch 0005): covers a token's wait for the other card on
-# the cards we serve. Only with cores to spare: up to three threads poll during generation (never on the CPU
-# backend, where the cards are those cores). ARCSPLIT_RPC_SPIN_US in the environment overrides it (0: off).
-RPC_SPIN_US = 20_000
-RPC_SPIN_MIN_CORES = 8
-OUTPUT_LAYER_CHOICES = ("auto", "local", "last")
+MODE_CHOICES = ("auto", *MODES)
 
 
 @dataclass(frozen=True)
@@ -54,7 +45,9 @@ class ServeRequest:
     rpc_host: str = LOOPBACK
     rpc_ports: Sequence[int] | None = None
     threads: int | None = None
-    ubatch: int | None = None  # None: chosen per route (ROUTE_UBATCH)
+    ubatch: int | None = None  # None: the route's (Route.ubatch)
+    cache_type: str = "f16"  # KV cache type for K and V (-ctk/-ctv)
+    kv_unified: bool = True
     rpc_cache: bool = False  # rpc-servers keep big weight tensors on local disk: reloads after a crash read them
     output_layer: str = "auto"  # local: on llama-server's own card (hybrid); last/auto: llama.cpp's place
     cpu_memory_mib: int | None = None
@@ -117,50 +110,39 @@ def _ports(ports: Sequence[int] | str | None) -> list[int] | None:
     return ports
 
 
-def _runtime(req: ServeRequest, rig: Rig, binaries: Any) -> tuple[Any, dict[str, bool] | None]:
+def _runtime(req: ServeRequest, rig: Rig, binaries: Any, probe: bool | None = None
+             ) -> tuple[Any, dict[str, bool] | None]:
     """The verdict and what is known to work here. Only a multi-card Intel run in auto mode needs it: the
-    versions, then the probe of one multi-device context (run once, cached per NEO/kernel/build/cards)."""
+    versions, then (unless ``probe`` is False) the probe of one multi-device context (run once, cached per
+    NEO/kernel/build/cards)."""
     observed = load_observed(req.backend)
     if req.backend != "sycl" or len(rig.cards) < 2 or req.mode != "auto":
         return None, observed or None
     from ..llama.runtime import check_runtime
 
-    report = check_runtime("sycl", [c.index for c in rig.cards], binaries)
+    report = check_runtime("sycl", [c.index for c in rig.cards], binaries, probe=probe)
     known = {p.mode: p.ok for p in report.probes}
     known.update(observed)  # a load that failed here since the probe outranks it
     return report.verdict, known or None
 
 
-def output_local(req: ServeRequest, mode: str) -> bool:
-    """Whether the output layer goes on llama-server's own card. Only a hybrid group has one next to rpc-servers;
-    there the logits (n_vocab floats a row) then never cross the RPC link, only the final hidden rows. auto keeps
-    llama.cpp's place (the last card): on 2x H200 with a 32k vocabulary, local measured the same within noise in
-    two paired runs (bench/results/gpu/throughput_cuda_out_0001-0003.md, throughput_cuda_0001-0004.md), so it is
-    an opt-in for models with big vocabularies, where the logits are 4-8x larger (not measured here)."""
-    return req.output_layer == "local" and mode == "hybrid"
-
-
-def rpc_spin_us(backend: str, cores: int, environ: Any = os.environ) -> int:
-    """The polling budget for this group's RPC link: the user's ARCSPLIT_RPC_SPIN_US, else arcsplit's default."""
-    value = environ.get(SPIN_ENV)
-    if value is not None:
-        try:
-            return max(0, int(value))
-        except ValueError:
-            raise BadInput(f"{SPIN_ENV}={value!r} is not a number of microseconds",
-                           f"set {SPIN_ENV} to a whole number (0 turns polling off)") from None
-    return RPC_SPIN_US if backend != "cpu" and cores >= RPC_SPIN_MIN_CORES else 0
+def rpc_spin_us(route: Route, cores: int, environ: Any = os.environ) -> int:
+    """The polling budget for this group's RPC link: the user's ARCSPLIT_RPC_SPIN_US, else the route's default."""
+    return route.link_polling_us(cores, environ.get(SPIN_ENV))
 
 
 def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str) -> Plan:
-    ubatch = req.ubatch if req.ubatch is not None else ROUTE_UBATCH.get(mode, 512)
+    """The plan of ``mode``: device names and the default ubatch from its Route."""
+    route = Route.build(mode, req.backend, [c.index for c in rig.cards])
+    ubatch = req.ubatch if req.ubatch is not None else route.ubatch
     options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel, n_ubatch=ubatch, n_batch=max(2048, ubatch),
-                          output_on_first=output_local(req, mode))
-    return make_plan(profile, rig, options, devices=plan_devices(mode, req.backend, [c.index for c in rig.cards]))
+                          kv_unified=req.kv_unified, cache_type_k=req.cache_type, cache_type_v=req.cache_type,
+                          output_on_first=route.output_local(req.output_layer))
+    return make_plan(profile, rig, options, devices=route.devices)
 
 
-def prepare(req: ServeRequest) -> Prepared:
-    """Check everything, pick the mode, plan: no process is started here."""
+def _check(req: ServeRequest) -> list[int] | None:
+    """The request's own values, before anything is looked up; returns the fixed rpc ports, if any."""
     if req.mode not in MODE_CHOICES:
         raise BadInput(f"unknown mode {req.mode!r}", f"use one of {', '.join(MODE_CHOICES)}")
     if not 0 < req.port < 65536:
@@ -170,7 +152,7 @@ def prepare(req: ServeRequest) -> Prepared:
     if req.ubatch is not None and req.ubatch < 1:
         raise BadInput(f"--ubatch {req.ubatch} must be at least 1", "give the micro-batch size in tokens")
     if req.parallel < 1:
-        raise BadInput(f"--parallel {req.parallel} must be at least 1", "give the number of parallel sequences")
+        raise BadInput(f"--parallel/--np {req.parallel} must be at least 1", "give the number of parallel sequences")
     if req.output_layer not in OUTPUT_LAYER_CHOICES:
         raise BadInput(f"unknown --output-layer {req.output_layer!r}", f"use one of {', '.join(OUTPUT_LAYER_CHOICES)}")
     if req.threads is not None and req.threads < 1:
@@ -178,7 +160,29 @@ def prepare(req: ServeRequest) -> Prepared:
     rpc_ports = _ports(req.rpc_ports)
     check_host(req.host, "--host")
     check_host(req.rpc_host, "--rpc-host")
-    gpus = parse_gpus(req.gpus) if isinstance(req.gpus, str) or req.gpus is None else parse_gpus(list(req.gpus))
+    return rpc_ports
+
+
+def _gpus(req: ServeRequest) -> list[int] | None:
+    return parse_gpus(req.gpus) if isinstance(req.gpus, str) or req.gpus is None else parse_gpus(list(req.gpus))
+
+
+def _config(req: ServeRequest, plan: Plan, decision: ModeDecision, server_bin: str, rpc_bin: str,
+            rpc_ports: list[int] | None) -> ServeConfig:
+    route = Route.build(decision.mode, req.backend, [c.card.index for c in plan.cards])
+    cores = os.cpu_count() or 1
+    return ServeConfig(plan=plan, mode=decision.mode, backend=req.backend, server_bin=server_bin, rpc_bin=rpc_bin,
+                       host=req.host, port=req.port, rpc_host=req.rpc_host,
+                       rpc_ports=tuple(rpc_ports) if rpc_ports else None, threads=req.threads, cores=cores,
+                       extra_args=tuple(req.extra_args), rpc_spin_us=rpc_spin_us(route, cores),
+                       rpc_cache_dir=str(cache_dir() / "rpc-cache") if req.rpc_cache else None,
+                       mode_env=tuple(sorted(decision.env.items())), forced_mode=req.mode != "auto")
+
+
+def prepare(req: ServeRequest) -> Prepared:
+    """Check everything, pick the mode, plan: no process is started here."""
+    rpc_ports = _check(req)
+    gpus = _gpus(req)
     binaries = find_llama(req.llama_dir, backend=req.backend)
     check_free(req.host, req.port, "llama-server", "--port")
     for p in rpc_ports or ():
@@ -197,14 +201,38 @@ def prepare(req: ServeRequest) -> Prepared:
     if req.rpc_host != LOOPBACK:
         print(f"arcsplit: warning: rpc-servers listen on {req.rpc_host}; the RPC protocol has no authentication, "
               f"so anyone who can reach it can run code on them - keep it on a trusted network", file=sys.stderr)
-    config = ServeConfig(plan=plan, mode=decision.mode, backend=req.backend, server_bin=str(binaries.server),
-                         rpc_bin=str(binaries.rpc_server), host=req.host, port=req.port, rpc_host=req.rpc_host,
-                         rpc_ports=tuple(rpc_ports) if rpc_ports else None, threads=req.threads,
-                         cores=os.cpu_count() or 1, extra_args=tuple(req.extra_args),
-                         rpc_spin_us=rpc_spin_us(req.backend, os.cpu_count() or 1),
-                         rpc_cache_dir=str(cache_dir() / "rpc-cache") if req.rpc_cache else None,
-                         mode_env=tuple(sorted(decision.env.items())), forced_mode=forced is not None)
+    config = _config(req, plan, decision, str(binaries.server), str(binaries.rpc_server), rpc_ports)
     return Prepared(req, config, decision, profile, rig)
+
+
+def preview(req: ServeRequest, rig: Rig | None = None) -> Prepared:
+    """What ``serve`` would run for ``req``, offline: no process, no probe, ports not checked. For ``arcsplit plan``
+    and ``arcsplit.plan()``. ``rig``: a layout's cards (another machine: this one's runtime verdict is not asked).
+
+    auto picks the mode as serve does, but from the runtime verdict and recorded failures only: serve may also
+    run (or reuse) a probe of one multi-device context, which ``arcsplit doctor`` shows.
+    """
+    rpc_ports = _check(req)
+    profile = load_profile(req.model)
+    layout = rig is not None
+    if rig is not None:
+        kinds = sorted({c.backend for c in rig.cards})
+        if len(kinds) > 1:
+            raise BadInput(f"the layout mixes backends {', '.join(kinds)}", "one group runs one backend: split the layout")
+        req = replace(req, backend=kinds[0])
+    try:
+        binaries = find_llama(req.llama_dir, backend=req.backend)
+    except ArcsplitError:
+        binaries = None  # planning needs no build; the argv then names the binaries without a path
+    if rig is None:
+        rig = discover_rig(req.backend, _gpus(req), binaries if req.backend != "cpu" else None, req.cpu_memory_mib)
+    forced = None if req.mode == "auto" else req.mode
+    verdict, known = (None, None) if layout else _runtime(req, rig, binaries, probe=False)
+    decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known)
+    plan = plan_for_mode(profile, rig, req, decision.mode)
+    server_bin = str(binaries.server) if binaries else "llama-server"
+    rpc_bin = str(binaries.rpc_server) if binaries else "ggml-rpc-server"
+    return Prepared(req, _config(req, plan, decision, server_bin, rpc_bin, rpc_ports), decision, profile, rig)
 
 
 def hybrid_fallback(prepared: Prepared, say: Callable[[str], None] | None = None

@@ -1,26 +1,30 @@
 """Plan + mode -> the argv and environment of every process in a serving group. Pure: no I/O.
 
-The group is zero or more rpc-servers (one per card that llama-server does not hold itself) plus one
-llama-server. What each process may see is decided here, per backend, because llama.cpp picks up every
-visible device by default (reference: llama-cpp-observed.md, "Model device order").
+Which process holds which card and what it may see is the Route's (arcsplit/route.py); this module adds the
+binaries, ports, threads, the plan's placement flags and the user's extra args, and returns the argv exactly
+as it is started.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Sequence
 
-from .. import backends
 from ..errors import BadInput
 from ..llama.patches import SPIN_ENV
-from ..planner import HOST_DEVICE, CardPlan, Plan
+from ..planner import Plan
+from ..route import HOST_DEVICE, Route
 
-MODES = ("single", "multi", "multi+workaround", "hybrid", "rpc")
 LOOPBACK = "127.0.0.1"
 # llama-server flags whose value is a secret, and the variable llama-server reads the same value from
 # (common/arg.cpp: `--api-key` .set_env("LLAMA_API_KEY")). argv shows in `ps`, state.json, logs and events;
 # the environment does not.
 SECRET_FLAGS = {"--api-key": "LLAMA_API_KEY"}
+SERVER_LOG_ARGS = ("-lv", "4")  # buffer-size lines are printed at verbosity 4 (llama.cpp src/llama-model.cpp)
+# llama-server only reports its load progress in the router's child protocol (tools/server/server-models.cpp,
+# `cmd_child_to_router:state:{json}` on stdout); setting this variable opts in. It also makes llama-server exit
+# on stdin EOF, a second guard besides the parent-death signal.
+ROUTER_PORT_ENV = "LLAMA_SERVER_ROUTER_PORT"
 
 
 def split_secrets(args: Sequence[str]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
@@ -41,8 +45,6 @@ def split_secrets(args: Sequence[str]) -> tuple[tuple[str, ...], tuple[tuple[str
     return tuple(out), tuple(sorted(env.items()))
 
 
-
-
 @dataclass(frozen=True)
 class ProcessSpec:
     """One process to run: what to exec, with which environment, and what it serves."""
@@ -54,8 +56,9 @@ class ProcessSpec:
     host: str
     port: int
     cards: tuple[int, ...]  # positions in plan.cards this process holds
-    device: str | None = None  # for an rpc-server: its name in llama-server (RPC0, ...)
+    devices: tuple[str, ...] = ()  # llama-server's name for each of those cards (RPC0, SYCL0, CPU, ...)
     ignore_sigpipe: bool = False
+    keep_stdin: bool = False  # llama-server in the router's child protocol: told to exit on stdin
 
     @property
     def endpoint(self) -> str:
@@ -93,12 +96,15 @@ class ServeConfig:
         if secrets:  # a key given after `--` moves out of argv into llama-server's environment
             object.__setattr__(self, "extra_args", public)
             object.__setattr__(self, "secret_env", tuple(sorted({**dict(self.secret_env), **dict(secrets)}.items())))
-        if self.mode not in MODES:
-            raise BadInput(f"unknown mode {self.mode!r}", f"use one of {', '.join(MODES)}")
-        n = n_rpc_servers(self)
+        n = n_rpc_servers(self)  # builds the route: an impossible mode is a one-line error here
         if self.rpc_ports is not None and len(self.rpc_ports) != n:
             raise BadInput(f"{len(self.rpc_ports)} rpc ports given for {n} rpc-servers",
                            f"give exactly {n} ports, or none")
+
+    @property
+    def route(self) -> Route:
+        """Who holds which card: from the mode, the backend and the plan's cards (in --gpus order)."""
+        return Route.build(self.mode, self.backend, [c.card.index for c in self.plan.cards])
 
     @property
     def url(self) -> str:
@@ -106,22 +112,8 @@ class ServeConfig:
         return f"http://{host}:{self.port}"
 
 
-def _rpc_cards(config: ServeConfig) -> list[int]:
-    """Positions in plan.cards that get their own rpc-server, in llama.cpp device order."""
-    cards = config.plan.cards
-    offloaded = [i for i, c in enumerate(cards) if c.device != HOST_DEVICE]
-    if config.mode == "rpc":
-        return offloaded
-    if config.mode == "hybrid":
-        # On the CPU backend llama-server's own CPU (HOST_DEVICE) is the local card; on GPUs the first card is.
-        if config.backend == "cpu":
-            return offloaded
-        return offloaded[1:]
-    return []
-
-
 def n_rpc_servers(config: ServeConfig) -> int:
-    return len(_rpc_cards(config))
+    return len(config.route.rpc)
 
 
 def rpc_threads(config: ServeConfig) -> int:
@@ -130,81 +122,61 @@ def rpc_threads(config: ServeConfig) -> int:
     return max(1, config.cores // max(1, len(config.plan.cards)))
 
 
-def _card_index(cp: CardPlan) -> int:
-    return cp.card.index
-
-
 def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessSpec, ...]:
-    """The rpc-servers (in --rpc order) then llama-server, for this mode, backend and these ports."""
-    plan, backend, mode = config.plan, config.backend, config.mode
-    rpc_positions = _rpc_cards(config)
-    if len(rpc_ports) != len(rpc_positions):
-        raise BadInput(f"{len(rpc_ports)} ports for {len(rpc_positions)} rpc-servers", "pass one port per rpc-server")
-    if backend == "cpu" and mode in ("multi", "multi+workaround"):
-        raise BadInput("the CPU backend has no multi-device mode", "use --mode rpc or --mode hybrid")
-    if mode == "single" and len(plan.cards) != 1:
-        raise BadInput(f"mode single needs one card, the plan has {len(plan.cards)}", "pick --mode auto")
-    if mode in ("hybrid", "rpc") and not rpc_positions:
-        raise BadInput(f"mode {mode} needs at least one card for an rpc-server", "use --mode single with one card")
+    """The rpc-servers (in --rpc order) then llama-server: complete argv and environment, nothing added later."""
+    plan, route = config.plan, config.route
+    if len(rpc_ports) != len(route.rpc):
+        raise BadInput(f"{len(rpc_ports)} ports for {len(route.rpc)} rpc-servers", "pass one port per rpc-server")
+    if [c.device for c in plan.cards] != route.devices:
+        raise BadInput(f"the plan names its cards {[c.device for c in plan.cards]}, mode {route.mode} runs them as "
+                       f"{route.devices}", "plan with the same mode (arcsplit plan --mode)")
     extra_env = dict(config.mode_env)
-    if config.rpc_spin_us > 0 and rpc_positions:
+    if config.rpc_spin_us > 0 and route.rpc:
         extra_env[SPIN_ENV] = str(config.rpc_spin_us)  # patch 0005: poll the link before sleeping
     threads = rpc_threads(config)
 
     specs: list[ProcessSpec] = []
-    for k, (pos, port) in enumerate(zip(rpc_positions, rpc_ports)):
-        cp = plan.cards[pos]
-        env = dict(extra_env)
-        env.update(backends.get(backend).visibility([_card_index(cp)]))
+    for proc, port in zip(route.rpc, rpc_ports):
+        env = {**extra_env, **dict(proc.env)}
         argv = (config.rpc_bin, "-H", config.rpc_host, "-p", str(port), "-t", str(threads))
         if config.rpc_cache_dir:
             argv += ("-c",)
             env["LLAMA_CACHE"] = config.rpc_cache_dir  # the server keeps tensors > 10 MiB under <this>/rpc
-        specs.append(ProcessSpec(name=f"rpc{k}", role="rpc", argv=argv, env=tuple(sorted(env.items())),
-                                 host=config.rpc_host, port=port, cards=(pos,), device=f"RPC{k}",
+        specs.append(ProcessSpec(name=proc.name, role="rpc", argv=argv, env=tuple(sorted(env.items())),
+                                 host=config.rpc_host, port=port, cards=proc.cards, devices=proc.devices,
                                  ignore_sigpipe=True))
 
-    # What llama-server itself holds, and the names of its devices in --device order.
-    local_positions = [i for i in range(len(plan.cards)) if i not in rpc_positions]
-    local_gpu = [i for i in local_positions if plan.cards[i].device != HOST_DEVICE] if backend != "cpu" else []
-    order = sorted(local_gpu, key=lambda i: _card_index(plan.cards[i]))
-    local_names = {i: backends.get(backend).device_name(order.index(i)) for i in local_gpu}
-    rpc_names = {pos: f"RPC{k}" for k, pos in enumerate(rpc_positions)}
-    names = [local_names.get(i) or rpc_names.get(i) for i, c in enumerate(plan.cards) if c.device != HOST_DEVICE]
-    names = [n for n in names if n]  # CPU-backend cards held by llama-server itself have no device name
-
-    env = dict(extra_env)
-    env.update(backends.get(backend).visibility([_card_index(plan.cards[i]) for i in local_gpu]))
-    env.update(config.secret_env)
+    server = route.server
+    # LLAMA_SERVER_ROUTER_PORT opts into the router's child protocol: load progress on stdout, exit on stdin EOF.
+    env = {**extra_env, **dict(server.env), **dict(config.secret_env), ROUTER_PORT_ENV: str(config.port)}
     argv: list[str] = [config.server_bin, "-m", plan.model_path, "--host", config.host, "--port", str(config.port),
                        "--metrics"]
-    if rpc_positions:
+    if route.rpc:
         argv += ["--rpc", ",".join(f"{config.rpc_host}:{p}" for p in rpc_ports)]  # before --device
-    argv += plan.llama_server_args(devices=names)
-    if backend == "cpu" and rpc_positions:
+    argv += plan.llama_server_args(devices=route.server_devices)
+    if config.backend == "cpu" and route.rpc:
         argv += ["-t", str(threads)]  # llama-server computes the host card's layers; share cores evenly
+    if SERVER_LOG_ARGS[0] not in config.extra_args:  # the user's own verbosity wins
+        argv += SERVER_LOG_ARGS
     argv += list(config.extra_args)
-    specs.append(ProcessSpec(name="server", role="server", argv=tuple(argv), env=tuple(sorted(env.items())),
-                             host=config.host, port=config.port, cards=tuple(local_positions)))
+    specs.append(ProcessSpec(name=server.name, role="server", argv=tuple(argv), env=tuple(sorted(env.items())),
+                             host=config.host, port=config.port, cards=server.cards, devices=server.devices,
+                             keep_stdin=True))
     return tuple(specs)
 
 
-def card_of_endpoint(specs: Sequence[ProcessSpec]) -> Mapping[str, int]:
-    """rpc endpoint -> plan card position, to attribute `RPC0[host:port]` buffer lines to cards."""
-    return {s.endpoint: s.cards[0] for s in specs if s.role == "rpc"}
+def card_of_buffer(specs: Sequence[ProcessSpec], host_position: int | None) -> Callable[[str], int | None]:
+    """A buffer key of llama-server's log (an rpc endpoint, a device name, CPU...) -> the plan card it is on."""
+    table: dict[str, int] = {}
+    for s in specs:
+        if s.role == "rpc":
+            table[s.endpoint] = s.cards[0]  # RPC0[host:port]: names repeat across restarts, endpoints don't
+        else:
+            table.update((d, pos) for d, pos in zip(s.devices, s.cards) if d != HOST_DEVICE)
 
+    def card(key: str) -> int | None:
+        if key in table:
+            return table[key]
+        return host_position if key.startswith(HOST_DEVICE) else None
 
-def plan_devices(mode: str, backend: str, indices: Sequence[int]) -> list[str]:
-    """The device name of each card (by its backend index, in --gpus order) as llama-server will see it."""
-    n_cards = len(indices)
-    if mode == "rpc":
-        return [f"RPC{i}" for i in range(n_cards)]
-    if mode == "hybrid":
-        first = HOST_DEVICE if backend == "cpu" else backends.get(backend).device_name(0)
-        return [first] + [f"RPC{i}" for i in range(n_cards - 1)]
-    if backend == "cpu":
-        # single: llama-server runs every layer on its CPU with --device none (build_specs names no device);
-        # the planner sizes it as an ordinary card.
-        return [f"CPU{i}" for i in indices]
-    order = sorted(indices)
-    return [backends.get(backend).device_name(order.index(i)) for i in indices]
+    return card

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import anyio
@@ -27,18 +27,14 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from ..errors import ArcsplitError, RunError
 from ..llama import logs
-from ..planner import HOST_DEVICE
 from .child import Child, describe_exit
 from .events import Event, EventBus
 from .ports import free_port, is_free, probe_once
 from .rundir import RunDir, supervisor_identity, sweep
-from .specs import ProcessSpec, ServeConfig, build_specs, card_of_endpoint, n_rpc_servers
+from .specs import ProcessSpec, ServeConfig, build_specs, card_of_buffer, n_rpc_servers
 
-# llama-server only reports its load progress in the router's child protocol (tools/server/server-models.cpp,
-# `cmd_child_to_router:state:{json}` on stdout, one per 200 ms); setting this variable opts in.
-# It also makes llama-server exit on stdin EOF, a second guard besides the parent-death signal.
+# llama-server's load progress in the router's child protocol (specs.ROUTER_PORT_ENV opts in), one per 200 ms.
 _ROUTER_STATE = "cmd_child_to_router:state:"
-SERVER_LOG_ARGS = ("-lv", "4")  # buffer-size lines are printed at verbosity 4 (llama-cpp-observed.md)
 
 
 @dataclass(frozen=True)
@@ -163,6 +159,7 @@ class Supervisor:
             "last_error": self._last_error,
             "run_dir": str(self.run_dir.path) if self.run_dir else None,
             "plan": self.config.plan.to_dict(),
+            "route": self.config.route.to_dict(),
             "decision": self.decision,
             "events_dropped": self.events.dropped,
         }
@@ -171,21 +168,14 @@ class Supervisor:
         """Actual bytes per plan card from llama-server's buffer lines, beside the plan's prediction."""
         plan = self.config.plan
         actual = logs.sum_buffers(self._buffers)
-        by_endpoint = card_of_endpoint(self._specs)
-        server = next((s for s in self._specs if s.role == "server"), None)
-        local = dict(server_device_names(self.config, server)) if server else {}
-        host_pos = next((i for i, c in enumerate(plan.cards) if c.device == HOST_DEVICE), None)
+        card_of = card_of_buffer(self._specs, self.config.route.host_position)
         cards: list[dict[str, Any]] = []
         for i, cp in enumerate(plan.cards):
             cards.append({"device": cp.device, "plan": {"model": cp.weights, "KV": cp.kv + cp.state,
                                                         "compute": cp.compute}, "actual": {}})
         host: dict[str, int] = {}
         for key, kinds in actual.items():
-            pos = by_endpoint.get(key)
-            if pos is None:
-                pos = local.get(key)
-            if pos is None and key.startswith("CPU") and host_pos is not None:
-                pos = host_pos
+            pos = card_of(key)
             target = cards[pos]["actual"] if pos is not None else host
             for kind, n in kinds.items():
                 kind = "KV" if kind in ("KV", "RS") else kind
@@ -399,10 +389,6 @@ class Supervisor:
         except ArcsplitError as exc:
             raise _StartFailed("group", str(exc), "fatal") from None
         server_spec = specs[-1]
-        if SERVER_LOG_ARGS[0] not in server_spec.argv:
-            argv = server_spec.argv[: len(server_spec.argv) - len(self.config.extra_args)]
-            server_spec = replace(server_spec, argv=(*argv, *SERVER_LOG_ARGS, *self.config.extra_args))
-            specs = (*specs[:-1], server_spec)
         self._specs = specs
         if self._generation > 1:  # the whole group restarts together
             for spec in specs:
@@ -456,7 +442,7 @@ class Supervisor:
         self._publish_state(child)
 
     async def _start_server(self, tg: TaskGroup, spec: ProcessSpec) -> None:
-        child = self._child(spec, extra_env={"LLAMA_SERVER_ROUTER_PORT": str(spec.port)}, keep_stdin=True)
+        child = self._child(spec)
         await tg.start(child.run)
         self._publish_state(child)
         url = f"http://{_connect_host(spec.host)}:{spec.port}/health"
@@ -576,16 +562,6 @@ class Supervisor:
             self.run_dir.write_state(state)
         except OSError:
             pass
-
-
-def server_device_names(config: ServeConfig, server: ProcessSpec) -> list[tuple[str, int]]:
-    """llama-server's own device names (SYCL0, ...) -> plan card position, read back from its --device flag."""
-    argv = list(server.argv)
-    if "--device" not in argv:
-        return []
-    names = argv[argv.index("--device") + 1].split(",")
-    offloaded = [i for i, c in enumerate(config.plan.cards) if c.device != HOST_DEVICE]
-    return [(n, pos) for n, pos in zip(names, offloaded) if not n.startswith("RPC") and n != "none"]
 
 
 def _connect_host(host: str) -> str:

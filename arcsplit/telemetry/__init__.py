@@ -18,20 +18,15 @@ from typing import Any
 import anyio
 
 from .. import backends
+from ..route import holders
 from .cpu import ProcessSampler, cpu_card, threads_of
 from .intel import IntelSampler
 from .nvidia import NvidiaSampler
 from .server import ServerSampler
 
-__all__ = ["Telemetry", "sample", "run_telemetry", "holder_of"]
+__all__ = ["Telemetry", "sample", "run_telemetry"]
 
 _INTEL_BACKENDS = tuple(n for n, b in backends.REGISTRY.items() if b.sampler == "intel")
-
-
-def holder_of(card: dict[str, Any]) -> str:
-    """The process that holds a plan card: ``RPCk`` -> ``rpck``; everything else is llama-server's own."""
-    device = str(card.get("device") or "")
-    return f"rpc{device[3:]}" if device.startswith("RPC") and device[3:].isdigit() else "server"
 
 
 class Telemetry:
@@ -72,8 +67,9 @@ class Telemetry:
             if nv is not None and nv.available:
                 nvidia = nv.sample([int(c["index"]) for c in cards if c.get("backend") == "cuda"], pids.values())
         intel_order = sorted(intel) if intel else []
+        held_by = holders(status)
         for pos, card in enumerate(cards):
-            holder = holder_of(card)
+            holder = held_by[pos] if pos < len(held_by) else None
             base = {"pos": pos, "device": card.get("device"), "backend": card.get("backend"), "holder": holder}
             row: dict[str, Any] | None = None
             backend = card.get("backend")

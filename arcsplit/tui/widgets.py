@@ -8,7 +8,7 @@ from typing import Any
 
 from textual.markup import escape
 
-from ..telemetry import holder_of
+from ..route import holders as route_holders
 from .state import DashState
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -162,8 +162,8 @@ def process_rows(state: DashState) -> list[tuple[str, ...]]:
     procs = state.status.get("processes") or {}
     tel = state.telemetry.get("processes") or {}
     holders: dict[str, list[str]] = {}
-    for i, c in enumerate(_cards(state)):
-        holders.setdefault(holder_of(c), []).append(str(i))
+    for i, holder in enumerate(route_holders(state.status)):
+        holders.setdefault(holder, []).append(str(i))
     rows = []
     for name, p in procs.items():
         t = tel.get(name) or {}

@@ -1,0 +1,181 @@
+"""Route: which process holds which card, under which llama.cpp device name, seeing which cards. Pure: no I/O.
+
+One value answers it for the planner (device names, ubatch), the process specs (argv and environment), the
+supervisor (buffer lines -> cards), telemetry and the dashboard (the holder of each card, from status), the probe
+and ``arcsplit plan``. Nothing else derives it.
+
+    route = Route.build("hybrid", "sycl", [0, 1, 2])
+    route.devices            # ("SYCL0", "RPC0", "RPC1"): the plan's names, in --gpus order
+    route.holder(1)          # "rpc0"
+    route.processes          # rpc0, rpc1 (in --rpc order), then server
+
+The group is zero or more rpc-servers (one per card that llama-server does not hold itself) plus one llama-server.
+What each process may see is set here per backend, because llama.cpp opens every device it can see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from . import backends
+from .errors import BadInput
+from .llama.mode import MODES
+
+# llama-server's own CPU as a plan card: it keeps the first layers and is never named in --device.
+HOST_DEVICE = "CPU"
+SERVER = "server"
+# Micro-batch per route when the user does not set one. Over RPC every ubatch pays a blocking round trip per
+# device, yet larger ubatches made RPC prefill *worse* on 2x H200 (ub 2048: 0.24x of native; local-first hybrid
+# with ub 256: 0.69x vs 0.50x at 512; see bench/RESULTS.md). Native routes keep llama.cpp's 512.
+RPC_UBATCH = 256
+NATIVE_UBATCH = 512
+# Polling budget of the RPC link's threads on GPU groups (patch 0005): covers a token's wait for the other card on
+# the cards we serve. Only with cores to spare: up to three threads poll during generation (never on the CPU
+# backend, where the cards are those cores). ARCSPLIT_RPC_SPIN_US in the environment overrides it (0: off).
+RPC_SPIN_US = 20_000
+RPC_SPIN_MIN_CORES = 8
+OUTPUT_LAYER_CHOICES = ("auto", "local", "last")
+
+Env = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class RouteCard:
+    """One card of the route, at its position in --gpus (and plan) order."""
+
+    position: int
+    index: int  # the backend's card index (--gpus value)
+    holder: str  # the process that holds it: "server" or "rpcK"
+    device: str  # its name in the plan and in llama-server ("SYCL0", "RPC1"; HOST_DEVICE: llama-server's CPU)
+    env: Env  # the visibility environment of its holder
+
+
+@dataclass(frozen=True)
+class RouteProcess:
+    """One process of the group: what it holds and what it may see."""
+
+    name: str  # "rpc0", "rpc1", ..., "server"
+    role: str  # "rpc" | "server"
+    cards: tuple[int, ...]  # positions it holds
+    devices: tuple[str, ...]  # the llama-server device name of each of those cards
+    env: Env  # visibility environment (what it may see of the backend's cards)
+
+
+@dataclass(frozen=True)
+class Route:
+    """(mode, backend, cards) -> every card's holder, device name and visibility; the route's defaults."""
+
+    mode: str
+    backend: str
+    cards: tuple[RouteCard, ...]
+    processes: tuple[RouteProcess, ...]  # rpc-servers in --rpc order, then llama-server
+
+    @classmethod
+    def build(cls, mode: str, backend: str, indices: Sequence[int]) -> "Route":
+        """The route of ``mode`` over the cards ``indices`` (in --gpus order) of ``backend``."""
+        be = backends.get(backend)
+        if mode not in MODES:
+            raise BadInput(f"unknown mode {mode!r}", f"use one of {', '.join(MODES)}")
+        n = len(indices)
+        if n < 1:
+            raise BadInput("no cards to run on", "pass --gpus with at least one card")
+        if len(set(indices)) != n:
+            raise BadInput(f"card list {list(indices)} names a card twice", "list each card once")
+        if mode == "single" and n != 1:
+            raise BadInput(f"mode single needs one card, there are {n}", "pick --mode auto")
+        if backend == "cpu" and mode in ("multi", "multi+workaround"):
+            raise BadInput("the CPU backend has no multi-device mode", "use --mode rpc or --mode hybrid")
+        if mode in ("multi", "multi+workaround", "hybrid") and n < 2:
+            raise BadInput(f"mode {mode} needs at least 2 cards", "pass --gpus with 2+ cards, or drop --mode")
+        if mode == "multi+workaround" and backend != "sycl":
+            raise BadInput("the multi+workaround mode exists only for sycl", "use --mode multi")
+        # Positions llama-server holds itself; every other card gets its own rpc-server, in --gpus order.
+        local = list(range(n)) if mode in ("single", "multi", "multi+workaround") else [0] if mode == "hybrid" else []
+        remote = [p for p in range(n) if p not in local]
+        if backend == "cpu":
+            # CPU cards: llama-server's own CPU is a card only in hybrid (it keeps the first layers); in single mode
+            # it runs everything with `--device none` and the planner sizes the card as an ordinary one.
+            local_names = {p: (HOST_DEVICE if mode == "hybrid" else be.device_name(indices[p])) for p in local}
+        else:
+            order = sorted(indices[p] for p in local)  # a process numbers the cards it sees in ascending order
+            local_names = {p: be.device_name(order.index(indices[p])) for p in local}
+        server_env = tuple(sorted(be.visibility([indices[p] for p in local] if backend != "cpu" else []).items()))
+        rpcs = []
+        for k, p in enumerate(remote):
+            env = tuple(sorted(be.visibility([indices[p]]).items()))
+            rpcs.append(RouteProcess(f"rpc{k}", "rpc", (p,), (f"RPC{k}",), env))
+        server = RouteProcess(SERVER, "server", tuple(local), tuple(local_names[p] for p in local), server_env)
+        processes = (*rpcs, server)
+        cards: list[RouteCard] = []
+        for p in range(n):
+            proc = next(q for q in processes if p in q.cards)
+            cards.append(RouteCard(p, indices[p], proc.name, proc.devices[proc.cards.index(p)], proc.env))
+        return cls(mode, backend, tuple(cards), processes)
+
+    # -- what the planner and llama-server's argv take from it ---------------------------------------------
+
+    @property
+    def devices(self) -> list[str]:
+        """Each card's device name in --gpus order: the names the planner plans under."""
+        return [c.device for c in self.cards]
+
+    @property
+    def server_devices(self) -> list[str]:
+        """llama-server's --device list: every card but the ones its own CPU computes (those have no device)."""
+        return [c.device for c in self.cards if not (self.backend == "cpu" and c.holder == SERVER)]
+
+    @property
+    def rpc(self) -> tuple[RouteProcess, ...]:
+        return tuple(p for p in self.processes if p.role == "rpc")
+
+    @property
+    def server(self) -> RouteProcess:
+        return self.processes[-1]
+
+    def holder(self, position: int) -> str:
+        return self.cards[position].holder
+
+    @property
+    def host_position(self) -> int | None:
+        """The card computed by llama-server's own CPU (CPU-backend hybrid), if any."""
+        return next((c.position for c in self.cards if c.device == HOST_DEVICE), None)
+
+    # -- the route's defaults ---------------------------------------------------------------------------------
+
+    @property
+    def ubatch(self) -> int:
+        """-ub when the user sets none: small over an RPC link, llama.cpp's default on a native context."""
+        return RPC_UBATCH if self.rpc else NATIVE_UBATCH
+
+    def link_polling_us(self, cores: int, override: str | None = None) -> int:
+        """Patch 0005's budget for this group's RPC link; ``override`` is the user's ARCSPLIT_RPC_SPIN_US."""
+        if override is not None:
+            try:
+                return max(0, int(override))
+            except ValueError:
+                raise BadInput(f"ARCSPLIT_RPC_SPIN_US={override!r} is not a number of microseconds",
+                               "set ARCSPLIT_RPC_SPIN_US to a whole number (0 turns polling off)") from None
+        return RPC_SPIN_US if self.backend != "cpu" and cores >= RPC_SPIN_MIN_CORES else 0
+
+    def output_local(self, choice: str = "auto") -> bool:
+        """Whether the output layer goes on llama-server's own card. Only a hybrid group has one next to
+        rpc-servers; there the logits (n_vocab floats a row) then never cross the RPC link. auto keeps llama.cpp's
+        place (the last card): on 2x H200 with a 32k vocabulary, local measured the same within noise
+        (bench/RESULTS.md), so it is an opt-in for models with big vocabularies (not measured here)."""
+        if choice not in OUTPUT_LAYER_CHOICES:
+            raise BadInput(f"unknown --output-layer {choice!r}", f"use one of {', '.join(OUTPUT_LAYER_CHOICES)}")
+        return choice == "local" and self.mode == "hybrid"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``route`` of status() and ``plan --json``."""
+        return {"mode": self.mode, "backend": self.backend,
+                "cards": [{"position": c.position, "index": c.index, "holder": c.holder, "device": c.device,
+                           "env": dict(c.env)} for c in self.cards],
+                "processes": [{"name": p.name, "role": p.role, "cards": list(p.cards), "devices": list(p.devices),
+                               "env": dict(p.env)} for p in self.processes]}
+
+
+def holders(status: Mapping[str, Any]) -> list[str]:
+    """The holder of each plan card, read from a status snapshot (``status["route"]``); [] before there is one."""
+    return [str(c.get("holder")) for c in ((status.get("route") or {}).get("cards") or [])]
