@@ -21,15 +21,14 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import anyio
-import httpx
-import psutil
 from anyio.abc import TaskGroup, TaskStatus
 
 from ..errors import ArcsplitError, RunError
 from ..llama import logs
-from .child import Child, describe_exit
+from .child import describe_exit
+from .launch import Launcher, LocalLauncher, Member
 from .events import Event, EventBus
-from .ports import free_port, is_free, probe_once
+from .ports import free_port, is_free
 from .rundir import RunDir, supervisor_identity, sweep
 from .specs import ProcessSpec, ServeConfig, build_specs, card_of_buffer, n_rpc_servers
 
@@ -69,8 +68,10 @@ class Supervisor:
 
     def __init__(self, config: ServeConfig, *, run_dir: RunDir | None = None, policy: RestartPolicy = RestartPolicy(),
                  timeouts: Timeouts = Timeouts(), fallback: Fallback | None = None, log_lines: int = 2000,
-                 sweep_leftovers: bool = True, decision: dict[str, Any] | None = None) -> None:
+                 sweep_leftovers: bool = True, decision: dict[str, Any] | None = None,
+                 launcher: Launcher | None = None) -> None:
         self.config = config
+        self.launcher: Launcher = launcher or LocalLauncher()
         self.decision = decision or {"mode": config.mode, "reasons": []}  # why this mode, for status()
         self.policy = policy
         self.timeouts = timeouts
@@ -80,7 +81,7 @@ class Supervisor:
         self._sweep = sweep_leftovers
         self._rings: dict[str, deque[str]] = {}
         self._ring_size = log_lines
-        self._children: dict[str, Child] = {}
+        self._children: dict[str, Member] = {}
         self._specs: tuple[ProcessSpec, ...] = ()
         self._rpc_ports: list[int] | None = list(config.rpc_ports) if config.rpc_ports else None
         self._restarts: dict[str, int] = {}
@@ -328,20 +329,18 @@ class Supervisor:
         """A llama-server that stops answering without exiting (SIGTERM'd and waiting on its stdin, wedged)
         is a failure too: the processes alone cannot tell."""
         t = self.timeouts
-        url = f"{self.url}/health"
+        server = next(s for s in self._specs if s.role == "server")
         with scope:
-            async with httpx.AsyncClient(timeout=max(2.0, t.health_interval)) as http:
-                await self._probe_health(http, url, t)
+            async with self.launcher.health(server, max(2.0, t.health_interval)) as check:
+                await self._probe_health(check, t)
 
-    async def _probe_health(self, http: httpx.AsyncClient, url: str, t: Timeouts) -> None:
+    async def _probe_health(self, check: Any, t: Timeouts) -> None:
         misses = 0
         while True:
             await anyio.sleep(t.health_interval)
-            try:
-                ok = (await http.get(url)).status_code == 200
-                why = "answers but not 200"
-            except httpx.HTTPError as exc:
-                ok, why = False, type(exc).__name__
+            code = await check()
+            ok = code == 200
+            why = "no answer" if code is None else f"answers {code}"
             misses = 0 if ok else misses + 1
             for child in list(self._children.values()):
                 if child.check_paused():
@@ -413,11 +412,11 @@ class Supervisor:
         await self._start_server(tg, server_spec)
         self._write_state()
 
-    def _child(self, spec: ProcessSpec, **kw: Any) -> Child:
+    def _child(self, spec: ProcessSpec) -> Member:
         ring = self._rings.setdefault(spec.name, deque(maxlen=self._ring_size))
         assert self.run_dir is not None
-        child = Child(spec, log_path=self.run_dir.log_path(spec.name), on_line=self._on_line,
-                      on_exit=self._on_exit, ring=ring, **kw)
+        child = self.launcher.member(spec, log_path=self.run_dir.log_path(spec.name), on_line=self._on_line,
+                                     on_exit=self._on_exit, ring=ring)
         self._children[spec.name] = child
         return child
 
@@ -430,7 +429,7 @@ class Supervisor:
                 if child.done.is_set():
                     msg = f"{spec.name} ({spec.endpoint}) exited during start: {describe_exit(child.returncode)}" + _tail(child)
                     raise _StartFailed(spec.name, msg, logs.failure_kind(child.lines))
-                if await probe_once(spec.host, spec.port, timeout=1.0):
+                if await self.launcher.accepts(spec):
                     if child.done.is_set():
                         continue  # someone else answered on that port: report the exit
                     break
@@ -445,23 +444,18 @@ class Supervisor:
         child = self._child(spec)
         await tg.start(child.run)
         self._publish_state(child)
-        url = f"http://{_connect_host(spec.host)}:{spec.port}/health"
         stall = self.timeouts.stall
         deadline = time.monotonic() + stall
         marker: tuple[Any, ...] = ()
         last_cpu_check = 0.0
         cpu_total = 0.0
-        async with httpx.AsyncClient(timeout=2.0, trust_env=False) as client:
+        async with self.launcher.health(spec, 2.0) as check:
             while True:
                 for c in self._children.values():
                     if c.done.is_set():
                         msg = f"{c.spec.name} exited while llama-server was loading: {describe_exit(c.returncode)}" + _tail(c)
                         raise _StartFailed(c.spec.name, msg, logs.failure_kind(c.lines))
-                try:
-                    r = await client.get(url)
-                    code: int | None = r.status_code
-                except httpx.HTTPError:
-                    code = None
+                code = await check()
                 if code == 200:
                     break
                 now = time.monotonic()
@@ -470,7 +464,7 @@ class Supervisor:
                     marker, deadline = new_marker, now + stall
                 if now - last_cpu_check >= 1.0:  # big loads over RPC print nothing for minutes: CPU use is progress
                     last_cpu_check = now
-                    total = _cpu_seconds(self._children.values())
+                    total = sum(c.cpu_seconds() for c in self._children.values())
                     if total - cpu_total > 0.05:
                         deadline = now + stall
                     cpu_total = total
@@ -483,7 +477,7 @@ class Supervisor:
 
     # -- output and exits -----------------------------------------------------------------------------------
 
-    def _on_line(self, child: Child, line: str) -> None:
+    def _on_line(self, child: Member, line: str) -> None:
         self._publish("log", child.spec.name, {"line": line})
         if child.spec.role != "server":
             return
@@ -501,7 +495,7 @@ class Supervisor:
         if b is not None:
             self._buffers.append(b)
 
-    def _on_exit(self, child: Child) -> None:
+    def _on_exit(self, child: Member) -> None:
         self._publish_state(child)
         if not self._tearing_down:
             self._wake.set()
@@ -537,7 +531,7 @@ class Supervisor:
     def _publish(self, kind: str, name: str, data: dict[str, Any]) -> None:
         self.events.publish(Event(kind=kind, name=name, data=data))
 
-    def _publish_state(self, child: Child) -> None:
+    def _publish_state(self, child: Member) -> None:
         self._publish("state", child.spec.name, child.snapshot())
         if self.run_dir is not None:
             self._write_state()
@@ -564,22 +558,6 @@ class Supervisor:
             pass
 
 
-def _connect_host(host: str) -> str:
-    return "127.0.0.1" if host in ("", "0.0.0.0") else ("::1" if host == "::" else host)
-
-
-def _tail(child: Child, n: int = 3) -> str:
+def _tail(child: Member, n: int = 3) -> str:
     lines = logs.error_lines(child.lines, n) or [line for line in list(child.lines)[-n:] if line.strip()]
     return (": " + " | ".join(lines)) if lines else ""
-
-
-def _cpu_seconds(children: Any) -> float:
-    total = 0.0
-    for c in children:
-        if c.alive and c.pid:
-            try:
-                t = psutil.Process(c.pid).cpu_times()
-                total += t.user + t.system
-            except psutil.Error:
-                pass
-    return total
