@@ -19,6 +19,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from arcsplit.run.specs import ProcessSpec
+from arcsplit.run.states import MEMBER_TRANSITIONS, MemberState, advance
 
 _pids = itertools.count(40_000)
 
@@ -39,7 +40,7 @@ class FakeMember:
                  on_exit: Callable[[Any], None], ring: deque[str]) -> None:
         self.launcher, self.spec = launcher, spec
         self.script = launcher.scripts.setdefault(spec.name, Script())
-        self.state = "new"
+        self._state = MemberState.NEW
         self.pid: int | None = None
         self.create_time: float | None = None
         self.returncode: int | None = None
@@ -52,8 +53,16 @@ class FakeMember:
         self._exit = anyio.Event()
         self._rc = 0
 
+    @property
+    def state(self) -> MemberState:
+        return self._state
+
+    @state.setter
+    def state(self, new: MemberState) -> None:  # the same table as a real member: an illegal change raises
+        self._state = advance(MEMBER_TRANSITIONS, self._state, new)
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        self.state = "starting"
+        self.state = MemberState.STARTING
         self.pid, self.started_at = next(_pids), time.monotonic()
         self.create_time = time.time()
         self.launcher.started.append(self.spec.name)
@@ -66,7 +75,7 @@ class FakeMember:
                 tg.start_soon(self._chatter, self.script.lines_every)
             await self._exit.wait()
             tg.cancel_scope.cancel()
-        self.returncode, self.state = self._rc, "exited"
+        self.returncode, self.state = self._rc, MemberState.EXITED
         self.done.set()
         self._on_exit(self)
 
@@ -89,7 +98,7 @@ class FakeMember:
             if not self.alive:
                 return
             self.launcher.stopped.append(self.spec.name)
-            self.state = "stopping"
+            self.state = MemberState.STOPPING
             if self.script.ignores_term:
                 await anyio.sleep(grace)
                 self.exit(-9)

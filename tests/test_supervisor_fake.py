@@ -3,6 +3,7 @@ no llama.cpp. The same supervisor runs real processes in test_serve.py and test_
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anyio
@@ -173,3 +174,33 @@ def test_serve_starts_exactly_the_specs_of_its_route():
             assert [c["holder"] for c in sup.status()["route"]["cards"]] == ["server", "rpc0"]
 
     anyio.run(main)
+
+
+def test_states_follow_the_one_table_and_an_illegal_transition_raises():
+    from arcsplit.run.states import (GROUP_TRANSITIONS, MEMBER_TRANSITIONS, GroupState, IllegalTransition,
+                                     MemberState, advance)
+
+    assert advance(GROUP_TRANSITIONS, GroupState.READY, GroupState.STOPPING) is GroupState.STOPPING
+    for table, current, new in ((GROUP_TRANSITIONS, GroupState.STOPPED, GroupState.STARTING),
+                                (GROUP_TRANSITIONS, GroupState.BACKOFF, GroupState.READY),
+                                (MEMBER_TRANSITIONS, MemberState.EXITED, MemberState.READY),
+                                (MEMBER_TRANSITIONS, MemberState.NEW, MemberState.READY)):
+        with pytest.raises(IllegalTransition, match=f"{current.value} -> {new.value}"):
+            advance(table, current, new)  # type: ignore[arg-type]
+    fake = FakeLauncher()
+    events: list[Any] = []
+
+    async def main() -> None:
+        async with supervisor(fake) as sup, anyio.create_task_group() as tg:
+            tg.start_soon(collect, sup, events)
+            member = fake.members["rpc0"]
+            with pytest.raises(IllegalTransition):
+                member.state = MemberState.STARTING  # a ready member never starts again: a new one does
+            fake.kill("server")
+            await wait_for(lambda: sup.status()["generation"] == 2 and sup.status()["state"] == "ready")
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    seen = [GroupState(s) for s in group_states(events)]
+    assert all(b in GROUP_TRANSITIONS[a] for a, b in zip(seen, seen[1:])), seen
+    assert json.dumps({"state": seen[0]}) == '{"state": "stopping"}'  # on the wire: the plain string

@@ -1,6 +1,7 @@
 """One supervised process: spawn through the exec shim, capture its output line by line, stop it politely.
 
-States: starting -> ready -> stopping -> exited (the supervisor sets ready; exit is observed, never polled).
+States: new -> starting -> ready -> stopping -> exited, checked against states.MEMBER_TRANSITIONS (the supervisor
+sets ready; exit is observed, never polled).
 The child runs in its own session (process group) so a stop reaches anything it forks; teardown is shielded
 from cancellation because anyio's own cancel of a process is a bare SIGKILL.
 """
@@ -22,6 +23,7 @@ import psutil
 from anyio.abc import Process, TaskStatus
 
 from .specs import ProcessSpec
+from .states import MEMBER_TRANSITIONS, MemberState, advance
 
 _SHIM = str(Path(__file__).with_name("_exec.py"))
 _STDBUF = shutil.which("stdbuf")  # stdout of llama.cpp tools is block-buffered on a pipe: force line buffering
@@ -38,7 +40,7 @@ class Child:
     def __init__(self, spec: ProcessSpec, *, log_path: Path | None = None, on_line: LineHandler | None = None,
                  on_exit: Callable[["Child"], None] | None = None, ring: deque[str] | None = None) -> None:
         self.spec = spec
-        self.state = "new"
+        self._state = MemberState.NEW
         self.pid: int | None = None
         self.create_time: float | None = None
         self.returncode: int | None = None
@@ -53,6 +55,14 @@ class Child:
         self._on_exit = on_exit
         self._process: Process | None = None
         self._log: TextIO | None = None
+
+    @property
+    def state(self) -> MemberState:
+        return self._state
+
+    @state.setter
+    def state(self, new: MemberState) -> None:
+        self._state = advance(MEMBER_TRANSITIONS, self._state, new)
 
     # -- running --------------------------------------------------------------------------------------------
 
@@ -73,7 +83,7 @@ class Child:
             except OSError:
                 self._log = None
             self._log_write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} start {' '.join(self.spec.argv)}\n")
-        self.state = "starting"
+        self.state = MemberState.STARTING
         try:
             self._process = await anyio.open_process(
                 self.command(), stdin=subprocess.PIPE if self.spec.keep_stdin else subprocess.DEVNULL,
@@ -132,7 +142,7 @@ class Child:
             self._line(message)
         self.returncode = rc
         self.exited_at = time.time()
-        self.state = "exited"
+        self.state = MemberState.EXITED
         if self._log is not None:
             self._log_write(f"=== exited {describe_exit(rc)}\n")
             try:
@@ -168,7 +178,8 @@ class Child:
         with anyio.CancelScope(shield=True):
             if not self.alive:
                 return
-            self.state = "stopping"
+            if self.state is not MemberState.STOPPING:
+                self.state = MemberState.STOPPING
             self.signal_group(signal.SIGTERM)
             await self._close_stdin()
             with anyio.move_on_after(grace):

@@ -29,6 +29,7 @@ from .child import describe_exit
 from .launch import Launcher, LocalLauncher, Member
 from .events import Event, EventBus
 from .ports import free_port, is_free
+from .states import GROUP_TRANSITIONS, GroupState, MemberState, advance
 from .rundir import RunDir, supervisor_identity, sweep
 from .specs import ProcessSpec, ServeConfig, build_specs, card_of_buffer, n_rpc_servers
 
@@ -85,7 +86,7 @@ class Supervisor:
         self._specs: tuple[ProcessSpec, ...] = ()
         self._rpc_ports: list[int] | None = list(config.rpc_ports) if config.rpc_ports else None
         self._restarts: dict[str, int] = {}
-        self._group_state = "new"
+        self._group_state = GroupState.NEW
         self._generation = 0
         self._failures = 0
         self._ready_at: float | None = None
@@ -141,7 +142,7 @@ class Supervisor:
         procs = {}
         for spec in self._specs:
             child = self._children.get(spec.name)
-            snap = child.snapshot() if child else {"state": "new", "pid": None, "port": spec.port,
+            snap = child.snapshot() if child else {"state": MemberState.NEW, "pid": None, "port": spec.port,
                                                    "endpoint": spec.endpoint, "uptime": None}
             snap["restarts"] = self._restarts.get(spec.name, 0)
             snap["role"] = spec.role
@@ -153,7 +154,7 @@ class Supervisor:
             "url": self.url,
             "generation": self._generation,
             "failures": self._failures,
-            "uptime": (time.time() - self._ready_at) if self._ready_at and self._group_state == "ready" else None,
+            "uptime": (time.time() - self._ready_at) if self._ready_at and self._group_state is GroupState.READY else None,
             "processes": procs,
             "progress": dict(self._progress),
             "buffers": self.buffers(),
@@ -260,14 +261,14 @@ class Supervisor:
                     raise RunError(f"gave up after {self._failures} failures in a row: {self._last_error}",
                                    f"logs: {self.run_dir.path}")
                 delay = min(self.policy.max_delay, self.policy.base_delay * 2 ** (self._failures - 1))
-                self._set_group("backoff", {"delay": delay, "failures": self._failures, "error": self._last_error})
+                self._set_group(GroupState.BACKOFF, {"delay": delay, "failures": self._failures, "error": self._last_error})
                 self._wake = anyio.Event()
                 with anyio.move_on_after(delay):
                     await self._wake.wait()  # stop() or restart() cut the wait short
         finally:
             with anyio.CancelScope(shield=True):
                 await self._teardown()
-                self._set_group("stopped", {})
+                self._set_group(GroupState.STOPPED, {})
                 self._write_state(ended=True)
                 self._stopped.set()
                 self.events.close()
@@ -288,7 +289,7 @@ class Supervisor:
             try:
                 await self._start_group(tg)
                 self._ready_at = time.time()
-                self._set_group("ready", {"url": self.url, "buffers": self.buffers()})
+                self._set_group(GroupState.READY, {"url": self.url, "buffers": self.buffers()})
                 self._publish("buffers", "group", self.buffers())
                 if not self._ready_event.is_set():
                     self._ready_event.set()
@@ -381,7 +382,7 @@ class Supervisor:
         return ports
 
     async def _start_group(self, tg: TaskGroup) -> None:
-        self._set_group("starting", {"generation": self._generation})
+        self._set_group(GroupState.STARTING, {"generation": self._generation})
         ports = self._pick_ports()
         try:
             specs = build_specs(self.config, ports)
@@ -437,7 +438,7 @@ class Supervisor:
         if scope.cancelled_caught:
             raise _StartFailed(spec.name, f"{spec.name} did not accept connections on {spec.endpoint} "
                                           f"within {self.timeouts.rpc_ready:.0f} s" + _tail(child))
-        child.state = "ready"
+        child.state = MemberState.READY
         self._publish_state(child)
 
     async def _start_server(self, tg: TaskGroup, spec: ProcessSpec) -> None:
@@ -471,7 +472,7 @@ class Supervisor:
                 if now > deadline:
                     raise _StartFailed("server", f"llama-server made no progress for {stall:.0f} s while loading" + _tail(child))
                 await anyio.sleep(0.05)
-        child.state = "ready"
+        child.state = MemberState.READY
         self._progress["value"] = 1.0
         self._publish_state(child)
 
@@ -504,8 +505,8 @@ class Supervisor:
         """llama-server first (it aborts if an rpc peer vanishes under it), then all rpc-servers at once."""
         self._tearing_down = True
         try:
-            if any(c.alive for c in self._children.values()):
-                self._set_group("stopping", {})
+            if any(c.alive for c in self._children.values()) and self._group_state is not GroupState.STOPPING:
+                self._set_group(GroupState.STOPPING, {})
             # A llama-server whose rpc peer died sits in a blocking RPC call and ignores SIGTERM: waiting the full
             # grace then only delays the restart (measured: 10 of 13.6 s to serve again).
             failed = any(c.done.is_set() for c in self._children.values()) or bool(self._unhealthy)
@@ -536,8 +537,8 @@ class Supervisor:
         if self.run_dir is not None:
             self._write_state()
 
-    def _set_group(self, state: str, data: dict[str, Any]) -> None:
-        self._group_state = state
+    def _set_group(self, state: GroupState, data: dict[str, Any]) -> None:
+        self._group_state = advance(GROUP_TRANSITIONS, self._group_state, state)
         self._publish("group", "group", {"state": state, **data})
 
     def _write_state(self, ended: bool = False) -> None:
