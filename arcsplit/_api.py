@@ -12,7 +12,7 @@ from anyio.from_thread import start_blocking_portal
 from .planner import Plan
 from .rig import load_layout
 from .run.bus import Client, attach
-from .run.events import Event
+from .run.events import Event, Status
 from .run.instance import Instance
 from .run.prepare import ServeRequest, prepare, preview
 from .run.supervisor import RestartPolicy, Timeouts
@@ -31,7 +31,7 @@ def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None,
     """
     req = ServeRequest(model=str(model), gpus=gpus, backend=backend, mode=mode, ctx=ctx, parallel=parallel,
                        ubatch=ubatch, cache_type=cache_type, cpu_memory_mib=cpu_memory_mib, llama_dir=llama_dir)
-    return preview(req, load_layout(layout) if layout is not None else None).config.plan
+    return preview(req, load_layout(os.fspath(layout)) if layout is not None else None).config.plan
 
 
 class AsyncServer:
@@ -56,7 +56,7 @@ class AsyncServer:
     def run_id(self) -> str:
         return self._instance.run_id
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> Status:
         return self._instance.supervisor.status()
 
     def logs(self, name: str | None = None, n: int = 100) -> list[str]:

@@ -138,7 +138,7 @@ def load(model: str | os.PathLike[str], gpus: Sequence[int] = (0, 1), *, backend
     binaries: LlamaBinaries = find_llama(llama_dir, backend=backend)
     llama_cpp, lib = _bindings(binaries.bin_dir)
     gpus = list(gpus)
-    profile = load_profile(model)
+    profile = load_profile(os.fspath(model))
     rig = discover_rig(backend, gpus, binaries, cpu_memory_mib)
     route = Route.build("rpc", backend, [c.index for c in rig.cards])
     plan: Plan = make_plan(profile, rig, PlanOptions(n_ctx=ctx, flash_attn=flash_attn), devices=route.devices)

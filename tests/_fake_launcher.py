@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator, Callable
 import anyio
 from anyio.abc import TaskStatus
 
+from arcsplit.run.events import MemberSnapshot
 from arcsplit.run.specs import ProcessSpec
 from arcsplit.run.states import MEMBER_TRANSITIONS, MemberState, advance
 
@@ -120,7 +121,7 @@ class FakeMember:
     def cpu_seconds(self) -> float:
         return 0.0
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> MemberSnapshot:
         return {"state": self.state, "pid": self.pid, "port": self.spec.port, "endpoint": self.spec.endpoint,
                 "returncode": self.returncode, "uptime": None, "argv": list(self.spec.argv), "paused": False}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from ..errors import BadInput
 from ..memory import CACHE_TYPES
@@ -55,7 +56,7 @@ def _plan(args: argparse.Namespace) -> int:
         ports += [port] if port not in ports else []
     specs = build_specs(config, ports)
     secret = dict(config.secret_env)
-    processes = [{"name": s.name, "role": s.role, "cards": list(s.cards), "argv": list(s.argv),
+    processes: list[dict[str, Any]] = [{"name": s.name, "role": s.role, "cards": list(s.cards), "argv": list(s.argv),
                   "env": {k: v for k, v in s.env if k not in secret}} for s in specs]
     if args.json:
         print_json({**plan.to_dict(), "mode": config.mode, "reasons": list(prepared.decision.reasons),

@@ -27,7 +27,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator, Mapping, Protocol
 
 import anyio
 import psutil
@@ -47,7 +47,7 @@ TOPIC_PREFIX = b"arcsplit."
 class Controllable(Protocol):
     """What the bus needs from a supervisor."""
 
-    def status(self) -> dict[str, Any]: ...
+    def status(self) -> Mapping[str, Any]: ...
 
     def logs(self, name: str | None = None, n: int = 100) -> list[str]: ...
 

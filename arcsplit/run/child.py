@@ -22,6 +22,7 @@ import anyio
 import psutil
 from anyio.abc import Process, TaskStatus
 
+from .events import MemberSnapshot
 from .specs import ProcessSpec
 from .states import MEMBER_TRANSITIONS, MemberState, advance
 
@@ -230,7 +231,7 @@ class Child:
         changed, self.paused = now != self.paused, now
         return changed
 
-    def snapshot(self) -> dict[str, object]:
+    def snapshot(self) -> MemberSnapshot:
         return {"state": self.state, "pid": self.pid, "port": self.spec.port, "endpoint": self.spec.endpoint,
                 "returncode": self.returncode, "uptime": self.uptime(), "argv": list(self.spec.argv),
                 "paused": self.paused}

@@ -1,4 +1,4 @@
-"""Typed events the supervisor publishes, and an in-process fan-out that never blocks the publisher.
+"""Typed events and status records the supervisor publishes, and an in-process fan-out that never blocks.
 
 Each subscriber gets a bounded memory stream; when it is full the event is dropped for that subscriber
 (and counted), so a slow dashboard can never stall supervision. The ZeroMQ bus subscribes like anyone else.
@@ -8,21 +8,101 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Mapping, Required, TypedDict
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-KINDS = ("state", "log", "plan", "buffers", "group", "progress", "verdict", "telemetry")
+from .states import GroupState, MemberState
+
+EventKind = Literal["state", "log", "plan", "buffers", "group", "progress", "verdict", "telemetry", "sync"]
+
+
+# -- what each kind carries in ``data`` (docs/bus.md); on the wire these are plain JSON objects ------------------
+
+class MemberSnapshot(TypedDict):
+    """``state`` events: one member after a change of state."""
+
+    state: MemberState
+    pid: int | None
+    port: int
+    endpoint: str
+    returncode: int | None
+    uptime: float | None
+    argv: list[str]
+    paused: bool
+
+
+class GroupData(TypedDict, total=False):
+    """``group`` events: the group's new state, with what explains it."""
+
+    state: Required[GroupState]
+    generation: int  # starting
+    url: str  # ready
+    buffers: dict[str, Any]  # ready: as in Status.buffers
+    delay: float  # backoff: seconds until the next start
+    failures: int  # backoff: failures in a row
+    error: str | None  # backoff: the last error
+
+
+class LogData(TypedDict):
+    line: str
+
+
+class ProgressData(TypedDict):
+    stage: str | None
+    value: float  # 0..1 of llama-server's model load
+
+
+class VerdictData(TypedDict):
+    """A one-context load failed with the multi-device allocation signature; the group falls back."""
+
+    failed_mode: str
+    kind: str
+    message: str
+    fallback: str
+
+
+class PlanData(TypedDict):
+    plan: dict[str, Any]  # Plan.to_dict()
+    mode: str
+
+
+class MemberStatus(MemberSnapshot):
+    """One entry of Status.processes."""
+
+    restarts: int
+    role: str
+
+
+class Status(TypedDict):
+    """``Supervisor.status()``, the bus's ``status`` and the snapshot's ``status``."""
+
+    state: GroupState
+    mode: str
+    backend: str
+    url: str
+    generation: int
+    failures: int
+    uptime: float | None
+    processes: dict[str, MemberStatus]
+    progress: dict[str, Any]  # ProgressData once llama-server reports it
+    buffers: dict[str, Any]  # {"cards": [{"device", "plan", "actual"}], "host", "plan_host"}
+    last_error: str | None
+    run_dir: str | None
+    plan: dict[str, Any]  # Plan.to_dict()
+    route: dict[str, Any]  # Route.to_dict(): each card's holder, device name and visibility
+    decision: dict[str, Any]  # {"mode", "reasons"}
+    events_dropped: int
 
 
 @dataclass(frozen=True)
 class Event:
-    """kind: state (one process), group (the whole group), log (one line), plan, buffers, progress, verdict."""
+    """One thing that happened; ``data`` is the record of its kind (MemberSnapshot for state, GroupData, ...)."""
 
-    kind: str
+    kind: EventKind
     name: str  # process name ("rpc0", "server") or "group"
-    data: dict[str, Any] = field(default_factory=dict)
+    data: Mapping[str, Any] = field(default_factory=dict)
     time: float = field(default_factory=time.time)
 
     def to_dict(self) -> dict[str, Any]:

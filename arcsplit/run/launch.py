@@ -20,7 +20,9 @@ from anyio.abc import TaskStatus
 
 from .child import Child
 from .ports import probe_once
+from .events import MemberSnapshot
 from .specs import ProcessSpec
+from .states import MemberState
 
 Health = Callable[[], Awaitable["int | None"]]
 
@@ -29,7 +31,6 @@ class Member(Protocol):
     """One started member of the group, wherever it runs. Its exit is awaited (``done``), never polled."""
 
     spec: ProcessSpec
-    state: str
     pid: int | None
     create_time: float | None
     returncode: int | None
@@ -45,6 +46,13 @@ class Member(Protocol):
         """Ask it to exit, force it after ``grace``; return once the exit is observed. Never cancelled midway."""
 
     @property
+    def state(self) -> MemberState: ...
+
+    @state.setter
+    def state(self, new: MemberState) -> None:
+        """Checked against states.MEMBER_TRANSITIONS."""
+
+    @property
     def alive(self) -> bool: ...
 
     def check_paused(self) -> bool:
@@ -53,7 +61,7 @@ class Member(Protocol):
     def cpu_seconds(self) -> float:
         """CPU time used so far (0 when unknown): a load that prints nothing still shows progress here."""
 
-    def snapshot(self) -> dict[str, Any]: ...
+    def snapshot(self) -> MemberSnapshot: ...
 
 
 class Launcher(Protocol):

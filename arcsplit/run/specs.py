@@ -138,11 +138,11 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
     specs: list[ProcessSpec] = []
     for proc, port in zip(route.rpc, rpc_ports):
         env = {**extra_env, **dict(proc.env)}
-        argv = (config.rpc_bin, "-H", config.rpc_host, "-p", str(port), "-t", str(threads))
+        rpc_argv = [config.rpc_bin, "-H", config.rpc_host, "-p", str(port), "-t", str(threads)]
         if config.rpc_cache_dir:
-            argv += ("-c",)
+            rpc_argv.append("-c")
             env["LLAMA_CACHE"] = config.rpc_cache_dir  # the server keeps tensors > 10 MiB under <this>/rpc
-        specs.append(ProcessSpec(name=proc.name, role="rpc", argv=argv, env=tuple(sorted(env.items())),
+        specs.append(ProcessSpec(name=proc.name, role="rpc", argv=tuple(rpc_argv), env=tuple(sorted(env.items())),
                                  host=config.rpc_host, port=port, cards=proc.cards, devices=proc.devices,
                                  ignore_sigpipe=True))
 
@@ -157,7 +157,7 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
     if config.backend == "cpu" and route.rpc:
         argv += ["-t", str(threads)]  # llama-server computes the host card's layers; share cores evenly
     if SERVER_LOG_ARGS[0] not in config.extra_args:  # the user's own verbosity wins
-        argv += SERVER_LOG_ARGS
+        argv += list(SERVER_LOG_ARGS)
     argv += list(config.extra_args)
     specs.append(ProcessSpec(name=server.name, role="server", argv=tuple(argv), env=tuple(sorted(env.items())),
                              host=config.host, port=config.port, cards=server.cards, devices=server.devices,

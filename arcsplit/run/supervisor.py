@@ -18,7 +18,7 @@ import json
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -27,7 +27,7 @@ from ..errors import ArcsplitError, RunError
 from ..llama import logs
 from .child import describe_exit
 from .launch import Launcher, LocalLauncher, Member
-from .events import Event, EventBus
+from .events import Event, EventBus, EventKind, MemberSnapshot, MemberStatus, Status
 from .ports import free_port, is_free
 from .states import GROUP_TRANSITIONS, GroupState, MemberState, advance
 from .rundir import RunDir, supervisor_identity, sweep
@@ -138,15 +138,14 @@ class Supervisor:
             out += [f"[{key}] {line}" for line in list(ring)[-n:]]
         return out[-n:] if n else out
 
-    def status(self) -> dict[str, Any]:
-        procs = {}
+    def status(self) -> Status:
+        procs: dict[str, MemberStatus] = {}
         for spec in self._specs:
             child = self._children.get(spec.name)
-            snap = child.snapshot() if child else {"state": MemberState.NEW, "pid": None, "port": spec.port,
-                                                   "endpoint": spec.endpoint, "uptime": None}
-            snap["restarts"] = self._restarts.get(spec.name, 0)
-            snap["role"] = spec.role
-            procs[spec.name] = snap
+            snap: MemberSnapshot = child.snapshot() if child else {
+                "state": MemberState.NEW, "pid": None, "port": spec.port, "endpoint": spec.endpoint,
+                "returncode": None, "uptime": None, "argv": list(spec.argv), "paused": False}
+            procs[spec.name] = {**snap, "restarts": self._restarts.get(spec.name, 0), "role": spec.role}
         return {
             "state": self._group_state,
             "mode": self.config.mode,
@@ -281,7 +280,7 @@ class Supervisor:
         self._buffers = []
         self._progress = {}
         self._ready_at = None
-        self._unhealthy: str | None = None
+        self._unhealthy = None
         reason: str | _StartFailed = "exit"
         watchdog: anyio.CancelScope | None = None
         async with anyio.create_task_group() as tg:
@@ -529,7 +528,7 @@ class Supervisor:
 
     # -- events and state file ------------------------------------------------------------------------------
 
-    def _publish(self, kind: str, name: str, data: dict[str, Any]) -> None:
+    def _publish(self, kind: EventKind, name: str, data: Mapping[str, Any]) -> None:
         self.events.publish(Event(kind=kind, name=name, data=data))
 
     def _publish_state(self, child: Member) -> None:

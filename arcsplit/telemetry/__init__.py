@@ -69,7 +69,7 @@ class Telemetry:
         intel_order = sorted(intel) if intel else []
         held_by = holders(status)
         for pos, card in enumerate(cards):
-            holder = held_by[pos] if pos < len(held_by) else None
+            holder = held_by[pos] if pos < len(held_by) else ""
             base = {"pos": pos, "device": card.get("device"), "backend": card.get("backend"), "holder": holder}
             row: dict[str, Any] | None = None
             backend = card.get("backend")

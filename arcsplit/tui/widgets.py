@@ -164,7 +164,7 @@ def process_rows(state: DashState) -> list[tuple[str, ...]]:
     holders: dict[str, list[str]] = {}
     for i, holder in enumerate(route_holders(state.status)):
         holders.setdefault(holder, []).append(str(i))
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for name, p in procs.items():
         t = tel.get(name) or {}
         cpu = t.get("cpu")
