@@ -60,14 +60,14 @@ class RpcServers:
             self.procs.append(proc)
             self.endpoints.append(f"127.0.0.1:{port}")
         for ep, proc in zip(self.endpoints, self.procs):
-            host, port = ep.split(":")
+            host, port_text = ep.split(":")
             deadline = time.monotonic() + 20
             while True:
                 if proc.poll() is not None:
                     self.__exit__(None, None, None)
                     raise LlamaError(f"rpc-server on {ep} exited at start", "check the port and the build")
                 try:
-                    with socket.create_connection((host, int(port)), timeout=0.5):
+                    with socket.create_connection((host, int(port_text)), timeout=0.5):
                         break  # a bare connect-and-close is a safe readiness probe before a client connects
                 except OSError:
                     if time.monotonic() > deadline:

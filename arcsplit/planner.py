@@ -500,7 +500,8 @@ def plan_for_split(profile: Any, rig_or_cards: Any, options: PlanOptions, tensor
 
     cards = _as_cards(rig_or_cards)
     names = list(devices) if devices is not None else [c.device for c in cards]
-    if options.n_ctx is None:
+    n_ctx = options.n_ctx
+    if n_ctx is None:
         raise _bad("a pinned split needs a context size", "pass --ctx N")
     if len(tensor_split) != len(cards) or any(n < 0 for n in tensor_split) or sum(tensor_split) != profile.n_layer + 1:
         raise _bad(f"tensor split {tensor_split} must give {len(cards)} non-negative counts summing to "
@@ -508,7 +509,7 @@ def plan_for_split(profile: Any, rig_or_cards: Any, options: PlanOptions, tensor
     memory.check_cache_types(profile, options.cache_type_k, options.cache_type_v, options.flash_attn)
     options = _output_placement(profile, cards, options)
     solver = _Solver(profile, cards, names, options)
-    costs = _costs(profile, options, options.n_ctx)
+    costs = _costs(profile, options, n_ctx)
     bounds = [0]
     for n in tensor_split:
         bounds.append(bounds[-1] + n)

@@ -33,7 +33,7 @@ def _ps(args: argparse.Namespace) -> int:
         return 0
     print(f"{'run':<24} {'pid':>7} {'state':<10} {'mode':<8} {'up':>7}  url / model")
     for r in rows:
-        up = time.time() - r["started"]
+        up = time.time() - float(str(r["started"]))
         print(f"{r['run']:<24} {r['pid']:>7} {str(r['state']):<10} {str(r['mode']):<8} {up:>6.0f}s  "
               f"{r['url']}  {r['model']}")
     return 0

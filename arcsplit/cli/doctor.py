@@ -126,7 +126,7 @@ def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: l
     if r.backend == "sycl" or f.neo:
         row("NEO (compute-runtime)", f"{f.neo.label}   [{f.neo.source}]" if f.neo else "not read")
         for extra in f.neo_readings[1:]:
-            if extra.build != f.neo.build:
+            if f.neo is not None and extra.build != f.neo.build:
                 row("", f"but {extra.label}   [{extra.source}]")
         row("Level Zero loader", f.level_zero_loader or "not read")
         row("oneAPI", f.oneapi or "not read")

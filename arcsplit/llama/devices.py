@@ -152,10 +152,10 @@ def discover_rig(backend: str, gpus: list[int] | None, binaries: LlamaBinaries |
     wanted = gpus if gpus is not None else sorted(by_index)
     cards = []
     for g in wanted:
-        d = by_index.get(g)
-        if d is None:
+        found = by_index.get(g)
+        if found is None:
             known = ", ".join(str(i) for i in sorted(by_index))
             raise UnknownCard(f"there is no {backend} card {g}", f"pick from the cards llama.cpp reports: {known}")
-        cards.append(Card(backend=backend, index=g, name=d.description,
-                          total_bytes=d.total_mib * MiB, free_bytes=max(1, d.free_mib) * MiB))
+        cards.append(Card(backend=backend, index=g, name=found.description,
+                          total_bytes=found.total_mib * MiB, free_bytes=max(1, found.free_mib) * MiB))
     return Rig(cards=tuple(cards), name=f"{len(cards)} {backend} card(s)")

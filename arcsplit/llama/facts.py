@@ -158,7 +158,8 @@ def parse_sycl_ls(text: str) -> list[SyclDevice]:
 
 
 def _parse_sycl_ls_verbose(text: str) -> list[SyclDevice]:
-    platform_name, current, out = "", None, []
+    platform_name, out = "", []
+    current: dict[str, str] | None = None
     counters: dict[str, int] = {}
 
     def flush() -> None:
@@ -516,8 +517,8 @@ def gather_facts(backend: str = "sycl", build_info: Any = None, sycl_ls_file: st
                       else "oneAPI: no $CMPLR_ROOT/$ONEAPI_ROOT, no /opt/intel/oneapi/compiler/latest")
 
     kfacts = _kernel_facts(kernel, kernel_config, unread)
-    cards, why = discover_cards(sysfs_root) if sysfs_root is not None else ([], None)  # None: another machine
-    if why:
-        unread.append(f"cards: {why}")
+    cards, why_cards = discover_cards(sysfs_root) if sysfs_root is not None else ([], None)  # None: another machine
+    if why_cards:
+        unread.append(f"cards: {why_cards}")
     return Facts(neo, tuple(readings), loader, oneapi, kfacts, tuple(cards), tuple(sycl_devices), llama_build,
                  tuple(unread), tuple(notes))

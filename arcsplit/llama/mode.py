@@ -22,9 +22,14 @@ _SPEED = {"multi": "native speed", "multi+workaround": "one context, no peer acc
 
 
 class ProbeLike(Protocol):
-    mode: str
-    ok: bool
-    status: str
+    @property
+    def mode(self) -> str: ...
+
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def status(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,8 @@ def choose_mode(backend: str, n_cards: int, forced: str | None = None, verdict: 
             return ok, f"probe: {mode} {'worked' if ok else 'failed (' + status + ')'}"
         if mode == "multi":
             if bad_multi:
-                return False, f"not probed; versions say it fails (rule {verdict.rule}: {', '.join(verdict.sources)})"
+                rule, sources = (verdict.rule, verdict.sources) if verdict is not None else ("?", ())
+                return False, f"not probed; versions say it fails (rule {rule}: {', '.join(sources)})"
             if verdict is not None and verdict.status == "unknown":
                 return True, (f"not probed; versions cannot tell ({verdict.summary}); if loading fails with "
                               f"'failed to allocate {backend.upper()}0 buffer', run `arcsplit doctor` or use --mode hybrid")

@@ -125,7 +125,7 @@ def classify(output: str, returncode: int | None, timed_out: bool, devices: Sequ
     if m:
         return "rpc_error", m.group(0), None, allocated
     crashed = returncode is not None and (returncode < 0 or returncode in (134, 139))
-    if crashed:
+    if crashed and returncode is not None:
         how = _signal_name(returncode) if returncode < 0 else f"exit {returncode}"
         if not _LOAD_BEGAN.search(output):
             return "context_crash", f"crashed ({how}) before loading the model: device/context initialisation", None, allocated

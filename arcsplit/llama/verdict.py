@@ -98,9 +98,9 @@ def _matches(rule: Rule, backend: str, neo_build: int | None, kernel_release: st
             return False
         if key == "neo_build_max" and (neo_build is None or neo_build > want):
             return False
-        if key == "kernel_min" and (kernel is None or kernel < parse_kernel_release(want)):
+        if key == "kernel_min" and (kernel is None or kernel < (parse_kernel_release(want) or ())):
             return False
-        if key == "kernel_below" and (kernel is None or kernel >= parse_kernel_release(want)):
+        if key == "kernel_below" and (kernel is None or kernel >= (parse_kernel_release(want) or ())):
             return False
         if key == "kernel_pattern" and (kernel_release is None or not re.search(want, kernel_release)):
             return False

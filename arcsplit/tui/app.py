@@ -33,7 +33,8 @@ PROC_COLUMNS = ("process", "role", "card", "pid", "state", "uptime", "restarts",
 class Source(Protocol):
     """Where the dashboard gets its messages and sends its requests (the bus Feed, or a recording)."""
 
-    run_id: str
+    @property
+    def run_id(self) -> str: ...
 
     def events(self) -> AsyncIterator[dict[str, Any]]: ...
 
