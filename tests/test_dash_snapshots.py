@@ -122,7 +122,7 @@ def record(tmp: Path, llama_dir: Path, model: Path) -> list[dict[str, Any]]:
                 msgs.append(msg)
                 if sum(m["kind"] == "telemetry" for m in msgs) == 2:
                     httpx.post(f"{inst.url}/completion", json={"prompt": "Hello", "n_predict": 16}, timeout=60)
-                if sum(m["kind"] == "telemetry" for m in msgs) >= 8 or time.monotonic() - t0 > 20:
+                if sum(m["kind"] == "telemetry" for m in msgs) >= 8 or time.monotonic() - t0 > 90:  # a loaded machine needs long for the completion
                     break
             status = client.status()
     return mask(msgs, status)
