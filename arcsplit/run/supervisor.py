@@ -10,6 +10,10 @@ turns 200, with a *stall* timeout that any log line, load-progress report or CPU
 /health stays 200 when an rpc-server dies, so the processes themselves are watched (their exit is awaited,
 not polled). When any member exits the group is stopped in order (llama-server first) and restarted with
 exponential backoff; a cap of consecutive failures gives up with the log lines that explain why.
+
+Members are started through a Launcher (run/launch.py: local processes today; a remote host or an in-memory fake
+implement the same seam), from specs that are complete (run/specs.py); states change only along the tables in
+run/states.py.
 """
 
 from __future__ import annotations
