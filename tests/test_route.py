@@ -133,15 +133,13 @@ def test_np_and_parallel_are_one_flag_on_plan_and_serve(demo_model, described_ri
 # -- the CPU backend, for real ----------------------------------------------------------------------------------
 
 
-def _serve_state(state_dir: Path) -> dict[str, Any] | None:
-    for f in state_dir.glob("runs/*/state.json"):
-        try:
-            state = json.loads(f.read_text())
-        except ValueError:
-            continue
-        if state.get("group") == "ready":
-            return state
-    return None
+def _serving(port: int) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 @pytest.mark.slow
@@ -150,23 +148,25 @@ def test_plan_shows_exactly_what_the_real_serve_starts_on_cpu(mode, gpus, demo_m
     env = {**os.environ, "ARCSPLIT_STATE_DIR": str(tmp_path / "state"), "ARCSPLIT_CACHE_DIR": str(tmp_path / "cache"),
            "ARCSPLIT_RUNTIME_DIR": str(tmp_path / "rt"), "ARCSPLIT_LLAMA_DIR": str(llama_bins.bin_dir)}
     n_rpc = {"rpc": 2, "hybrid": 1, "auto": 2}.get(mode, 0)
+    port = _free_port()
     argv = [str(demo_model), "--backend", "cpu", "--gpus", gpus, "--cpu-memory", "1024", "--ctx", "1024",
-            "--threads", "1", "--port", str(_free_port())]
+            "--threads", "1", "--port", str(port)]
     argv += ["--mode", mode] if mode != "auto" else []
     argv += ["--rpc-ports", ",".join(str(_free_port()) for _ in range(n_rpc))] if n_rpc else []
-    plan = subprocess.run([sys.executable, "-m", "arcsplit", "plan", *argv, "--json"], env=env, capture_output=True,
-                          text=True, timeout=60)
+    # --no-repack: llama-server's own CPU kernels for repacked Q4_K die with SIGILL on this machine's AMX CPU.
+    plan = subprocess.run([sys.executable, "-m", "arcsplit", "plan", *argv, "--json", "--", "--no-repack"], env=env,
+                          capture_output=True, text=True, timeout=60)
     assert plan.returncode == 0, plan.stderr
     planned = json.loads(plan.stdout)
-    serve = subprocess.Popen([sys.executable, "-m", "arcsplit", "serve", *argv, "--no-bus"], env=env,
+    serve = subprocess.Popen([sys.executable, "-m", "arcsplit", "serve", *argv, "--no-bus", "--", "--no-repack"], env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 90
-        state = None
-        while state is None and time.monotonic() < deadline and serve.poll() is None:
+        deadline = time.monotonic() + 120
+        while not _serving(port) and time.monotonic() < deadline and serve.poll() is None:
             time.sleep(0.2)
-            state = _serve_state(tmp_path / "state")
-        assert state is not None, serve.stderr.read() if serve.poll() is not None else "serve never got ready"
+        assert _serving(port), serve.stderr.read() if serve.poll() is not None else "serve never got ready"
+        (state_file,) = (tmp_path / "state").glob("runs/*/state.json")
+        state = json.loads(state_file.read_text())
         started = {p["name"]: psutil.Process(p["pid"]).cmdline() for p in state["processes"]}
         assert started == {p["name"]: p["argv"] for p in planned["processes"]}
         for p in planned["processes"]:
