@@ -176,3 +176,27 @@ def test_plan_shows_exactly_what_the_real_serve_starts_on_cpu(mode, gpus, demo_m
     finally:
         serve.send_signal(signal.SIGINT)
         serve.wait(timeout=60)
+
+
+def test_telemetry_and_the_dashboard_read_each_cards_holder_from_status():
+    """No string surgery on device names: the holder comes from status["route"] (here llama-server holds the
+    CPU-backend hybrid's first card, which is named CPU, not RPCk)."""
+    import asyncio
+
+    from arcsplit.route import Route
+    from arcsplit.telemetry import Telemetry
+    from arcsplit.tui.state import DashState
+    from arcsplit.tui.widgets import process_rows
+
+    status = {"state": "starting", "route": Route.build("hybrid", "cpu", [0, 1]).to_dict(),
+              "processes": {"rpc0": {"pid": None, "state": "new", "role": "rpc"},
+                            "server": {"pid": os.getpid(), "state": "starting", "role": "server",
+                                       "argv": ["llama-server", "-t", "1"]}},
+              "plan": {"cards": [{"device": "CPU", "backend": "cpu", "index": 0, "free": G},
+                                 {"device": "RPC0", "backend": "cpu", "index": 1, "free": G}]}}
+    data = asyncio.run(Telemetry(nvml=False).sample(status))
+    assert [c["holder"] for c in data["cards"]] == ["server", "rpc0"]
+    assert data["cards"][0]["source"] is not None  # sampled from llama-server's own process
+    state = DashState()
+    state.status = status
+    assert {row[0]: row[2] for row in process_rows(state)} == {"rpc0": "1", "server": "0"}
