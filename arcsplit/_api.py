@@ -106,10 +106,11 @@ async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None
     """Serve ``model`` across ``gpus`` until the block ends; entered once llama-server answers /health 200.
 
     ``options`` are ServeRequest's fields: backend, mode, ctx, parallel, host, port, rpc_host, rpc_ports, threads,
-    cpu_memory_mib, llama_dir, output_layer, rpc_cache, ubatch, extra_args.
+    cpu_memory_mib, llama_dir, output_layer, rpc_cache, ubatch, extra_args, stop_grace.
     """
     prepared = prepare(_request(model, gpus, options))
-    instance = Instance(prepared, policy=RestartPolicy(max_failures=max_restarts), timeouts=Timeouts(stall=stall_timeout),
+    instance = Instance(prepared, policy=RestartPolicy(max_failures=max_restarts),
+                        timeouts=Timeouts(stall=stall_timeout, stop_grace=prepared.stop_grace),
                         bus=bus, bus_tcp=bus_tcp)
     async with anyio.create_task_group() as tg:
         await tg.start(instance.run)

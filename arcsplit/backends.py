@@ -37,6 +37,17 @@ class Backend:
     base_env: tuple[tuple[str, str], ...] = ()
     # What a process that must see none of this backend's cards gets.
     none_value: str = ""
+    # llama-server's -fa when the user does not choose: on where it saves memory and time. Off on SYCL: a B60 report
+    # measured generation faster without it (docs/runtime.md, "Flash attention"); a quantized V cache needs it anyway.
+    flash_attn: bool = True
+    # Seconds between SIGTERM and SIGKILL when arcsplit stops or restarts a group (`serve --stop-grace`). Longer on
+    # SYCL: a peer tool claims a SIGKILL while an Arc card releases memory can wedge it (unsourced; docs/runtime.md).
+    # A process that exits on SIGTERM ends the wait at once, so a longer grace costs nothing then.
+    stop_grace_s: float = 10.0
+
+    def flash_attn_for(self, quantized_v: bool) -> bool:
+        """-fa for this backend; llama.cpp refuses a quantized V cache without flash attention."""
+        return self.flash_attn or quantized_v
 
     def device_name(self, position: int) -> str:
         """The name llama.cpp gives the ``position``-th card a process sees."""
@@ -75,6 +86,7 @@ REGISTRY: dict[str, Backend] = {
             # Level Zero has no CPU devices, so this selects nothing; ggml-sycl then has no devices and stays
             # out of the way ("Do not hard crash when there exists no SYCL devices"). Not run on an Arc here.
             none_value="level_zero:cpu",
+            flash_attn=False, stop_grace_s=30.0,
         ),
         Backend(
             name="cuda", prefix="CUDA", visibility_var="CUDA_VISIBLE_DEVICES",

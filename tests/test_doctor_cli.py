@@ -39,7 +39,7 @@ def run_json(capsys, *argv: str) -> dict:
 def test_seed_003_machine_from_its_bug_report(capsys, config_off):
     data = run_json(capsys, "--backend", "sycl", "--gpus", "0,1", "--sycl-ls", str(FX / "sycl_ls_b70_fedora44.txt"),
                     "--kernel", FEDORA, "--kernel-config", str(config_off))
-    assert data["verdict"]["status"] == "bad" and data["verdict"]["rule"] == "neo-26.05-multi-device-alloc"
+    assert data["verdict"]["status"] == "bad" and data["verdict"]["rule"] == "neo-25.44-multi-device-alloc"
     assert data["mode"] == "hybrid"
     assert any("#916" in r for r in data["reasons"])
     assert data["facts"]["neo"]["build"] == 38308 and data["facts"]["kernel"]["move_notify"] is False

@@ -33,7 +33,7 @@ def request_from_args(args: argparse.Namespace) -> Any:
                         parallel=args.parallel, host=args.host, port=args.port, rpc_host=args.rpc_host,
                         rpc_ports=args.rpc_ports, threads=args.threads, ubatch=args.ubatch, rpc_cache=args.rpc_cache,
                         cpu_memory_mib=args.cpu_memory, output_layer=args.output_layer,
-                        llama_dir=args.llama_dir, extra_args=tuple(args.extra))
+                        llama_dir=args.llama_dir, extra_args=tuple(args.extra), stop_grace=args.stop_grace)
 
 
 def build_config(args: argparse.Namespace) -> Any:
@@ -58,6 +58,10 @@ def _serve(args: argparse.Namespace) -> int:
         return _serve_with_dashboard(prepared, args)
     for reason in prepared.decision.reasons:
         _say(f"mode {prepared.decision.mode}: {reason}")
+    for dropped in prepared.config.env_dropped:
+        _say(f"environment: {dropped.line()}")
+    if prepared.features_off:
+        _say(f"note: {prepared.config.server_bin} lacks flags arcsplit uses; off: {'; '.join(prepared.features_off)}")
     if prepared.config.mode in ("hybrid", "rpc"):
         from ..llama.patches import missing_note
 
@@ -72,7 +76,8 @@ def _instance(prepared: Any, args: argparse.Namespace, say: Any) -> Any:
     from ..run.supervisor import RestartPolicy, Timeouts
 
     return Instance(prepared, policy=RestartPolicy(max_failures=args.max_restarts),
-                    timeouts=Timeouts(stall=args.stall_timeout), bus=not args.no_bus or args.tui,
+                    timeouts=Timeouts(stall=args.stall_timeout, stop_grace=prepared.stop_grace),
+                    bus=not args.no_bus or args.tui,
                     bus_tcp=args.bus, say=say)
 
 
@@ -238,6 +243,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="consecutive failures before giving up (default: 5)")
     p.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",
                    help="give up a load after this long without any progress (default: 120)")
+    p.add_argument("--stop-grace", type=float, default=None, metavar="S",
+                   help="seconds between SIGTERM and SIGKILL when stopping or restarting (default: per backend, "
+                        "30 on sycl, 10 elsewhere; docs/runtime.md)")
     p.add_argument("--json-events", action="store_true", help="print every event but log lines as JSON on stdout")
     p.add_argument("--bus", metavar="tcp://HOST:PORT",
                    help="serve the bus over TCP with CURVE keys: events on PORT, control on PORT+1 "
