@@ -88,3 +88,36 @@ def test_table_is_data_and_extensible():
 def test_bad_rule_tables_fail_loudly(text, match):
     with pytest.raises(ArcsplitError, match=match):
         parse_rules(text)
+
+
+def test_counterexample_keeps_the_choice_probe_led():
+    """#25286 (dual B70, Ubuntu kernel 7.0.0-27, NEO 26.18: fails) contradicts #22885's working 7.0.0-10: the table
+    says "unknown", so one context is tried only until a probe or a failed load says otherwise."""
+    from arcsplit.llama.mode import choose_mode
+
+    v = judge("sycl", 38308, "7.0.0-27-generic", None)
+    assert v.status == "unknown" and "ggml-org/llama.cpp#25286" in v.sources
+    unprobed = choose_mode("sycl", 2, verdict=v)
+    assert unprobed.mode == "multi" and not unprobed.verified
+    assert any("versions cannot tell" in r and "--mode hybrid" in r for r in unprobed.reasons)
+    probed = choose_mode("sycl", 2, verdict=v, probe_results={"multi": False, "multi+workaround": False, "hybrid": True})
+    assert probed.mode == "hybrid" and probed.verified
+
+
+def test_report_says_when_probe_and_table_disagree():
+    from arcsplit.llama.mode import choose_mode
+    from arcsplit.llama.probe import ProbeResult
+    from arcsplit.llama.runtime import RuntimeReport
+
+    facts = F.gather_facts("sycl", None, FX / "sycl_ls_b70_fedora44.txt", "7.2.0", None, sysfs_root=None)
+    good = judge("sycl", 38308, "7.2.0", None)
+    failed = ProbeResult("multi", False, "alloc_failed", "alloc_tensor_range: failed to allocate SYCL0 buffer")
+    r = RuntimeReport("sycl", (0, 1), facts, good, choose_mode("sycl", 2, verdict=good, probe_results=[failed]),
+                      (failed,))
+    assert r.decision.mode != "multi"
+    assert "neo-25.44-kernel-fixed" in r.disagreement and "follows the probe" in r.disagreement
+    assert r.to_dict()["disagreement"] == r.disagreement
+    worked = ProbeResult("multi", True, "ok", "loaded on SYCL0, SYCL1")
+    agree = RuntimeReport("sycl", (0, 1), facts, good, choose_mode("sycl", 2, verdict=good, probe_results=[worked]),
+                          (worked,))
+    assert agree.disagreement is None
