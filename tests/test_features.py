@@ -33,18 +33,18 @@ def test_old_build_gets_only_flags_it_knows():
     cfg = config("cuda", "multi", [0, 1], server_features=OLD)
     server = specs_for(cfg)[-1]
     argv = list(server.argv)
-    assert "--fit" not in argv and "--no-kv-unified" not in argv
+    assert "--fit" not in argv and "--kv-unified" not in argv
     i = argv.index("-fa")  # the old bare switch: "-fa on" became "-fa"
     assert i == len(argv) - 1 or argv[i + 1].startswith("-")
     assert {a for a in argv[1:] if a.startswith("-")} <= OLD.flags
-    assert server.features_off == ()  # nothing the user would miss: --fit off and the KV split were old defaults
+    assert server.features_off == ()  # nothing the user would miss: no fit and one shared KV cache were old defaults
 
 
 def test_flash_attention_off_and_lost_features_are_reported():
-    fa_off = ["-m", "m", "-fa", "off", "--metrics", "-ot", "output.weight=SYCL0", "--kv-unified"]
+    fa_off = ["-m", "m", "-fa", "off", "--metrics", "-ot", "output.weight=SYCL0", "--no-kv-unified"]
     argv, off = fit_args(fa_off, OLD)
     assert argv == ("-m", "m", "--metrics")  # old default was off: nothing to pass
-    assert any("--output-layer local" in o for o in off) and any("[--kv-unified]" in o for o in off)
+    assert any("--output-layer local" in o for o in off) and any("[--no-kv-unified]" in o for o in off)
     no_metrics = parse_help("-m,    --model FNAME      model path\n")
     assert any("[--metrics]" in o for o in fit_args(["-m", "m", "--metrics"], no_metrics)[1])
 

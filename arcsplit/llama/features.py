@@ -30,8 +30,9 @@ _TABLE_CELL = re.compile(r"^\|\s*`(?P<cell>[^`]+)`\s*\|")
 OPTIONAL: dict[str, tuple[bool, str | None]] = {
     "--metrics": (False, "llama-server's /metrics (request and token counters in the dashboard)"),
     "--fit": (True, None),  # builds without --fit never fit on their own: "--fit off" is their behaviour
-    "--kv-unified": (False, "one KV cache shared by all slots (this build gives each slot n_ctx/np)"),
-    "--no-kv-unified": (False, None),  # builds without the switch split the KV cache per slot already
+    # Before the switch (llama.cpp PR #14363, mid-2025) every build shared one KV cache among all sequences.
+    "--kv-unified": (False, None),
+    "--no-kv-unified": (False, "a KV stream per slot (this build shares one KV cache among the slots)"),
     "--swa-full": (False, "full-size SWA cache"),
     "-ot": (True, "--output-layer local (this build cannot place tensors)"),
     "-lv": (True, "per-card buffer lines in the log (verbosity 4)"),
