@@ -12,6 +12,7 @@ from anyio.from_thread import start_blocking_portal
 from .llama.devices import discover_rig, parse_gpus
 from .llama.locate import find_llama
 from .model import load_profile
+from .backends import flash_attn_default
 from .planner import Plan, PlanOptions, make_plan
 from .rig import Rig, load_layout
 from .run.bus import Client, attach
@@ -40,7 +41,7 @@ def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None,
         rig = discover_rig(backend, parse_gpus(gpus if isinstance(gpus, str) or gpus is None else list(gpus)),
                            binaries, cpu_memory_mib)
     options = PlanOptions(n_ctx=ctx, n_parallel=parallel, cache_type_k=cache_type, cache_type_v=cache_type,
-                          n_ubatch=ubatch)
+                          n_ubatch=ubatch, flash_attn=flash_attn_default(rig.cards[0].backend, cache_type))
     backends = {c.backend for c in rig.cards}
     devices = plan_devices(mode, rig.cards[0].backend, [c.index for c in rig.cards]) if len(backends) == 1 else None
     return make_plan(profile, rig, options, devices=devices)

@@ -45,10 +45,6 @@ class Backend:
     # A process that exits on SIGTERM ends the wait at once, so a longer grace costs nothing then.
     stop_grace_s: float = 10.0
 
-    def flash_attn_for(self, quantized_v: bool) -> bool:
-        """-fa for this backend; llama.cpp refuses a quantized V cache without flash attention."""
-        return self.flash_attn or quantized_v
-
     def device_name(self, position: int) -> str:
         """The name llama.cpp gives the ``position``-th card a process sees."""
         return f"{self.prefix or 'CPU'}{position}"
@@ -122,3 +118,9 @@ def by_prefix(device: str) -> Backend | None:
         if b.prefix is not None and b.prefix.lower() == head.lower():
             return b
     return None
+
+
+def flash_attn_default(backend: str, cache_type_v: str = "f16") -> bool:
+    """-fa when the user does not choose: the backend's default, but always on for a quantized V cache, which
+    llama.cpp refuses without flash attention."""
+    return get(backend).flash_attn or cache_type_v not in ("f16", "f32", "bf16")

@@ -19,7 +19,7 @@ def test_flash_attention_default_per_backend():
     assert backends.get("sycl").flash_attn is False
     assert all(backends.get(b).flash_attn for b in ("cpu", "cuda", "vulkan"))
     # llama.cpp refuses a quantized V cache without flash attention: that wins over the backend's default
-    assert backends.get("sycl").flash_attn_for(quantized_v=True) is True
+    assert backends.flash_attn_default("sycl") is False and backends.flash_attn_default("sycl", "q8_0") is True
 
 
 @pytest.mark.parametrize("backend, fa", [("sycl", "off"), ("cuda", "on"), ("vulkan", "on")])

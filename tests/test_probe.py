@@ -212,3 +212,28 @@ def test_cache_roundtrip_and_damage(tmp_path, monkeypatch):
     assert load_cached(other) is None  # a new kernel means a new probe
     path.write_text("{not json")
     assert load_cached(key) is None
+
+
+def test_doctor_gives_the_pinned_output_failure_its_own_remedies():
+    """A one-context probe failing with #28765 must not send the user to a kernel upgrade or a NEO downgrade."""
+    from arcsplit.cli.doctor import _render, remedies
+    from arcsplit.llama import facts as F
+    from arcsplit.llama.childenv import clean_env
+    from arcsplit.llama.mode import choose_mode
+    from arcsplit.llama.runtime import RuntimeReport
+    from arcsplit.llama.verdict import judge
+
+    facts = F.gather_facts("sycl", None, FX / "sycl_ls_b70_fedora44.txt", "7.2.0", None, sysfs_root=None)
+    verdict = judge("sycl", 38308, "7.2.0", None)  # kernel >= 7.1: NEO/kernel bug ruled out by versions
+    status, detail, code, _ = classify(log("ur_exception_27063.log"), -6, False, ("SYCL0", "SYCL1"))
+    multi = ProbeResult("multi", False, status, detail, code)
+    _, dropped = clean_env("sycl", {"GGML_SYCL_DISABLE_OPT": "1"})
+    report = RuntimeReport("sycl", (0, 1), facts, verdict, choose_mode("sycl", 2, verdict=verdict,
+                           probe_results=[multi]), (multi,), env_dropped=dropped)
+    fixes = remedies(report)
+    text = " ".join(f["title"] + " " + f["command"] for f in fixes)
+    assert "#28765" in fixes[0]["title"] and "GGML_SYCL_ENABLE_HOST_PINNED_MEM=0" in text and "--mode hybrid" in text
+    assert "7.1" not in text and "25.40" not in text
+    out = _render(report, [], None, fixes)
+    assert "not the NEO/kernel bug" in out and "follows the probe" in out
+    assert "GGML_SYCL_DISABLE_OPT=1 removed" in out

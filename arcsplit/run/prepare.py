@@ -162,7 +162,7 @@ def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str) -> Plan:
     ubatch = req.ubatch if req.ubatch is not None else ROUTE_UBATCH.get(mode, 512)
     options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel, n_ubatch=ubatch, n_batch=max(2048, ubatch),
                           output_on_first=output_local(req, mode),
-                          flash_attn=backends.get(req.backend).flash_attn_for(quantized_v=False))
+                          flash_attn=backends.flash_attn_default(req.backend))
     return make_plan(profile, rig, options, devices=plan_devices(mode, req.backend, [c.index for c in rig.cards]))
 
 
