@@ -60,11 +60,13 @@ def test_text_report_reads_for_a_human(capsys, config_off):
     assert "arcsplit serve model.gguf --gpus 0,1 --mode hybrid" in out
 
 
-def test_ubuntu_2604_kernel_is_fine(capsys):
-    # no --backend: a pasted sycl-ls means the Intel case even on a machine without an Intel card
+def test_ubuntu_2604_kernel_is_left_to_the_probe(capsys):
+    # no --backend: a pasted sycl-ls means the Intel case even on a machine without an Intel card. Reports disagree
+    # on Ubuntu 26.04 kernels (#22885 fine, #25286 failing), so versions cannot tell: multi is tried, unverified.
     data = run_json(capsys, "--gpus", "0,1", "--sycl-ls", str(FX / "sycl_ls_b70_fedora44.txt"),
                     "--kernel", "7.0.0-10-generic")
-    assert data["verdict"]["status"] == "good" and data["mode"] == "multi" and data["remedies"] == []
+    assert data["verdict"]["status"] == "unknown" and "ggml-org/llama.cpp#25286" in data["verdict"]["sources"]
+    assert data["mode"] == "multi" and not data["verified"] and data["remedies"] == []
 
 
 def test_kernel_config_unknown_gives_unknown_not_a_guess(capsys):
