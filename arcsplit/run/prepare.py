@@ -226,12 +226,13 @@ def prepare(req: ServeRequest) -> Prepared:
 
 def hybrid_fallback(prepared: Prepared, say: Callable[[str], None] | None = None
                     ) -> Callable[[ServeConfig, str], ServeConfig | None]:
-    """What the supervisor does when a one-context load fails with the allocation signature: record, go hybrid."""
+    """What the supervisor does when a one-context group fails in a way hybrid avoids (logs.MULTI_DEVICE_KINDS: the
+    NEO allocation failure, llama.cpp#28765's output copy): record, go hybrid."""
 
     def fallback(cfg: ServeConfig, message: str) -> ServeConfig | None:
         record_observed(cfg.backend, cfg.mode, False, message)
         if say:
-            say(f"{cfg.mode} failed with the multi-device allocation error; falling back to hybrid (recorded)")
+            say(f"{cfg.mode} failed with a one-context error ({message[:120]}); falling back to hybrid (recorded)")
         plan = plan_for_mode(prepared.profile, prepared.rig, prepared.request, "hybrid")
         return replace(cfg, plan=plan, mode="hybrid", mode_env=())
 
