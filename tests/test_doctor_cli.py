@@ -45,10 +45,11 @@ def test_seed_003_machine_from_its_bug_report(capsys, config_off):
     assert data["facts"]["neo"]["build"] == 38308 and data["facts"]["kernel"]["move_notify"] is False
     assert "another machine" in data["probe"]["note"] and data["probe"]["results"] == []
     titles = [r["title"] for r in data["remedies"]]
-    assert titles[0].startswith("Run Linux >= 7.1") and "debug keys" in titles[1] and "Hybrid" in titles[2]
+    assert titles[0].startswith("Update NEO past 26.27.39122") and titles[1].startswith("Run Linux >= 7.1")
+    assert "debug keys" in titles[2] and "Hybrid" in titles[3]
     assert any("25.40.35563.10" in t for t in titles) and "Vulkan" in titles[-1]
-    assert data["remedies"][2]["command"] == "arcsplit serve model.gguf --gpus 0,1 --mode hybrid"
-    assert "NEOReadDebugKeys=1 ForceZeDeviceCanAccessPerReturnValue=0" in data["remedies"][1]["command"]
+    assert data["remedies"][3]["command"] == "arcsplit serve model.gguf --gpus 0,1 --mode hybrid"
+    assert "NEOReadDebugKeys=1 ForceZeDeviceCanAccessPerReturnValue=0" in data["remedies"][2]["command"]
 
 
 def test_text_report_reads_for_a_human(capsys, config_off):

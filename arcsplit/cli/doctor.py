@@ -54,7 +54,11 @@ def remedies(report: RuntimeReport) -> list[dict[str, str]]:
     if report.backend == "sycl":
         env = " ".join(f"{k}={v}" for k, v in (report.verdict.env or NEO_WORKAROUND_ENV).items())
         out += [
-            {"title": "Run Linux >= 7.1 (the real fix: drm/xe dma-buf, torvalds/linux 609fc8766d68; intel/compute-runtime#916)",
+            {"title": "Update NEO past 26.27.39122 (Intel's own fix, compute-runtime e91243a9d0, first in 26.27.39122.10; "
+                      "26.27.39122 itself segfaults, intel/compute-runtime#971)",
+             "command": "install intel-opencl-icd and libze-intel-gpu1 26.31 or later from "
+                        "https://github.com/intel/compute-runtime/releases, then `arcsplit doctor --reprobe`"},
+            {"title": "Run Linux >= 7.1 (the kernel fix: drm/xe dma-buf, torvalds/linux 609fc8766d68; intel/compute-runtime#916)",
              "command": "uname -r   # then install your distribution's 7.1+ kernel and reboot"},
             {"title": "Intel's workaround: NEO debug keys that turn off peer access, keeping one context",
              "command": f"{env} llama-server ...   # or: arcsplit serve model.gguf --gpus {gpus} --mode multi+workaround"},
