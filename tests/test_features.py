@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from arcsplit.errors import BadInput
-from arcsplit.llama.features import OPTIONAL, parse_help, fit_args, server_features
+from arcsplit.llama.features import OPTIONAL, RPC_OPTIONAL, RPC_REQUIRED, binary_features, fit_args, parse_help
 
 from test_specs import config, specs_for
 
@@ -67,7 +67,7 @@ def test_managed_builds_are_not_filtered():
 def test_real_help_of_this_build(llama_bins, tmp_path, monkeypatch):
     """The CPU build's own --help: every flag arcsplit passes is there, -fa takes on|off|auto."""
     monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path))
-    f = server_features(llama_bins.server)
+    f = binary_features(llama_bins.server)
     assert {"--fit", "--kv-unified", "--no-kv-unified", "-ot", "--rpc", "--metrics", "--device"} <= f.flags
     assert "-fa" in f.with_value and "--fit" in f.with_value and "--metrics" not in f.with_value
     assert set(OPTIONAL) <= f.flags
@@ -85,13 +85,13 @@ def test_help_is_read_once_per_binary_version(llama_bins, tmp_path, monkeypatch)
     shutil.copy2(llama_bins.server, copy)
     for lib in llama_bins.bin_dir.glob("*.so*"):
         os.symlink(lib, copy.parent / lib.name)
-    first = server_features(copy)
+    first = binary_features(copy)
     assert len(list((tmp_path / "cache" / "features").glob("*.json"))) == 1
     copy.chmod(0o644)  # not executable any more: only the cache can answer now
-    assert server_features(copy) == first
+    assert binary_features(copy) == first
     copy.chmod(0o755)
     os.utime(copy, ns=(0, 1))  # another mtime: another binary
-    assert server_features(copy) == first
+    assert binary_features(copy) == first
     assert len(list((tmp_path / "cache" / "features").glob("*.json"))) == 2
 
 
@@ -103,4 +103,21 @@ def test_serve_with_a_foreign_build_probes_it(llama_bins, demo_model, tmp_path, 
     p = prepare(ServeRequest(model=str(demo_model), gpus=[0, 1], backend="cpu", port=18932,
                              llama_dir=str(llama_bins.bin_dir)))
     assert p.config.server_features is not None and "--fit" in p.config.server_features.flags
+    assert p.config.rpc_features is not None and {"-t", "-c", "-H", "-p"} <= p.config.rpc_features.flags
     assert p.features_off == ()
+
+
+def test_rpc_server_of_this_build_and_an_older_one(llama_bins, tmp_path, monkeypatch):
+    """ggml-rpc-server's own --help (options indented by two); an rpc-server without -t/-c loses them with a note,
+    one without -H/-p cannot serve."""
+    monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path))
+    f = binary_features(llama_bins.rpc_server)
+    assert set(RPC_OPTIONAL) | set(RPC_REQUIRED) <= f.flags and "-t" in f.with_value and "-c" not in f.with_value
+    cfg = config("cuda", "rpc", [0, 1], rpc_features=f, rpc_cache_dir="/c")
+    assert specs_for(cfg)[0].argv == specs_for(config("cuda", "rpc", [0, 1], rpc_cache_dir="/c"))[0].argv
+    old = parse_help("  -H HOST   host to bind to\n  -p PORT   port to bind to\n")
+    rpc0 = specs_for(config("cuda", "rpc", [0, 1], rpc_features=old, rpc_cache_dir="/c"))[0]
+    assert rpc0.argv[1:] == ("-H", "127.0.0.1", "-p", "50100")
+    assert any("--rpc-cache" in o for o in rpc0.features_off)
+    with pytest.raises(BadInput, match="does not accept -p"):
+        specs_for(config("cuda", "rpc", [0, 1], rpc_features=parse_help("  -H HOST   host\n")))

@@ -1,10 +1,10 @@
-"""Which llama-server flags a build arcsplit did not make accepts, read once from its own ``--help``.
+"""Which flags a llama.cpp build arcsplit did not make accepts, read once from each binary's own ``--help``.
 
 A llama-server from PATH, ``--llama-dir`` or Intel's IPEX-LLM may predate flags arcsplit passes (``--fit`` and
 ``--kv-unified`` are 2025 additions; ``-fa`` took no value before ``-fa on|off|auto``). llama-server exits on an
 unknown flag, so arcsplit asks the binary once (cached by path, size and mtime), drops what it lacks and says which
 features are off; a flag the route cannot do without (``--rpc``, ``--device``, ...) is a one-line error instead.
-``parse_help`` and ``fit_args`` are pure; ``server_features`` runs the binary.
+``parse_help`` and ``fit_args`` are pure; ``binary_features`` runs the binary (llama-server or ggml-rpc-server).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from ..errors import BadInput, LlamaError
 
 CACHE_VERSION = 1
 # One option line of `--help` (common/arg.cpp common_arg::to_string: aliases joined by ", ", then the value hint,
-# then the help text after padding) or the first cell of the README table llama-gen-docs makes from it.
-_HELP_LINE = re.compile(r"^(?P<names>-{1,2}[A-Za-z0-9][\w.-]*(?:,\s*-{1,2}[A-Za-z0-9][\w.-]*)*)(?P<hint>[^\n]*?)(?:\s{2,}|$)")
+# then the help text after padding; ggml-rpc-server indents its options by two) or the first cell of the README
+# table llama-gen-docs makes from it. Help text continues 40 columns in, so it never looks like an option.
+_HELP_LINE = re.compile(r"^ {0,4}(?P<names>-{1,2}[A-Za-z0-9][\w.-]*(?:,\s*-{1,2}[A-Za-z0-9][\w.-]*)*)(?P<hint>[^\n]*?)(?:\s{2,}|$)")
 _TABLE_CELL = re.compile(r"^\|\s*`(?P<cell>[^`]+)`\s*\|")
 
 # arcsplit's optional flags: (takes a value, what is lost when the build lacks it; None: nothing).
@@ -40,6 +41,12 @@ OPTIONAL: dict[str, tuple[bool, str | None]] = {
 # Flags a route cannot run without.
 REQUIRED = ("-m", "--host", "--port", "--device", "-ngl", "-c", "-np", "-b", "-ub", "-ctk", "-ctv", "-ts", "-sm",
             "--rpc", "-t")
+# The same for ggml-rpc-server (tools/rpc/rpc-server.cpp): -t and -c came after -H/-p.
+RPC_OPTIONAL: dict[str, tuple[bool, str | None]] = {
+    "-t": (True, "rpc-server thread count (its own default applies)"),
+    "-c": (False, "--rpc-cache (this rpc-server has no local weight cache)"),
+}
+RPC_REQUIRED = ("-H", "-p")
 
 
 @dataclass(frozen=True)
@@ -78,10 +85,12 @@ def parse_help(text: str, source: str = "") -> Features:
     return Features(frozenset(flags), frozenset(with_value), source)
 
 
-def fit_args(argv: Sequence[str], features: Features | None, binary: str = "llama-server"
+def fit_args(argv: Sequence[str], features: Features | None, binary: str = "llama-server",
+             optional: dict[str, tuple[bool, str | None]] = OPTIONAL, required: Sequence[str] = REQUIRED
              ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(argv this build accepts, features that are off). ``features`` None: a managed build, nothing to change.
-    Only arcsplit's own flags are touched; a required one the build lacks is a BadInput naming it."""
+    Only arcsplit's own flags are touched (``optional``/``required``: llama-server's by default, RPC_* for the
+    rpc-server); a required one the build lacks is a BadInput naming it."""
     if features is None:
         return tuple(argv), ()
     out: list[str] = []
@@ -99,13 +108,13 @@ def fit_args(argv: Sequence[str], features: Features | None, binary: str = "llam
                 out.append(arg)
             i += 2
             continue
-        if arg in OPTIONAL and not features.has(arg):
-            takes_value, lost = OPTIONAL[arg]
+        if arg in optional and not features.has(arg):
+            takes_value, lost = optional[arg]
             if lost:
                 off.append(f"{lost} [{arg}]")
             i += 2 if takes_value else 1
             continue
-        if arg in REQUIRED and not features.has(arg):
+        if arg in required and not features.has(arg):
             raise BadInput(f"{binary} does not accept {arg}, which this route needs (an older or differently built "
                            f"llama.cpp)", "use a newer llama.cpp built with -DGGML_RPC=ON, or `arcsplit llama build`")
         out.append(arg)
@@ -119,7 +128,7 @@ def _cache_path(binary: Path) -> Path:
     return cache_dir() / "features" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
-def server_features(binary: Path, timeout: float = 30.0) -> Features:
+def binary_features(binary: Path, timeout: float = 30.0) -> Features:
     """Ask ``binary --help`` once; the answer is cached until the file changes (path, size, mtime)."""
     try:
         path = _cache_path(binary)

@@ -18,7 +18,7 @@ from .. import backends
 from .._dirs import cache_dir
 from ..errors import BadInput
 from ..llama.childenv import clean_env
-from ..llama.features import server_features
+from ..llama.features import binary_features
 from ..llama.devices import discover_rig, parse_gpus
 from ..llama.locate import find_llama
 from ..llama.mode import ModeDecision, choose_mode
@@ -207,7 +207,8 @@ def prepare(req: ServeRequest) -> Prepared:
         print(f"arcsplit: warning: rpc-servers listen on {req.rpc_host}; the RPC protocol has no authentication, "
               f"so anyone who can reach it can run code on them - keep it on a trusted network", file=sys.stderr)
     # A build arcsplit did not make is asked once what it accepts (llama/features.py).
-    features = server_features(binaries.server) if binaries.found_by != "managed" else None
+    foreign = binaries.found_by != "managed"
+    features = binary_features(binaries.server) if foreign else None
     _, dropped = clean_env(req.backend, os.environ)
     config = ServeConfig(plan=plan, mode=decision.mode, backend=req.backend, server_bin=str(binaries.server),
                          rpc_bin=str(binaries.rpc_server), host=req.host, port=req.port, rpc_host=req.rpc_host,
@@ -216,10 +217,12 @@ def prepare(req: ServeRequest) -> Prepared:
                          rpc_spin_us=rpc_spin_us(req.backend, os.cpu_count() or 1),
                          rpc_cache_dir=str(cache_dir() / "rpc-cache") if req.rpc_cache else None,
                          mode_env=tuple(sorted(decision.env.items())), forced_mode=forced is not None,
-                         env_dropped=dropped, server_features=features)
+                         env_dropped=dropped, server_features=features,
+                         rpc_features=binary_features(binaries.rpc_server) if foreign else None)
     # The specs as the supervisor will build them (placeholder ports): a flag the route needs and this llama-server
     # lacks is an error now, before any process starts; what it can do without is reported.
-    off = build_specs(config, [0] * n_rpc_servers(config))[-1].features_off
+    specs = build_specs(config, [0] * n_rpc_servers(config))
+    off = tuple(dict.fromkeys(o for spec in specs for o in spec.features_off))
     grace = req.stop_grace if req.stop_grace is not None else backends.get(req.backend).stop_grace_s
     return Prepared(req, config, decision, profile, rig, grace, off)
 

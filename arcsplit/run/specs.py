@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 from .. import backends
 from ..errors import BadInput
 from ..llama.childenv import Dropped, overlay
-from ..llama.features import Features, fit_args
+from ..llama.features import RPC_OPTIONAL, RPC_REQUIRED, Features, fit_args
 from ..llama.patches import SPIN_ENV
 from ..planner import HOST_DEVICE, CardPlan, Plan
 
@@ -93,6 +93,7 @@ class ServeConfig:
     rpc_spin_us: int = 0  # > 0: every process of a hybrid/rpc group polls the RPC link this long before sleeping
     env_dropped: tuple[Dropped, ...] = ()  # inherited variables changed for every child (llama/childenv.py)
     server_features: Features | None = None  # what a llama-server arcsplit did not build accepts; None: all
+    rpc_features: Features | None = None  # the same for its rpc-server
 
     def __post_init__(self) -> None:
         public, secrets = split_secrets(self.extra_args)
@@ -167,9 +168,10 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
         if config.rpc_cache_dir:
             argv += ("-c",)
             env["LLAMA_CACHE"] = config.rpc_cache_dir  # the server keeps tensors > 10 MiB under <this>/rpc
+        argv, off = fit_args(argv, config.rpc_features, config.rpc_bin, RPC_OPTIONAL, RPC_REQUIRED)
         specs.append(ProcessSpec(name=f"rpc{k}", role="rpc", argv=argv, env=tuple(sorted(env.items())),
                                  host=config.rpc_host, port=port, cards=(pos,), device=f"RPC{k}",
-                                 ignore_sigpipe=True, env_unset=unset))
+                                 ignore_sigpipe=True, env_unset=unset, features_off=off))
 
     # What llama-server itself holds, and the names of its devices in --device order.
     local_positions = [i for i in range(len(plan.cards)) if i not in rpc_positions]
