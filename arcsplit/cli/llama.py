@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import BadInput
-from ..llama.build import BACKENDS, BuildConfig, build, sycl_flags
+from ..llama.build import BACKENDS, BuildConfig, build, managed_builds, sycl_flags
 from ..llama.locate import find_llama, server_build_info
 from ..llama.patches import build_patches, patches
 from ..llama.source import SDIST_VERSION
@@ -30,7 +30,9 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _which(args: argparse.Namespace) -> int:
-    bins = find_llama(args.llama_dir, backend=args.backend)
+    if args.all:
+        return _list_builds(args)
+    bins = find_llama(args.llama_dir, backend=args.backend, build=args.build)
     info = server_build_info(bins)
     data = {
         **bins.to_dict(),
@@ -54,13 +56,36 @@ def _which(args: argparse.Namespace) -> int:
         applied = data["patches"]
         print(f"arcsplit patches {', '.join(applied) if applied else ('none' if applied == [] else 'unknown')}")
         print(f"found by       {bins.found_by}")
+        if bins.note:
+            print(f"note           {bins.note}")
+    return 0
+
+
+def _list_builds(args: argparse.Namespace) -> int:
+    """Every managed build, whichever backend: the keys ``--build`` takes."""
+    builds = managed_builds()
+    if args.json:
+        print_json({"builds": [b.to_dict() for b in builds]})
+        return 0
+    if not builds:
+        print("no managed llama.cpp build yet: run `arcsplit llama build`")
+        return 0
+    print(f"{'key':<18} {'backend':<7} {'patches':<8} flags")
+    for b in builds:
+        cfg = b.config
+        patched = "unknown" if cfg is None else ("yes" if cfg.patched else "stock")
+        flags = "(unknown)" if cfg is None else (" ".join(cfg.extra_flags) or "-")
+        print(f"{b.key:<18} {b.backend:<7} {patched:<8} {flags}{'  (default)' if b.is_default else ''}")
     return 0
 
 
 def add_llama_dir(p: argparse.ArgumentParser) -> None:
-    """The --llama-dir option every command that runs llama.cpp shares."""
+    """The --llama-dir and --build options every command that runs llama.cpp shares."""
     p.add_argument("--llama-dir", metavar="DIR",
                    help="a llama.cpp bin dir to use (default: $ARCSPLIT_LLAMA_DIR, PATH, then the managed build)")
+    p.add_argument("--build", metavar="KEY",
+                   help="a managed build by its key (`arcsplit llama which --all` lists them; default: the "
+                        "backend's default build, else its newest)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -85,5 +110,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="Report the llama.cpp binaries arcsplit will run, their build and origin.")
     add_llama_dir(w)
     w.add_argument("--backend", choices=BACKENDS, default="cpu", help="which managed build to fall back to")
+    w.add_argument("--all", action="store_true", help="list every managed build and its key")
     w.add_argument("--json", action="store_true", help="machine-readable output")
     w.set_defaults(func=_which)

@@ -7,6 +7,7 @@ exists, so a failed or interrupted build is never mistaken for a finished one.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -83,6 +84,60 @@ class BuildConfig:
     @property
     def bin_dir(self) -> Path:
         return self.build_dir / "bin"
+
+
+CONFIG_FILE = ".arcsplit-build.json"  # in a finished build's bin dir: the BuildConfig it was made from
+
+
+@dataclass(frozen=True)
+class ManagedBuild:
+    """A finished build in the user cache; ``config`` is None for one made before arcsplit recorded it."""
+
+    key: str
+    bin_dir: Path
+    built: float  # mtime of the bin dir: when the build finished
+    config: BuildConfig | None
+
+    @property
+    def backend(self) -> str:
+        return self.key.split("-", 1)[0]
+
+    @property
+    def is_default(self) -> bool:
+        """What ``arcsplit llama build --backend B`` makes with no other flag."""
+        return self.backend in BACKENDS and self.key == BuildConfig(self.backend).key
+
+    def to_dict(self) -> dict[str, object]:
+        cfg = self.config
+        return {"key": self.key, "backend": self.backend, "bin_dir": str(self.bin_dir), "built": self.built,
+                "default": self.is_default, "extra_flags": list(cfg.extra_flags) if cfg else None,
+                "patched": cfg.patched if cfg else None}
+
+
+def managed_builds(backend: str | None = None) -> list[ManagedBuild]:
+    """Every finished managed build (of ``backend``, when given): the default key first, then newest first."""
+    found = []
+    root = llama_root()
+    for d in root.glob("build-*") if root.is_dir() else ():
+        key = d.name.removeprefix("build-")
+        bin_dir = d / "bin"
+        if d.suffix == ".partial" or not all((bin_dir / t).exists() for t in TARGETS):
+            continue
+        config = _read_config(bin_dir)
+        if config is None and key.split("-", 1)[0] in BACKENDS and key == BuildConfig(key.split("-", 1)[0]).key:
+            config = BuildConfig(key.split("-", 1)[0])  # a default build needs no record to be known
+        build = ManagedBuild(key, bin_dir, bin_dir.stat().st_mtime, config)
+        if backend is None or build.backend == backend:
+            found.append(build)
+    return sorted(found, key=lambda b: (not b.is_default, -b.built))
+
+
+def _read_config(bin_dir: Path) -> BuildConfig | None:
+    try:
+        data = json.loads((bin_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+        return BuildConfig(str(data["backend"]), tuple(str(f) for f in data["extra_flags"]), bool(data["patched"]))
+    except (OSError, ValueError, KeyError, TypeError, BadInput):
+        return None
 
 
 def sycl_flags(device_arch: str | None) -> tuple[str, ...]:
@@ -217,6 +272,8 @@ def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
     # Which patches went in, readable later by `arcsplit llama which` from the bin dir alone.
     (partial / "bin" / patches.MARKER).write_text(
         (src / patches.MARKER).read_text() if config.patched else "stock\n")
+    (partial / "bin" / CONFIG_FILE).write_text(json.dumps(
+        {"backend": config.backend, "extra_flags": list(config.extra_flags), "patched": config.patched}))
     shutil.rmtree(config.build_dir, ignore_errors=True)
     partial.rename(config.build_dir)
     with log.open("a") as fh:
