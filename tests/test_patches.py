@@ -22,8 +22,9 @@ RPC_FILE = "ggml/src/ggml-rpc/ggml-rpc.cpp"
 
 
 def arcsplit(*args: str) -> subprocess.CompletedProcess[str]:
-    # The managed build, not whatever $ARCSPLIT_LLAMA_DIR points at.
+    # The managed build, not whatever $ARCSPLIT_LLAMA_DIR or a llama-server on the host's PATH points at.
     env = {k: v for k, v in os.environ.items() if k != "ARCSPLIT_LLAMA_DIR"}
+    env["PATH"] = str(Path(sys.executable).parent)
     return subprocess.run([sys.executable, "-m", "arcsplit", *args], check=False, capture_output=True, text=True,
                           env=env, timeout=120)
 
