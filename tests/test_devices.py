@@ -90,6 +90,7 @@ def test_parse_gpus_rejects(spec):
         parse_gpus(spec)
 
 
+@pytest.mark.slow  # starts llama.cpp
 def test_real_cpu_build_lists_no_gpu(llama_bins):
     """The real CPU build prints the header and `(none)`: parsed as no cards, not as an error."""
     out = list_devices(llama_bins)

@@ -119,6 +119,7 @@ def test_check_runtime_reads_the_cache(llama_bins, tmp_path):
     assert check_runtime("cpu", [0, 1], llama_bins, probe=True, reprobe=True).probe_cached is False
 
 
+@pytest.mark.slow  # starts llama.cpp
 def test_doctor_reports_the_builds_arcsplit_patches(capsys, llama_bins, tmp_path):
     """The managed build carries arcsplit's RPC patches; a build dir without arcsplit's marker is 'unknown'."""
     from arcsplit.llama.patches import patches

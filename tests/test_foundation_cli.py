@@ -43,6 +43,7 @@ def test_llama_dir_without_binaries(tmp_path):
     assert str(tmp_path) in line and "llama-server" in line
 
 
+@pytest.mark.slow  # starts llama.cpp
 def test_which_reports_the_build(llama_bins):
     r = arcsplit("llama", "which", "--json", env={"ARCSPLIT_LLAMA_DIR": str(llama_bins.bin_dir)})
     assert r.returncode == 0, r.stderr

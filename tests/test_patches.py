@@ -216,6 +216,7 @@ def managed_cpu_build() -> Path:
     return config.bin_dir
 
 
+@pytest.mark.slow  # starts llama.cpp
 def test_which_reports_the_patches_of_the_managed_build(managed_cpu_build):
     r = arcsplit("llama", "which", "--json")
     assert r.returncode == 0, r.stderr
@@ -230,6 +231,7 @@ def test_which_reports_the_patches_of_the_managed_build(managed_cpu_build):
     assert "arcsplit patches " + ", ".join(data["patches"]) in text.stdout
 
 
+@pytest.mark.slow  # starts llama.cpp
 def test_which_on_a_bin_dir_without_marker_says_unknown(managed_cpu_build, tmp_path):
     # The same binaries, seen from a dir arcsplit did not build: the patches are unknown (null), not [].
     for f in managed_cpu_build.iterdir():

@@ -116,6 +116,7 @@ def test_rpc_servers_on_another_address_only_when_asked_and_with_a_warning(demo_
 # -- the API key stays out of argv, logs, state and events; files are private ---------------------------------------
 
 
+@pytest.mark.slow  # starts llama.cpp
 @pytest.mark.parametrize("given", ["after --", "LLAMA_API_KEY"])
 def test_api_key_never_recorded_and_run_files_private(given, demo_model, llama_bins, monkeypatch):
     """The key given after ``--`` (then only the user's own command line shows it) or in llama-server's own
