@@ -74,6 +74,7 @@ def test_kernel_config_unknown_gives_unknown_not_a_guess(capsys):
     assert any("--kernel-config" in u for u in data["facts"]["unread"])
 
 
+@pytest.mark.slow  # a Python process per case
 @pytest.mark.parametrize("argv, match", [
     (["--sycl-ls", "/nonexistent/sycl-ls.txt"], "is not a file"),
     (["--sycl-ls", str(FX / "sycl_ls_b70_fedora44.txt"), "--kernel", "banana"], "not a kernel version"),

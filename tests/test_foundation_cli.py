@@ -27,6 +27,7 @@ def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+@pytest.mark.slow  # a Python process per help page
 @pytest.mark.parametrize("cmd", [[], ["llama"], ["llama", "build"], ["llama", "which"], ["devices"], ["model", "demo"]])
 def test_help_pages(cmd):
     r = arcsplit(*cmd, "--help")

@@ -70,6 +70,7 @@ def test_patch_set_is_not_empty_and_named_in_order():
     assert touched_files(), "a patch that touches no file"
 
 
+@pytest.mark.slow  # extracts the pinned llama.cpp tree
 def test_every_patch_applies_cleanly_to_the_pinned_tree(pristine, tmp_path):
     tree, stock = pristine
     log = tmp_path / "patch.log"
@@ -96,6 +97,7 @@ def test_every_patch_applies_cleanly_to_the_pinned_tree(pristine, tmp_path):
     assert {name: (tree / name).read_bytes() for name in stock} == patched
 
 
+@pytest.mark.slow  # extracts the pinned llama.cpp tree
 def test_git_apply_fallback_gives_the_same_bytes_as_patch(pristine, tmp_path, monkeypatch):
     _, stock = pristine
     with_patch = minimal_tree(tmp_path / "with-patch", stock)
@@ -118,6 +120,7 @@ def test_git_apply_fallback_gives_the_same_bytes_as_patch(pristine, tmp_path, mo
         sorted(p.relative_to(with_patch) for p in with_patch.rglob("*"))
 
 
+@pytest.mark.slow  # extracts the pinned llama.cpp tree
 def test_no_patch_tool_at_all_says_so(pristine, tmp_path, monkeypatch):
     _, stock = pristine
     tree = minimal_tree(tmp_path / "tree", stock)
@@ -128,6 +131,7 @@ def test_no_patch_tool_at_all_says_so(pristine, tmp_path, monkeypatch):
     assert patches.applied(tree) is None
 
 
+@pytest.mark.slow  # extracts the pinned llama.cpp tree
 @pytest.mark.parametrize("tool", ["patch", "git"])
 def test_a_tree_that_differs_is_an_error_naming_the_patch(pristine, tmp_path, monkeypatch, tool):
     _, stock = pristine
@@ -152,6 +156,7 @@ def test_a_tree_that_differs_is_an_error_naming_the_patch(pristine, tmp_path, mo
         assert {name: (tree / name).read_bytes() for name in edited} == edited
 
 
+@pytest.mark.slow  # extracts the pinned llama.cpp tree
 def test_a_tree_already_patched_without_marker_is_an_error(pristine, tmp_path):
     """`patch --forward` refuses to apply twice; a half-known tree is never marked as carrying the set."""
     _, stock = pristine
@@ -175,6 +180,7 @@ def test_build_key_carries_the_patch_set(monkeypatch):
     assert BuildConfig("cpu", patched=False).key == stock
 
 
+@pytest.mark.slow  # extracts the pinned llama.cpp tree
 def test_managed_trees_patched_and_stock_are_apart(sdist, tmp_path, monkeypatch):
     monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache"))
     log = tmp_path / "build.log"
