@@ -98,6 +98,7 @@ def test_real_cpu_build_lists_no_gpu(llama_bins):
     assert parse_list_devices(out) == []
 
 
+@pytest.mark.slow  # a Python process: over a second on a busy machine
 def test_cli_cpu_cards_json():
     out = subprocess.run([sys.executable, "-m", "arcsplit", "devices", "--backend", "cpu", "--gpus", "0,1",
                           "--cpu-memory", "2048", "--json"], capture_output=True, text=True, check=True)

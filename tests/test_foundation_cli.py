@@ -34,11 +34,13 @@ def test_help_pages(cmd):
     assert r.returncode == 0 and "usage: arcsplit" in r.stdout
 
 
+@pytest.mark.slow  # a Python process: over a second on a busy machine
 def test_unknown_backend_is_one_line():
     line = one_line_error(arcsplit("llama", "build", "--backend", "metalx"))
     assert "metalx" in line
 
 
+@pytest.mark.slow  # a Python process: over a second on a busy machine
 def test_llama_dir_without_binaries(tmp_path):
     line = one_line_error(arcsplit("llama", "which", "--llama-dir", str(tmp_path)))
     assert str(tmp_path) in line and "llama-server" in line
@@ -56,6 +58,7 @@ def test_which_reports_the_build(llama_bins):
     assert data["rpc_server_name"] in ("ggml-rpc-server", "rpc-server")
 
 
+@pytest.mark.slow  # a Python process: over a second on a busy machine
 def test_mismatched_rpc_server_on_path(tmp_path, llama_bins):
     """llama-server from one dir and an rpc-server from another: refused before anything starts."""
     a, b = tmp_path / "a", tmp_path / "b"
@@ -70,6 +73,7 @@ def test_mismatched_rpc_server_on_path(tmp_path, llama_bins):
     assert "not from one build" in line
 
 
+@pytest.mark.slow  # a Python process: over a second on a busy machine
 def test_missing_compiler_reported_before_anything(tmp_path):
     """A backend whose toolchain is absent fails at once, naming the program and the fix."""
     cmake = shutil.which("cmake")
@@ -83,6 +87,7 @@ def test_missing_compiler_reported_before_anything(tmp_path):
     assert "icpx" in line and "oneAPI" in line
 
 
+@pytest.mark.slow  # a Python process: over a second on a busy machine
 def test_bad_gpus_list():
     line = one_line_error(arcsplit("devices", "--gpus", "0,x"))
     assert "--gpus" in line

@@ -87,7 +87,9 @@ def test_unmutated_seeds_plan(synth_seeds, demo_header, case_dir):
         assert out.kind == "plan", (seed.name, out.detail)
 
 
-@pytest.mark.parametrize("case", CORPUS_CASES, ids=[f"{i}-{c['seed']}" for i, c in enumerate(CORPUS_CASES)])
+# Every tenth case in the fast tier, all of them in the full suite (each takes tens of ms; 459 add up).
+@pytest.mark.parametrize("case", [pytest.param(c, id=f"{i}-{c['seed']}", marks=() if i % 10 == 0 else pytest.mark.slow)
+                                  for i, c in enumerate(CORPUS_CASES)])
 def test_corpus_replays(case, case_dir, demo_model):
     """Every case the fuzzer kept still ends the way it did (a plan stays a plan, an error stays one line)."""
     seeds = _corpus_seeds(Path(demo_model))

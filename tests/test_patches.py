@@ -252,6 +252,7 @@ def test_which_on_a_bin_dir_without_marker_says_unknown(managed_cpu_build, tmp_p
     assert "arcsplit patches none" in r.stdout
 
 
+@pytest.mark.slow  # a Python process: over a second on a busy machine
 def test_build_help_offers_no_patches():
     r = arcsplit("llama", "build", "--help")
     assert r.returncode == 0, r.stderr
@@ -274,6 +275,7 @@ def test_missing_note_names_the_fix_only_when_the_build_lacks_the_patches(tmp_pa
         assert note and what in note and "arcsplit llama build" in note and "\n" not in note
 
 
+@pytest.mark.slow  # a Python process: over a second on a busy machine
 def test_bad_source_is_refused_even_when_a_build_exists(llama_bins, tmp_path):
     """A finished build for the key must not hide a wrong --source: one line, exit 2."""
     r = subprocess.run([sys.executable, "-m", "arcsplit", "llama", "build", "--source", str(tmp_path / "nope")],
