@@ -175,3 +175,18 @@ def test_which_runs_the_binaries_of_a_build_under_another_key(llama_bins):
     assert data["patches"] == [] and data["build_number"] is not None or data["commit"]
     r = arcsplit_cli("llama", "which")  # the only cpu build, not the default: picked, and said
     assert r.returncode == 0 and "only one, not the default" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_library_build_prints_nothing_the_cli_does(capsys):
+    # library code does not print: `build()` reports progress to the callback it is given; the CLI prints
+    import inspect
+
+    from arcsplit.cli.llama import _print_progress
+    from arcsplit.llama.build import build
+
+    quiet = inspect.signature(build).parameters["progress"].default
+    quiet("fetch", None)
+    quiet("compile", 50)
+    assert capsys.readouterr() == ("", "")
+    _print_progress("fetch", None)
+    assert capsys.readouterr().err == "arcsplit: fetch …\n"

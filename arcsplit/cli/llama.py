@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ..errors import BadInput
@@ -20,7 +21,10 @@ def _build(args: argparse.Namespace) -> int:
     if bad:
         raise BadInput(f"--cmake-flag {bad[0]!r} is not a -DNAME=VALUE definition", "write it like -DGGML_CUDA_F16=ON")
     config = BuildConfig(args.backend, extra, patched=not args.no_patches)
-    bin_dir = build(config, jobs=args.jobs, force=args.force, source=Path(args.source) if args.source else None)
+    bin_dir = build(config, jobs=args.jobs, force=args.force, source=Path(args.source) if args.source else None,
+                    progress=_print_progress)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)  # end the last progress line
     if args.json:
         print_json({"backend": args.backend, "bin_dir": str(bin_dir), "key": config.key,
                     "source": f"llama-cpp-python {SDIST_VERSION}",
@@ -28,6 +32,14 @@ def _build(args: argparse.Namespace) -> int:
     else:
         print(f"llama.cpp ({args.backend}) ready in {bin_dir}")
     return 0
+
+
+def _print_progress(step: str, pct: int | None) -> None:
+    """A build's steps on stderr; on a terminal, the compile percentage on one rewritten line."""
+    if pct is None:
+        print(f"arcsplit: {step} …", file=sys.stderr, flush=True)
+    elif sys.stderr.isatty():
+        print(f"\r  {step}: {pct:3d}%", end="", file=sys.stderr, flush=True)
 
 
 def _which(args: argparse.Namespace) -> int:

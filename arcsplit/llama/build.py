@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,11 +168,8 @@ def _run_step(name: str, cmd: list[str], log: Path, env: dict[str, str],
                          "read the end of that log; fix the toolchain and run `arcsplit llama build` again")
 
 
-def _print_progress(step: str, pct: int | None) -> None:
-    if pct is None:
-        print(f"arcsplit: {step} …", file=sys.stderr, flush=True)
-    elif sys.stderr.isatty():
-        print(f"\r  {step}: {pct:3d}%", end="", file=sys.stderr, flush=True)
+def _quiet(step: str, pct: int | None) -> None:
+    """The default progress callback: library code says nothing; the CLI passes one that prints."""
 
 
 def _check_source(src: Path) -> None:
@@ -201,7 +197,7 @@ def _managed_tree(sdist: Path, patched: bool, log: Path, progress: Callable[[str
 
 
 def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
-          progress: Callable[[str, int | None], None] = _print_progress, source: Path | None = None) -> Path:
+          progress: Callable[[str, int | None], None] = _quiet, source: Path | None = None) -> Path:
     """Fetch, verify, extract and build; returns the bin dir. Reuses a finished build.
 
     ``source`` builds an already extracted tree instead (a machine that cannot reach PyPI).
@@ -273,8 +269,6 @@ def _build_locked(config: BuildConfig, jobs: int | None, force: bool,
     jobs = jobs or os.cpu_count() or 2
     _run_step("compile", ["cmake", "--build", str(partial), "-j", str(jobs), "--target", *TARGETS],
               log, env, progress)
-    if sys.stderr.isatty():
-        print(file=sys.stderr)
     missing = [t for t in TARGETS if not (partial / "bin" / t).exists()]
     if missing:
         raise BuildError(f"the build finished without {', '.join(missing)} (log: {log})",
