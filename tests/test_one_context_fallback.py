@@ -30,7 +30,7 @@ def replaying_server(tmp_path: Path, log: str) -> str:
 
 
 @pytest.mark.parametrize("log, kind", [("ur_exception_27063.log", "pinned_output"),
-                                       ("seed003_multi_device_oom.log", "alloc")])
+                                       ("multi_device_oom_22885.log", "alloc")])
 def test_one_context_failure_hands_over_to_the_hybrid_fallback(tmp_path, log, kind):
     plan = make_plan("sycl", [0, 1], plan_devices("multi", "sycl", [0, 1]))
     config = ServeConfig(plan=plan, mode="multi", backend="sycl", server_bin=replaying_server(tmp_path, log),

@@ -36,7 +36,7 @@ def log(name: str) -> str:
 # ---------------------------------------------------------------- classification on recorded (verbatim) logs
 
 @pytest.mark.parametrize("name, rc, status, code, needle", [
-    ("seed003_multi_device_oom.log", 1, "alloc_failed", None, "can't allocate 427970304 Bytes"),
+    ("multi_device_oom_22885.log", 1, "alloc_failed", None, "can't allocate 427970304 Bytes"),
     # #27063 ran `-dev sycl1`: UR 39 copying the output off device 1, the llama.cpp#28765 bug, not NEO's
     ("ur_exception_27063.log", -6, "pinned_output", 39, "in function ggml_backend_sycl_get_tensor_async"),
     ("backtrace_28765.txt", -6, "pinned_output", None, "ggml_backend_sycl_get_tensor_async"),
@@ -53,7 +53,7 @@ def test_classify_recorded_failures(name, rc, status, code, needle):
 
 
 def test_classify_alloc_failure_keeps_the_ur_code_when_both_are_printed():
-    text = log("seed003_multi_device_oom.log") + log("native_api_39.log")
+    text = log("multi_device_oom_22885.log") + log("native_api_39.log")
     status, _, code, _ = classify(text, 1, False)
     assert (status, code) == ("alloc_failed", 39)
 
@@ -82,7 +82,7 @@ def test_classify_crash_in_context_creation_vs_later():
     init_only = "Build with Macros:\n  GGML_SYCL_F16: yes\n"  # ggml-sycl init, no model load yet (#21747)
     assert classify(init_only, -11, False)[0] == "context_crash"
     assert "SIGSEGV" in classify(init_only, -11, False)[1]
-    assert classify(init_only + log("seed003_multi_device_oom.log")[:200], -11, False)[0] == "crash"
+    assert classify(init_only + log("multi_device_oom_22885.log")[:200], -11, False)[0] == "crash"
     assert classify("llama_model_load: ...\n", 139, False)[0] == "crash"
 
 
