@@ -210,7 +210,7 @@ def prepare(req: ServeRequest) -> Prepared:
         warnings.append(f"rpc-servers listen on {req.rpc_host}; the RPC protocol has no authentication, so anyone "
                         f"who can reach it can run code on them - keep it on a trusted network")
     # A build arcsplit did not make is asked once what it accepts (llama/features.py).
-    foreign = binaries.found_by != "managed"
+    foreign = binaries.found_by in ("--llama-dir", "ARCSPLIT_LLAMA_DIR", "PATH")  # not "managed" / "--build KEY"
     features = binary_features(binaries.server) if foreign else None
     _, dropped = clean_env(req.backend, os.environ)
     config = ServeConfig(plan=plan, mode=decision.mode, backend=req.backend, server_bin=str(binaries.server),
