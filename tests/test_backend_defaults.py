@@ -42,3 +42,12 @@ def test_stop_grace_from_the_request_or_the_backend(llama_bins, demo_model):
     assert prepare(ServeRequest(model=str(demo_model), gpus=[0, 1], backend="cpu", port=18931, stop_grace=45)).stop_grace == 45
     with pytest.raises(BadInput, match="--stop-grace"):
         prepare(ServeRequest(model=str(demo_model), gpus=[0, 1], backend="cpu", port=18931, stop_grace=-1))
+
+
+def test_serve_stop_grace_out_of_range_is_one_line_exit_2(llama_bins, demo_model, capsys):
+    from arcsplit.cli import main
+
+    assert main(["serve", str(demo_model), "--gpus", "0,1", "--backend", "cpu", "--port", "18934",
+                 "--stop-grace", "-5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--stop-grace -5.0 is out of range" in err[0]
