@@ -1,36 +1,47 @@
-"""The Python API behind ``arcsplit/__init__.py``: plan, serve, aserve, attach (and load, in inproc.py)."""
+"""The Python API behind ``arcsplit/__init__.py``: plan, serve, aserve, attach (and load, in inproc.py).
+
+The surfaces (the CLI, the dashboard) reach the running side only through this module: ``prepare`` and
+``instance`` are the two steps of ``aserve`` for a caller that reports the load itself (``arcsplit serve``),
+``runs`` and ``attach`` find and drive instances started elsewhere.
+"""
 
 from __future__ import annotations
 
 import os
+import warnings
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, AsyncIterator, Iterator, Sequence
+from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
 import anyio
 from anyio.from_thread import start_blocking_portal
 
+from .errors import RunError
 from .planner import Plan
 from .rig import load_layout
-from .run.bus import Client, attach
+from .run.bus import BusInfo, Client, attach, list_runs
 from .run.events import Event, Status
 from .run.instance import Instance
-from .run.prepare import ServeRequest, prepare, preview
+from .run.prepare import (MODE_CHOICES, OUTPUT_LAYER_CHOICES, Prepared, ServeRequest, planned_specs, prepare,
+                          preview)
 from .run.supervisor import RestartPolicy, Timeouts
 
-__all__ = ["AsyncServer", "Client", "Server", "aserve", "attach", "plan", "serve"]
+__all__ = ["AsyncServer", "BusInfo", "Client", "Instance", "MODE_CHOICES", "OUTPUT_LAYER_CHOICES", "Prepared",
+           "Server", "ServeRequest", "aserve", "attach", "instance", "plan", "planned_specs", "prepare", "preview",
+           "runs", "serve"]
 
 
 def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None, *, backend: str = "cpu",
          ctx: int | None = None, parallel: int = 1, cache_type: str = "f16", ubatch: int | None = None,
          layout: str | os.PathLike[str] | None = None, cpu_memory_mib: int | None = None,
-         mode: str = "auto", llama_dir: str | None = None) -> Plan:
+         mode: str = "auto", llama_dir: str | None = None, build: str | None = None) -> Plan:
     """Where every layer goes and what each card must hold; ``layout`` plans for a rig you do not have.
 
     The plan of the mode ``serve`` would run (``mode="auto"``, as ``arcsplit plan``): its device names, ubatch
     and output placement come from that mode's Route. Starts nothing and probes nothing.
     """
     req = ServeRequest(model=str(model), gpus=gpus, backend=backend, mode=mode, ctx=ctx, parallel=parallel,
-                       ubatch=ubatch, cache_type=cache_type, cpu_memory_mib=cpu_memory_mib, llama_dir=llama_dir)
+                       ubatch=ubatch, cache_type=cache_type, cpu_memory_mib=cpu_memory_mib, llama_dir=llama_dir,
+                       build=build)
     return preview(req, load_layout(os.fspath(layout)) if layout is not None else None).config.plan
 
 
@@ -69,7 +80,7 @@ class AsyncServer:
         await sup.restart()
         while not (sup.status()["generation"] > generation and sup.status()["state"] == "ready"):
             if sup.status()["state"] == "stopped":
-                raise RuntimeError("the group stopped instead of restarting")
+                raise RunError("the group stopped instead of restarting", "see server.status()['last_error']")
             await anyio.sleep(0.05)
 
     async def events(self, max_buffer: int = 1000) -> AsyncIterator[Event]:
@@ -87,6 +98,25 @@ def _request(model: str | os.PathLike[str], gpus: Sequence[int] | str | None, kw
     return ServeRequest(model=str(model), gpus=gpus, extra_args=extra, **kw)
 
 
+def runs() -> list[BusInfo]:
+    """The running instances of this user, newest first."""
+    return list_runs()
+
+
+def instance(prepared: Prepared, *, max_restarts: int = 5, stall_timeout: float = 120.0, bus: bool = True,
+             bus_tcp: str | None = None, telemetry: bool = True,
+             say: Callable[[str], None] | None = None) -> Instance:
+    """A checked request ready to run (``await inst.run()``); telemetry, when asked, watches the run."""
+    watchers: tuple[Callable[..., Any], ...] = ()
+    if telemetry:
+        from .telemetry import run_telemetry
+
+        watchers = (run_telemetry,)
+    return Instance(prepared, policy=RestartPolicy(max_failures=max_restarts),
+                    timeouts=Timeouts(stall=stall_timeout, stop_grace=prepared.stop_grace),
+                    bus=bus, bus_tcp=bus_tcp, watchers=watchers, say=say)
+
+
 @asynccontextmanager
 async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = (0, 1), *,
                  bus: bool = True, bus_tcp: str | None = None, max_restarts: int = 5, stall_timeout: float = 120.0,
@@ -94,17 +124,18 @@ async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None
     """Serve ``model`` across ``gpus`` until the block ends; entered once llama-server answers /health 200.
 
     ``options`` are ServeRequest's fields: backend, mode, ctx, parallel, host, port, rpc_host, rpc_ports, threads,
-    cpu_memory_mib, llama_dir, output_layer, rpc_cache, ubatch, extra_args.
+    cpu_memory_mib, llama_dir, build, output_layer, rpc_cache, ubatch, extra_args, stop_grace.
     """
     prepared = prepare(_request(model, gpus, options))
-    instance = Instance(prepared, policy=RestartPolicy(max_failures=max_restarts), timeouts=Timeouts(stall=stall_timeout),
-                        bus=bus, bus_tcp=bus_tcp)
+    for text in prepared.warnings:
+        warnings.warn(text, stacklevel=3)
+    inst = instance(prepared, max_restarts=max_restarts, stall_timeout=stall_timeout, bus=bus, bus_tcp=bus_tcp)
     async with anyio.create_task_group() as tg:
-        await tg.start(instance.run)
+        await tg.start(inst.run)
         try:
-            yield AsyncServer(instance)
+            yield AsyncServer(inst)
         finally:
-            instance.stop()
+            inst.stop()
 
 
 class Server:

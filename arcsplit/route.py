@@ -20,7 +20,9 @@ from typing import Any, Mapping, Sequence
 
 from . import backends
 from .errors import BadInput
-from .llama.mode import MODES
+
+# How the cards share one model, fastest first where they work (llama/mode.py chooses among them).
+MODES = ("single", "multi", "multi+workaround", "hybrid", "rpc")
 
 # llama-server's own CPU as a plan card: it keeps the first layers and is never named in --device.
 HOST_DEVICE = "CPU"

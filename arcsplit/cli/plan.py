@@ -35,9 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from ..run.ports import free_port
-    from ..run.prepare import preview
-    from ..run.specs import build_specs, n_rpc_servers
+    from .._api import planned_specs, preview
 
     if args.layout and args.gpus:
         raise BadInput("--layout and --gpus both name cards", "pass one of them")
@@ -49,15 +47,10 @@ def _plan(args: argparse.Namespace) -> int:
                   "cache_type": args.cache_type, "tensor_split": list(plan.tensor_split),
                   "devices": [c.device for c in plan.cards]}
         save_layout(args.save, Rig(cards=prepared.rig.cards, name=prepared.rig.name), pinned)
-    # serve picks free rpc ports unless --rpc-ports fixes them: shown here with ports free now.
-    ports = list(config.rpc_ports or ())
-    while len(ports) < n_rpc_servers(config):
-        port = free_port(config.rpc_host)
-        ports += [port] if port not in ports else []
-    specs = build_specs(config, ports)
+    specs = planned_specs(prepared)
     secret = dict(config.secret_env)
     processes: list[dict[str, Any]] = [{"name": s.name, "role": s.role, "cards": list(s.cards), "argv": list(s.argv),
-                  "env": {k: v for k, v in s.env if k not in secret}} for s in specs]
+                  "env": {k: v for k, v in s.env if k not in secret}, "unset": list(s.env_unset)} for s in specs]
     if args.json:
         print_json({**plan.to_dict(), "mode": config.mode, "reasons": list(prepared.decision.reasons),
                     "route": config.route.to_dict(), "processes": processes})

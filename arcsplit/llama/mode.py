@@ -1,7 +1,7 @@
 """How the cards share one model: one context, one context plus NEO's workaround, hybrid, or all-RPC.
 
 Pure: versions (a Verdict) and probe results in, a ModeDecision with its reasons out. Fastest first, measured
-on 2x H200 (reference/llama-cpp-observed.md): native 1.0 > native+workaround > hybrid 0.87x > all-RPC 0.75x decode.
+on 2x H200 (bench/results/throughput_cuda.md): native 1.0 > native+workaround > hybrid > all-RPC.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any, Iterable, Mapping, Protocol
 
 from .. import backends
 from ..errors import BadInput
+from ..route import MODES
 from .verdict import Verdict
 
-MODES = ("single", "multi", "multi+workaround", "hybrid", "rpc")
 # Intel's workaround for the NEO >= 26.05 multi-device failure (intel/compute-runtime#916).
 NEO_WORKAROUND_ENV = {"NEOReadDebugKeys": "1", "ForceZeDeviceCanAccessPerReturnValue": "0"}
 _ORDER = ("multi", "multi+workaround", "hybrid", "rpc")

@@ -8,24 +8,26 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .. import backends
 from .._dirs import cache_dir
 from ..errors import ArcsplitError, BadInput
+from ..llama.childenv import clean_env
+from ..llama.features import binary_features
 from ..llama.devices import discover_rig, parse_gpus
-from ..llama.locate import find_llama
+from ..llama.locate import LlamaBinaries, find_llama
 from ..llama.mode import ModeDecision, choose_mode
 from ..llama.patches import SPIN_ENV
 from ..model import load_profile
 from ..planner import Plan, PlanOptions, make_plan
 from ..rig import Rig
-from .ports import check_free, check_host
+from .ports import check_free, check_host, free_port
 from ..route import MODES, OUTPUT_LAYER_CHOICES, Route
-from .specs import LOOPBACK, ServeConfig
+from .specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, n_rpc_servers
 
 MODE_CHOICES = ("auto", *MODES)
 
@@ -52,7 +54,9 @@ class ServeRequest:
     output_layer: str = "auto"  # local: on llama-server's own card (hybrid); last/auto: llama.cpp's place
     cpu_memory_mib: int | None = None
     llama_dir: str | None = None
+    build: str | None = None  # a managed build's key (arcsplit llama which --all)
     extra_args: tuple[str, ...] = field(default=())
+    stop_grace: float | None = None  # SIGTERM -> SIGKILL seconds; None: the backend's (backends.py stop_grace_s)
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,9 @@ class Prepared:
     decision: ModeDecision
     profile: Any
     rig: Rig
+    warnings: tuple[str, ...] = ()  # for the user before anything starts (the CLI prints them)
+    notes: tuple[str, ...] = ()  # what was chosen for them, e.g. which managed build
+    stop_grace: float = 10.0  # what the supervisor waits between SIGTERM and SIGKILL
 
 
 def _observed_path(backend: str) -> Path:
@@ -137,7 +144,8 @@ def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str) -> Plan:
     ubatch = req.ubatch if req.ubatch is not None else route.ubatch
     options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel, n_ubatch=ubatch, n_batch=max(2048, ubatch),
                           kv_unified=req.kv_unified, cache_type_k=req.cache_type, cache_type_v=req.cache_type,
-                          output_on_first=route.output_local(req.output_layer))
+                          output_on_first=route.output_local(req.output_layer),
+                          flash_attn=backends.flash_attn_default(req.backend, req.cache_type))
     return make_plan(profile, rig, options, devices=route.devices)
 
 
@@ -152,11 +160,13 @@ def _check(req: ServeRequest) -> list[int] | None:
     if req.ubatch is not None and req.ubatch < 1:
         raise BadInput(f"--ubatch {req.ubatch} must be at least 1", "give the micro-batch size in tokens")
     if req.parallel < 1:
-        raise BadInput(f"--parallel/--np {req.parallel} must be at least 1", "give the number of parallel sequences")
+        raise BadInput(f"--parallel {req.parallel} must be at least 1", "give the number of parallel sequences")
     if req.output_layer not in OUTPUT_LAYER_CHOICES:
         raise BadInput(f"unknown --output-layer {req.output_layer!r}", f"use one of {', '.join(OUTPUT_LAYER_CHOICES)}")
     if req.threads is not None and req.threads < 1:
         raise BadInput(f"--threads {req.threads} must be at least 1", "give rpc-server threads per card")
+    if req.stop_grace is not None and not 0 <= req.stop_grace <= 3600:
+        raise BadInput(f"--stop-grace {req.stop_grace} is out of range", "give seconds between 0 and 3600, e.g. 30")
     rpc_ports = _ports(req.rpc_ports)
     check_host(req.host, "--host")
     check_host(req.rpc_host, "--rpc-host")
@@ -167,23 +177,11 @@ def _gpus(req: ServeRequest) -> list[int] | None:
     return parse_gpus(req.gpus) if isinstance(req.gpus, str) or req.gpus is None else parse_gpus(list(req.gpus))
 
 
-def _config(req: ServeRequest, plan: Plan, decision: ModeDecision, server_bin: str, rpc_bin: str,
-            rpc_ports: list[int] | None) -> ServeConfig:
-    route = Route.build(decision.mode, req.backend, [c.card.index for c in plan.cards])
-    cores = os.cpu_count() or 1
-    return ServeConfig(plan=plan, mode=decision.mode, backend=req.backend, server_bin=server_bin, rpc_bin=rpc_bin,
-                       host=req.host, port=req.port, rpc_host=req.rpc_host,
-                       rpc_ports=tuple(rpc_ports) if rpc_ports else None, threads=req.threads, cores=cores,
-                       extra_args=tuple(req.extra_args), rpc_spin_us=rpc_spin_us(route, cores),
-                       rpc_cache_dir=str(cache_dir() / "rpc-cache") if req.rpc_cache else None,
-                       mode_env=tuple(sorted(decision.env.items())), forced_mode=req.mode != "auto")
-
-
 def prepare(req: ServeRequest) -> Prepared:
     """Check everything, pick the mode, plan: no process is started here."""
     rpc_ports = _check(req)
     gpus = _gpus(req)
-    binaries = find_llama(req.llama_dir, backend=req.backend)
+    binaries = find_llama(req.llama_dir, backend=req.backend, build=req.build)
     check_free(req.host, req.port, "llama-server", "--port")
     for p in rpc_ports or ():
         check_free(req.rpc_host, p, "rpc-server", "--rpc-ports")
@@ -197,12 +195,7 @@ def prepare(req: ServeRequest) -> Prepared:
     forced = None if req.mode == "auto" else req.mode
     verdict, known = _runtime(req, rig, binaries)
     decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known)
-    plan = plan_for_mode(profile, rig, req, decision.mode)
-    if req.rpc_host != LOOPBACK:
-        print(f"arcsplit: warning: rpc-servers listen on {req.rpc_host}; the RPC protocol has no authentication, "
-              f"so anyone who can reach it can run code on them - keep it on a trusted network", file=sys.stderr)
-    config = _config(req, plan, decision, str(binaries.server), str(binaries.rpc_server), rpc_ports)
-    return Prepared(req, config, decision, profile, rig)
+    return _prepared(req, binaries, profile, rig, decision, rpc_ports)
 
 
 def preview(req: ServeRequest, rig: Rig | None = None) -> Prepared:
@@ -221,7 +214,7 @@ def preview(req: ServeRequest, rig: Rig | None = None) -> Prepared:
             raise BadInput(f"the layout mixes backends {', '.join(kinds)}", "one group runs one backend: split the layout")
         req = replace(req, backend=kinds[0])
     try:
-        binaries = find_llama(req.llama_dir, backend=req.backend)
+        binaries = find_llama(req.llama_dir, backend=req.backend, build=req.build)
     except ArcsplitError:
         binaries = None  # planning needs no build; the argv then names the binaries without a path
     if rig is None:
@@ -229,20 +222,65 @@ def preview(req: ServeRequest, rig: Rig | None = None) -> Prepared:
     forced = None if req.mode == "auto" else req.mode
     verdict, known = (None, None) if layout else _runtime(req, rig, binaries, probe=False)
     decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known)
+    return _prepared(req, binaries, profile, rig, decision, rpc_ports)
+
+
+def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, rig: Rig, decision: ModeDecision,
+              rpc_ports: list[int] | None) -> Prepared:
+    """The plan and the config of the chosen mode; the specs are built once so a missing flag fails here."""
     plan = plan_for_mode(profile, rig, req, decision.mode)
-    server_bin = str(binaries.server) if binaries else "llama-server"
-    rpc_bin = str(binaries.rpc_server) if binaries else "ggml-rpc-server"
-    return Prepared(req, _config(req, plan, decision, server_bin, rpc_bin, rpc_ports), decision, profile, rig)
+    warnings = []
+    if req.rpc_host != LOOPBACK:
+        warnings.append(f"rpc-servers listen on {req.rpc_host}; the RPC protocol has no authentication, so anyone "
+                        f"who can reach it can run code on them - keep it on a trusted network")
+    # A build arcsplit did not make is asked once what it accepts (llama/features.py).
+    foreign = binaries is not None and binaries.found_by in ("--llama-dir", "ARCSPLIT_LLAMA_DIR", "PATH")
+    _, dropped = clean_env(req.backend, os.environ)
+    cores = os.cpu_count() or 1
+    route = Route.build(decision.mode, req.backend, [c.card.index for c in plan.cards])
+    config = ServeConfig(plan=plan, mode=decision.mode, backend=req.backend,
+                         server_bin=str(binaries.server) if binaries else "llama-server",
+                         rpc_bin=str(binaries.rpc_server) if binaries else "ggml-rpc-server",
+                         host=req.host, port=req.port, rpc_host=req.rpc_host,
+                         rpc_ports=tuple(rpc_ports) if rpc_ports else None, threads=req.threads, cores=cores,
+                         extra_args=tuple(req.extra_args), rpc_spin_us=rpc_spin_us(route, cores),
+                         rpc_cache_dir=str(cache_dir() / "rpc-cache") if req.rpc_cache else None,
+                         mode_env=tuple(sorted(decision.env.items())), forced_mode=req.mode != "auto",
+                         env_dropped=dropped,
+                         server_features=binary_features(binaries.server) if binaries and foreign else None,
+                         rpc_features=binary_features(binaries.rpc_server) if binaries and foreign else None)
+    # The specs as the supervisor will build them (placeholder ports): a flag the route needs and this build lacks
+    # is an error now, before any process starts; what it can do without is said.
+    specs = build_specs(config, [0] * n_rpc_servers(config))
+    off = tuple(dict.fromkeys(o for spec in specs for o in spec.features_off))
+    notes = [binaries.note] if binaries and binaries.note else []
+    notes += [f"environment: {d.line()}" for d in dropped]
+    if off:
+        notes.append(f"{config.server_bin} lacks flags arcsplit uses; off: {'; '.join(off)}")
+    grace = req.stop_grace if req.stop_grace is not None else backends.get(req.backend).stop_grace_s
+    return Prepared(req, config, decision, profile, rig, tuple(warnings), tuple(notes), grace)
+
+
+def planned_specs(prepared: Prepared) -> tuple[ProcessSpec, ...]:
+    """The processes ``serve`` would start for this request: with the user's --rpc-ports, else ports free now
+    (serve picks its own then)."""
+    config = prepared.config
+    ports = list(config.rpc_ports or ())
+    while len(ports) < n_rpc_servers(config):
+        port = free_port(config.rpc_host)
+        ports += [port] if port not in ports else []
+    return build_specs(config, ports)
 
 
 def hybrid_fallback(prepared: Prepared, say: Callable[[str], None] | None = None
                     ) -> Callable[[ServeConfig, str], ServeConfig | None]:
-    """What the supervisor does when a one-context load fails with the allocation signature: record, go hybrid."""
+    """What the supervisor does when a one-context group fails in a way hybrid avoids (logs.MULTI_DEVICE_KINDS: the
+    NEO allocation failure, llama.cpp#28765's output copy): record, go hybrid."""
 
     def fallback(cfg: ServeConfig, message: str) -> ServeConfig | None:
         record_observed(cfg.backend, cfg.mode, False, message)
         if say:
-            say(f"{cfg.mode} failed with the multi-device allocation error; falling back to hybrid (recorded)")
+            say(f"{cfg.mode} failed with a one-context error ({message[:120]}); falling back to hybrid (recorded)")
         plan = plan_for_mode(prepared.profile, prepared.rig, prepared.request, "hybrid")
         return replace(cfg, plan=plan, mode="hybrid", mode_env=())
 

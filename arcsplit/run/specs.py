@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..errors import BadInput
+from ..llama.childenv import Dropped, overlay
+from ..llama.features import RPC_OPTIONAL, RPC_REQUIRED, Features, fit_args
 from ..llama.patches import SPIN_ENV
 from ..planner import Plan
 from ..route import HOST_DEVICE, Route
@@ -59,6 +61,8 @@ class ProcessSpec:
     devices: tuple[str, ...] = ()  # llama-server's name for each of those cards (RPC0, SYCL0, CPU, ...)
     ignore_sigpipe: bool = False
     keep_stdin: bool = False  # llama-server in the router's child protocol: told to exit on stdin
+    env_unset: tuple[str, ...] = ()  # removed from the supervisor's environment (llama/childenv.py)
+    features_off: tuple[str, ...] = ()  # what this binary lacks, so arcsplit left out (llama/features.py)
 
     @property
     def endpoint(self) -> str:
@@ -90,6 +94,9 @@ class ServeConfig:
     forced_mode: bool = False
     secret_env: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # llama-server only; never recorded
     rpc_spin_us: int = 0  # > 0: every process of a hybrid/rpc group polls the RPC link this long before sleeping
+    env_dropped: tuple[Dropped, ...] = ()  # inherited variables changed for every child (llama/childenv.py)
+    server_features: Features | None = None  # what a llama-server arcsplit did not build accepts; None: all
+    rpc_features: Features | None = None  # the same for its rpc-server
 
     def __post_init__(self) -> None:
         public, secrets = split_secrets(self.extra_args)
@@ -130,7 +137,8 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
     if [c.device for c in plan.cards] != route.devices:
         raise BadInput(f"the plan names its cards {[c.device for c in plan.cards]}, mode {route.mode} runs them as "
                        f"{route.devices}", "plan with the same mode (arcsplit plan --mode)")
-    extra_env = dict(config.mode_env)
+    hygiene_set, unset = overlay(config.env_dropped)
+    extra_env = {**dict(hygiene_set), **dict(config.mode_env)}
     if config.rpc_spin_us > 0 and route.rpc:
         extra_env[SPIN_ENV] = str(config.rpc_spin_us)  # patch 0005: poll the link before sleeping
     threads = rpc_threads(config)
@@ -142,9 +150,10 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
         if config.rpc_cache_dir:
             rpc_argv.append("-c")
             env["LLAMA_CACHE"] = config.rpc_cache_dir  # the server keeps tensors > 10 MiB under <this>/rpc
-        specs.append(ProcessSpec(name=proc.name, role="rpc", argv=tuple(rpc_argv), env=tuple(sorted(env.items())),
+        fitted_rpc, off = fit_args(rpc_argv, config.rpc_features, config.rpc_bin, RPC_OPTIONAL, RPC_REQUIRED)
+        specs.append(ProcessSpec(name=proc.name, role="rpc", argv=fitted_rpc, env=tuple(sorted(env.items())),
                                  host=config.rpc_host, port=port, cards=proc.cards, devices=proc.devices,
-                                 ignore_sigpipe=True))
+                                 ignore_sigpipe=True, env_unset=unset, features_off=off))
 
     server = route.server
     # LLAMA_SERVER_ROUTER_PORT opts into the router's child protocol: load progress on stdout, exit on stdin EOF.
@@ -158,10 +167,10 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
         argv += ["-t", str(threads)]  # llama-server computes the host card's layers; share cores evenly
     if SERVER_LOG_ARGS[0] not in config.extra_args:  # the user's own verbosity wins
         argv += list(SERVER_LOG_ARGS)
-    argv += list(config.extra_args)
-    specs.append(ProcessSpec(name=server.name, role="server", argv=tuple(argv), env=tuple(sorted(env.items())),
-                             host=config.host, port=config.port, cards=server.cards, devices=server.devices,
-                             keep_stdin=True))
+    fitted, off = fit_args(argv, config.server_features, config.server_bin)
+    specs.append(ProcessSpec(name=server.name, role="server", argv=fitted + tuple(config.extra_args),
+                             env=tuple(sorted(env.items())), host=config.host, port=config.port, cards=server.cards,
+                             devices=server.devices, keep_stdin=True, env_unset=unset, features_off=off))
     return tuple(specs)
 
 
