@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -21,6 +20,7 @@ import psutil
 import pytest
 
 from arcsplit.cli import main as cli_main
+from arcsplit.llama.locate import LlamaBinaries
 from arcsplit.rig import Card, Rig
 from arcsplit.run import prepare as prepare_mod
 from arcsplit.run.supervisor import Supervisor, Timeouts
@@ -45,7 +45,8 @@ def described_rig(tmp_path, monkeypatch):
     """serve's preparation on cards that are not here: the rig and binaries it would have discovered."""
     for key in ("STATE", "CACHE", "RUNTIME"):
         monkeypatch.setenv(f"ARCSPLIT_{key}_DIR", str(tmp_path / key.lower()))
-    bins = SimpleNamespace(server=Path("/opt/llama/bin/llama-server"), rpc_server=Path("/opt/llama/bin/ggml-rpc-server"))
+    bins = LlamaBinaries(server=Path("/opt/llama/bin/llama-server"), rpc_server=Path("/opt/llama/bin/ggml-rpc-server"),
+                         cli=None, bench=None, fit_params=None, found_by="managed")  # a managed build: all flags
     monkeypatch.setattr(prepare_mod, "find_llama", lambda *a, **kw: bins)
 
     def discover(backend: str, gpus: Any, binaries: Any = None, cpu_memory_mib: Any = None) -> Rig:
