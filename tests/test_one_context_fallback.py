@@ -13,7 +13,8 @@ import pytest
 from anyio.from_thread import start_blocking_portal
 
 from arcsplit.errors import RunError
-from arcsplit.run.specs import ServeConfig, plan_devices
+from arcsplit.route import Route
+from arcsplit.run.specs import ServeConfig
 from arcsplit.run.supervisor import RestartPolicy, Supervisor
 
 from test_specs import make_plan
@@ -32,7 +33,7 @@ def replaying_server(tmp_path: Path, log: str) -> str:
 @pytest.mark.parametrize("log, kind", [("ur_exception_27063.log", "pinned_output"),
                                        ("multi_device_oom_22885.log", "alloc")])
 def test_one_context_failure_hands_over_to_the_hybrid_fallback(tmp_path, log, kind):
-    plan = make_plan("sycl", [0, 1], plan_devices("multi", "sycl", [0, 1]))
+    plan = make_plan("sycl", [0, 1], Route.build("multi", "sycl", [0, 1]).devices)
     config = ServeConfig(plan=plan, mode="multi", backend="sycl", server_bin=replaying_server(tmp_path, log),
                          rpc_bin="/nonexistent/ggml-rpc-server", port=18933)
     calls: list[tuple[str, str]] = []
