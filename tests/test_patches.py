@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-import arcsplit
+from arcsplit import serve as serve_group
 from arcsplit.errors import BuildError
 from arcsplit.llama import build as build_mod
 from arcsplit.llama import patches
@@ -326,8 +326,8 @@ def test_inputs_first_only_on_an_rpc_device_fed_by_a_local_backend(llama_bins, d
     activation = load_profile(demo_model).n_embd * 4  # one decoded token's hidden state, F32
     monkeypatch.setenv("GGML_RPC_DEBUG", "1")
     with rpc_patches_switched(on=not stock), \
-            arcsplit.serve(str(demo_model), gpus=[0, 1], backend="cpu", mode="rpc", ctx=1024, parallel=1, threads=1,
-                           port=free_port(), bus=False, llama_dir=str(llama_bins.bin_dir)) as server:
+            serve_group(str(demo_model), gpus=[0, 1], backend="cpu", mode="rpc", ctx=1024, parallel=1, threads=1,
+                        port=free_port(), bus=False, llama_dir=str(llama_bins.bin_dir)) as server:
         r = httpx.post(f"{server.url}/completion", json={"prompt": "Once upon a time", "n_predict": 6,
                                                           "temperature": 0, "ignore_eos": True}, timeout=300)
         r.raise_for_status()
