@@ -20,8 +20,8 @@ from arcsplit.llama import build as build_mod
 from arcsplit.llama import patches
 from arcsplit.llama.build import BuildConfig
 from arcsplit.llama.patches import rpc_patches_switched
-from arcsplit.model import load_profile
 from arcsplit.run.ports import free_port
+from arcsplit.synth import write_llama
 from arcsplit.llama.source import extract_source, fetch_sdist
 
 RPC_FILE = "ggml/src/ggml-rpc/ggml-rpc.cpp"
@@ -318,23 +318,27 @@ def first_upload_per_compute(log: str) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stock", [False, True], ids=["patched", "stock"])
-def test_inputs_first_only_on_an_rpc_device_fed_by_a_local_backend(llama_bins, demo_model, monkeypatch, stock):
+def test_inputs_first_only_on_an_rpc_device_fed_by_a_local_backend(llama_bins, tmp_path, monkeypatch, stock):
     """Patch 0004's gate, read off the wire (GGML_RPC_DEBUG logs every SET_TENSOR an rpc-server receives): in an
     all-RPC group the first server, fed by llama-server's own CPU (the token embeddings), gets the user inputs
     before the activation; the second, fed by the first rpc-server, gets llama.cpp's order (activation first),
-    which measured faster between two RPC servers. ARCSPLIT_RPC_STOCK=1 keeps llama.cpp's order everywhere."""
-    activation = load_profile(demo_model).n_embd * 4  # one decoded token's hidden state, F32
+    which measured faster between two RPC servers. ARCSPLIT_RPC_STOCK=1 keeps llama.cpp's order everywhere.
+    A small llama (small vocabulary), so that both rpc-servers hold layers and both get user inputs."""
+    model = write_llama(tmp_path / "llama.gguf", n_layer=8, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=512)
+    activation = 256 * 4  # one decoded token's hidden state, F32
     monkeypatch.setenv("GGML_RPC_DEBUG", "1")
     with rpc_patches_switched(on=not stock), \
-            serve_group(str(demo_model), gpus=[0, 1], backend="cpu", mode="rpc", ctx=1024, parallel=1, threads=1,
+            serve_group(str(model), gpus=[0, 1], backend="cpu", mode="rpc", ctx=1024, parallel=1, threads=1,
                         port=free_port(), bus=False, llama_dir=str(llama_bins.bin_dir)) as server:
         r = httpx.post(f"{server.url}/completion", json={"prompt": "Once upon a time", "n_predict": 6,
                                                           "temperature": 0, "ignore_eos": True}, timeout=300)
         r.raise_for_status()
         run_dir = Path(server.status()["run_dir"])
-        firsts = {name: first_upload_per_compute((run_dir / f"{name}.log").read_text(errors="replace"))[-4:]
-                  for name in ("rpc0", "rpc1")}
+        logs = {name: (run_dir / f"{name}.log").read_text(errors="replace") for name in ("rpc0", "rpc1")}
+    firsts = {name: first_upload_per_compute(log)[-4:] for name, log in logs.items()}
     assert all(len(v) == 4 for v in firsts.values()), firsts  # the last decode steps of each server
+    # both hold layers: each receives the activation and user inputs (positions: 4 bytes) every token
+    assert all("size: 4\n" in log and f"size: {activation}\n" in log for log in logs.values())
     # rpc1 is fed by rpc0 (an RPC device): llama.cpp's order, the activation first, patched or not
     assert firsts["rpc1"] == [activation] * 4, firsts
     if stock:
