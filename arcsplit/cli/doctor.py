@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ArcsplitError, BadInput
+from ..llama.detect import BackendChoice, decide, gather
 from ..llama.devices import discover_rig, parse_gpus
-from ..llama.facts import discover_cards, parse_sycl_ls, read_text
+from ..llama.facts import parse_sycl_ls, read_text
 from ..llama.locate import find_llama
 from ..llama.patches import build_patches
 from ..llama.mode import MODES, NEO_WORKAROUND_ENV
@@ -25,11 +26,13 @@ BACKEND_CHOICES = ("auto", "sycl", "cuda", "vulkan", "cpu")
 _STATUS = {"good": "known good", "bad": "KNOWN BAD", "unknown": "unknown"}
 
 
-def _auto_backend(sysfs_root: str = "/sys") -> str:
-    """Intel card present -> sycl, NVIDIA -> cuda, else cpu (Vulkan is only ever asked for)."""
-    cards, _ = discover_cards(sysfs_root)
-    vendors = {c.vendor for c in cards}
-    return "sycl" if "intel" in vendors else "cuda" if "nvidia" in vendors else "cpu"
+def _auto_backend(llama_dir: str | None) -> BackendChoice:
+    """What serve would pick here; on a machine without a build yet, the backend its cards want (doctor still checks)."""
+    facts = gather("run", llama_dir)
+    try:
+        return decide(facts, "run")
+    except ArcsplitError:
+        return decide(facts, "check")
 
 
 def remedies(report: RuntimeReport) -> list[dict[str, str]]:
@@ -84,9 +87,14 @@ def _cards(args: argparse.Namespace, backend: str, gpus: list[int] | None, binar
 
 def _doctor(args: argparse.Namespace) -> int:
     backend = args.backend
+    choice: BackendChoice | None = None
     if backend == "auto":  # a pasted sycl-ls or kernel is about the Intel case
         offline = args.sycl_ls or args.kernel or args.kernel_config
-        backend = "sycl" if offline else _auto_backend()
+        if offline:
+            backend = "sycl"
+        else:
+            choice = _auto_backend(args.llama_dir)
+            backend = choice.backend
     gpus = parse_gpus(args.gpus)
     if args.timeout <= 0:
         raise BadInput(f"--timeout {args.timeout} must be positive", "give the probe's limit in seconds, e.g. --timeout 120")
@@ -110,18 +118,22 @@ def _doctor(args: argparse.Namespace) -> int:
         data = report.to_dict()
         data["remedies"] = fixes
         data["llama_patches"] = applied
+        data["detected"] = None if choice is None else {"reason": choice.reason, "notes": list(choice.notes)}
         if card_note:
             data["facts"]["unread"].append(card_note)
         print_json(data)
         return 0
-    print(_render(report, labels, card_note, fixes, applied))
+    print(_render(report, labels, card_note, fixes, applied, choice))
     return 0
 
 
 def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: list[dict[str, str]],
-            applied: list[str] | None = None) -> str:
+            applied: list[str] | None = None, choice: BackendChoice | None = None) -> str:
     f = r.facts
-    lines = [f"arcsplit doctor: backend {r.backend}, cards {','.join(map(str, r.gpus)) or '-'}", "", "Facts"]
+    lines = [f"arcsplit doctor: backend {r.backend}, cards {','.join(map(str, r.gpus)) or '-'}"]
+    if choice is not None:
+        lines += [f"  auto: {choice.reason}"] + [f"  note: {n}" for n in choice.notes]
+    lines += ["", "Facts"]
     row = lambda k, v: lines.append(f"  {k:<22} {v}")  # noqa: E731
     if r.backend == "sycl" or f.neo:
         row("NEO (compute-runtime)", f"{f.neo.label}   [{f.neo.source}]" if f.neo else "not read")
@@ -176,7 +188,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "fastest mode that works. For a bug report, pass saved outputs with --sycl-ls, "
                                    "--kernel and --kernel-config.")
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
-                   help="ggml backend (default auto: sycl if an Intel card is in sysfs, cuda if NVIDIA, else cpu)")
+                   help="ggml backend (default auto: what serve would pick here; sycl for Intel Arc cards)")
     p.add_argument("--gpus", metavar="LIST", help="cards to check, e.g. 0,1 (default: all)")
     p.add_argument("--mode", choices=MODES, help="show the decision for a forced mode")
     add_llama_dir(p)

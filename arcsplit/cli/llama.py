@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import BadInput
-from ..backends import NAMES as BACKENDS
+from ..llama.detect import CHOICES, resolve
 from ..llama.build import BuildConfig, build, sycl_flags
 from ..llama.locate import find_llama, server_build_info
 from ..llama.patches import build_patches, patches
@@ -15,11 +15,15 @@ from . import print_json
 
 
 def _build(args: argparse.Namespace) -> int:
+    from .devices import say_choice
+
+    args.backend, choice = resolve(args.backend, purpose="build")
     extra = (sycl_flags(args.sycl_arch) if args.backend == "sycl" else ()) + tuple(args.cmake_flag or ())
     bad = [f for f in extra if not f.startswith("-D")]
     if bad:
         raise BadInput(f"--cmake-flag {bad[0]!r} is not a -DNAME=VALUE definition", "write it like -DGGML_CUDA_F16=ON")
     config = BuildConfig(args.backend, extra, patched=not args.no_patches)
+    say_choice(choice)
     bin_dir = build(config, jobs=args.jobs, force=args.force, source=Path(args.source) if args.source else None)
     if args.json:
         print_json({"backend": args.backend, "bin_dir": str(bin_dir), "key": config.key,
@@ -31,7 +35,8 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _which(args: argparse.Namespace) -> int:
-    bins = find_llama(args.llama_dir, backend=args.backend)
+    backend, _choice = resolve(args.backend, args.llama_dir)
+    bins = find_llama(args.llama_dir, backend=backend)
     info = server_build_info(bins)
     data = {
         **bins.to_dict(),
@@ -71,7 +76,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="Build llama-server, ggml-rpc-server, llama-cli, llama-bench and "
                                     "llama-fit-params (GGML_RPC=ON) from the llama.cpp tree vendored in "
                                     f"llama-cpp-python {SDIST_VERSION}, into the user cache. Cached per backend.")
-    b.add_argument("--backend", choices=BACKENDS, default="cpu", help="ggml backend (default: cpu)")
+    b.add_argument("--backend", choices=CHOICES, default="auto",
+                   help="ggml backend (default auto: sycl for Intel Arc cards when icpx is on PATH, else vulkan when "
+                        "glslc is; cuda for NVIDIA; cpu without a GPU)")
     b.add_argument("--jobs", "-j", type=int, default=None, help="parallel compile jobs (default: all cores)")
     b.add_argument("--sycl-arch", metavar="ARCH", help="SYCL AOT target, e.g. bmg_g31 for the Arc Pro B70")
     b.add_argument("--cmake-flag", action="append", metavar="-DNAME=VALUE",
@@ -85,6 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     w = lsub.add_parser("which", help="report the binaries arcsplit will run and their build",
                         description="Report the llama.cpp binaries arcsplit will run, their build and origin.")
     add_llama_dir(w)
-    w.add_argument("--backend", choices=BACKENDS, default="cpu", help="which managed build to fall back to")
+    w.add_argument("--backend", choices=CHOICES, default="auto",
+                   help="which managed build to fall back to (default auto: the one serve would use)")
     w.add_argument("--json", action="store_true", help="machine-readable output")
     w.set_defaults(func=_which)

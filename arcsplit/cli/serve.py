@@ -54,6 +54,9 @@ def _serve(args: argparse.Namespace) -> int:
         raise BadInput(f"--stall-timeout {args.stall_timeout} must be positive", "give seconds, e.g. 120")
 
     prepared = prepare(request_from_args(args))
+    from .devices import say_choice
+
+    say_choice(prepared.backend_choice)
     if args.tui:
         return _serve_with_dashboard(prepared, args)
     for reason in prepared.decision.reasons:

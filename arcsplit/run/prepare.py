@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 
 from .._dirs import cache_dir
 from ..errors import BadInput
+from ..llama.detect import BackendChoice, resolve
 from ..llama.devices import discover_rig, parse_gpus
 from ..llama.locate import find_llama
 from ..llama.mode import ModeDecision, choose_mode
@@ -45,7 +46,7 @@ class ServeRequest:
 
     model: str
     gpus: Sequence[int] | str | None = None
-    backend: str = "cpu"
+    backend: str = "auto"  # the cards and the builds present decide (llama/detect.py)
     mode: str = "auto"
     ctx: int | None = None
     parallel: int = 1
@@ -71,6 +72,7 @@ class Prepared:
     decision: ModeDecision
     profile: Any
     rig: Rig
+    backend_choice: BackendChoice | None = None  # what --backend auto picked, and why
 
 
 def _observed_path(backend: str) -> Path:
@@ -160,7 +162,9 @@ def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str) -> Plan:
 
 
 def prepare(req: ServeRequest) -> Prepared:
-    """Check everything, pick the mode, plan: no process is started here."""
+    """Check everything, pick the backend and the mode, plan: no process is started here."""
+    backend, choice = resolve(req.backend, req.llama_dir)
+    req = replace(req, backend=backend)
     if req.mode not in MODE_CHOICES:
         raise BadInput(f"unknown mode {req.mode!r}", f"use one of {', '.join(MODE_CHOICES)}")
     if not 0 < req.port < 65536:
@@ -204,7 +208,7 @@ def prepare(req: ServeRequest) -> Prepared:
                          rpc_spin_us=rpc_spin_us(req.backend, os.cpu_count() or 1),
                          rpc_cache_dir=str(cache_dir() / "rpc-cache") if req.rpc_cache else None,
                          mode_env=tuple(sorted(decision.env.items())), forced_mode=forced is not None)
-    return Prepared(req, config, decision, profile, rig)
+    return Prepared(req, config, decision, profile, rig, choice)
 
 
 def hybrid_fallback(prepared: Prepared, say: Callable[[str], None] | None = None
