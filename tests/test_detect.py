@@ -227,6 +227,24 @@ def test_arcsplit_backend_pins_what_auto_means(arc_machine, monkeypatch, capsys)
     assert main(["devices"]) == 2 and "ARCSPLIT_BACKEND" in capsys.readouterr().err
 
 
+def test_doctor_on_the_arc_machine_shows_the_choice_and_the_host_checks(arc_machine, capsys):
+    from test_hostcheck import resource
+
+    drm = Path(D.SYSFS_ROOT) / "class" / "drm"
+    (drm / "card0" / "device" / "resource").write_text(resource(16 * 2**20, 0, 32 * 2**30))
+    (drm / "card2" / "device" / "resource").write_text(resource(16 * 2**20, 0, 256 * 2**20))
+    assert main(["doctor", "--no-probe", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["backend"] == "sycl" and data["detected"]["reason"].startswith("backend sycl: 2 Intel cards")
+    assert data["facts"]["llama_build"].startswith("build 10068")  # the SYCL build's own --version
+    rebar = [c for c in data["host"] if c["name"] == "Resizable BAR"]
+    assert [c["status"] for c in rebar] == ["ok", "warn"] and "card2" in rebar[1]["detail"]
+    assert {c["name"] for c in data["host"]} >= {"render nodes", "cards in use", "oneAPI runtime", "host RAM"}
+    assert main(["doctor", "--no-probe"]) == 0
+    text = capsys.readouterr().out
+    assert "auto: backend sycl" in text and "Host" in text and "Resizable BAR" in text and "WARN" in text
+
+
 def test_the_cpu_demo_stays_explicit(arc_machine, monkeypatch):
     from arcsplit.cli import demo, serve as serve_cli
 

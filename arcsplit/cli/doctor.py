@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import ArcsplitError, BadInput
-from ..llama.detect import BackendChoice, decide, gather
+from ..llama import detect
+from ..llama.detect import BackendChoice, decide, gather, is_integrated
+from ..llama.hostcheck import Check, host_checks
 from ..llama.devices import discover_rig, parse_gpus
 from ..llama.facts import parse_sycl_ls, read_text
 from ..llama.locate import find_llama
@@ -24,6 +26,7 @@ from .llama import add_llama_dir
 
 BACKEND_CHOICES = ("auto", "sycl", "cuda", "vulkan", "cpu")
 _STATUS = {"good": "known good", "bad": "KNOWN BAD", "unknown": "unknown"}
+_CHECK = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skip": "-"}
 
 
 def _auto_backend(llama_dir: str | None) -> BackendChoice:
@@ -111,24 +114,28 @@ def _doctor(args: argparse.Namespace) -> int:
     report = check_runtime(backend, gpus_used, binaries, reprobe=args.reprobe,
                            probe=False if args.no_probe else (True if args.reprobe else None), forced=args.mode,
                            sycl_ls_file=args.sycl_ls, kernel=args.kernel, kernel_config=args.kernel_config,
-                           timeout=args.timeout, cards=labels)
+                           timeout=args.timeout, cards=labels, sysfs_root=detect.SYSFS_ROOT)
     fixes = remedies(report)
     applied = build_patches(binaries.bin_dir) if binaries is not None else None
+    offline = args.sycl_ls or args.kernel or args.kernel_config  # another machine's files: this host is not it
+    host = [] if offline else host_checks(backend, [c for c in report.facts.cards if c.vendor and not is_integrated(c)],
+                                          binaries.bin_dir if binaries is not None else None, sysfs=detect.SYSFS_ROOT)
     if args.json:
         data = report.to_dict()
         data["remedies"] = fixes
         data["llama_patches"] = applied
         data["detected"] = None if choice is None else {"reason": choice.reason, "notes": list(choice.notes)}
+        data["host"] = [c.to_dict() for c in host]
         if card_note:
             data["facts"]["unread"].append(card_note)
         print_json(data)
         return 0
-    print(_render(report, labels, card_note, fixes, applied, choice))
+    print(_render(report, labels, card_note, fixes, applied, choice, host))
     return 0
 
 
 def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: list[dict[str, str]],
-            applied: list[str] | None = None, choice: BackendChoice | None = None) -> str:
+            applied: list[str] | None = None, choice: BackendChoice | None = None, host: Sequence[Check] = ()) -> str:
     f = r.facts
     lines = [f"arcsplit doctor: backend {r.backend}, cards {','.join(map(str, r.gpus)) or '-'}"]
     if choice is not None:
@@ -158,6 +165,12 @@ def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: l
         lines.append("  could not read:")
         lines += [f"    - {u}" for u in unread]
     lines += [f"  note: {n}" for n in f.notes]
+    if host:
+        lines += ["", "Host"]
+        for c in host:
+            lines.append(f"  {c.name:<22} {_CHECK[c.status]:<5} {c.detail}")
+            if c.fix:
+                lines.append(f"  {'':<22}       fix: {c.fix}")
     v = r.verdict
     lines += ["", f"Verdict from versions: {_STATUS[v.status]}  (rule {v.rule})", f"  {v.summary}"]
     if v.sources:

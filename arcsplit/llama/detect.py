@@ -127,7 +127,8 @@ def _located(llama_dir: str | None, environ: dict[str, str] | os._Environ[str]) 
     for d in (llama_dir, environ.get("ARCSPLIT_LLAMA_DIR")):
         if d:
             p = Path(d)
-            return p / "bin" if (p / "bin" / "llama-server").exists() else p
+            found = next((x for x in (p, p / "bin") if (x / "llama-server").exists()), None)
+            return found  # a named dir without a build: find_llama says so
     on_path = shutil.which("llama-server", path=environ.get("PATH"))
     return Path(on_path).resolve().parent if on_path else None
 
