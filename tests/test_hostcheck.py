@@ -151,3 +151,32 @@ def test_drm_clients_reads_fds_on_dri_nodes_only(tmp_path):
     clients = H.drm_clients(proc, me=1)
     assert [(pid, name) for pid, name, _ in clients] == [(4242, "llama-server")]
     assert H.drm_clients(proc, me=4242) == []
+
+
+@pytest.mark.slow
+def test_a_load_that_would_run_the_host_out_of_memory_is_stopped(llama_bins, demo_model, tmp_path):
+    """A real CPU serve with the floor set above this machine's RAM: the load stops with the reason, exit 1, and
+    no process is left behind (the guard is SYCL's by default; ARCSPLIT_MIN_FREE_RAM_MIB turns it on anywhere)."""
+    import sys
+
+    import psutil
+
+    from arcsplit.run.ports import free_port
+
+    port = free_port()
+    env = {**os.environ, H.RAM_ENV: str(10 ** 9), "ARCSPLIT_STATE_DIR": str(tmp_path / "state"),
+           "ARCSPLIT_RUNTIME_DIR": str(tmp_path / "rt"), "ARCSPLIT_LLAMA_DIR": str(llama_bins.bin_dir)}
+    r = subprocess.run([sys.executable, "-m", "arcsplit", "serve", str(demo_model), "--backend", "cpu", "--gpus", "0,1",
+                        "--port", str(port), "--cpu-memory", "1024", "--no-bus"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 1, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "host memory is running out during the load" in last and "Traceback" not in r.stderr
+    left = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("ARCSPLIT_STATE_DIR") == str(tmp_path / "state"):
+                left.append(p.pid)
+        except (psutil.Error, OSError):
+            pass
+    assert left == []

@@ -220,6 +220,14 @@ def guard_floor_applies(backend: str, environ: Mapping[str, str] = os.environ) -
     return backend == "sycl" or RAM_ENV in environ
 
 
+def host_ram_short(backend: str, meminfo: str | Path = "/proc/meminfo") -> str | None:
+    """The supervisor's load guard: why to stop this load now, or None (checked about once a second)."""
+    if not guard_floor_applies(backend):
+        return None
+    text = _read(Path(meminfo))
+    return low_memory(text) if text is not None else None
+
+
 # -- gathering (I/O) --------------------------------------------------------------------------------------------
 
 

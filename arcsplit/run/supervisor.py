@@ -27,6 +27,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from ..errors import ArcsplitError, RunError
 from ..llama import logs
+from ..llama.hostcheck import host_ram_short
 from ..planner import HOST_DEVICE
 from .child import Child, describe_exit
 from .events import Event, EventBus
@@ -484,6 +485,9 @@ class Supervisor:
                     marker, deadline = new_marker, now + stall
                 if now - last_cpu_check >= 1.0:  # big loads over RPC print nothing for minutes: CPU use is progress
                     last_cpu_check = now
+                    short = host_ram_short(self.config.backend)
+                    if short:  # retrying would swap again: give up with the reason
+                        raise _StartFailed("server", short, "fatal")
                     total = _cpu_seconds(self._children.values())
                     if total - cpu_total > 0.05:
                         deadline = now + stall
