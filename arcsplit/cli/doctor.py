@@ -89,6 +89,16 @@ def _cards(args: argparse.Namespace, backend: str, gpus: list[int] | None, binar
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    data, text = diagnose(args)
+    if args.json:
+        print_json(data)
+    else:
+        print(text)
+    return 0
+
+
+def diagnose(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """The doctor's findings as --json data and as text (``arcsplit report`` bundles both)."""
     backend = args.backend
     choice: BackendChoice | None = None
     if backend == "auto":  # a pasted sycl-ls or kernel is about the Intel case
@@ -120,18 +130,14 @@ def _doctor(args: argparse.Namespace) -> int:
     offline = args.sycl_ls or args.kernel or args.kernel_config  # another machine's files: this host is not it
     host = [] if offline else host_checks(backend, [c for c in report.facts.cards if c.vendor and not is_integrated(c)],
                                           binaries.bin_dir if binaries is not None else None, sysfs=detect.SYSFS_ROOT)
-    if args.json:
-        data = report.to_dict()
-        data["remedies"] = fixes
-        data["llama_patches"] = applied
-        data["detected"] = None if choice is None else {"reason": choice.reason, "notes": list(choice.notes)}
-        data["host"] = [c.to_dict() for c in host]
-        if card_note:
-            data["facts"]["unread"].append(card_note)
-        print_json(data)
-        return 0
-    print(_render(report, labels, card_note, fixes, applied, choice, host))
-    return 0
+    data = report.to_dict()
+    data["remedies"] = fixes
+    data["llama_patches"] = applied
+    data["detected"] = None if choice is None else {"reason": choice.reason, "notes": list(choice.notes)}
+    data["host"] = [c.to_dict() for c in host]
+    if card_note:
+        data["facts"]["unread"].append(card_note)
+    return data, _render(report, labels, card_note, fixes, applied, choice, host)
 
 
 def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: list[dict[str, str]],

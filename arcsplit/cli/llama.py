@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from ..errors import BadInput
 from ..llama.detect import CHOICES, resolve
@@ -34,11 +35,12 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _which(args: argparse.Namespace) -> int:
-    backend, _choice = resolve(args.backend, args.llama_dir)
-    bins = find_llama(args.llama_dir, backend=backend)
+def which_data(llama_dir: str | None, backend: str) -> dict[str, Any]:
+    """The binaries arcsplit will run and their build (``llama which --json``; ``arcsplit report`` bundles it)."""
+    backend, _choice = resolve(backend, llama_dir)
+    bins = find_llama(llama_dir, backend=backend)
     info = server_build_info(bins)
-    data = {
+    return {
         **bins.to_dict(),
         "bin_dir": str(bins.bin_dir),
         "build_number": info.build_number,
@@ -49,17 +51,21 @@ def _which(args: argparse.Namespace) -> int:
         "same_build": bins.rpc_server.parent == bins.server.parent,
         "patches": build_patches(bins.bin_dir),
     }
+
+
+def _which(args: argparse.Namespace) -> int:
+    data = which_data(args.llama_dir, args.backend)
     if args.json:
         print_json(data)
     else:
-        print(f"llama-server   {bins.server}")
-        print(f"rpc-server     {bins.rpc_server}")
-        for label, path in (("llama-cli", bins.cli), ("llama-bench", bins.bench), ("fit-params", bins.fit_params)):
-            print(f"{label:<14} {path or '(missing)'}")
-        print(f"build          {info.build_number} ({info.commit}), {info.compiler} for {info.target}")
+        print(f"llama-server   {data['server']}")
+        print(f"rpc-server     {data['rpc_server']}")
+        for label, key in (("llama-cli", "cli"), ("llama-bench", "bench"), ("fit-params", "fit_params")):
+            print(f"{label:<14} {data[key] or '(missing)'}")
+        print(f"build          {data['build_number']} ({data['commit']}), {data['compiler']} for {data['target']}")
         applied = data["patches"]
         print(f"arcsplit patches {', '.join(applied) if applied else ('none' if applied == [] else 'unknown')}")
-        print(f"found by       {bins.found_by}")
+        print(f"found by       {data['found_by']}")
     return 0
 
 

@@ -573,7 +573,10 @@ class Supervisor:
                 procs.append({"name": c.spec.name, "pid": c.pid, "pgid": c.pid, "create_time": c.create_time,
                               "port": c.spec.port, "argv": list(c.spec.argv)})
         state = {"supervisor": supervisor_identity(), "started": self._started_at, "url": self.url,
-                 "mode": self.config.mode, "group": self._group_state, "processes": procs}
+                 "mode": self.config.mode, "group": self._group_state, "processes": procs,
+                 # for `arcsplit report`: what this run was asked to do, and its last error
+                 "backend": self.config.backend, "decision": self.decision, "plan": self.config.plan.to_dict(),
+                 "last_error": self._last_error}
         if ended:
             state["ended"] = time.time()
         try:
