@@ -252,3 +252,50 @@ def test_the_cpu_demo_stays_explicit(arc_machine, monkeypatch):
     monkeypatch.setattr(demo, "ensure_demo_model", lambda: arc_machine / "m.gguf")
     monkeypatch.setattr(serve_cli, "serve_from_args", lambda ns, demo=False: seen.append(ns.backend) or 0)
     assert main(["demo"]) == 0 and seen == ["cpu"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Vulkan as a route on Arc: when SYCL's one context is broken, a Vulkan context that probed fine ranks before hybrid.
+
+
+@pytest.fixture
+def broken_sycl(tmp_path):
+    """The runtime report of the ggml-org/llama.cpp#22885 machine, from its bug report's files."""
+    from arcsplit.llama.runtime import check_runtime
+
+    cfg = tmp_path / "config"
+    cfg.write_text("# CONFIG_DMABUF_MOVE_NOTIFY is not set\n")
+    return check_runtime("sycl", [0, 1], None, probe=False, sycl_ls_file=FX / "sycl_ls_b70_fedora44.txt",
+                         kernel="6.19.10-300.fc44.x86_64", kernel_config=cfg)
+
+
+def test_a_vulkan_context_that_probed_fine_ranks_before_hybrid(broken_sycl):
+    from arcsplit.cli.doctor import remedies
+
+    assert broken_sycl.multi_broken
+    fixes = remedies(broken_sycl, "works")
+    titles = [f["title"] for f in fixes]
+    assert "Vulkan" in titles[2] and "Hybrid" in titles[3]
+    assert fixes[2]["command"] == "arcsplit serve model.gguf --gpus 0,1 --backend vulkan --mode multi"
+    assert "#26010" in titles[2]  # the trade is stated, not hidden
+    for state, command in (("built", "arcsplit serve model.gguf --gpus 0,1 --backend vulkan"),
+                           ("fails", "arcsplit serve model.gguf --gpus 0,1 --backend vulkan"),
+                           (None, "arcsplit llama build --backend vulkan && arcsplit serve")):
+        fixes = remedies(broken_sycl, state)
+        assert "Hybrid" in fixes[2]["title"] and "Vulkan" in fixes[-1]["title"]
+        assert fixes[-1]["command"].startswith(command)
+    assert "failed here too" in remedies(broken_sycl, "fails")[-1]["title"]
+
+
+def test_doctor_names_a_present_vulkan_build_without_probing_another_machine(arc_machine, capsys):
+    bin_dir = BuildConfig("vulkan").bin_dir
+    bin_dir.mkdir(parents=True)
+    for t in TARGETS:
+        _script(bin_dir / t, {})
+    cfg = arc_machine / "config"
+    cfg.write_text("# CONFIG_DMABUF_MOVE_NOTIFY is not set\n")
+    assert main(["doctor", "--gpus", "0,1", "--sycl-ls", str(FX / "sycl_ls_b70_fedora44.txt"), "--kernel",
+                 "6.19.10-300.fc44.x86_64", "--kernel-config", str(cfg), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["vulkan"] == {"route": "built", "probe": None}
+    assert data["remedies"][-1]["command"] == "arcsplit serve model.gguf --gpus 0,1 --backend vulkan"

@@ -19,7 +19,7 @@ from ..llama.facts import parse_sycl_ls, read_text
 from ..llama.locate import find_llama
 from ..llama.patches import build_patches
 from ..llama.mode import MODES, NEO_WORKAROUND_ENV
-from ..llama.probe import DEFAULT_TIMEOUT_S
+from ..llama.probe import DEFAULT_TIMEOUT_S, ProbeResult
 from ..llama.runtime import RuntimeReport, check_runtime
 from . import print_json
 from .llama import add_llama_dir
@@ -38,8 +38,31 @@ def _auto_backend(llama_dir: str | None) -> BackendChoice:
         return decide(facts, "check")
 
 
-def remedies(report: RuntimeReport) -> list[dict[str, str]]:
-    """Ordered fixes for a broken multi-device context: the best first, each with the exact command."""
+# Vulkan against SYCL at generation on Arc, as reported: faster in some (llama.cpp #26010: 20.1 vs 7.0 t/s, Gemma 4,
+# -fa on; #22413: 2x B580), slower in others (kyuz0/ai-toolbox-cockpit#9: Q6_K 5x slower on a B50; a single B70,
+# Qwen2.5-1.5B Q4_K_M: 102 vs 229 t/s in PMZFX/intel-arc-pro-b70-benchmarks). docs/runtime.md has the trade.
+VULKAN_TRADE = ("generation speed against SYCL depends on the model and quant: 2.9x faster (llama.cpp#26010) to 5x "
+                "slower (Q6_K) in users' reports; measure yours with llama-bench")
+
+
+def _vulkan_remedy(gpus: str, vulkan: str | None) -> dict[str, str]:
+    if vulkan == "works":
+        return {"title": "Vulkan backend, one context: Mesa's driver, not NEO, so the bug does not apply; its probe "
+                         f"worked here ({VULKAN_TRADE})",
+                "command": f"arcsplit serve model.gguf --gpus {gpus} --backend vulkan --mode multi"}
+    build = "" if vulkan in ("built", "fails") else "arcsplit llama build --backend vulkan && "
+    what = "its probe failed here too" if vulkan == "fails" else "not probed: `arcsplit doctor --reprobe` after building"
+    return {"title": f"Vulkan backend: a different driver stack (Mesa), not NEO; {what} ({VULKAN_TRADE})",
+            "command": f"{build}arcsplit serve model.gguf --gpus {gpus} --backend vulkan"}
+
+
+def remedies(report: RuntimeReport, vulkan: str | None = None) -> list[dict[str, str]]:
+    """Ordered fixes for a broken multi-device context: the best first, each with the exact command.
+
+    ``vulkan``: the Vulkan route here, "works"/"fails" (probed), "built" (not probed) or None (no Vulkan build). One
+    Vulkan context that probed fine comes before hybrid: no RPC hop, and the reports put it anywhere from 5x slower
+    to 2.9x faster than SYCL (see VULKAN_TRADE); hybrid's cost (~0.87x of SYCL's one context) is known.
+    """
     if not report.multi_broken:
         return []
     gpus = ",".join(str(g) for g in report.gpus) or "0,1"
@@ -51,6 +74,7 @@ def remedies(report: RuntimeReport) -> list[dict[str, str]]:
              "command": "uname -r   # then install your distribution's 7.1+ kernel and reboot"},
             {"title": "Intel's workaround: NEO debug keys that turn off peer access, keeping one context",
              "command": f"{env} llama-server ...   # or: arcsplit serve model.gguf --gpus {gpus} --mode multi+workaround"},
+            *([_vulkan_remedy(gpus, vulkan)] if vulkan == "works" else []),
             {"title": "Hybrid: card 0 in llama-server, one rpc-server per other card (~0.87x decode)",
              "command": f"arcsplit serve model.gguf --gpus {gpus} --mode hybrid"},
             {"title": "All-RPC: one rpc-server per card, each ONEAPI_DEVICE_SELECTOR=level_zero:N (~0.75x decode)",
@@ -59,8 +83,7 @@ def remedies(report: RuntimeReport) -> list[dict[str, str]]:
                       "~20% slower decode, #23160)",
              "command": "install libze-intel-gpu1 and intel-opencl-icd 25.40.35563.10 (with IGC 2.20.5) from "
                         "https://github.com/intel/compute-runtime/releases/tag/25.40.35563.10"},
-            {"title": "Vulkan backend: a different driver stack (Mesa), not NEO",
-             "command": f"arcsplit llama build --backend vulkan && arcsplit serve model.gguf --gpus {gpus} --backend vulkan"},
+            *([] if vulkan == "works" else [_vulkan_remedy(gpus, vulkan)]),
         ]
     else:
         out += [
@@ -70,6 +93,24 @@ def remedies(report: RuntimeReport) -> list[dict[str, str]]:
              "command": f"arcsplit serve model.gguf --gpus {gpus} --backend {report.backend} --mode rpc"},
         ]
     return out
+
+
+def _vulkan_route(args: argparse.Namespace, report: RuntimeReport, offline: bool) -> tuple[str | None, ProbeResult | None]:
+    """When SYCL's one context is broken here and a Vulkan build exists, probe Vulkan's one context like the others."""
+    if report.backend != "sycl" or not report.multi_broken or len(report.gpus) < 2:
+        return None, None
+    try:
+        vk = find_llama(args.llama_dir, backend="vulkan")
+    except ArcsplitError:
+        return None, None
+    if vk.found_by != "managed" and "vulkan" not in detect.build_backends(vk.bin_dir):
+        return None, None  # the located build is not a Vulkan one
+    if offline or args.no_probe:
+        return "built", None
+    vr = check_runtime("vulkan", list(report.gpus), vk, reprobe=args.reprobe, probe=True, timeout=args.timeout,
+                       sysfs_root=detect.SYSFS_ROOT)
+    multi = next((p for p in vr.probes if p.mode == "multi"), None)
+    return ("built" if multi is None else "works" if multi.ok else "fails"), multi
 
 
 def _cards(args: argparse.Namespace, backend: str, gpus: list[int] | None, binaries: Any) -> tuple[list[int], list[str], str | None]:
@@ -125,9 +166,10 @@ def diagnose(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                            probe=False if args.no_probe else (True if args.reprobe else None), forced=args.mode,
                            sycl_ls_file=args.sycl_ls, kernel=args.kernel, kernel_config=args.kernel_config,
                            timeout=args.timeout, cards=labels, sysfs_root=detect.SYSFS_ROOT)
-    fixes = remedies(report)
-    applied = build_patches(binaries.bin_dir) if binaries is not None else None
     offline = args.sycl_ls or args.kernel or args.kernel_config  # another machine's files: this host is not it
+    vulkan, vulkan_probe = _vulkan_route(args, report, bool(offline))
+    fixes = remedies(report, vulkan)
+    applied = build_patches(binaries.bin_dir) if binaries is not None else None
     host = [] if offline else host_checks(backend, [c for c in report.facts.cards if c.vendor and not is_integrated(c)],
                                           binaries.bin_dir if binaries is not None else None, sysfs=detect.SYSFS_ROOT)
     data = report.to_dict()
@@ -135,13 +177,15 @@ def diagnose(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     data["llama_patches"] = applied
     data["detected"] = None if choice is None else {"reason": choice.reason, "notes": list(choice.notes)}
     data["host"] = [c.to_dict() for c in host]
+    data["vulkan"] = {"route": vulkan, "probe": vulkan_probe.to_dict() if vulkan_probe else None}
     if card_note:
         data["facts"]["unread"].append(card_note)
-    return data, _render(report, labels, card_note, fixes, applied, choice, host)
+    return data, _render(report, labels, card_note, fixes, applied, choice, host, vulkan_probe)
 
 
 def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: list[dict[str, str]],
-            applied: list[str] | None = None, choice: BackendChoice | None = None, host: Sequence[Check] = ()) -> str:
+            applied: list[str] | None = None, choice: BackendChoice | None = None, host: Sequence[Check] = (),
+            vulkan_probe: ProbeResult | None = None) -> str:
     f = r.facts
     lines = [f"arcsplit doctor: backend {r.backend}, cards {','.join(map(str, r.gpus)) or '-'}"]
     if choice is not None:
@@ -188,6 +232,9 @@ def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: l
     for p in r.probes:
         env = " with " + " ".join(f"{a}={b}" for a, b in p.env) if p.env else ""
         lines.append(f"  {p.mode:<17} {'works' if p.ok else 'FAILS'}  {p.status}: {p.detail}  ({p.seconds:.1f} s{env})")
+    if vulkan_probe is not None:
+        p = vulkan_probe
+        lines.append(f"  {'vulkan multi':<17} {'works' if p.ok else 'FAILS'}  {p.status}: {p.detail}  ({p.seconds:.1f} s)")
     d = r.decision
     lines += ["", f"Mode: {d.mode}" + ("  (verified by the probe)" if d.verified else "")]
     if d.env:
