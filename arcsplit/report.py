@@ -20,7 +20,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ._dirs import cache_dir
 from .errors import BadInput
@@ -74,7 +74,8 @@ def _argv_secrets(state: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def redactor(environ: Mapping[str, str] = os.environ, extra: list[str] = ()) -> Redactor:  # type: ignore[assignment]
+def redactor(environ: Mapping[str, str] = os.environ, extra: Sequence[str] = ()) -> Redactor:
+    """The redactor for this machine: its credentials, home, user and host names, plus ``extra`` secrets."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):

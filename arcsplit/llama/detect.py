@@ -17,7 +17,7 @@ from typing import Callable, Collection, Sequence
 
 from .. import backends
 from ..errors import ArcsplitError, BadInput
-from .facts import CardFact, discover_cards, parse_sycl_ls
+from .facts import CardFact, _run, discover_cards, parse_sycl_ls
 
 AUTO = "auto"
 ENV = "ARCSPLIT_BACKEND"  # what auto means when set: a machine's standing choice (the test suite pins cpu with it)
@@ -50,7 +50,7 @@ class BackendChoice:
 
 def is_integrated(card: CardFact) -> bool:
     """An iGPU sits on PCI bus 0 (Intel's at 0000:00:02.0); a PCIe card sits behind a root port, on a bus > 0."""
-    return bool(card.pci_slot) and card.pci_slot.lower().startswith("0000:00:")  # type: ignore[union-attr]
+    return (card.pci_slot or "").lower().startswith("0000:00:")
 
 
 def _describe(cards: Sequence[CardFact]) -> str:
@@ -94,7 +94,7 @@ def decide(facts: DetectFacts, purpose: str = "run") -> BackendChoice:
     chosen = usable[0]
     thing = "build" if purpose == "run" else "toolchain"
     reason = f"backend {chosen}: {what} and a {_BACKEND_LABEL[chosen]} {thing}"
-    others = [b for b in usable[1:]]
+    others = usable[1:]
     if others:
         notes.append(f"also usable: {', '.join(others)} (--backend {others[0]})")
     return BackendChoice(chosen, reason, tuple(notes))
@@ -152,8 +152,6 @@ def gather(purpose: str = "run", llama_dir: str | None = None, sysfs_root: str |
            run: RunTool | None = None, managed: Callable[[], tuple[str, ...]] = managed_backends,
            environ: dict[str, str] | os._Environ[str] = os.environ) -> DetectFacts:
     """Read the cards, the builds (or toolchains) and, when Intel cards may be present, sycl-ls."""
-    from .facts import _run
-
     run = run or (lambda argv: _run(argv))
     cards, _why = discover_cards(sysfs_root or SYSFS_ROOT)
     notes: list[str] = []
