@@ -6,6 +6,8 @@ exists, so a failed or interrupted build is never mistaken for a finished one.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
@@ -15,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from .. import backends
 from ..errors import BadInput, BuildError
@@ -156,6 +158,30 @@ def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
     check_toolchain(config.backend)
     root = llama_root()
     root.mkdir(parents=True, exist_ok=True)
+    with _build_lock(root, progress):
+        if is_built(config) and not force:
+            return config.bin_dir  # another process built it while this one waited
+        return _build_locked(config, jobs, force, progress, source, root)
+
+
+@contextlib.contextmanager
+def _build_lock(root: Path, progress: Callable[[str, int | None], None]) -> Iterator[None]:
+    """One build at a time per llama.cpp tree: builds share the extracted, patched source and a build key's
+    directories, so two at once (two terminals, parallel test runs) would trample each other's files."""
+    with (root / "build.lock").open("a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress("waiting for another arcsplit build of this tree", None)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _build_locked(config: BuildConfig, jobs: int | None, force: bool,
+                  progress: Callable[[str, int | None], None], source: Path | None, root: Path) -> Path:
     log = root / f"build-{config.key}.log"
     log.write_text(f"arcsplit llama build, llama-cpp-python {SDIST_VERSION}, {config.backend}\n")
     if source is not None:
