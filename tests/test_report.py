@@ -137,3 +137,28 @@ def test_a_real_run_with_planted_secrets_leaves_none_in_the_bundle(llama_bins, d
 def test_model_log_lines_keep_their_token_ids():
     line = "print_info: BOS token        = 2 '<bos>'\nprint_info: EOS token = 1 '<eos>'\nload: token_embd.weight"
     assert R.text(line) == line
+
+
+def test_collect_redacts_what_a_run_dir_holds(tmp_path, monkeypatch):
+    """The run's argv names an --api-key-file: its content is a secret wherever it shows up."""
+    from arcsplit.report import collect, find_run
+
+    monkeypatch.setenv("ARCSPLIT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache"))
+    assert find_run(None) is None
+    key = tmp_path / "key.txt"
+    key.write_text("file-key-PLANTED-31337\n")
+    run = tmp_path / "state" / "runs" / "20261202-000000-1"
+    run.mkdir(parents=True)
+    (run / "state.json").write_text(json.dumps({"processes": [{"argv": ["llama-server", "--api-key-file", str(key)]}],
+                                                "mode": "rpc"}))
+    (run / "server.log").write_text("srv: loaded key file-key-PLANTED-31337\n")
+    env = {"HOME": str(tmp_path), "GGML_SYCL_DISABLE_OPT": "1", "SERVICE_TOKEN": "tok-PLANTED-777"}
+    files = collect(None, ({"facts": {}}, "doctor text"), {"bin_dir": "/x"}, environ=env)
+    assert set(files) >= {"run/20261202-000000-1/state.json", "run/20261202-000000-1/server.log", "doctor.json",
+                          "doctor.txt", "build.json", "env.json", "system.json", "README.txt"}
+    blob = "\n".join(files.values())
+    assert "file-key-PLANTED" not in blob and "tok-PLANTED" not in blob and str(tmp_path) not in blob
+    assert json.loads(files["env.json"]) == {"GGML_SYCL_DISABLE_OPT": "1"}
+    with pytest.raises(BadInput):
+        find_run("no-such-run")
