@@ -81,7 +81,7 @@ def test_ldd_of_a_real_binary_without_its_libraries(llama_bins, tmp_path):
     alone = tmp_path / "llama-server"
     shutil.copy(llama_bins.server, alone)
     missing = H.parse_ldd(subprocess.run(["ldd", str(alone)], capture_output=True, text=True).stdout)
-    assert "libllama.so" in " ".join(missing)
+    assert any(m.startswith("libllama") for m in missing), missing
 
 
 def test_oneapi_check():
@@ -170,8 +170,8 @@ def test_a_load_that_would_run_the_host_out_of_memory_is_stopped(llama_bins, dem
                         "--port", str(port), "--cpu-memory", "1024", "--no-bus"],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 1, r.stderr
-    last = r.stderr.strip().splitlines()[-1]
-    assert "host memory is running out during the load" in last and "Traceback" not in r.stderr
+    assert "host memory is running out during the load" in r.stderr and "before the machine swaps" in r.stderr
+    assert "restart 1 in" not in r.stderr  # given up at once: a retry would swap again
     left = []
     for p in psutil.process_iter():
         try:
