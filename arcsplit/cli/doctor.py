@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from ..errors import ArcsplitError, BadInput
 from ..llama import detect
-from ..llama.detect import BackendChoice, decide, gather, is_integrated
+from ..llama.detect import BackendChoice, is_integrated
 from ..llama.hostcheck import Check, host_checks
 from ..llama.devices import discover_rig, parse_gpus
 from ..llama.facts import parse_sycl_ls, read_text
@@ -24,18 +24,8 @@ from ..llama.runtime import RuntimeReport, check_runtime
 from . import print_json
 from .llama import add_llama_dir
 
-BACKEND_CHOICES = ("auto", "sycl", "cuda", "vulkan", "cpu")
 _STATUS = {"good": "known good", "bad": "KNOWN BAD", "unknown": "unknown"}
 _CHECK = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skip": "-"}
-
-
-def _auto_backend(llama_dir: str | None) -> BackendChoice:
-    """What serve would pick here; on a machine without a build yet, the backend its cards want (doctor still checks)."""
-    facts = gather("run", llama_dir)
-    try:
-        return decide(facts, "run")
-    except ArcsplitError:
-        return decide(facts, "check")
 
 
 # Vulkan against SYCL at generation on Arc, as reported: faster in some (llama.cpp #26010: 20.1 vs 7.0 t/s, Gemma 4,
@@ -147,8 +137,7 @@ def diagnose(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         if offline:
             backend = "sycl"
         else:
-            choice = _auto_backend(args.llama_dir)
-            backend = choice.backend
+            backend, choice = detect.resolve(backend, args.llama_dir, purpose="check")
     gpus = parse_gpus(args.gpus)
     if args.timeout <= 0:
         raise BadInput(f"--timeout {args.timeout} must be positive", "give the probe's limit in seconds, e.g. --timeout 120")
@@ -253,7 +242,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "them against known-bad runtimes, probe the real llama.cpp on the cards, and pick the "
                                    "fastest mode that works. For a bug report, pass saved outputs with --sycl-ls, "
                                    "--kernel and --kernel-config.")
-    p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
+    p.add_argument("--backend", choices=detect.CHOICES, default="auto",
                    help="ggml backend (default auto: what serve would pick here; sycl for Intel Arc cards)")
     p.add_argument("--gpus", metavar="LIST", help="cards to check, e.g. 0,1 (default: all)")
     p.add_argument("--mode", choices=MODES, help="show the decision for a forced mode")

@@ -175,7 +175,9 @@ def gather(purpose: str = "run", llama_dir: str | None = None, sysfs_root: str |
 
 def resolve(backend: str, llama_dir: str | None = None, purpose: str = "run",
             sysfs_root: str | Path | None = None) -> tuple[str, BackendChoice | None]:
-    """``backend`` as given, or what auto means here (with why). An unknown name is a one-line error."""
+    """``backend`` as given, or what auto means here (with why). An unknown name is a one-line error.
+
+    ``purpose``: "run" (serve, plan, devices: a build must exist), "build" (a toolchain must), "check" (doctor)."""
     if backend != AUTO:
         backends.get(backend)
         return backend, None
@@ -184,5 +186,12 @@ def resolve(backend: str, llama_dir: str | None = None, purpose: str = "run",
         if pinned not in backends.REGISTRY:
             raise BadInput(f"{ENV}={pinned!r} is not a backend", f"set it to one of {', '.join(CHOICES)}, or unset it")
         return pinned, None  # the user's standing choice, as good as --backend: nothing to explain
-    choice = decide(gather(purpose, llama_dir, sysfs_root), purpose)
+    facts = gather("run" if purpose == "check" else purpose, llama_dir, sysfs_root)
+    if purpose == "check":  # doctor: what serve would pick, else (no build yet) what the cards want
+        try:
+            choice = decide(facts, "run")
+        except ArcsplitError:
+            choice = decide(facts, "check")
+    else:
+        choice = decide(facts, purpose)
     return choice.backend, choice
