@@ -223,8 +223,20 @@ def test_arcsplit_backend_pins_what_auto_means(arc_machine, monkeypatch, capsys)
     monkeypatch.setenv(D.ENV, "cpu")
     assert main(["devices", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["backend"] == "cpu"
+    assert main(["doctor", "--no-probe", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["backend"] == "cpu"
     monkeypatch.setenv(D.ENV, "rocm")
     assert main(["devices"]) == 2 and "ARCSPLIT_BACKEND" in capsys.readouterr().err
+
+
+def test_llama_build_on_the_arc_machine_names_the_missing_toolchains_before_anything(arc_machine, capsys):
+    from arcsplit.llama.source import llama_root
+
+    before = sorted(p.name for p in llama_root().iterdir())
+    assert main(["llama", "build"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "icpx (sycl)" in err and "glslc (vulkan)" in err
+    assert sorted(p.name for p in llama_root().iterdir()) == before  # nothing fetched, nothing compiled
 
 
 def test_doctor_on_the_arc_machine_shows_the_choice_and_the_host_checks(arc_machine, capsys):
