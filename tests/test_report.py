@@ -162,3 +162,13 @@ def test_collect_redacts_what_a_run_dir_holds(tmp_path, monkeypatch):
     assert json.loads(files["env.json"]) == {"GGML_SYCL_DISABLE_OPT": "1"}
     with pytest.raises(BadInput):
         find_run("no-such-run")
+
+
+def test_report_cli_bad_run_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    from arcsplit.cli import main
+
+    monkeypatch.setenv("ARCSPLIT_STATE_DIR", str(tmp_path / "state"))
+    assert main(["report", "no-such-run", "-o", str(tmp_path / "r.tar.gz")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no-such-run" in err and "arcsplit ps" in err
+    assert not any(tmp_path.glob("r.tar.gz*"))
