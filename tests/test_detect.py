@@ -239,6 +239,7 @@ def test_llama_build_on_the_arc_machine_names_the_missing_toolchains_before_anyt
     assert sorted(p.name for p in llama_root().iterdir()) == before  # nothing fetched, nothing compiled
 
 
+@pytest.mark.slow  # about 2 s: the doctor runs the simulated machine's tools
 def test_doctor_on_the_arc_machine_shows_the_choice_and_the_host_checks(arc_machine, capsys):
     from test_hostcheck import resource
 
