@@ -33,7 +33,7 @@ def say_choice(choice: BackendChoice | None) -> None:
 def _devices(args: argparse.Namespace) -> int:
     gpus = parse_gpus(args.gpus)
     backend, choice = resolve(args.backend, args.llama_dir)
-    binaries = None if backend == "cpu" else find_llama(args.llama_dir, backend=backend)
+    binaries = None if backend == "cpu" else find_llama(args.llama_dir, backend=backend, build=args.build)
     rig = discover_rig(backend, gpus, binaries, args.cpu_memory)
     say_choice(choice)  # once it worked: a failure stays one line
     rows = [

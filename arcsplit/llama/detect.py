@@ -134,10 +134,11 @@ def _located(llama_dir: str | None, environ: dict[str, str] | os._Environ[str]) 
 
 
 def managed_backends() -> tuple[str, ...]:
-    """GPU backends with a finished managed build (``arcsplit llama build --backend B``)."""
-    from .build import BuildConfig, is_built
+    """GPU backends with a finished managed build (``arcsplit llama build --backend B``, any flags or patch set)."""
+    from .build import managed_builds
 
-    return tuple(b for b in backends.GPU_NAMES if is_built(BuildConfig(b)))
+    have = {b.backend for b in managed_builds()}
+    return tuple(b for b in backends.GPU_NAMES if b in have)
 
 
 def toolchain_backends(which: Callable[[str], str | None] = shutil.which) -> tuple[str, ...]:

@@ -2,7 +2,7 @@
 
 Versions only say what was reported elsewhere; a probe runs the real llama.cpp (``llama-bench``, which loads the
 model onto the devices, decodes one token and exits) on these cards, in one of the modes of mode.py, and
-classifies what it printed: success, the seed-003 allocation failure, a UR error code, a crash in context
+classifies what it printed: success, the allocation failure of ggml-org/llama.cpp#22885, a UR error code, a crash in context
 creation, a timeout. Every process runs in its own process group and is killed, and the temp dir removed,
 on every exit path: success, failure, timeout, Ctrl-C.
 """
@@ -34,7 +34,7 @@ PROBE_MODES = ("multi", "multi+workaround", "hybrid", "rpc")
 DEFAULT_TIMEOUT_S = 180.0
 CACHE_VERSION = 1
 
-# UR result codes named in the reports (reference/runtime.md §3.4).
+# UR result codes named in the reports (ggml-org/llama.cpp#27063, intel/compute-runtime#916 and #921).
 UR_CODES = {
     "UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY": 39,
     "UR_RESULT_ERROR_OUT_OF_RESOURCES": 40,
@@ -151,7 +151,7 @@ class _Proc:
 
 def _spawn(argv: list[str], env: dict[str, str], log: Path, procs: list[_Proc]) -> _Proc:
     """Own session (process group) so the whole tree can be killed; SIGPIPE stays ignored (rpc-server dies of
-    it when a client vanishes, llama-cpp-observed.md). Registered in ``procs`` at once, for the cleanup."""
+    it when a client vanishes: docs/llama-cpp-notes.md). Registered in ``procs`` at once, for the cleanup."""
     fh = open(log, "wb")
     try:
         proc = _Proc(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
