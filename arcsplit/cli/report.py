@@ -21,14 +21,14 @@ def _report(args: argparse.Namespace) -> int:
     find_run(args.run)  # a wrong run id is a one-line error before anything runs
     out = Path(args.output or f"arcsplit-report-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz")
     doctor_args = argparse.Namespace(backend=args.backend, gpus=args.gpus, mode=None, llama_dir=args.llama_dir,
-                                     sycl_ls=None, kernel=None, kernel_config=None, reprobe=False,
+                                     build=args.build, sycl_ls=None, kernel=None, kernel_config=None, reprobe=False,
                                      no_probe=not args.probe, timeout=DEFAULT_TIMEOUT_S, json=True)
     try:
         doctor = diagnose(doctor_args)
     except ArcsplitError as exc:  # a report is most wanted when things fail: say so inside it, go on
         doctor = ({"error": str(exc)}, f"arcsplit doctor failed: {exc}")
     try:
-        which = which_data(args.llama_dir, args.backend)
+        which = which_data(args.llama_dir, args.backend, args.build)
     except ArcsplitError as exc:
         which = {"error": str(exc)}
     path = write_bundle(collect(args.run, doctor, which), out)
