@@ -9,6 +9,7 @@ from ..errors import BadInput
 from ..memory import CACHE_TYPES
 from ..model import load_profile
 from ..planner import HOST_DEVICE, Plan, PlanOptions, make_plan
+from ..backends import flash_attn_default
 from ..llama.detect import CHOICES, BackendChoice
 from ..rig import Rig, load_layout, save_layout
 from . import print_json
@@ -81,7 +82,7 @@ def _plan(args: argparse.Namespace) -> int:
     rig, names, choice = _rig(args)
     options = PlanOptions(n_ctx=args.ctx, n_parallel=args.np, kv_unified=not args.no_kv_unified,
                           cache_type_k=args.cache_type, cache_type_v=args.cache_type, n_ubatch=args.ubatch,
-                          n_batch=max(2048, args.ubatch))
+                          n_batch=max(2048, args.ubatch), flash_attn=flash_attn_default(rig.cards[0].backend, args.cache_type))
     plan = make_plan(profile, rig, options, devices=names)
     from .devices import say_choice
 
