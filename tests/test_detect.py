@@ -286,16 +286,19 @@ def test_a_vulkan_context_that_probed_fine_ranks_before_hybrid(broken_sycl):
     from arcsplit.cli.doctor import remedies
 
     assert broken_sycl.multi_broken
+    def where(fixes, word):
+        return next(i for i, f in enumerate(fixes) if f["title"].startswith(word))
+
     fixes = remedies(broken_sycl, "works")
-    titles = [f["title"] for f in fixes]
-    assert "Vulkan" in titles[2] and "Hybrid" in titles[3]
-    assert fixes[2]["command"] == "arcsplit serve model.gguf --gpus 0,1 --backend vulkan --mode multi"
-    assert "#26010" in titles[2]  # the trade is stated, not hidden
+    vk, hybrid = where(fixes, "Vulkan"), where(fixes, "Hybrid")
+    assert vk == hybrid - 1 and "debug keys" in fixes[vk - 1]["title"]  # after NEO's own fixes, before hybrid
+    assert fixes[vk]["command"] == "arcsplit serve model.gguf --gpus 0,1 --backend vulkan --mode multi"
+    assert "#26010" in fixes[vk]["title"]  # the trade is stated, not hidden
     for state, command in (("built", "arcsplit serve model.gguf --gpus 0,1 --backend vulkan"),
                            ("fails", "arcsplit serve model.gguf --gpus 0,1 --backend vulkan"),
                            (None, "arcsplit llama build --backend vulkan && arcsplit serve")):
         fixes = remedies(broken_sycl, state)
-        assert "Hybrid" in fixes[2]["title"] and "Vulkan" in fixes[-1]["title"]
+        assert where(fixes, "Vulkan") == len(fixes) - 1 > where(fixes, "Hybrid")
         assert fixes[-1]["command"].startswith(command)
     assert "failed here too" in remedies(broken_sycl, "fails")[-1]["title"]
 
