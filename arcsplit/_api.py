@@ -30,14 +30,15 @@ __all__ = ["AsyncServer", "BusInfo", "Client", "Instance", "MODE_CHOICES", "OUTP
            "runs", "serve"]
 
 
-def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None, *, backend: str = "cpu",
+def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None, *, backend: str = "auto",
          ctx: int | None = None, parallel: int = 1, cache_type: str = "f16", ubatch: int | None = None,
          layout: str | os.PathLike[str] | None = None, cpu_memory_mib: int | None = None,
          mode: str = "auto", llama_dir: str | None = None, build: str | None = None) -> Plan:
     """Where every layer goes and what each card must hold; ``layout`` plans for a rig you do not have.
 
     The plan of the mode ``serve`` would run (``mode="auto"``, as ``arcsplit plan``): its device names, ubatch
-    and output placement come from that mode's Route. Starts nothing and probes nothing.
+    and output placement come from that mode's Route. ``backend`` "auto" picks what ``serve`` would on this
+    machine (the cards and the builds present). Starts nothing and probes nothing.
     """
     req = ServeRequest(model=str(model), gpus=gpus, backend=backend, mode=mode, ctx=ctx, parallel=parallel,
                        ubatch=ubatch, cache_type=cache_type, cpu_memory_mib=cpu_memory_mib, llama_dir=llama_dir,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,8 @@ def _plan(args: argparse.Namespace) -> int:
                   "devices": [c.device for c in plan.cards]}
         save_layout(args.save, Rig(cards=prepared.rig.cards, name=prepared.rig.name), pinned)
     specs = planned_specs(prepared)
+    for line in (*prepared.warnings, *prepared.notes):  # which backend auto picked, and why; stdout stays the plan
+        print(f"arcsplit: {line}", file=sys.stderr, flush=True)
     secret = dict(config.secret_env)
     processes: list[dict[str, Any]] = [{"name": s.name, "role": s.role, "cards": list(s.cards), "argv": list(s.argv),
                   "env": {k: v for k, v in s.env if k not in secret}, "unset": list(s.env_unset)} for s in specs]

@@ -17,6 +17,7 @@ from .. import backends
 from .._dirs import cache_dir
 from ..errors import ArcsplitError, BadInput
 from ..llama.childenv import clean_env
+from ..llama.detect import BackendChoice, resolve
 from ..llama.features import binary_features
 from ..llama.devices import discover_rig, parse_gpus
 from ..llama.locate import LlamaBinaries, find_llama
@@ -38,7 +39,7 @@ class ServeRequest:
 
     model: str
     gpus: Sequence[int] | str | None = None
-    backend: str = "cpu"
+    backend: str = "auto"  # the cards and the builds present decide (llama/detect.py)
     mode: str = "auto"
     ctx: int | None = None
     parallel: int = 1
@@ -69,7 +70,7 @@ class Prepared:
     profile: Any
     rig: Rig
     warnings: tuple[str, ...] = ()  # for the user before anything starts (the CLI prints them)
-    notes: tuple[str, ...] = ()  # what was chosen for them, e.g. which managed build
+    notes: tuple[str, ...] = ()  # what was chosen for them: the backend auto picked and why, which managed build
     stop_grace: float = 10.0  # what the supervisor waits between SIGTERM and SIGKILL
 
 
@@ -178,7 +179,9 @@ def _gpus(req: ServeRequest) -> list[int] | None:
 
 
 def prepare(req: ServeRequest) -> Prepared:
-    """Check everything, pick the mode, plan: no process is started here."""
+    """Check everything, pick the backend and the mode, plan: no process is started here."""
+    backend, choice = resolve(req.backend, req.llama_dir)
+    req = replace(req, backend=backend)
     rpc_ports = _check(req)
     gpus = _gpus(req)
     binaries = find_llama(req.llama_dir, backend=req.backend, build=req.build)
@@ -195,7 +198,7 @@ def prepare(req: ServeRequest) -> Prepared:
     forced = None if req.mode == "auto" else req.mode
     verdict, known = _runtime(req, rig, binaries)
     decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known)
-    return _prepared(req, binaries, profile, rig, decision, rpc_ports)
+    return _prepared(req, binaries, profile, rig, decision, rpc_ports, choice)
 
 
 def preview(req: ServeRequest, rig: Rig | None = None) -> Prepared:
@@ -212,7 +215,10 @@ def preview(req: ServeRequest, rig: Rig | None = None) -> Prepared:
         kinds = sorted({c.backend for c in rig.cards})
         if len(kinds) > 1:
             raise BadInput(f"the layout mixes backends {', '.join(kinds)}", "one group runs one backend: split the layout")
-        req = replace(req, backend=kinds[0])
+        req, choice = replace(req, backend=kinds[0]), None
+    else:
+        backend, choice = resolve(req.backend, req.llama_dir)
+        req = replace(req, backend=backend)
     try:
         binaries = find_llama(req.llama_dir, backend=req.backend, build=req.build)
     except ArcsplitError:
@@ -222,11 +228,11 @@ def preview(req: ServeRequest, rig: Rig | None = None) -> Prepared:
     forced = None if req.mode == "auto" else req.mode
     verdict, known = (None, None) if layout else _runtime(req, rig, binaries, probe=False)
     decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known)
-    return _prepared(req, binaries, profile, rig, decision, rpc_ports)
+    return _prepared(req, binaries, profile, rig, decision, rpc_ports, choice)
 
 
 def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, rig: Rig, decision: ModeDecision,
-              rpc_ports: list[int] | None) -> Prepared:
+              rpc_ports: list[int] | None, choice: BackendChoice | None) -> Prepared:
     """The plan and the config of the chosen mode; the specs are built once so a missing flag fails here."""
     plan = plan_for_mode(profile, rig, req, decision.mode)
     warnings = []
@@ -253,7 +259,8 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     # is an error now, before any process starts; what it can do without is said.
     specs = build_specs(config, [0] * n_rpc_servers(config))
     off = tuple(dict.fromkeys(o for spec in specs for o in spec.features_off))
-    notes = [binaries.note] if binaries and binaries.note else []
+    notes = [choice.reason, *choice.notes] if choice is not None else []
+    notes += [binaries.note] if binaries and binaries.note else []
     notes += [f"environment: {d.line()}" for d in dropped]
     if off:
         notes.append(f"{config.server_bin} lacks flags arcsplit uses; off: {'; '.join(off)}")
