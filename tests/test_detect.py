@@ -184,7 +184,10 @@ def test_plan_without_a_flag_plans_for_the_arc_cards(arc_machine, capsys):
     model = synth.write_llama(arc_machine / "m.gguf")
     assert main(["plan", str(model), "--gpus", "0,1", "--json"]) == 0
     out, err = capsys.readouterr()
-    assert [c["device"] for c in json.loads(out)["cards"]] == ["SYCL0", "SYCL1"]
+    planned = json.loads(out)
+    assert [c["backend"] for c in planned["cards"]] == ["sycl", "sycl"] and planned["cards"][0]["device"] == "SYCL0"
+    # the mode serve would pick here: this runtime's verdict says one context over both cards fails -> hybrid
+    assert planned["mode"] == "hybrid" and planned["cards"][1]["device"] == "RPC0"
     assert "backend sycl" in err
 
 
