@@ -19,6 +19,7 @@ from typing import Callable
 
 from ..errors import BadInput, BuildError
 from . import patches
+from .facts import LIB_DIRS
 from .source import SDIST_VERSION, extract_source, fetch_sdist, llama_root, source_commit
 
 TARGETS = ("llama-server", "ggml-rpc-server", "llama-cli", "llama-bench", "llama-fit-params")
@@ -47,7 +48,7 @@ _BACKEND_FLAGS: dict[str, tuple[str, ...]] = {
 _TOOLCHAIN: dict[str, tuple[tuple[str, str], ...]] = {
     "cpu": (("cmake", "apt-get install cmake"), ("c++", "apt-get install g++")),
     "cuda": (("cmake", "apt-get install cmake"), ("nvcc", "install the CUDA toolkit and put nvcc on PATH")),
-    "vulkan": (("cmake", "apt-get install cmake"), ("glslc", "install the Vulkan SDK (glslc) and libvulkan-dev")),
+    "vulkan": (("cmake", "apt-get install cmake"), ("c++", "apt-get install g++")),  # and vulkan_problem()
     "sycl": (("cmake", "apt-get install cmake"),
              ("icpx", "install Intel oneAPI and run `source /opt/intel/oneapi/setvars.sh` first")),
 }
@@ -94,11 +95,85 @@ def is_built(config: BuildConfig) -> bool:
     return all((config.bin_dir / t).exists() for t in TARGETS)
 
 
-def check_toolchain(backend: str) -> None:
+def check_toolchain(backend: str, flags: tuple[str, ...] = ()) -> None:
     """Say what is missing before anything is downloaded or compiled."""
     for program, fix in _TOOLCHAIN[backend]:
         if shutil.which(program) is None:
             raise BuildError(f"the {backend} build needs `{program}`, which is not on PATH", fix)
+    if backend == "vulkan":
+        problem = vulkan_problem(find_vulkan(flags))
+        if problem:
+            raise BuildError(*problem)
+
+
+# The pinned tree's ggml-vulkan.cpp creates its instance with VK_EXT_layer_settings (vk::LayerSettingEXT):
+# Vulkan headers without it (Debian 12 ships 1.3.239) fail to compile it, after the long shader step.
+_VULKAN_NEEDS = "VK_EXT_layer_settings"
+_VULKAN_HEADERS_FIX = ("install newer Vulkan headers (Debian 13's libvulkan-dev 1.4.309 or the LunarG SDK) and "
+                       "set VULKAN_SDK to their prefix; scripts/_vulkan.sh does this on Debian 12")
+
+
+@dataclass(frozen=True)
+class VulkanFound:
+    """What the Vulkan build's prerequisites are on this machine, as CMake's FindVulkan will find them."""
+
+    glslc: str | None = None
+    spirv_headers: str | None = None  # the SPIRV-HeadersConfig.cmake that find_package(SPIRV-Headers) reads
+    headers: str | None = None  # the include dir holding vulkan/vulkan_core.h
+    header_version: str | None = None  # "1.3.239", from VK_HEADER_VERSION_COMPLETE
+    has_layer_settings: bool = False
+    loader: str | None = None  # libvulkan.so, what the build links against
+
+
+def vulkan_problem(found: VulkanFound) -> tuple[str, str] | None:
+    """The first missing or too-old prerequisite of the Vulkan build as (problem, fix); None when it can start."""
+    if found.glslc is None:
+        return ("the vulkan build needs `glslc` (the shader compiler), which is not on PATH or in $VULKAN_SDK/bin",
+                "apt-get install glslc, or install the LunarG Vulkan SDK and set VULKAN_SDK")
+    if found.spirv_headers is None:
+        return ("the vulkan build needs SPIRV-Headers (CMake package SPIRV-Headers), which is not installed",
+                "apt-get install spirv-headers, or set VULKAN_SDK to a Vulkan SDK that has them")
+    if found.headers is None:
+        return ("the vulkan build needs the Vulkan headers (vulkan/vulkan_core.h), which are not installed",
+                "apt-get install libvulkan-dev, or set VULKAN_SDK to a Vulkan SDK")
+    if not found.has_layer_settings:
+        return (f"the Vulkan headers in {found.headers} ({found.header_version or 'version unknown'}) are too old: "
+                f"the pinned llama.cpp needs {_VULKAN_NEEDS}", _VULKAN_HEADERS_FIX)
+    if found.loader is None:
+        return ("the vulkan build needs the Vulkan loader to link against (libvulkan.so), which is not installed",
+                "apt-get install libvulkan-dev")
+    return None
+
+
+def _vulkan_header_facts(include: Path) -> tuple[str | None, bool]:
+    """(the headers' version, whether they define the extension the pinned tree needs), from vulkan_core.h."""
+    text = (include / "vulkan" / "vulkan_core.h").read_text(errors="replace")
+    patch = re.search(r"#define VK_HEADER_VERSION (\d+)", text)
+    complete = re.search(r"#define VK_HEADER_VERSION_COMPLETE VK_MAKE_API_VERSION\(\s*\d+,\s*(\d+),\s*(\d+),", text)
+    version = (f"{complete.group(1)}.{complete.group(2)}.{patch.group(1)}" if complete and patch
+               else patch.group(1) if patch else None)
+    return version, f"#define {_VULKAN_NEEDS} 1" in text
+
+
+def find_vulkan(flags: tuple[str, ...] = (), env: dict[str, str] | None = None) -> VulkanFound:
+    """Look where FindVulkan looks: ``-DVulkan_INCLUDE_DIR=``, then $VULKAN_SDK, then the system prefixes."""
+    env = dict(os.environ) if env is None else env
+    sdk = Path(env["VULKAN_SDK"]) if env.get("VULKAN_SDK") else None
+    prefixes = ([sdk] if sdk else []) + [Path(p) for p in env.get("CMAKE_PREFIX_PATH", "").split(":") if p] \
+        + [Path("/usr/local"), Path("/usr")]
+    glslc = sdk / "bin" / "glslc" if sdk else None
+    glslc_path = str(glslc) if glslc and glslc.exists() else shutil.which("glslc", path=env.get("PATH"))
+    spirv = next((str(c) for p in prefixes for sub in ("share/cmake", "lib/cmake", "lib64/cmake",
+                                                       "lib/x86_64-linux-gnu/cmake")
+                  if (c := p / sub / "SPIRV-Headers" / "SPIRV-HeadersConfig.cmake").exists()), None)
+    includes = [Path(f.split("=", 1)[1]) for f in flags if f.startswith("-DVulkan_INCLUDE_DIR=")] \
+        + [p / "include" for p in prefixes]
+    headers = next((d for d in includes if (d / "vulkan" / "vulkan_core.h").exists()), None)
+    version, layer_settings = _vulkan_header_facts(headers) if headers else (None, False)
+    lib_dirs = ([sdk / "lib"] if sdk else []) + [Path(d) for d in LIB_DIRS]
+    loader = next((str(d / "libvulkan.so") for d in lib_dirs if (d / "libvulkan.so").exists()), None)
+    return VulkanFound(glslc=glslc_path, spirv_headers=spirv, headers=str(headers) if headers else None,
+                       header_version=version, has_layer_settings=layer_settings, loader=loader)
 
 
 _PROGRESS = re.compile(r"^\[\s*(\d+)%\]")
@@ -169,7 +244,7 @@ def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
         _check_source(Path(source))
     if is_built(config) and not force:
         return config.bin_dir
-    check_toolchain(config.backend)
+    check_toolchain(config.backend, config.extra_flags)
     root = llama_root()
     root.mkdir(parents=True, exist_ok=True)
     log = root / f"build-{config.key}.log"
