@@ -131,6 +131,27 @@ def cpu_rig(gpus: list[int] | None, cpu_memory_mib: int | None = None) -> Rig:
     return Rig(cards=cards, name=f"{len(cards)} CPU card(s)")
 
 
+# ggml-vulkan lists only GPUs unless GGML_VK_VISIBLE_DEVICES names devices, which it then takes by their
+# Vulkan (loader) index whatever their type: a CPU device such as Mesa's llvmpipe is seen only that way.
+_VK_MAX_PROBE = 8
+
+
+def _vulkan_named_devices(binaries: LlamaBinaries, gpus: list[int] | None) -> list[DeviceInfo]:
+    """The cards of a machine whose Vulkan devices are not GPUs, one listing per index (as each process of a
+    group will see it): the ``gpus`` asked for, else 0, 1, ... until an index llama.cpp rejects."""
+    found = []
+    for g in (gpus if gpus is not None else range(_VK_MAX_PROBE)):
+        listed = [d for d in parse_list_devices(list_devices(binaries, {"GGML_VK_VISIBLE_DEVICES": str(g)}))
+                  if d.backend == "vulkan"]
+        if not listed:
+            if gpus is None:
+                break
+            continue
+        found.append(DeviceInfo(f"Vulkan{g}", "vulkan", g, listed[0].description, listed[0].total_mib,
+                                listed[0].free_mib))
+    return found
+
+
 def discover_rig(backend: str, gpus: list[int] | None, binaries: LlamaBinaries | None = None,
                  cpu_memory_mib: int | None = None) -> Rig:
     """The live rig: cards in the order of ``gpus`` (all the backend's cards when None)."""
@@ -149,6 +170,8 @@ def discover_rig(backend: str, gpus: list[int] | None, binaries: LlamaBinaries |
             for d in parse_list_devices(list_devices(binaries, env)):
                 if d.backend == "sycl":
                     devices.append(DeviceInfo(f"SYCL{g}", "sycl", g, d.description, d.total_mib, d.free_mib))
+    if not devices and backend == "vulkan":
+        devices = _vulkan_named_devices(binaries, gpus)
     if not devices:
         raise UnknownCard(f"llama.cpp reports no {backend} devices",
                           f"check the driver (`arcsplit doctor --backend {backend}`) or use --backend cpu")
