@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from arcsplit.errors import BuildError
-from arcsplit.llama.build import VulkanFound, find_vulkan, vulkan_problem
+from arcsplit.llama.build import VulkanFound, find_vulkan, vulkan_notes, vulkan_problem
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vulkan"
 COMPLETE = VulkanFound(glslc="/usr/bin/glslc", spirv_headers="/usr/share/cmake/SPIRV-Headers/SPIRV-HeadersConfig.cmake",
@@ -51,6 +51,14 @@ def test_a_complete_view_lets_the_build_start():
 def test_the_first_missing_prerequisite_is_the_one_named():
     both = VulkanFound(**{**COMPLETE.__dict__, "glslc": None, "header_version": "1.3.239", "has_layer_settings": False})
     assert "glslc" in vulkan_problem(both)[0]
+
+
+def test_a_glslc_without_the_fast_paths_is_a_note_not_an_error():
+    found = VulkanFound(**{**COMPLETE.__dict__, "glslc_lacks": ("GL_KHR_cooperative_matrix",)})
+    assert vulkan_problem(found) is None
+    (note,) = vulkan_notes(found)
+    assert "GL_KHR_cooperative_matrix" in note and "matrix engines" in note and "\n" not in note
+    assert vulkan_notes(COMPLETE) == ()
 
 
 def _sdk(tmp_path: Path, header: str) -> Path:

@@ -101,9 +101,12 @@ def check_toolchain(backend: str, flags: tuple[str, ...] = ()) -> None:
         if shutil.which(program) is None:
             raise BuildError(f"the {backend} build needs `{program}`, which is not on PATH", fix)
     if backend == "vulkan":
-        problem = vulkan_problem(find_vulkan(flags))
+        found = find_vulkan(flags)
+        problem = vulkan_problem(found)
         if problem:
             raise BuildError(*problem)
+        for note in vulkan_notes(found):
+            print(f"arcsplit: note: {note}", file=sys.stderr, flush=True)
 
 
 # The pinned tree's ggml-vulkan.cpp creates its instance with VK_EXT_layer_settings (vk::LayerSettingEXT):
@@ -123,6 +126,13 @@ class VulkanFound:
     header_version: str | None = None  # "1.3.239", from VK_HEADER_VERSION_COMPLETE
     has_layer_settings: bool = False
     loader: str | None = None  # libvulkan.so, what the build links against
+    glslc_lacks: tuple[str, ...] = ()  # of _GLSLC_FAST_PATHS
+
+
+# ggml-vulkan's CMake asks glslc for these and builds the shaders that use them only when it has them: matrix
+# multiplication on the cards' matrix engines (Arc: XMX) and with integer dot products (DP4A). Debian 12's
+# glslc (2023.2) has neither; the build still works, slower.
+_GLSLC_FAST_PATHS = ("GL_KHR_cooperative_matrix", "GL_EXT_integer_dot_product")
 
 
 def vulkan_problem(found: VulkanFound) -> tuple[str, str] | None:
@@ -143,6 +153,30 @@ def vulkan_problem(found: VulkanFound) -> tuple[str, str] | None:
         return ("the vulkan build needs the Vulkan loader to link against (libvulkan.so), which is not installed",
                 "apt-get install libvulkan-dev")
     return None
+
+
+def vulkan_notes(found: VulkanFound) -> tuple[str, ...]:
+    """What a Vulkan build with these prerequisites will lack, though it builds."""
+    if not found.glslc_lacks:
+        return ()
+    return (f"{found.glslc} lacks {', '.join(found.glslc_lacks)}: this Vulkan build will multiply matrices "
+            "without the cards' matrix engines or integer dot products (slower, most of all on prompts); "
+            "a newer glslc (Debian 13's, or the LunarG SDK's) has them",)
+
+
+def _glslc_lacks(glslc: str) -> tuple[str, ...]:
+    """The fast-path GLSL extensions this glslc rejects, asked the way ggml-vulkan's CMake asks."""
+    lacks = []
+    for ext in _GLSLC_FAST_PATHS:
+        shader = f"#version 450\n#extension {ext} : require\nvoid main() {{}}\n"
+        try:
+            out = subprocess.run([glslc, "-fshader-stage=compute", "--target-env=vulkan1.3", "-o", os.devnull, "-"],
+                                 input=shader, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return ()  # not a verdict on the extensions; the build's own test will decide
+        if f"extension not supported: {ext}" in out.stderr:
+            lacks.append(ext)
+    return tuple(lacks)
 
 
 def _vulkan_header_facts(include: Path) -> tuple[str | None, bool]:
@@ -173,7 +207,8 @@ def find_vulkan(flags: tuple[str, ...] = (), env: dict[str, str] | None = None) 
     lib_dirs = ([sdk / "lib"] if sdk else []) + [Path(d) for d in LIB_DIRS]
     loader = next((str(d / "libvulkan.so") for d in lib_dirs if (d / "libvulkan.so").exists()), None)
     return VulkanFound(glslc=glslc_path, spirv_headers=spirv, headers=str(headers) if headers else None,
-                       header_version=version, has_layer_settings=layer_settings, loader=loader)
+                       header_version=version, has_layer_settings=layer_settings, loader=loader,
+                       glslc_lacks=_glslc_lacks(glslc_path) if glslc_path else ())
 
 
 _PROGRESS = re.compile(r"^\[\s*(\d+)%\]")
