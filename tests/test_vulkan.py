@@ -9,12 +9,16 @@ seeing only its own through GGML_VK_VISIBLE_DEVICES.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Iterator
 
+import httpx
 import pytest
 
 from arcsplit.errors import BuildError
@@ -125,3 +129,113 @@ def test_real_cli_says_what_this_machine_lacks(tmp_path):
     line = _one_line(_build_vulkan(tmp_path, {}))
     assert line == f"arcsplit: {BuildError(*problem)}"
     assert not (tmp_path / "cache" / "sdist").exists()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The Vulkan tier: arcsplit's real Vulkan build of llama.cpp on lavapipe (scripts/test-vulkan builds it first).
+
+VK_ENV_KEYS = ("VK_ICD_FILENAMES", "XDG_RUNTIME_DIR", "ARCSPLIT_STATE_DIR", "ARCSPLIT_CACHE_DIR", "ARCSPLIT_LLAMA_DIR")
+PROMPT = "The three primary colors are"
+
+
+def _managed_bin(backend: str) -> Path:
+    """A finished managed build, never started from here (conftest's llama_bins would build the CPU one)."""
+    from arcsplit.llama.build import BuildConfig, is_built
+
+    config = BuildConfig(backend)
+    if not is_built(config):
+        pytest.skip(f"the {backend} build of llama.cpp is absent: scripts/test-vulkan builds it")
+    return config.bin_dir
+
+
+@pytest.fixture(scope="module")
+def vulkan_bin() -> Path:
+    return _managed_bin("vulkan")
+
+
+@pytest.fixture(scope="module")
+def two_lavapipes(vulkan_bin, tmp_path_factory) -> Iterator[Path]:
+    """Mesa's CPU driver as two Vulkan devices (its manifest listed twice), arcsplit's dirs in a temp dir."""
+    manifest = next(iter(sorted(Path("/usr/share/vulkan/icd.d").glob("lvp_icd*.json"))), None)
+    if manifest is None:
+        pytest.skip("Mesa's CPU Vulkan driver is absent: apt-get install mesa-vulkan-drivers (scripts/test-vulkan)")
+    root = tmp_path_factory.mktemp("vulkan")
+    icds = [root / "lvp_a.json", root / "lvp_b.json"]
+    for icd in icds:
+        shutil.copy(manifest, icd)
+    (root / "xdg").mkdir(mode=0o700)
+    saved = {k: os.environ.get(k) for k in VK_ENV_KEYS}
+    os.environ.update({"VK_ICD_FILENAMES": ":".join(map(str, icds)), "XDG_RUNTIME_DIR": str(root / "xdg"),
+                       "ARCSPLIT_STATE_DIR": str(root / "state"), "ARCSPLIT_CACHE_DIR": str(root / "cache")})
+    os.environ.pop("ARCSPLIT_LLAMA_DIR", None)
+    yield root
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _greedy(url: str, n: int = 24) -> list[int]:
+    r = httpx.post(f"{url}/completion", json={"prompt": PROMPT, "n_predict": n, "temperature": 0, "top_k": 1,
+                                              "cache_prompt": False, "return_tokens": True}, timeout=600)
+    r.raise_for_status()
+    return r.json()["tokens"]
+
+
+@contextlib.contextmanager
+def _serving(argv: list[str]) -> Iterator[Any]:
+    from anyio.from_thread import start_blocking_portal
+
+    from arcsplit.cli import build_parser
+    from arcsplit.cli.serve import build_config
+    from arcsplit.run.ports import free_port
+    from arcsplit.run.supervisor import RestartPolicy, Supervisor
+
+    config, _, _, _ = build_config(build_parser().parse_args(["serve", *argv, "--port", str(free_port())]))
+    with start_blocking_portal() as portal:
+        sup = Supervisor(config, policy=RestartPolicy(max_failures=0))
+        with portal.wrap_async_context_manager(sup) as s:
+            yield s
+
+
+@pytest.mark.slow
+def test_devices_lists_the_lavapipe_cards(two_lavapipes, vulkan_bin):
+    res = subprocess.run([sys.executable, "-m", "arcsplit", "devices", "--backend", "vulkan", "--json",
+                          "--llama-dir", str(vulkan_bin)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    cards = json.loads(res.stdout)["cards"]
+    assert [c["index"] for c in cards] == [0, 1]
+    assert all(c["name"].startswith("llvmpipe") and c["total_mib"] > 0 for c in cards), cards
+
+
+@pytest.mark.slow
+def test_hybrid_on_two_vulkan_devices_gives_the_cpu_builds_greedy_tokens(two_lavapipes, vulkan_bin, demo_model):
+    cpu_bin = _managed_bin("cpu")
+    common = [str(demo_model), "--ctx", "1024", "--threads", "1"]
+    with _serving([*common, "--backend", "cpu", "--gpus", "0", "--llama-dir", str(cpu_bin),
+                   "--", "--no-repack"]) as cpu:
+        reference = _greedy(cpu.url)
+    with _serving([*common, "--backend", "vulkan", "--gpus", "0,1", "--mode", "hybrid",
+                   "--llama-dir", str(vulkan_bin)]) as vk:
+        st = vk.status()
+        assert st["state"] == "ready" and st["mode"] == "hybrid"
+        server_log = "\n".join(vk.logs("server", 2000))
+        assert "Vulkan0" in server_log and "llvmpipe" in server_log  # llama-server holds Vulkan card 0
+        assert "RPC0" in server_log  # and the rpc-server's card is the second device
+        tokens = _greedy(vk.url)
+    assert tokens == reference
+
+
+@pytest.mark.slow
+def test_the_glslc_check_agrees_with_the_builds_own_test(vulkan_bin):
+    """find_vulkan's verdict on glslc's fast paths is the one ggml-vulkan's CMake reached in the real build."""
+    from arcsplit.llama.build import BuildConfig
+
+    log = BuildConfig("vulkan").build_dir.with_name(f"build-{BuildConfig('vulkan').key}.log")
+    if not log.exists():
+        pytest.skip(f"the Vulkan build's log {log} is gone")
+    text = log.read_text(errors="replace")
+    found = find_vulkan()
+    for ext in ("GL_KHR_cooperative_matrix", "GL_EXT_integer_dot_product"):
+        assert (f"-- {ext} not supported by glslc" in text) == (ext in found.glslc_lacks), ext
