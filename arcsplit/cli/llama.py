@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import Any
 
 from ..errors import BadInput
-from ..llama.build import BACKENDS, BuildConfig, build, sycl_flags
+from ..llama.detect import CHOICES, resolve
+from ..llama.build import BuildConfig, build, managed_builds, sycl_flags
 from ..llama.locate import find_llama, server_build_info
 from ..llama.patches import build_patches, patches
 from ..llama.source import SDIST_VERSION
@@ -14,12 +17,19 @@ from . import print_json
 
 
 def _build(args: argparse.Namespace) -> int:
+    from .devices import say_choice
+
+    args.backend, choice = resolve(args.backend, purpose="build")
     extra = (sycl_flags(args.sycl_arch) if args.backend == "sycl" else ()) + tuple(args.cmake_flag or ())
     bad = [f for f in extra if not f.startswith("-D")]
     if bad:
         raise BadInput(f"--cmake-flag {bad[0]!r} is not a -DNAME=VALUE definition", "write it like -DGGML_CUDA_F16=ON")
     config = BuildConfig(args.backend, extra, patched=not args.no_patches)
-    bin_dir = build(config, jobs=args.jobs, force=args.force, source=Path(args.source) if args.source else None)
+    say_choice(choice)
+    bin_dir = build(config, jobs=args.jobs, force=args.force, source=Path(args.source) if args.source else None,
+                    progress=_print_progress)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)  # end the last progress line
     if args.json:
         print_json({"backend": args.backend, "bin_dir": str(bin_dir), "key": config.key,
                     "source": f"llama-cpp-python {SDIST_VERSION}",
@@ -29,10 +39,20 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _which(args: argparse.Namespace) -> int:
-    bins = find_llama(args.llama_dir, backend=args.backend)
+def _print_progress(step: str, pct: int | None) -> None:
+    """A build's steps on stderr; on a terminal, the compile percentage on one rewritten line."""
+    if pct is None:
+        print(f"arcsplit: {step} …", file=sys.stderr, flush=True)
+    elif sys.stderr.isatty():
+        print(f"\r  {step}: {pct:3d}%", end="", file=sys.stderr, flush=True)
+
+
+def which_data(llama_dir: str | None, backend: str, build: str | None = None) -> dict[str, Any]:
+    """The binaries arcsplit will run and their build (``llama which --json``; ``arcsplit report`` bundles it)."""
+    backend, _choice = resolve(backend, llama_dir)
+    bins = find_llama(llama_dir, backend=backend, build=build)
     info = server_build_info(bins)
-    data = {
+    return {
         **bins.to_dict(),
         "bin_dir": str(bins.bin_dir),
         "build_number": info.build_number,
@@ -43,24 +63,53 @@ def _which(args: argparse.Namespace) -> int:
         "same_build": bins.rpc_server.parent == bins.server.parent,
         "patches": build_patches(bins.bin_dir),
     }
+
+
+def _which(args: argparse.Namespace) -> int:
+    if args.all:
+        return _list_builds(args)
+    data = which_data(args.llama_dir, args.backend, args.build)
     if args.json:
         print_json(data)
     else:
-        print(f"llama-server   {bins.server}")
-        print(f"rpc-server     {bins.rpc_server}")
-        for label, path in (("llama-cli", bins.cli), ("llama-bench", bins.bench), ("fit-params", bins.fit_params)):
-            print(f"{label:<14} {path or '(missing)'}")
-        print(f"build          {info.build_number} ({info.commit}), {info.compiler} for {info.target}")
+        print(f"llama-server   {data['server']}")
+        print(f"rpc-server     {data['rpc_server']}")
+        for label, key in (("llama-cli", "cli"), ("llama-bench", "bench"), ("fit-params", "fit_params")):
+            print(f"{label:<14} {data[key] or '(missing)'}")
+        print(f"build          {data['build_number']} ({data['commit']}), {data['compiler']} for {data['target']}")
         applied = data["patches"]
         print(f"arcsplit patches {', '.join(applied) if applied else ('none' if applied == [] else 'unknown')}")
-        print(f"found by       {bins.found_by}")
+        print(f"found by       {data['found_by']}")
+        if data["note"]:
+            print(f"note           {data['note']}")
+    return 0
+
+
+def _list_builds(args: argparse.Namespace) -> int:
+    """Every managed build, whichever backend: the keys ``--build`` takes."""
+    builds = managed_builds()
+    if args.json:
+        print_json({"builds": [b.to_dict() for b in builds]})
+        return 0
+    if not builds:
+        print("no managed llama.cpp build yet: run `arcsplit llama build`")
+        return 0
+    print(f"{'key':<18} {'backend':<7} {'patches':<8} flags")
+    for b in builds:
+        cfg = b.config
+        patched = "unknown" if cfg is None else ("yes" if cfg.patched else "stock")
+        flags = "(unknown)" if cfg is None else (" ".join(cfg.extra_flags) or "-")
+        print(f"{b.key:<18} {b.backend:<7} {patched:<8} {flags}{'  (default)' if b.is_default else ''}")
     return 0
 
 
 def add_llama_dir(p: argparse.ArgumentParser) -> None:
-    """The --llama-dir option every command that runs llama.cpp shares."""
+    """The --llama-dir and --build options every command that runs llama.cpp shares."""
     p.add_argument("--llama-dir", metavar="DIR",
                    help="a llama.cpp bin dir to use (default: $ARCSPLIT_LLAMA_DIR, PATH, then the managed build)")
+    p.add_argument("--build", metavar="KEY",
+                   help="a managed build by its key (`arcsplit llama which --all` lists them; default: the "
+                        "backend's default build, else its newest)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,7 +119,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="Build llama-server, ggml-rpc-server, llama-cli, llama-bench and "
                                     "llama-fit-params (GGML_RPC=ON) from the llama.cpp tree vendored in "
                                     f"llama-cpp-python {SDIST_VERSION}, into the user cache. Cached per backend.")
-    b.add_argument("--backend", choices=BACKENDS, default="cpu", help="ggml backend (default: cpu)")
+    b.add_argument("--backend", choices=CHOICES, default="auto",
+                   help="ggml backend (default auto: sycl for Intel Arc cards when icpx is on PATH, else vulkan when "
+                        "glslc is; cuda for NVIDIA; cpu without a GPU)")
     b.add_argument("--jobs", "-j", type=int, default=None, help="parallel compile jobs (default: all cores)")
     b.add_argument("--sycl-arch", metavar="ARCH", help="SYCL AOT target, e.g. bmg_g31 for the Arc Pro B70")
     b.add_argument("--cmake-flag", action="append", metavar="-DNAME=VALUE",
@@ -84,6 +135,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     w = lsub.add_parser("which", help="report the binaries arcsplit will run and their build",
                         description="Report the llama.cpp binaries arcsplit will run, their build and origin.")
     add_llama_dir(w)
-    w.add_argument("--backend", choices=BACKENDS, default="cpu", help="which managed build to fall back to")
+    w.add_argument("--backend", choices=CHOICES, default="auto",
+                   help="which managed build to fall back to (default auto: the one serve would use)")
+    w.add_argument("--all", action="store_true", help="list every managed build and its key")
     w.add_argument("--json", action="store_true", help="machine-readable output")
     w.set_defaults(func=_which)

@@ -10,7 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from .. import backends
 from ..errors import BadInput
+from ..llama.childenv import Dropped, overlay
+from ..llama.features import RPC_OPTIONAL, RPC_REQUIRED, Features, fit_args
 from ..llama.patches import SPIN_ENV
 from ..planner import HOST_DEVICE, CardPlan, Plan
 
@@ -40,12 +43,6 @@ def split_secrets(args: Sequence[str]) -> tuple[tuple[str, ...], tuple[tuple[str
     return tuple(out), tuple(sorted(env.items()))
 
 
-# The variable that limits what one process sees, and the device-name prefix it then uses.
-_SELECT_VAR = {"cuda": "CUDA_VISIBLE_DEVICES", "sycl": "ONEAPI_DEVICE_SELECTOR", "vulkan": "GGML_VK_VISIBLE_DEVICES"}
-_PREFIX = {"cuda": "CUDA", "sycl": "SYCL", "vulkan": "Vulkan"}
-# A selector that matches no device: Level Zero has no CPU devices. ggml-sycl treats zero devices as
-# "no SYCL backend" (ggml_sycl_init: "Do not hard crash when there exists no SYCL devices"). Not run on an Arc here.
-_SYCL_NONE = "level_zero:cpu"
 
 
 @dataclass(frozen=True)
@@ -61,6 +58,8 @@ class ProcessSpec:
     cards: tuple[int, ...]  # positions in plan.cards this process holds
     device: str | None = None  # for an rpc-server: its name in llama-server (RPC0, ...)
     ignore_sigpipe: bool = False
+    env_unset: tuple[str, ...] = ()  # removed from the supervisor's environment (llama/childenv.py)
+    features_off: tuple[str, ...] = ()  # what this binary lacks, so arcsplit left out (llama/features.py)
 
     @property
     def endpoint(self) -> str:
@@ -92,6 +91,9 @@ class ServeConfig:
     forced_mode: bool = False
     secret_env: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # llama-server only; never recorded
     rpc_spin_us: int = 0  # > 0: every process of a hybrid/rpc group polls the RPC link this long before sleeping
+    env_dropped: tuple[Dropped, ...] = ()  # inherited variables changed for every child (llama/childenv.py)
+    server_features: Features | None = None  # what a llama-server arcsplit did not build accepts; None: all
+    rpc_features: Features | None = None  # the same for its rpc-server
 
     def __post_init__(self) -> None:
         public, secrets = split_secrets(self.extra_args)
@@ -135,18 +137,6 @@ def rpc_threads(config: ServeConfig) -> int:
     return max(1, config.cores // max(1, len(config.plan.cards)))
 
 
-def _select(backend: str, indices: Sequence[int]) -> dict[str, str]:
-    """Environment that shows exactly these device indices (ascending) to one process."""
-    var = _SELECT_VAR.get(backend)
-    if var is None:
-        return {}
-    if backend == "sycl":
-        env = {var: f"level_zero:{','.join(str(i) for i in sorted(indices))}" if indices else _SYCL_NONE}
-        env["ZES_ENABLE_SYSMAN"] = "1"  # free-memory reporting (runtime.md, SYCL.md env notes)
-        return env
-    return {var: ",".join(str(i) for i in sorted(indices))}
-
-
 def _card_index(cp: CardPlan) -> int:
     return cp.card.index
 
@@ -163,7 +153,8 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
         raise BadInput(f"mode single needs one card, the plan has {len(plan.cards)}", "pick --mode auto")
     if mode in ("hybrid", "rpc") and not rpc_positions:
         raise BadInput(f"mode {mode} needs at least one card for an rpc-server", "use --mode single with one card")
-    extra_env = dict(config.mode_env)
+    hygiene_set, unset = overlay(config.env_dropped)
+    extra_env = {**dict(hygiene_set), **dict(config.mode_env)}
     if config.rpc_spin_us > 0 and rpc_positions:
         extra_env[SPIN_ENV] = str(config.rpc_spin_us)  # patch 0005: poll the link before sleeping
     threads = rpc_threads(config)
@@ -172,26 +163,27 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
     for k, (pos, port) in enumerate(zip(rpc_positions, rpc_ports)):
         cp = plan.cards[pos]
         env = dict(extra_env)
-        env.update(_select(backend, [_card_index(cp)]))
+        env.update(backends.get(backend).visibility([_card_index(cp)]))
         argv = (config.rpc_bin, "-H", config.rpc_host, "-p", str(port), "-t", str(threads))
         if config.rpc_cache_dir:
             argv += ("-c",)
             env["LLAMA_CACHE"] = config.rpc_cache_dir  # the server keeps tensors > 10 MiB under <this>/rpc
+        argv, off = fit_args(argv, config.rpc_features, config.rpc_bin, RPC_OPTIONAL, RPC_REQUIRED)
         specs.append(ProcessSpec(name=f"rpc{k}", role="rpc", argv=argv, env=tuple(sorted(env.items())),
                                  host=config.rpc_host, port=port, cards=(pos,), device=f"RPC{k}",
-                                 ignore_sigpipe=True))
+                                 ignore_sigpipe=True, env_unset=unset, features_off=off))
 
     # What llama-server itself holds, and the names of its devices in --device order.
     local_positions = [i for i in range(len(plan.cards)) if i not in rpc_positions]
     local_gpu = [i for i in local_positions if plan.cards[i].device != HOST_DEVICE] if backend != "cpu" else []
     order = sorted(local_gpu, key=lambda i: _card_index(plan.cards[i]))
-    local_names = {i: f"{_PREFIX[backend]}{order.index(i)}" for i in local_gpu}
+    local_names = {i: backends.get(backend).device_name(order.index(i)) for i in local_gpu}
     rpc_names = {pos: f"RPC{k}" for k, pos in enumerate(rpc_positions)}
     names = [local_names.get(i) or rpc_names.get(i) for i, c in enumerate(plan.cards) if c.device != HOST_DEVICE]
     names = [n for n in names if n]  # CPU-backend cards held by llama-server itself have no device name
 
     env = dict(extra_env)
-    env.update(_select(backend, [_card_index(plan.cards[i]) for i in local_gpu]))
+    env.update(backends.get(backend).visibility([_card_index(plan.cards[i]) for i in local_gpu]))
     env.update(config.secret_env)
     argv: list[str] = [config.server_bin, "-m", plan.model_path, "--host", config.host, "--port", str(config.port),
                        "--metrics"]
@@ -200,9 +192,10 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
     argv += plan.llama_server_args(devices=names)
     if backend == "cpu" and rpc_positions:
         argv += ["-t", str(threads)]  # llama-server computes the host card's layers; share cores evenly
-    argv += list(config.extra_args)
-    specs.append(ProcessSpec(name="server", role="server", argv=tuple(argv), env=tuple(sorted(env.items())),
-                             host=config.host, port=config.port, cards=tuple(local_positions)))
+    fitted, off = fit_args(argv, config.server_features, config.server_bin)
+    specs.append(ProcessSpec(name="server", role="server", argv=fitted + tuple(config.extra_args),
+                             env=tuple(sorted(env.items())), host=config.host, port=config.port,
+                             cards=tuple(local_positions), env_unset=unset, features_off=off))
     return tuple(specs)
 
 
@@ -214,15 +207,14 @@ def card_of_endpoint(specs: Sequence[ProcessSpec]) -> Mapping[str, int]:
 def plan_devices(mode: str, backend: str, indices: Sequence[int]) -> list[str]:
     """The device name of each card (by its backend index, in --gpus order) as llama-server will see it."""
     n_cards = len(indices)
-    prefix = _PREFIX.get(backend)
     if mode == "rpc":
         return [f"RPC{i}" for i in range(n_cards)]
     if mode == "hybrid":
-        first = HOST_DEVICE if backend == "cpu" else f"{prefix}0"
+        first = HOST_DEVICE if backend == "cpu" else backends.get(backend).device_name(0)
         return [first] + [f"RPC{i}" for i in range(n_cards - 1)]
     if backend == "cpu":
         # single: llama-server runs every layer on its CPU with --device none (build_specs names no device);
         # the planner sizes it as an ordinary card.
         return [f"CPU{i}" for i in indices]
     order = sorted(indices)
-    return [f"{prefix}{order.index(i)}" for i in indices]
+    return [backends.get(backend).device_name(order.index(i)) for i in indices]

@@ -27,6 +27,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from ..errors import ArcsplitError, RunError
 from ..llama import logs
+from ..llama.hostcheck import host_ram_short
 from ..planner import HOST_DEVICE
 from .child import Child, describe_exit
 from .events import Event, EventBus
@@ -102,7 +103,6 @@ class Supervisor:
         self._progress: dict[str, Any] = {}
         self._buffers: list[logs.BufferLine] = []
         self._last_error: str | None = None
-        self._tg: TaskGroup | None = None
         self._unhealthy: str | None = None
 
     # -- public surface -------------------------------------------------------------------------------------
@@ -250,11 +250,11 @@ class Supervisor:
                     self._failures = 0
                 self._failures += 1
                 failure = reason if isinstance(reason, _StartFailed) else None
-                if failure and failure.kind == "alloc" and self.config.mode in ("multi", "multi+workaround") \
+                if failure and failure.kind in logs.MULTI_DEVICE_KINDS and self.config.mode in ("multi", "multi+workaround") \
                         and self._fallback and not self.config.forced_mode:
                     new = self._fallback(self.config, failure.message)
                     if new is not None:
-                        self._publish("verdict", "group", {"failed_mode": self.config.mode, "kind": "alloc",
+                        self._publish("verdict", "group", {"failed_mode": self.config.mode, "kind": failure.kind,
                                                            "message": failure.message, "fallback": new.mode})
                         self.decision = {"mode": new.mode, "reasons": [
                             f"{self.config.mode} failed here with the multi-device allocation error "
@@ -293,7 +293,6 @@ class Supervisor:
         reason: str | _StartFailed = "exit"
         watchdog: anyio.CancelScope | None = None
         async with anyio.create_task_group() as tg:
-            self._tg = tg
             try:
                 await self._start_group(tg)
                 self._ready_at = time.time()
@@ -331,7 +330,6 @@ class Supervisor:
                     watchdog.cancel()  # else the task group would wait out its remaining probes
                 with anyio.CancelScope(shield=True):
                     await self._teardown()
-        self._tg = None
         return reason
 
     async def _watch_health(self, scope: anyio.CancelScope) -> None:
@@ -484,6 +482,9 @@ class Supervisor:
                     marker, deadline = new_marker, now + stall
                 if now - last_cpu_check >= 1.0:  # big loads over RPC print nothing for minutes: CPU use is progress
                     last_cpu_check = now
+                    short = host_ram_short(self.config.backend)
+                    if short:  # retrying would swap again: give up with the reason
+                        raise _StartFailed("server", short, "fatal")
                     total = _cpu_seconds(self._children.values())
                     if total - cpu_total > 0.05:
                         deadline = now + stall
@@ -569,7 +570,10 @@ class Supervisor:
                 procs.append({"name": c.spec.name, "pid": c.pid, "pgid": c.pid, "create_time": c.create_time,
                               "port": c.spec.port, "argv": list(c.spec.argv)})
         state = {"supervisor": supervisor_identity(), "started": self._started_at, "url": self.url,
-                 "mode": self.config.mode, "group": self._group_state, "processes": procs}
+                 "mode": self.config.mode, "group": self._group_state, "processes": procs,
+                 # for `arcsplit report`: what this run was asked to do, and its last error
+                 "backend": self.config.backend, "decision": self.decision, "plan": self.config.plan.to_dict(),
+                 "last_error": self._last_error}
         if ended:
             state["ended"] = time.time()
         try:
