@@ -1,7 +1,7 @@
 """The Vulkan route on Mesa's CPU Vulkan driver (lavapipe): time to ready, decode speed and greedy output of
 `arcsplit serve --backend vulkan --mode hybrid` on two lavapipe devices, beside the CPU build's hybrid group.
 
-    python bench/vulkan_lavapipe.py [--runs 1] [--n-predict 8] [--out bench/results/vulkan_lavapipe.md]
+    python bench/vulkan_lavapipe.py [--runs 1] [--n-predict 8] [--vulkan-dir DIR] [--cpu-dir DIR] [--out FILE]
 
 Needs the managed Vulkan and CPU builds (scripts/test-vulkan) and mesa-vulkan-drivers. Lavapipe's manifest is
 listed twice so the loader shows two devices: llama-server holds Vulkan card 0, one rpc-server Vulkan card 1.
@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import arcsplit  # noqa: E402
 from arcsplit.demo import ensure_demo_model  # noqa: E402
-from arcsplit.llama.build import BuildConfig, is_built  # noqa: E402
+from arcsplit.llama.build import BuildConfig  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
 
 PROMPT = "The three primary colors are"
@@ -62,11 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--n-predict", type=int, default=8)
+    ap.add_argument("--vulkan-dir", default=None, help="a Vulkan build's bin dir (default: the managed build)")
+    ap.add_argument("--cpu-dir", default=None, help="a CPU build's bin dir (default: the managed build)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "vulkan_lavapipe.md"))
     a = ap.parse_args(argv)
-    vk, cpu = BuildConfig("vulkan"), BuildConfig("cpu")
+    dirs = {"cpu": Path(a.cpu_dir) if a.cpu_dir else BuildConfig("cpu").bin_dir,
+            "vulkan": Path(a.vulkan_dir) if a.vulkan_dir else BuildConfig("vulkan").bin_dir}
     manifest = next(iter(sorted(Path("/usr/share/vulkan/icd.d").glob("lvp_icd*.json"))), None)
-    if not (is_built(vk) and is_built(cpu)) or manifest is None:
+    if not all((d / "llama-server").exists() for d in dirs.values()) or manifest is None:
         print("needs the managed Vulkan and CPU builds and mesa-vulkan-drivers: run scripts/test-vulkan first",
               file=sys.stderr)
         return 2
@@ -79,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("XDG_RUNTIME_DIR", tmp)
         results: dict[str, list[dict[str, object]]] = {"cpu": [], "vulkan": []}
         for i in range(a.runs):
-            for backend, config in (("cpu", cpu), ("vulkan", vk)):
-                r = run_group(backend, config.bin_dir, model, a.n_predict)
+            for backend, bin_dir in dirs.items():
+                r = run_group(backend, bin_dir, model, a.n_predict)
                 results[backend].append(r)
                 print(f"run {i}: {backend:<6} ready {r['ready']:6.1f} s  first request {r['first']:6.1f} s  "
                       f"decode {r['rate']:6.2f} t/s  same tokens twice: {r['stable']}", flush=True)
@@ -91,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         f"`python bench/vulkan_lavapipe.py --runs {a.runs} --n-predict {a.n_predict}` on {os.cpu_count()} cores "
         f"(shared), {time.strftime('%Y-%m-%d')}. Demo model (Gemma 3 270M Q4_K_M), hybrid on two cards: "
         "llama-server holds card 0, one rpc-server card 1; ctx 1024, `-fa off --no-repack`, `--threads 1`.",
-        "Vulkan cards: Mesa's lavapipe (llvmpipe) listed twice; CPU cards: the CPU build. min / median / max:", "",
+        "Vulkan cards: Mesa's lavapipe (llvmpipe) listed twice; CPU cards: the CPU build. Builds: "
+        f"`{dirs['vulkan']}`, `{dirs['cpu']}`. min / median / max:", "",
         "| group | time to ready (s) | first request, incl. pipeline compile (s) | decode (t/s) |",
         "|---|---|---|---|",
     ]
