@@ -93,8 +93,7 @@ REGISTRY: dict[str, Backend] = {
         Backend(
             name="vulkan", prefix="Vulkan", visibility_var="GGML_VK_VISIBLE_DEVICES",
             cmake_flags=("-DGGML_NATIVE=ON", "-DGGML_VULKAN=ON"),
-            # glslc (also in $VULKAN_SDK/bin), SPIRV-Headers, new enough headers: llama.build.vulkan_problem
-            toolchain=(("cmake", _CMAKE), ("c++", "apt-get install g++")),
+            toolchain=(("cmake", _CMAKE), ("glslc", "apt-get install glslc libvulkan-dev spirv-headers")),
             # Mesa's Vulkan drivers (not NEO) on Intel; the Vulkan route also drives AMD and NVIDIA cards.
             vendors=("intel", "amd", "nvidia"), multi_context=True, sampler="intel",
         ),

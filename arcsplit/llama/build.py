@@ -158,16 +158,18 @@ def is_built(config: BuildConfig) -> bool:
 
 def check_toolchain(backend: str, flags: tuple[str, ...] = ()) -> tuple[str, ...]:
     """Say what is missing before anything is downloaded or compiled; returns notes on what the build will lack."""
+    found = find_vulkan(flags) if backend == "vulkan" else None
     for program, fix in backends.get(backend).toolchain:
+        if found is not None and program == "glslc":
+            continue  # it may be in $VULKAN_SDK/bin, not on PATH: vulkan_problem looks in both
         if shutil.which(program) is None:
             raise BuildError(f"the {backend} build needs `{program}`, which is not on PATH", fix)
-    if backend == "vulkan":
-        found = find_vulkan(flags)
-        problem = vulkan_problem(found)
-        if problem:
-            raise BuildError(*problem)
-        return vulkan_notes(found)
-    return ()
+    if found is None:
+        return ()
+    problem = vulkan_problem(found)
+    if problem:
+        raise BuildError(*problem)
+    return vulkan_notes(found)
 
 
 # The pinned tree's ggml-vulkan.cpp creates its instance with VK_EXT_layer_settings (vk::LayerSettingEXT):
