@@ -370,7 +370,7 @@ def make_plan(profile: Any, rig_or_cards: Any, options: PlanOptions | None = Non
     memory.check_cache_types(profile, options.cache_type_k, options.cache_type_v, options.flash_attn)
     options = _output_placement(profile, cards, options)
     solver = _Solver(profile, cards, names, options)
-    warnings = list(profile.warnings)
+    warnings = _model_warnings(profile)
 
     train = profile.n_ctx_train or 0
     if options.n_ctx is not None:
@@ -513,4 +513,15 @@ def plan_for_split(profile: Any, rig_or_cards: Any, options: PlanOptions, tensor
     bounds = [0]
     for n in tensor_split:
         bounds.append(bounds[-1] + n)
-    return _assemble(profile, solver, costs, cards, names, bounds, options, list(profile.warnings))
+    return _assemble(profile, solver, costs, cards, names, bounds, options, _model_warnings(profile))
+
+
+def _model_warnings(profile: Any) -> list[str]:
+    """The profile's warnings, and the compute margin where the compute model was never measured."""
+    from .memory import UNCHECKED_COMPUTE_MARGIN
+
+    out = list(profile.warnings)
+    if not profile.compute_checked:
+        out.append(f"compute buffers of {profile.arch!r} are estimated from formulas not checked on this architecture: "
+                   f"{UNCHECKED_COMPUTE_MARGIN:.0%} added")
+    return out
