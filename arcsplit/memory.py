@@ -212,3 +212,10 @@ def host_compute_bytes(profile: ModelProfile, cs: ContextSizes, shape: ComputeSh
     cells = {cs.swa_size if profile.is_swa[il] else cs.kv_size for il in range(profile.n_layer_main) if profile.has_kv[il]}
     inputs = sum(c * t * mask_elt for c in cells) + profile.n_embd * t * 4
     return _margin(profile, inputs * (PIPELINE_COPIES if shape.pipeline else 1))
+
+
+def moe_compute_bytes(profile: ModelProfile, cs: ContextSizes, shape: ComputeShape) -> int:
+    """What llama-server's CPU needs to run the routed experts it holds (--n-cpu-moe): one MoE layer's working set."""
+    t = min(shape.n_ubatch, cs.n_ctx)
+    width = profile.n_expert_used * profile.n_ff_exp
+    return _margin(profile, int(t * 4 * (K_FFN * width + K_EMBD * profile.n_embd)))
