@@ -96,8 +96,9 @@ class _Model:
         w.add_tokenizer_model("llama")
         w.add_tokenizer_pre("default")
         w.add_token_list(tokens)
-        w.add_token_scores(scores)
-        w.add_token_types(types)
+        if not header_only:  # optional in llama.cpp (llama-vocab.cpp); packing them one by one is slow at 150k+
+            w.add_token_scores(scores)
+            w.add_token_types(types)
         w.add_bos_token_id(1)
         w.add_eos_token_id(2)
         w.add_unk_token_id(0)

@@ -37,6 +37,30 @@ def _positive(value: str) -> int:
     return n
 
 
+def moe_offload_arg(value: str) -> int | None:
+    """--moe-offload: 'auto' (None: the fewest layers that make it fit), 'off' (0) or a layer count."""
+    v = value.strip().lower()
+    if v in ("auto", "off"):
+        return None if v == "auto" else 0
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--moe-offload {value!r} is not auto, off or a layer count") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"--moe-offload {n} must be 0 or more")
+    return n
+
+
+def add_moe_options(p: argparse.ArgumentParser) -> None:
+    """--moe-offload and --host-memory, shared by plan and serve."""
+    p.add_argument("--moe-offload", type=moe_offload_arg, default=None, metavar="auto|N|off",
+                   help="keep the routed experts of the first N layers in host RAM (--n-cpu-moe); auto: the fewest "
+                        "layers that make the model fit, none when it fits (default: auto)")
+    p.add_argument("--host-memory", type=_positive, metavar="MiB",
+                   help="host RAM those experts may use (default: available RAM less the CPU cards' budgets; "
+                        "with --layout: not checked)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="plan how a model splits across cards (no processes started)")
     p.add_argument("model", help="GGUF model file (for a split model, any of its shards)")
@@ -49,6 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ubatch", type=_positive, default=512, metavar="N", help="micro-batch size (default: 512)")
     p.add_argument("--no-kv-unified", action="store_true", help="one KV stream per slot instead of a shared one")
     p.add_argument("--cpu-memory", type=_positive, metavar="MiB", help="budget of each CPU card (cpu backend)")
+    add_moe_options(p)
     p.add_argument("--save", metavar="FILE", help="write the rig and this plan as a layout TOML")
     p.add_argument("--json", action="store_true", help="machine-readable output (Plan.to_dict)")
     p.set_defaults(func=_plan)
@@ -73,9 +98,17 @@ def _rig(args: argparse.Namespace) -> tuple[Rig, list[str]]:
 def _plan(args: argparse.Namespace) -> int:
     profile = load_profile(args.model)
     rig, names = _rig(args)
+    if args.host_memory:
+        host = args.host_memory * MiB
+    elif args.layout:
+        host = None  # a rig you may not have: its host RAM is unknown
+    else:
+        from ..llama.devices import host_budget
+
+        host = host_budget(rig)
     options = PlanOptions(n_ctx=args.ctx, n_parallel=args.np, kv_unified=not args.no_kv_unified,
                           cache_type_k=args.cache_type, cache_type_v=args.cache_type, n_ubatch=args.ubatch,
-                          n_batch=max(2048, args.ubatch))
+                          n_batch=max(2048, args.ubatch), moe_offload=args.moe_offload, host_budget=host)
     plan = make_plan(profile, rig, options, devices=names)
     if args.save:
         pinned = {"model": str(Path(profile.path).name), "n_ctx": plan.n_ctx, "n_parallel": args.np,
@@ -115,6 +148,10 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
     lines = [head, "", fmt(cols) + "   (MiB)", fmt(["-" * w for w in widths])]
     lines += [fmt(r) for r in rows]
     lines.append(f"host (llama-server's CPU): {_mib(plan.host_bytes)} MiB (token embeddings, input buffers)")
+    if plan.host_expert_bytes:
+        n = plan.options.moe_offload
+        lines.append(f"  of which routed experts of layers 0-{n - 1} (--n-cpu-moe {n}): {_mib(plan.host_expert_bytes)} MiB; "
+                     f"a decoded token reads about {_mib(plan.host_read_per_token)} MiB of them from host RAM")
     lines += ["", "layer map:"]
     for c in plan.cards:
         marks = []

@@ -131,6 +131,12 @@ def cpu_rig(gpus: list[int] | None, cpu_memory_mib: int | None = None) -> Rig:
     return Rig(cards=cards, name=f"{len(cards)} CPU card(s)")
 
 
+def host_budget(rig: Rig) -> int:
+    """Host RAM that routed experts kept there (--n-cpu-moe) may use: available RAM less the CPU cards' budgets."""
+    cpu_cards = sum(c.free_bytes for c in rig.cards if c.backend == "cpu")
+    return max(0, psutil.virtual_memory().available - cpu_cards)
+
+
 def discover_rig(backend: str, gpus: list[int] | None, binaries: LlamaBinaries | None = None,
                  cpu_memory_mib: int | None = None) -> Rig:
     """The live rig: cards in the order of ``gpus`` (all the backend's cards when None)."""

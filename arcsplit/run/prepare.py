@@ -16,13 +16,13 @@ from typing import Any, Callable, Sequence
 
 from .._dirs import cache_dir
 from ..errors import BadInput
-from ..llama.devices import discover_rig, parse_gpus
+from ..llama.devices import discover_rig, host_budget, parse_gpus
 from ..llama.locate import find_llama
 from ..llama.mode import ModeDecision, choose_mode
 from ..llama.patches import SPIN_ENV
 from ..model import load_profile
 from ..planner import Plan, PlanOptions, make_plan
-from ..rig import Rig
+from ..rig import MiB, Rig
 from .ports import check_free, check_host
 from .specs import LOOPBACK, ServeConfig, plan_devices
 
@@ -58,6 +58,8 @@ class ServeRequest:
     rpc_cache: bool = False  # rpc-servers keep big weight tensors on local disk: reloads after a crash read them
     output_layer: str = "auto"  # local: on llama-server's own card (hybrid); last/auto: llama.cpp's place
     cpu_memory_mib: int | None = None
+    moe_offload: int | None = None  # routed experts of the first N layers in host RAM; None: as few as fit
+    host_memory_mib: int | None = None  # what they may use there (default: available RAM less the CPU cards)
     llama_dir: str | None = None
     extra_args: tuple[str, ...] = field(default=())
 
@@ -154,8 +156,9 @@ def rpc_spin_us(backend: str, cores: int, environ: Any = os.environ) -> int:
 
 def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str) -> Plan:
     ubatch = req.ubatch if req.ubatch is not None else ROUTE_UBATCH.get(mode, 512)
+    host = req.host_memory_mib * MiB if req.host_memory_mib else host_budget(rig)
     options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel, n_ubatch=ubatch, n_batch=max(2048, ubatch),
-                          output_on_first=output_local(req, mode))
+                          output_on_first=output_local(req, mode), moe_offload=req.moe_offload, host_budget=host)
     return make_plan(profile, rig, options, devices=plan_devices(mode, req.backend, [c.index for c in rig.cards]))
 
 
