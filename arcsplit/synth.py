@@ -481,6 +481,45 @@ def _gdn_hybrid(m: _Model, n_head: int, n_head_kv: int, head_dim: int, interval:
         ffn(i)
 
 
+def write_mamba2(
+    path: str | Path,
+    n_layer: int = 4,
+    n_embd: int = 64,
+    d_inner: int = 128,
+    d_state: int = 16,
+    n_group: int = 1,
+    head_dim: int = 32,
+    conv_kernel: int = 4,
+    n_vocab: int = 512,
+    ctx: int = 4096,
+    dtype: str = "f16",
+    header_only: bool = False,
+    seed: int = 0,
+) -> Path:
+    """A small Mamba-2 (llama.cpp ``mamba2``): every layer recurrent, no attention, no KV cache
+    (src/models/mamba2.cpp: ssm_in projects to z, x, B, C and one dt per head)."""
+    m = _Model("mamba2", n_vocab, ctx, n_embd, n_layer, dtype, seed)
+    n_head = d_inner // head_dim
+    m.u32("ssm.conv_kernel", conv_kernel)
+    m.u32("ssm.inner_size", d_inner)
+    m.u32("ssm.state_size", d_state)
+    m.u32("ssm.time_step_rank", n_head)
+    m.u32("ssm.group_count", n_group)
+    m.embeddings(False)
+    conv_dim = d_inner + 2 * n_group * d_state
+    for i in range(n_layer):
+        m.t(f"blk.{i}.attn_norm.weight", n_embd)
+        m.t(f"blk.{i}.ssm_in.weight", n_embd, d_inner + conv_dim + n_head)
+        m.t(f"blk.{i}.ssm_conv1d.weight", conv_kernel, conv_dim, f32=True)
+        m.t(f"blk.{i}.ssm_conv1d.bias", conv_dim)
+        m.t(f"blk.{i}.ssm_dt.bias", n_head)
+        m.t(f"blk.{i}.ssm_a", 1, n_head, f32=True)
+        m.t(f"blk.{i}.ssm_d", 1, n_head, f32=True)
+        m.t(f"blk.{i}.ssm_norm.weight", d_inner // n_group, n_group, f32=True)
+        m.t(f"blk.{i}.ssm_out.weight", d_inner, n_embd)
+    return m.write(path, header_only)
+
+
 def write_deepseek2(
     path: str | Path,
     n_layer: int = 4,
