@@ -5,7 +5,7 @@ The value types below are the contract the rest of arcsplit (specs, supervisor, 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .rig import Card
@@ -69,6 +69,12 @@ class CardPlan:
     def free_after(self) -> int:
         return self.card.free_bytes - self.total
 
+    @property
+    def largest(self) -> str:
+        """The term that dominates this card: weights, kv, state or compute."""
+        terms = {"weights": self.weights, "kv": self.kv, "state": self.state, "compute": self.compute}
+        return max(terms, key=terms.__getitem__)
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -84,6 +90,7 @@ class Plan:
     warnings: tuple[str, ...] = field(default=())
     host_expert_bytes: int = 0  # routed-expert weights kept in host RAM (options.moe_offload layers)
     host_read_per_token: int = 0  # of those, what one decoded token reads: n_expert_used / n_expert of each layer
+    ctx_limit: str = ""  # with --ctx max: what stopped the context from growing (a card's memory, or training)
 
     @property
     def offloaded(self) -> tuple[CardPlan, ...]:
@@ -159,10 +166,12 @@ class Plan:
                         "total": c.total,
                     },
                     "free_after": c.free_after,
+                    "largest": c.largest,
                 }
                 for c in self.cards
             ],
             "llama_server_args": self.llama_server_args(),
+            "ctx_limit": self.ctx_limit,
             "warnings": list(self.warnings),
         }
 
@@ -424,8 +433,11 @@ def make_plan(profile: Any, rig_or_cards: Any, options: PlanOptions | None = Non
         ctx = lo * 256
         if train and ctx < min(train, 4096):
             warnings.append(f"only {ctx} tokens of context fit (training context {train})")
+        limit = _ctx_limit(profile, solver, options, bounds, ctx, cap)
 
     plan = _assemble(profile, solver, costs, cards, names, bounds, options, warnings)
+    if options.n_ctx is None:
+        plan = replace(plan, ctx_limit=limit)
     if options.host_budget is not None and plan.host_expert_bytes and plan.host_bytes > options.host_budget:
         raise DoesNotFit(f"keeping the experts of {options.moe_offload} layers in host RAM needs {_fmt(plan.host_bytes)} "
                          f"there, but only {_fmt(options.host_budget)} is available",
@@ -433,10 +445,23 @@ def make_plan(profile: Any, rig_or_cards: Any, options: PlanOptions | None = Non
     return plan
 
 
+def _ctx_limit(profile: Any, solver: "_Solver", options: PlanOptions, bounds: list[int], ctx: int, cap: int) -> str:
+    """Why --ctx max stopped at ``ctx``: the training context, or the card that 256 more tokens overflow."""
+    if ctx >= cap:
+        return f"the model's training context ({cap} tokens)"
+    costs = _costs(profile, options, ctx + 256)
+    over = []
+    for j in range(len(solver.cards)):
+        w, k, s, c = solver.card_bytes(costs, j, bounds[j], bounds[j + 1])
+        over.append((w + k + s + c - solver.budgets[j], j, k + s, c))
+    short, j, kv, comp = max(over)
+    return (f"{solver.names[j]}: {ctx + 256} tokens would need {_fmt(short)} more than it has "
+            f"(KV/state {_fmt(kv)}, compute {_fmt(comp)} there)")
+
+
 def _moe_offload(profile: Any, cards: tuple[Card, ...], names: list[str], options: PlanOptions) -> PlanOptions:
     """Resolve ``moe_offload=None`` (auto) to the fewest leading layers whose routed experts must leave the cards
     for the model to fit at the asked context (or 4096 tokens with --ctx max); check a given count."""
-    from dataclasses import replace
 
     n = options.moe_offload
     n_main = profile.n_layer_main
@@ -497,7 +522,6 @@ def _assemble(profile: Any, solver: "_Solver", costs: _Costs, cards: tuple[Card,
 
 def _output_placement(profile: Any, cards: tuple[Card, ...], options: PlanOptions) -> PlanOptions:
     """``output_on_first`` only where it means something (two cards or more) and where ``-ot`` can do it."""
-    from dataclasses import replace
 
     if not options.output_on_first:
         return options
@@ -510,14 +534,12 @@ def _output_placement(profile: Any, cards: tuple[Card, ...], options: PlanOption
 
 
 def _with_ctx(options: PlanOptions, n_ctx: int) -> PlanOptions:
-    from dataclasses import replace
 
     return replace(options, n_ctx=n_ctx)
 
 
 def _why(profile: Any, solver: _Solver, options: PlanOptions, ctx: int) -> tuple[str, str]:
     """One line: how much is missing, and the cheapest changes that would make it fit."""
-    from dataclasses import replace
 
     costs = _costs(profile, options, ctx)
     need_w = sum(costs.weights)
