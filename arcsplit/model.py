@@ -115,6 +115,8 @@ class ModelProfile:
     n_embd_r: int  # recurrent conv state per sequence (f32 elements)
     n_embd_s: int  # recurrent ssm state per sequence (f32 elements)
     n_ff: tuple[int, ...]
+    n_embd_q: tuple[int, ...]  # width of each layer's query projection (attn_q rows; gated attention: 2x), 0: none
+    recurrent_kind: str  # Family.recurrent: "all" (Mamba), "interval" (gated delta-net hybrids), "no_kv", ""
     n_expert: int
     n_expert_used: int
     n_ff_exp: int  # per routed expert
@@ -498,7 +500,7 @@ FAMILIES: dict[str, Family] = {
     "qwen4exp": Family(recurrent="interval"),
     "deepseek2": Family(mla=True, checked=True),
     "mamba": Family(recurrent="all"),
-    "mamba2": Family(recurrent="all"),
+    "mamba2": Family(recurrent="all", checked=True),
 }
 
 
@@ -577,6 +579,7 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
     # tensor table -> bytes per layer
     layer_bytes = [0] * n_all
     expert_bytes = [0] * n_all
+    n_embd_q = [0] * n_all
     output_bytes = 0
     host_bytes = 0
     token_embd = None
@@ -591,6 +594,8 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
                 layer_bytes[il] += t.n_bytes
                 if _EXPERT.search(t.name):
                     expert_bytes[il] += t.n_bytes
+                elif t.name.endswith(".attn_q.weight") and len(t.shape) >= 2:
+                    n_embd_q[il] = t.shape[1]
             elif t.name.startswith(_OUTPUT_PREFIXES):
                 output_bytes += t.n_bytes
                 has_output = has_output or t.name == "output.weight"
@@ -678,6 +683,7 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
         else:
             # jamba / granitehybrid / nemotron_h / falcon-h1 style: a layer without KV heads is recurrent
             is_recr = tuple(n_head_kv[il] == 0 for il in range(n_all))
+            recurrent = "no_kv"
             warnings.append(f"{arch}: recurrent layers taken as those without KV heads (not verified for this architecture)")
 
     # MLA: K-only cache of width key_length * n_head_kv
@@ -753,6 +759,8 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
         n_embd_r=n_embd_r,
         n_embd_s=n_embd_s,
         n_ff=n_ff,
+        n_embd_q=tuple(n_embd_q),
+        recurrent_kind=recurrent if any(is_recr) else "",
         n_expert=n_expert,
         n_expert_used=n_expert_used,
         n_ff_exp=max(n_ff_exp),
