@@ -1,6 +1,6 @@
 """llama.cpp's memory rules, per layer and per card: weights, KV cache, recurrent state, compute buffers.
 
-Sources (llama.cpp tree in /tmp/warm/src, see /work/shared/reference/planner.md):
+Sources (the pinned llama.cpp tree, ``arcsplit llama build`` unpacks it under ~/.cache/arcsplit/llama.cpp/*/src):
 - context sizes: ``llama_context`` ctor (n_ctx padded to 256; per-stream size when the KV is not unified);
 - KV: ``llama_kv_cache`` ctor (K and V rows of the cache type, per layer on that layer's device; V padded to the
   widest layer without flash attention; MLA caches K only); SWA layers: ``llama_kv_cache_iswa``;
@@ -188,6 +188,8 @@ def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int,
     cells = {cs.swa_size if profile.is_swa[il] else cs.kv_size for il in layers if profile.has_kv[il]}
     inputs = sum(c * cs.n_stream * t * mask_elt for c in cells) // max(1, cs.n_stream)
     inputs += e * t * 4 + t * 4 * 4
+    if first > 0 and not has_output:
+        inputs += e * t * 4  # a middle card: the previous card's hidden rows arrive as one more split input
     # the widest layer's working set
     ws = 0
     for il in layers:

@@ -67,6 +67,8 @@ def models(tmp: Path) -> list[tuple[str, Path]]:
         ("mamba2 (SSM)", synth.write_mamba2(tmp / "mamba2.gguf", n_layer=12, n_embd=1024, d_inner=2048, d_state=128,
                                            n_group=1, head_dim=64, n_vocab=32000, header_only=True)),
     ]
+    # the seeds' models at their real sizes (header only): Qwen3-Coder-Next, Qwen3.6-35B-A3B, Qwen3-30B-A3B Q4_K_M
+    out += [(f"seed {name}", synth.write_seed(name, tmp / f"{name}.gguf")) for name in synth.SEEDS]
     return out
 
 

@@ -1,6 +1,7 @@
 """The planner against the real oracle: llama-fit-params' no-weights dry run over two real CPU rpc-servers.
 
-Within 2 % and 64 MiB per card (the issue's target), on the demo model and two synthetic architectures.
+Every card within max(2 %, 16 MiB) and never below by more than 16 MiB (issue 16's target), on the demo model
+and two synthetic architectures.
 fit-params reserves n_ubatch logits rows where llama-server reserves one per slot, so the planner is asked
 the same question (n_outputs = n_ubatch).
 """
@@ -51,7 +52,7 @@ def test_plan_matches_fit_params(llama_bins, rpc, demo_model: Path, tmp_path: Pa
         for cp in plan.cards:
             f = rows[cp.device]
             fit = (f.model_mib + f.context_mib + f.compute_mib) * MiB
-            err = abs(cp.total - fit)
+            err = cp.total - fit
             assert abs(cp.weights - f.model_mib * MiB) <= MiB, (path.name, cp.device, "weights")
             assert abs(cp.kv + cp.state - f.context_mib * MiB) <= MiB, (path.name, cp.device, "kv")
-            assert err <= 64 * MiB and err <= max(0.02 * fit, 8 * MiB), (path.name, cp.device, err / MiB)
+            assert abs(err) <= max(0.02 * fit, 16 * MiB) and err >= -16 * MiB, (path.name, cp.device, err / MiB)
