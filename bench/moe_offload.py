@@ -69,7 +69,9 @@ def main() -> int:
              f"`python bench/moe_offload.py --reps {args.reps} --n-predict {args.n_predict} --threads {args.threads}`: "
              "synthetic Qwen3-MoE f16 (8 layers, 32 experts of 512, 4 used, n_embd 512), two CPU rpc-server cards, "
              "all-RPC mode, decode of n_predict tokens after one warm-up. CPU cards share the host's memory, so "
-             "this shows the mechanism and its correctness, not a GPU's gain.", "",
+             "this shows the mechanism and its correctness, not a GPU's gain; experts on llama-server's CPU run on its own "
+             "threads (llama.cpp's default) while each rpc-server runs --threads, which is why offload is not slower "
+             "here. Machine: 2 shared cores, loaded by other jobs: spread is wide.", "",
              "| --moe-offload | experts in host RAM MiB | read from host per token MiB | decode t/s min / median / max "
              "| greedy = no offload |", "|---|---|---|---|---|"]
     for n, host, read, lo, med, hi, same in rows:

@@ -136,7 +136,11 @@ def run(out_path: Path) -> list[dict]:
         lines.append(f"| {r['model']} | {r['config']} | {r['device']} | {r['layers']} | {p[0]:.0f}/{p[1]:.0f}/{p[2]:.0f} | "
                      f"{f[0]}/{f[1]}/{f[2]} | {r['err_mib']:+.1f} | {r['err_pct']:+.1f} | {'yes' if r['ok'] else 'NO'} |")
     n_ok = sum(r["ok"] for r in rows)
-    lines += ["", f"{n_ok}/{len(rows)} cards within target."]
+    lo = min(rows, key=lambda r: r["err_mib"])
+    hi = max(rows, key=lambda r: r["err_mib"])
+    lines += ["", f"{n_ok}/{len(rows)} cards within target. Most below llama-fit-params: {lo['err_mib']:+.1f} MiB "
+              f"({lo['model']}, {lo['config']}, {lo['device']}); most above: {hi['err_mib']:+.1f} MiB "
+              f"({hi['model']}, {hi['config']}, {hi['device']})."]
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
