@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..llama.build import BACKENDS
+from ..backends import NAMES as BACKENDS
 from ..llama.devices import discover_rig, parse_gpus
 from ..llama.locate import find_llama
 from ..rig import MiB

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from ..errors import BadInput
-from ..llama.build import BACKENDS, BuildConfig, build, sycl_flags
+from ..backends import NAMES as BACKENDS
+from ..llama.build import BuildConfig, build, sycl_flags
 from ..llama.locate import find_llama, server_build_info
 from ..llama.patches import build_patches, patches
 from ..llama.source import SDIST_VERSION

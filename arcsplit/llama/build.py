@@ -6,6 +6,8 @@ exists, so a failed or interrupted build is never mistaken for a finished one.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
@@ -15,14 +17,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
+from .. import backends
 from ..errors import BadInput, BuildError
 from . import patches
 from .source import SDIST_VERSION, extract_source, fetch_sdist, llama_root, source_commit
 
 TARGETS = ("llama-server", "ggml-rpc-server", "llama-cli", "llama-bench", "llama-fit-params")
-BACKENDS = ("cpu", "cuda", "vulkan", "sycl")
 
 _COMMON = (
     "-DCMAKE_BUILD_TYPE=Release",
@@ -36,21 +38,6 @@ _COMMON = (
     "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
     "-DCMAKE_INSTALL_RPATH=$ORIGIN",
 )
-_BACKEND_FLAGS: dict[str, tuple[str, ...]] = {
-    "cpu": ("-DGGML_NATIVE=ON",),
-    "cuda": ("-DGGML_NATIVE=ON", "-DGGML_CUDA=ON"),
-    "vulkan": ("-DGGML_NATIVE=ON", "-DGGML_VULKAN=ON"),
-    "sycl": ("-DGGML_SYCL=ON", "-DGGML_SYCL_F16=ON", "-DGGML_SYCL_TARGET=INTEL",
-             "-DCMAKE_C_COMPILER=icx", "-DCMAKE_CXX_COMPILER=icpx"),
-}
-# What each backend needs on PATH before anything starts: (program, how to get it).
-_TOOLCHAIN: dict[str, tuple[tuple[str, str], ...]] = {
-    "cpu": (("cmake", "apt-get install cmake"), ("c++", "apt-get install g++")),
-    "cuda": (("cmake", "apt-get install cmake"), ("nvcc", "install the CUDA toolkit and put nvcc on PATH")),
-    "vulkan": (("cmake", "apt-get install cmake"), ("glslc", "install the Vulkan SDK (glslc) and libvulkan-dev")),
-    "sycl": (("cmake", "apt-get install cmake"),
-             ("icpx", "install Intel oneAPI and run `source /opt/intel/oneapi/setvars.sh` first")),
-}
 
 
 @dataclass(frozen=True)
@@ -63,12 +50,11 @@ class BuildConfig:
     patched: bool = True
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise BadInput(f"unknown backend {self.backend!r}", f"use one of {', '.join(BACKENDS)}")
+        backends.get(self.backend)  # an unknown name is a one-line error
 
     @property
     def cmake_flags(self) -> tuple[str, ...]:
-        return _COMMON + _BACKEND_FLAGS[self.backend] + self.extra_flags
+        return _COMMON + backends.get(self.backend).cmake_flags + self.extra_flags
 
     @property
     def key(self) -> str:
@@ -96,7 +82,7 @@ def is_built(config: BuildConfig) -> bool:
 
 def check_toolchain(backend: str) -> None:
     """Say what is missing before anything is downloaded or compiled."""
-    for program, fix in _TOOLCHAIN[backend]:
+    for program, fix in backends.get(backend).toolchain:
         if shutil.which(program) is None:
             raise BuildError(f"the {backend} build needs `{program}`, which is not on PATH", fix)
 
@@ -172,6 +158,30 @@ def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
     check_toolchain(config.backend)
     root = llama_root()
     root.mkdir(parents=True, exist_ok=True)
+    with _build_lock(root, progress):
+        if is_built(config) and not force:
+            return config.bin_dir  # another process built it while this one waited
+        return _build_locked(config, jobs, force, progress, source, root)
+
+
+@contextlib.contextmanager
+def _build_lock(root: Path, progress: Callable[[str, int | None], None]) -> Iterator[None]:
+    """One build at a time per llama.cpp tree: builds share the extracted, patched source and a build key's
+    directories, so two at once (two terminals, parallel test runs) would trample each other's files."""
+    with (root / "build.lock").open("a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress("waiting for another arcsplit build of this tree", None)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _build_locked(config: BuildConfig, jobs: int | None, force: bool,
+                  progress: Callable[[str, int | None], None], source: Path | None, root: Path) -> Path:
     log = root / f"build-{config.key}.log"
     log.write_text(f"arcsplit llama build, llama-cpp-python {SDIST_VERSION}, {config.backend}\n")
     if source is not None:

@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
+from .. import backends
 from .._dirs import cache_dir
 from ..errors import BadInput, LlamaError
 from .locate import LlamaBinaries
@@ -31,7 +32,6 @@ from .mode import NEO_WORKAROUND_ENV
 
 PROBE_MODES = ("multi", "multi+workaround", "hybrid", "rpc")
 DEFAULT_TIMEOUT_S = 180.0
-_PREFIX = {"sycl": "SYCL", "cuda": "CUDA", "vulkan": "Vulkan"}
 CACHE_VERSION = 1
 
 # UR result codes named in the reports (reference/runtime.md §3.4).
@@ -215,14 +215,7 @@ def _tail(path: Path, n: int = 40) -> str:
 
 def visible_env(backend: str, cards: Sequence[int]) -> dict[str, str]:
     """Environment that makes exactly ``cards`` visible to one process (so it builds its context over them)."""
-    ids = ",".join(str(c) for c in cards)
-    if backend == "sycl":
-        return {"ONEAPI_DEVICE_SELECTOR": f"level_zero:{ids}", "ZES_ENABLE_SYSMAN": "1"}
-    if backend == "cuda":
-        return {"CUDA_VISIBLE_DEVICES": ids}
-    if backend == "vulkan":
-        return {"GGML_VK_VISIBLE_DEVICES": ids}
-    return {}
+    return backends.get(backend).visibility(cards)
 
 
 @dataclass(frozen=True)
@@ -250,14 +243,14 @@ def plan_probe(mode: str, backend: str, gpus: Sequence[int], env_extra: dict[str
         if mode != "rpc":
             raise BadInput(f"the CPU backend has no {mode} mode to probe", "probe rpc (one rpc-server per CPU card)")
         return ProbePlan(mode, tuple((f"CPU card {g}", {}) for g in gpus), {}, (), extra)
-    prefix = _PREFIX[backend]
+    be = backends.get(backend)
     if mode in ("multi", "multi+workaround"):
         return ProbePlan(mode, (), {**visible_env(backend, gpus), **extra},
-                         tuple(f"{prefix}{k}" for k in range(len(gpus))), extra)
+                         tuple(be.device_name(k) for k in range(len(gpus))), extra)
     first = gpus[0]
     rest = gpus if mode == "rpc" else gpus[1:]
     servers = tuple((f"{backend} card {g}", visible_env(backend, [g])) for g in rest)
-    local = (f"{prefix}0",) if mode == "hybrid" else ()
+    local = (be.device_name(0),) if mode == "hybrid" else ()
     # llama-bench itself sees one card only, so it never builds a multi-device context.
     return ProbePlan(mode, servers, visible_env(backend, [first]), local, extra)
 
