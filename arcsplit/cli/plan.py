@@ -99,17 +99,12 @@ def _rig(args: argparse.Namespace) -> tuple[Rig, list[str]]:
 def _plan(args: argparse.Namespace) -> int:
     profile = load_profile(args.model)
     rig, names = _rig(args)
-    if args.host_memory:
-        host = args.host_memory * MiB
-    elif args.layout:
-        host = None  # a rig you may not have: its host RAM is unknown
-    else:
-        from ..llama.devices import host_budget
+    from ..llama.devices import host_budget
 
-        host = host_budget(rig)
     options = PlanOptions(n_ctx=args.ctx, n_parallel=args.np, kv_unified=not args.no_kv_unified,
                           cache_type_k=args.cache_type, cache_type_v=args.cache_type, n_ubatch=args.ubatch,
-                          n_batch=max(2048, args.ubatch), moe_offload=args.moe_offload, host_budget=host)
+                          n_batch=max(2048, args.ubatch), moe_offload=args.moe_offload,
+                          host_budget=host_budget(rig, args.host_memory, live=not args.layout))
     plan = make_plan(profile, rig, options, devices=names)
     if args.save:
         pinned = {"model": str(Path(profile.path).name), "n_ctx": plan.n_ctx, "n_parallel": args.np,

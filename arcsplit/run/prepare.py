@@ -22,7 +22,7 @@ from ..llama.mode import ModeDecision, choose_mode
 from ..llama.patches import SPIN_ENV
 from ..model import load_profile
 from ..planner import Plan, PlanOptions, make_plan
-from ..rig import MiB, Rig
+from ..rig import Rig
 from .ports import check_free, check_host
 from .specs import LOOPBACK, ServeConfig, plan_devices
 
@@ -156,9 +156,9 @@ def rpc_spin_us(backend: str, cores: int, environ: Any = os.environ) -> int:
 
 def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str) -> Plan:
     ubatch = req.ubatch if req.ubatch is not None else ROUTE_UBATCH.get(mode, 512)
-    host = req.host_memory_mib * MiB if req.host_memory_mib else host_budget(rig)
     options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel, n_ubatch=ubatch, n_batch=max(2048, ubatch),
-                          output_on_first=output_local(req, mode), moe_offload=req.moe_offload, host_budget=host)
+                          output_on_first=output_local(req, mode), moe_offload=req.moe_offload,
+                          host_budget=host_budget(rig, req.host_memory_mib))
     return make_plan(profile, rig, options, devices=plan_devices(mode, req.backend, [c.index for c in rig.cards]))
 
 
