@@ -3,8 +3,8 @@ and Qwen3-30B-A3B (seeds 000/001, B70/B60), written header-only with their real 
 
 Fast: the files carry the shapes and types llama.cpp expects; every layout plans them (offloading experts where
 the cards are too small). Slow: per card, the plan against llama.cpp's own no-weights dry run
-(llama-fit-params -fitp on) for the same split over real CPU rpc-servers: weights and KV exact, compute never
-below by more than 16 MiB.
+(llama-fit-params -fitp on) for the same split and --n-cpu-moe over real CPU rpc-servers: weights and KV exact,
+compute never below by more than 16 MiB.
 """
 
 from __future__ import annotations
@@ -99,14 +99,14 @@ def test_seed_plans_match_llama_fit_params(llama_bins, rpc4, seeds, layout: str)
     for name, path in seeds.items():
         prof = load_profile(path)
         chosen = make_plan(prof, rig, PlanOptions(n_ctx=32768, moe_offload=None), devices=devs)
-        if chosen.options.moe_offload:
-            continue  # fit-params is asked without --n-cpu-moe here; the offload split is checked in test_moe_offload
+        n_off = chosen.options.moe_offload
         ts = list(chosen.tensor_split)
-        opts = PlanOptions(n_ctx=32768, n_outputs=512)  # fit-params reserves n_ubatch logits rows
+        opts = PlanOptions(n_ctx=32768, n_outputs=512, moe_offload=n_off)  # fit-params reserves n_ubatch logits rows
         plan = plan_for_split(prof, rig, opts, ts, devs)
         rows, _ = fit_print(llama_bins, path, rpc4, ["-c", "32768", "-np", "1", "-ub", "512", "-b", "2048", "-fa", "on",
                                                       "-ngl", str(sum(ts)), "-ts", ",".join(map(str, ts)),
-                                                      "--device", ",".join(devs)], timeout=300)
+                                                      "--device", ",".join(devs), "--n-cpu-moe", str(n_off)],
+                            timeout=300)
         for cp in plan.cards:
             f = rows[cp.device]
             assert abs(cp.weights - f.model_mib * MiB) <= MiB, (name, layout, cp.device, "weights")
