@@ -7,8 +7,8 @@ count and length against the bytes that are actually there, and reads only as fa
 time to read a 50 GB model is the time to read its header.
 
 The per-layer facts (which layers are SWA, recurrent, hold KV; head counts; K/V widths) follow the rules of
-llama.cpp's ``load_hparams`` (src/llama-model.cpp, src/models/*.cpp of the pinned tree) for the architectures in
-``FAMILIES``.
+llama.cpp's ``llama_model::load_hparams`` (src/llama-model.cpp, src/models/*.cpp in the pinned tree) for the
+architectures in ``FAMILIES``.
 """
 
 from __future__ import annotations

@@ -9,16 +9,19 @@ compute never below by more than 16 MiB.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 from gguf.constants import GGMLQuantizationType as Q
 
 from arcsplit import synth
-from arcsplit.fitoracle import RpcServers, fit_print
 from arcsplit.model import load_profile, read_header
 from arcsplit.planner import PlanOptions, make_plan, plan_for_split
 from arcsplit.rig import load_layout
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from fitoracle import RpcServers, fit_print  # noqa: E402  (the oracle lives beside the benchmarks that use it)
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

@@ -18,9 +18,9 @@ from typing import Any
 
 import anyio
 
-from ..errors import ArcsplitError
+from .._api import MODE_CHOICES, OUTPUT_LAYER_CHOICES, Client, ServeRequest, instance, prepare
+from ..errors import ArcsplitError, BadInput
 from ..rig import MiB
-from ..run.prepare import MODE_CHOICES, OUTPUT_LAYER_CHOICES
 from .devices import add_card_options
 from .llama import add_llama_dir
 from .plan import add_moe_options
@@ -28,34 +28,32 @@ from .plan import add_moe_options
 
 def request_from_args(args: argparse.Namespace) -> Any:
     """The CLI's flags as a ServeRequest (the same one the Python API builds)."""
-    from ..run.prepare import ServeRequest
-
     return ServeRequest(model=args.model, gpus=args.gpus, backend=args.backend, mode=args.mode, ctx=args.ctx,
                         parallel=args.parallel, host=args.host, port=args.port, rpc_host=args.rpc_host,
                         rpc_ports=args.rpc_ports, threads=args.threads, ubatch=args.ubatch, rpc_cache=args.rpc_cache,
                         cpu_memory_mib=args.cpu_memory, output_layer=args.output_layer,
                         moe_offload=args.moe_offload, host_memory_mib=args.host_memory,
-                        llama_dir=args.llama_dir, extra_args=tuple(args.extra))
+                        llama_dir=args.llama_dir, build=args.build, extra_args=tuple(args.extra),
+                        stop_grace=args.stop_grace)
 
 
 def build_config(args: argparse.Namespace) -> Any:
     """Everything before the first process: binaries, ports, model, rig, mode, plan -> ServeConfig."""
-    from ..run.prepare import prepare
-
     p = prepare(request_from_args(args))
     return p.config, p.decision, p.profile, p.rig
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ..errors import BadInput
-    from ..run.prepare import prepare
-
     if args.max_restarts < 0:
         raise BadInput(f"--max-restarts {args.max_restarts} is negative", "give 0 or more failures to tolerate")
     if args.stall_timeout <= 0:
         raise BadInput(f"--stall-timeout {args.stall_timeout} must be positive", "give seconds, e.g. 120")
 
     prepared = prepare(request_from_args(args))
+    for text in prepared.warnings:
+        _say(f"warning: {text}")
+    for text in prepared.notes:
+        _say(text)
     if args.tui:
         return _serve_with_dashboard(prepared, args)
     for reason in prepared.decision.reasons:
@@ -70,12 +68,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _instance(prepared: Any, args: argparse.Namespace, say: Any) -> Any:
-    from ..run.instance import Instance
-    from ..run.supervisor import RestartPolicy, Timeouts
-
-    return Instance(prepared, policy=RestartPolicy(max_failures=args.max_restarts),
-                    timeouts=Timeouts(stall=args.stall_timeout), bus=not args.no_bus or args.tui,
-                    bus_tcp=args.bus, say=say)
+    return instance(prepared, max_restarts=args.max_restarts, stall_timeout=args.stall_timeout,
+                    bus=not args.no_bus or args.tui, bus_tcp=args.bus, say=say)
 
 
 def _serve_with_dashboard(prepared: Any, args: argparse.Namespace) -> int:
@@ -85,7 +79,6 @@ def _serve_with_dashboard(prepared: Any, args: argparse.Namespace) -> int:
 
     from anyio.from_thread import start_blocking_portal
 
-    from ..run.bus import Client
     from ..tui.app import run_dashboard
 
     instance = _instance(prepared, args, None)
@@ -241,6 +234,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="consecutive failures before giving up (default: 5)")
     p.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",
                    help="give up a load after this long without any progress (default: 120)")
+    p.add_argument("--stop-grace", type=float, default=None, metavar="S",
+                   help="seconds between SIGTERM and SIGKILL when stopping or restarting (default: per backend, "
+                        "30 on sycl, 10 elsewhere; docs/runtime.md)")
     p.add_argument("--json-events", action="store_true", help="print every event but log lines as JSON on stdout")
     p.add_argument("--bus", metavar="tcp://HOST:PORT",
                    help="serve the bus over TCP with CURVE keys: events on PORT, control on PORT+1 "

@@ -9,11 +9,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +71,60 @@ class BuildConfig:
         return self.build_dir / "bin"
 
 
+CONFIG_FILE = ".arcsplit-build.json"  # in a finished build's bin dir: the BuildConfig it was made from
+
+
+@dataclass(frozen=True)
+class ManagedBuild:
+    """A finished build in the user cache; ``config`` is None for one made before arcsplit recorded it."""
+
+    key: str
+    bin_dir: Path
+    built: float  # mtime of the bin dir: when the build finished
+    config: BuildConfig | None
+
+    @property
+    def backend(self) -> str:
+        return self.key.split("-", 1)[0]
+
+    @property
+    def is_default(self) -> bool:
+        """What ``arcsplit llama build --backend B`` makes with no other flag."""
+        return self.backend in backends.NAMES and self.key == BuildConfig(self.backend).key
+
+    def to_dict(self) -> dict[str, object]:
+        cfg = self.config
+        return {"key": self.key, "backend": self.backend, "bin_dir": str(self.bin_dir), "built": self.built,
+                "default": self.is_default, "extra_flags": list(cfg.extra_flags) if cfg else None,
+                "patched": cfg.patched if cfg else None}
+
+
+def managed_builds(backend: str | None = None) -> list[ManagedBuild]:
+    """Every finished managed build (of ``backend``, when given): the default key first, then newest first."""
+    found = []
+    root = llama_root()
+    for d in root.glob("build-*") if root.is_dir() else ():
+        key = d.name.removeprefix("build-")
+        bin_dir = d / "bin"
+        if d.suffix == ".partial" or not all((bin_dir / t).exists() for t in TARGETS):
+            continue
+        config = _read_config(bin_dir)
+        if config is None and key.split("-", 1)[0] in backends.NAMES and key == BuildConfig(key.split("-", 1)[0]).key:
+            config = BuildConfig(key.split("-", 1)[0])  # a default build needs no record to be known
+        build = ManagedBuild(key, bin_dir, bin_dir.stat().st_mtime, config)
+        if backend is None or build.backend == backend:
+            found.append(build)
+    return sorted(found, key=lambda b: (not b.is_default, -b.built))
+
+
+def _read_config(bin_dir: Path) -> BuildConfig | None:
+    try:
+        data = json.loads((bin_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+        return BuildConfig(str(data["backend"]), tuple(str(f) for f in data["extra_flags"]), bool(data["patched"]))
+    except (OSError, ValueError, KeyError, TypeError, BadInput):
+        return None
+
+
 def sycl_flags(device_arch: str | None) -> tuple[str, ...]:
     """Optional AOT target for SYCL (e.g. ``bmg_g31`` for the Arc Pro B70)."""
     return (f"-DGGML_SYCL_DEVICE_ARCH={device_arch}",) if device_arch else ()
@@ -114,11 +168,8 @@ def _run_step(name: str, cmd: list[str], log: Path, env: dict[str, str],
                          "read the end of that log; fix the toolchain and run `arcsplit llama build` again")
 
 
-def _print_progress(step: str, pct: int | None) -> None:
-    if pct is None:
-        print(f"arcsplit: {step} …", file=sys.stderr, flush=True)
-    elif sys.stderr.isatty():
-        print(f"\r  {step}: {pct:3d}%", end="", file=sys.stderr, flush=True)
+def _quiet(step: str, pct: int | None) -> None:
+    """The default progress callback: library code says nothing; the CLI passes one that prints."""
 
 
 def _check_source(src: Path) -> None:
@@ -146,7 +197,7 @@ def _managed_tree(sdist: Path, patched: bool, log: Path, progress: Callable[[str
 
 
 def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
-          progress: Callable[[str, int | None], None] = _print_progress, source: Path | None = None) -> Path:
+          progress: Callable[[str, int | None], None] = _quiet, source: Path | None = None) -> Path:
     """Fetch, verify, extract and build; returns the bin dir. Reuses a finished build.
 
     ``source`` builds an already extracted tree instead (a machine that cannot reach PyPI).
@@ -218,8 +269,6 @@ def _build_locked(config: BuildConfig, jobs: int | None, force: bool,
     jobs = jobs or os.cpu_count() or 2
     _run_step("compile", ["cmake", "--build", str(partial), "-j", str(jobs), "--target", *TARGETS],
               log, env, progress)
-    if sys.stderr.isatty():
-        print(file=sys.stderr)
     missing = [t for t in TARGETS if not (partial / "bin" / t).exists()]
     if missing:
         raise BuildError(f"the build finished without {', '.join(missing)} (log: {log})",
@@ -227,6 +276,8 @@ def _build_locked(config: BuildConfig, jobs: int | None, force: bool,
     # Which patches went in, readable later by `arcsplit llama which` from the bin dir alone.
     (partial / "bin" / patches.MARKER).write_text(
         (src / patches.MARKER).read_text() if config.patched else "stock\n")
+    (partial / "bin" / CONFIG_FILE).write_text(json.dumps(
+        {"backend": config.backend, "extra_flags": list(config.extra_flags), "patched": config.patched}))
     shutil.rmtree(config.build_dir, ignore_errors=True)
     partial.rename(config.build_dir)
     with log.open("a") as fh:

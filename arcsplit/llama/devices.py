@@ -150,7 +150,7 @@ def discover_rig(backend: str, gpus: list[int] | None, binaries: LlamaBinaries |
                if d.backend == backend]
     if not devices and backend == "sycl" and gpus:
         # A runtime whose multi-device context is broken may fail to list all cards at once;
-        # one single-device context per card still works (seed 003).
+        # one single-device context per card still works (ggml-org/llama.cpp#22885).
         for g in gpus:
             env = be.visibility([g])
             for d in parse_list_devices(list_devices(binaries, env)):

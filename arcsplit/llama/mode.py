@@ -1,7 +1,7 @@
 """How the cards share one model: one context, one context plus NEO's workaround, hybrid, or all-RPC.
 
 Pure: versions (a Verdict) and probe results in, a ModeDecision with its reasons out. Fastest first, measured
-on 2x H200 (reference/llama-cpp-observed.md): native 1.0 > native+workaround > hybrid 0.87x > all-RPC 0.75x decode.
+on 2x H200 (bench/results/throughput_cuda.md): native 1.0 > native+workaround > hybrid > all-RPC.
 """
 
 from __future__ import annotations

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .. import backends
 from .._dirs import cache_dir
 from ..errors import BadInput
+from ..llama.childenv import clean_env
+from ..llama.features import binary_features
 from ..llama.devices import discover_rig, host_budget, parse_gpus
 from ..llama.locate import find_llama
 from ..llama.mode import ModeDecision, choose_mode
@@ -24,12 +26,13 @@ from ..model import load_profile
 from ..planner import Plan, PlanOptions, make_plan
 from ..rig import Rig
 from .ports import check_free, check_host
-from .specs import LOOPBACK, ServeConfig, plan_devices
+from .specs import LOOPBACK, ServeConfig, build_specs, n_rpc_servers, plan_devices
 
 MODE_CHOICES = ("auto", "single", "multi", "multi+workaround", "hybrid", "rpc")
 # Micro-batch per route when the user does not set one. Over RPC every ubatch pays a blocking round trip per
 # device, yet larger ubatches made RPC prefill *worse* on 2x H200 (ub 2048: 0.24x of native; local-first hybrid
-# with ub 256: 0.69x vs 0.50x at 512; reference/llama-cpp-observed.md). Native routes keep llama.cpp's 512.
+# with ub 256: 0.69x vs 0.50x at 512; docs/llama-cpp-notes.md, bench/results/gpu/throughput_cuda_ub*.md). Native
+# routes keep llama.cpp's 512.
 ROUTE_UBATCH = {"hybrid": 256, "rpc": 256}
 # Polling budget of the RPC link's threads on GPU groups (patch 0005): covers a token's wait for the other card on
 # the cards we serve. Only with cores to spare: up to three threads poll during generation (never on the CPU
@@ -61,7 +64,9 @@ class ServeRequest:
     moe_offload: int | None = None  # routed experts of the first N layers in host RAM; None: as few as fit
     host_memory_mib: int | None = None  # what they may use there (default: available RAM less the CPU cards)
     llama_dir: str | None = None
+    build: str | None = None  # a managed build's key (arcsplit llama which --all)
     extra_args: tuple[str, ...] = field(default=())
+    stop_grace: float | None = None  # SIGTERM -> SIGKILL seconds; None: the backend's (backends.py stop_grace_s)
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,9 @@ class Prepared:
     decision: ModeDecision
     profile: Any
     rig: Rig
+    warnings: tuple[str, ...] = ()  # for the user before anything starts (the CLI prints them)
+    notes: tuple[str, ...] = ()  # what was chosen for them, e.g. which managed build
+    stop_grace: float = 10.0  # what the supervisor waits between SIGTERM and SIGKILL
 
 
 def _observed_path(backend: str) -> Path:
@@ -157,7 +165,8 @@ def rpc_spin_us(backend: str, cores: int, environ: Any = os.environ) -> int:
 def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str) -> Plan:
     ubatch = req.ubatch if req.ubatch is not None else ROUTE_UBATCH.get(mode, 512)
     options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel, n_ubatch=ubatch, n_batch=max(2048, ubatch),
-                          output_on_first=output_local(req, mode), moe_offload=req.moe_offload,
+                          output_on_first=output_local(req, mode),
+                          flash_attn=backends.flash_attn_default(req.backend), moe_offload=req.moe_offload,
                           host_budget=host_budget(rig, req.host_memory_mib))
     return make_plan(profile, rig, options, devices=plan_devices(mode, req.backend, [c.index for c in rig.cards]))
 
@@ -178,11 +187,13 @@ def prepare(req: ServeRequest) -> Prepared:
         raise BadInput(f"unknown --output-layer {req.output_layer!r}", f"use one of {', '.join(OUTPUT_LAYER_CHOICES)}")
     if req.threads is not None and req.threads < 1:
         raise BadInput(f"--threads {req.threads} must be at least 1", "give rpc-server threads per card")
+    if req.stop_grace is not None and not 0 <= req.stop_grace <= 3600:
+        raise BadInput(f"--stop-grace {req.stop_grace} is out of range", "give seconds between 0 and 3600, e.g. 30")
     rpc_ports = _ports(req.rpc_ports)
     check_host(req.host, "--host")
     check_host(req.rpc_host, "--rpc-host")
     gpus = parse_gpus(req.gpus) if isinstance(req.gpus, str) or req.gpus is None else parse_gpus(list(req.gpus))
-    binaries = find_llama(req.llama_dir, backend=req.backend)
+    binaries = find_llama(req.llama_dir, backend=req.backend, build=req.build)
     check_free(req.host, req.port, "llama-server", "--port")
     for p in rpc_ports or ():
         check_free(req.rpc_host, p, "rpc-server", "--rpc-ports")
@@ -197,27 +208,44 @@ def prepare(req: ServeRequest) -> Prepared:
     verdict, known = _runtime(req, rig, binaries)
     decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known)
     plan = plan_for_mode(profile, rig, req, decision.mode)
+    warnings = []
     if req.rpc_host != LOOPBACK:
-        print(f"arcsplit: warning: rpc-servers listen on {req.rpc_host}; the RPC protocol has no authentication, "
-              f"so anyone who can reach it can run code on them - keep it on a trusted network", file=sys.stderr)
+        warnings.append(f"rpc-servers listen on {req.rpc_host}; the RPC protocol has no authentication, so anyone "
+                        f"who can reach it can run code on them - keep it on a trusted network")
+    # A build arcsplit did not make is asked once what it accepts (llama/features.py).
+    foreign = binaries.found_by in ("--llama-dir", "ARCSPLIT_LLAMA_DIR", "PATH")  # not "managed" / "--build KEY"
+    features = binary_features(binaries.server) if foreign else None
+    _, dropped = clean_env(req.backend, os.environ)
     config = ServeConfig(plan=plan, mode=decision.mode, backend=req.backend, server_bin=str(binaries.server),
                          rpc_bin=str(binaries.rpc_server), host=req.host, port=req.port, rpc_host=req.rpc_host,
                          rpc_ports=tuple(rpc_ports) if rpc_ports else None, threads=req.threads,
                          cores=os.cpu_count() or 1, extra_args=tuple(req.extra_args),
                          rpc_spin_us=rpc_spin_us(req.backend, os.cpu_count() or 1),
                          rpc_cache_dir=str(cache_dir() / "rpc-cache") if req.rpc_cache else None,
-                         mode_env=tuple(sorted(decision.env.items())), forced_mode=forced is not None)
-    return Prepared(req, config, decision, profile, rig)
+                         mode_env=tuple(sorted(decision.env.items())), forced_mode=forced is not None,
+                         env_dropped=dropped, server_features=features,
+                         rpc_features=binary_features(binaries.rpc_server) if foreign else None)
+    # The specs as the supervisor will build them (placeholder ports): a flag the route needs and this build lacks
+    # is an error now, before any process starts; what it can do without is said.
+    specs = build_specs(config, [0] * n_rpc_servers(config))
+    off = tuple(dict.fromkeys(o for spec in specs for o in spec.features_off))
+    notes = [binaries.note] if binaries.note else []
+    notes += [f"environment: {d.line()}" for d in dropped]
+    if off:
+        notes.append(f"{binaries.server} lacks flags arcsplit uses; off: {'; '.join(off)}")
+    grace = req.stop_grace if req.stop_grace is not None else backends.get(req.backend).stop_grace_s
+    return Prepared(req, config, decision, profile, rig, tuple(warnings), tuple(notes), grace)
 
 
 def hybrid_fallback(prepared: Prepared, say: Callable[[str], None] | None = None
                     ) -> Callable[[ServeConfig, str], ServeConfig | None]:
-    """What the supervisor does when a one-context load fails with the allocation signature: record, go hybrid."""
+    """What the supervisor does when a one-context group fails in a way hybrid avoids (logs.MULTI_DEVICE_KINDS: the
+    NEO allocation failure, llama.cpp#28765's output copy): record, go hybrid."""
 
     def fallback(cfg: ServeConfig, message: str) -> ServeConfig | None:
         record_observed(cfg.backend, cfg.mode, False, message)
         if say:
-            say(f"{cfg.mode} failed with the multi-device allocation error; falling back to hybrid (recorded)")
+            say(f"{cfg.mode} failed with a one-context error ({message[:120]}); falling back to hybrid (recorded)")
         plan = plan_for_mode(prepared.profile, prepared.rig, prepared.request, "hybrid")
         return replace(cfg, plan=plan, mode="hybrid", mode_env=())
 
