@@ -55,7 +55,7 @@ def models(tmp: Path) -> list[tuple[str, Path]]:
                                                   kv_lora_rank=512, rope_dim=64, nope_dim=128, v_dim=128,
                                                   q_lora_rank=384, n_ff=2816, n_expert=16, n_expert_used=4,
                                                   n_ff_exp=512, n_vocab=32000, header_only=True)),
-        # gated delta-net hybrids with routed + shared experts, 16 key heads and 32 value heads like the real ones
+        # gated delta-net hybrids with routed + shared experts, twice as many value heads as key heads like the real ones
         ("qwen3next (GDN hybrid, MoE+shared)", synth.write_qwen3next(
             tmp / "qwen3next.gguf", n_layer=12, n_embd=1024, n_head=8, n_head_kv=2, head_dim=128, state_size=64,
             group_count=8, time_step_rank=16, n_expert=32, n_expert_used=4, n_ff_exp=256, n_ff_shexp=256,
