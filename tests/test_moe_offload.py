@@ -1,6 +1,6 @@
 """MoE expert offload (``--moe-offload``): routed experts of the first N layers in host RAM via ``--n-cpu-moe``.
 
-The fast tests plan header-only models; the slow one serves a small real MoE on CPU cards that cannot hold it,
+The fast tests plan header-only models; the slow ones plan seed 003's model through the CLI and serve a small real MoE on CPU cards that cannot hold it,
 with the experts llama.cpp keeps on llama-server's CPU, and checks the greedy tokens against a run that holds
 everything on the cards.
 """
@@ -82,6 +82,7 @@ def test_bad_counts_are_one_line_errors(moe, tmp_path: Path) -> None:
     assert make_plan(dense, _cards(4096), PlanOptions(n_ctx=4096, moe_offload=None)).options.moe_offload == 0
 
 
+@pytest.mark.slow  # writes seed 003's header (a 152k-token vocabulary): seconds
 def test_cli_proposes_offload_for_seed_003_on_b580_plus_b70(tmp_path: Path, capsys) -> None:
     """Qwen3-Coder-Next Q4_K_M (46 GiB) does not fit 12 + 32 GB cards; ``plan`` keeps some experts in host RAM."""
     model = synth.write_seed("qwen3-coder-next-80b-a3b-q4_k_m", tmp_path / "coder-next.gguf")

@@ -1,10 +1,10 @@
 """The seeds' models on the seeds' rigs: Qwen3-Coder-Next 80B-A3B (seed 003, 2x Arc Pro B70), Qwen3.6-35B-A3B
 and Qwen3-30B-A3B (seeds 000/001, B70/B60), written header-only with their real tensor shapes and Q4_K_M types.
 
-Fast: the files carry the shapes and types llama.cpp expects; every layout plans them (offloading experts where
-the cards are too small). Slow: per card, the plan against llama.cpp's own no-weights dry run
-(llama-fit-params -fitp on) for the same split and --n-cpu-moe over real CPU rpc-servers: weights and KV exact,
-compute never below by more than 16 MiB.
+All slow: writing the three headers (150k-250k-token vocabularies) takes seconds. The files carry the shapes and
+types llama.cpp expects; every layout plans them (offloading experts where the cards are too small); per card, the
+plan against llama.cpp's own no-weights dry run (llama-fit-params -fitp on) for the same split and --n-cpu-moe over
+real CPU rpc-servers: weights and KV exact, compute never below by more than 16 MiB.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from fitoracle import RpcServers, fit_print  # noqa: E402  (the oracle lives bes
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 LAYOUTS = ("2x-arc-pro-b70", "arc-b580-plus-pro-b70", "4x-arc-pro-b60")
 
@@ -94,7 +95,6 @@ def rpc4(llama_bins):
         yield servers
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_seed_plans_match_llama_fit_params(llama_bins, rpc4, seeds, layout: str) -> None:
     rig = load_layout(ROOT / "layouts" / f"{layout}.toml")
