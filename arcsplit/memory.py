@@ -129,7 +129,8 @@ K_MOE_OUT = 1.125  # ... and each used expert's n_embd-wide output before the we
 K_MOE_EMBD = 3.5
 K_ATTN_Q = 1.25  # the query projection (gated attention: query and gate) and its per-head copies
 K_ATTN_EMBD = 8.0
-K_SSM = 9.5  # Mamba-2: in_proj (z, x, B, C, dt), conv and scan outputs, about two conv widths each
+K_FFN_GDN = K_FFN  # gated delta-net block (qwen3next, qwen35): qkv, conv and their outputs, three conv widths
+K_SSM = 9.5  # Mamba-2 mixer (mamba2, hybrids of it): in_proj (z, x, B, C, dt), conv and scan outputs
 K_OUT_EMBD = 4.75  # the output layer on one of several devices: final norm, its input rows, logits staging
 K_OUT_EMBD_SOLO = 1.0  # the same on a lone device: the graph is one split, only the normed rows stay with the logits
 K_NOFA_EMBD = 4.0  # without flash attention, next to the KQ scores, Q and KQV (counted per head) and the residual
@@ -159,7 +160,7 @@ def layer_rows(profile: ModelProfile, il: int) -> float:
         rows = K_FFN * profile.n_ff[il] + K_EMBD * e
     if profile.is_recurrent[il] and profile.n_embd_r:
         conv = profile.n_embd_r // max(1, profile.ssm_conv_kernel - 1)  # d_inner + 2 groups of state
-        rows = max(rows, (K_SSM if profile.recurrent_kind == "all" else K_FFN) * conv + K_EMBD * e)
+        rows = max(rows, (K_FFN_GDN if profile.recurrent_kind == "interval" else K_SSM) * conv + K_EMBD * e)
     if profile.has_kv[il] and profile.n_embd_q[il]:
         rows = max(rows, K_ATTN_Q * profile.n_embd_q[il] + K_ATTN_EMBD * e)
     return rows

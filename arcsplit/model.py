@@ -500,6 +500,7 @@ FAMILIES: dict[str, Family] = {
     "qwen3next": _QWEN_HYBRID,
     "qwen4exp": Family(recurrent="interval"),
     "deepseek2": Family(mla=True, checked=True),
+    "granitehybrid": Family(recurrent="no_kv"),  # Mamba-2 layers where head_count_kv is 0; compute not calibrated
     "mamba": Family(recurrent="all"),
     "mamba2": Family(recurrent="all", checked=True),
 }
@@ -684,8 +685,10 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
         else:
             # jamba / granitehybrid / nemotron_h / falcon-h1 style: a layer without KV heads is recurrent
             is_recr = tuple(n_head_kv[il] == 0 for il in range(n_all))
+            if recurrent != "no_kv":
+                warnings.append(f"{arch}: recurrent layers taken as those without KV heads (not verified for this "
+                                "architecture)")
             recurrent = "no_kv"
-            warnings.append(f"{arch}: recurrent layers taken as those without KV heads (not verified for this architecture)")
 
     # MLA: K-only cache of width key_length * n_head_kv
     mla = m.get("{arch}.attention.key_length_mla") is not None and m.get("{arch}.attention.value_length_mla") is not None

@@ -506,17 +506,63 @@ def write_mamba2(
     m.u32("ssm.time_step_rank", n_head)
     m.u32("ssm.group_count", n_group)
     m.embeddings(False)
-    conv_dim = d_inner + 2 * n_group * d_state
     for i in range(n_layer):
         m.t(f"blk.{i}.attn_norm.weight", n_embd)
-        m.t(f"blk.{i}.ssm_in.weight", n_embd, d_inner + conv_dim + n_head)
-        m.t(f"blk.{i}.ssm_conv1d.weight", conv_kernel, conv_dim, f32=True)
-        m.t(f"blk.{i}.ssm_conv1d.bias", conv_dim)
-        m.t(f"blk.{i}.ssm_dt.bias", n_head)
-        m.t(f"blk.{i}.ssm_a", 1, n_head, f32=True)
-        m.t(f"blk.{i}.ssm_d", 1, n_head, f32=True)
-        m.t(f"blk.{i}.ssm_norm.weight", d_inner // n_group, n_group, f32=True)
-        m.t(f"blk.{i}.ssm_out.weight", d_inner, n_embd)
+        _mamba2_block(m, i, d_inner, d_state, n_group, n_head, conv_kernel)
+    return m.write(path, header_only)
+
+
+def _mamba2_block(m: _Model, i: int, d_inner: int, d_state: int, n_group: int, n_head: int, conv_kernel: int) -> None:
+    """One Mamba-2 mixer (mamba2.cpp, granite-hybrid.cpp): in_proj to z, x, B, C and one dt per head; conv; scan."""
+    conv_dim = d_inner + 2 * n_group * d_state
+    m.t(f"blk.{i}.ssm_in.weight", m.n_embd, d_inner + conv_dim + n_head)
+    m.t(f"blk.{i}.ssm_conv1d.weight", conv_kernel, conv_dim, f32=True)
+    m.t(f"blk.{i}.ssm_conv1d.bias", conv_dim)
+    m.t(f"blk.{i}.ssm_dt.bias", n_head)
+    m.t(f"blk.{i}.ssm_a", 1, n_head, f32=True)
+    m.t(f"blk.{i}.ssm_d", 1, n_head, f32=True)
+    m.t(f"blk.{i}.ssm_norm.weight", d_inner // n_group, n_group, f32=True)
+    m.t(f"blk.{i}.ssm_out.weight", d_inner, m.n_embd)
+
+
+def write_granitehybrid(
+    path: str | Path,
+    n_layer: int = 8,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    attention_every: int = 4,
+    n_ff: int = 128,
+    d_inner: int = 128,
+    d_state: int = 16,
+    n_group: int = 1,
+    head_dim: int = 32,
+    conv_kernel: int = 4,
+    n_vocab: int = 512,
+    ctx: int = 4096,
+    dtype: str = "f16",
+    header_only: bool = False,
+    seed: int = 0,
+) -> Path:
+    """A small Granite-4 hybrid (llama.cpp ``granitehybrid``): Mamba-2 layers with attention every
+    ``attention_every``-th layer (a layer is recurrent where its KV head count is 0), a dense FFN in every layer."""
+    m = _Model("granitehybrid", n_vocab, ctx, n_embd, n_layer, dtype, seed)
+    m.u32("feed_forward_length", n_ff)
+    m.u32("ssm.conv_kernel", conv_kernel)
+    m.u32("ssm.inner_size", d_inner)
+    m.u32("ssm.state_size", d_state)
+    m.u32("ssm.time_step_rank", d_inner // head_dim)
+    m.u32("ssm.group_count", n_group)
+    kv = [n_head_kv if (i + 1) % attention_every == 0 else 0 for i in range(n_layer)]
+    hd = _heads(m, n_head, kv, n_embd // n_head)
+    m.embeddings(False)
+    for i in range(n_layer):
+        if kv[i]:
+            _attention(m, i, n_head, kv[i], hd)
+        else:
+            m.t(f"blk.{i}.attn_norm.weight", n_embd)
+            _mamba2_block(m, i, d_inner, d_state, n_group, d_inner // head_dim, conv_kernel)
+        _ffn(m, i, n_ff)
     return m.write(path, header_only)
 
 
