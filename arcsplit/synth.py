@@ -3,7 +3,8 @@
 They exist so tests and benches can exercise every memory rule (GQA, MoE, hybrid recurrent, MLA, SWA, shards)
 with files of a few MB. Weights are small random numbers: generation works, the text is noise.
 ``header_only=True`` writes the header and extends the file sparsely to its full size: a "50 GB" model that
-takes no disk, for checking that planning never reads tensor data.
+takes no disk, for checking that planning never reads tensor data; with ``dtype="q4_k_m"`` the tensors get the
+types llama-quantize's Q4_K_M mix gives them. ``SEEDS`` / ``write_seed`` are the users' models at their real shapes.
 """
 
 from __future__ import annotations
