@@ -149,6 +149,17 @@ def _vulkan_named_devices(binaries: LlamaBinaries, gpus: list[int] | None) -> li
     return found
 
 
+def host_budget(rig: Rig, host_memory_mib: int | None = None, live: bool = True) -> int | None:
+    """Host RAM that routed experts kept there (--n-cpu-moe) may use: the user's figure, else on a live rig
+    available RAM less the CPU cards' budgets; None (unchecked) for a layout's rig, whose host is unknown."""
+    if host_memory_mib is not None:
+        return host_memory_mib * MiB
+    if not live:
+        return None
+    cpu_cards = sum(c.free_bytes for c in rig.cards if c.backend == "cpu")
+    return max(0, psutil.virtual_memory().available - cpu_cards)
+
+
 def discover_rig(backend: str, gpus: list[int] | None, binaries: LlamaBinaries | None = None,
                  cpu_memory_mib: int | None = None) -> Rig:
     """The live rig: cards in the order of ``gpus`` (all the backend's cards when None)."""
