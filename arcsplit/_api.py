@@ -33,16 +33,18 @@ __all__ = ["AsyncServer", "BusInfo", "Client", "Instance", "MODE_CHOICES", "OUTP
 def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None, *, backend: str = "auto",
          ctx: int | None = None, parallel: int = 1, cache_type: str = "f16", ubatch: int | None = None,
          layout: str | os.PathLike[str] | None = None, cpu_memory_mib: int | None = None,
-         mode: str = "auto", llama_dir: str | None = None, build: str | None = None) -> Plan:
+         mode: str = "auto", llama_dir: str | None = None, build: str | None = None,
+         moe_offload: int | None = None, host_memory_mib: int | None = None) -> Plan:
     """Where every layer goes and what each card must hold; ``layout`` plans for a rig you do not have.
 
     The plan of the mode ``serve`` would run (``mode="auto"``, as ``arcsplit plan``): its device names, ubatch
     and output placement come from that mode's Route. ``backend`` "auto" picks what ``serve`` would on this
-    machine (the cards and the builds present). Starts nothing and probes nothing.
+    machine (the cards and the builds present). ``moe_offload``: routed experts of the first N layers in host RAM;
+    None (auto): as few as make the model fit, 0: never. Starts nothing and probes nothing.
     """
     req = ServeRequest(model=str(model), gpus=gpus, backend=backend, mode=mode, ctx=ctx, parallel=parallel,
                        ubatch=ubatch, cache_type=cache_type, cpu_memory_mib=cpu_memory_mib, llama_dir=llama_dir,
-                       build=build)
+                       build=build, moe_offload=moe_offload, host_memory_mib=host_memory_mib)
     return preview(req, load_layout(os.fspath(layout)) if layout is not None else None).config.plan
 
 

@@ -80,7 +80,7 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
     head = (f"{Path(plan.model_path).name}  ({plan.arch}, {plan.n_layer} layers + output)  "
             f"context {plan.n_ctx:,}  slots {o.n_parallel}  KV {o.cache_type_k}/{o.cache_type_v}  "
             f"ubatch {o.n_ubatch}")
-    cols = ["card", "device", "layers", "weights", "KV", "state", "compute", "total", "free", "free after"]
+    cols = ["card", "device", "layers", "weights", "KV", "state", "compute", "total", "free", "free after", "largest"]
     rows = []
     for c in plan.cards:
         end = min(c.end_layer, plan.n_layer)  # the output unit is shown as "+out" on the card that computes it
@@ -88,12 +88,19 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
         if c.has_output:
             layers = f"{layers} +out" if end > c.first_layer else "output"
         rows.append([c.card.name[:28], c.device, layers, _mib(c.weights), _mib(c.kv), _mib(c.state),
-                     _mib(c.compute), _mib(c.total), _mib(c.card.free_bytes), _mib(c.free_after)])
+                     _mib(c.compute), _mib(c.total), _mib(c.card.free_bytes), _mib(c.free_after), c.largest])
     widths = [max(len(cols[i]), *(len(r[i]) for r in rows)) for i in range(len(cols))]
-    fmt = lambda r: "  ".join(v.ljust(widths[i]) if i < 3 else v.rjust(widths[i]) for i, v in enumerate(r))  # noqa: E731
-    lines = [head, "", fmt(cols) + "   (MiB)", fmt(["-" * w for w in widths])]
+    fmt = lambda r: "  ".join(v.ljust(widths[i]) if i < 3 or i == 10 else v.rjust(widths[i])  # noqa: E731
+                              for i, v in enumerate(r))
+    lines = [head, "", fmt(cols).rstrip() + "   (MiB)", fmt(["-" * w for w in widths])]
     lines += [fmt(r) for r in rows]
     lines.append(f"host (llama-server's CPU): {_mib(plan.host_bytes)} MiB (token embeddings, input buffers)")
+    if plan.host_expert_bytes:
+        n = plan.options.moe_offload or 0
+        lines.append(f"  of which routed experts of layers 0-{n - 1} (--n-cpu-moe {n}): {_mib(plan.host_expert_bytes)} MiB; "
+                     f"a decoded token reads about {_mib(plan.host_read_per_token)} MiB of them from host RAM")
+    if plan.ctx_limit:
+        lines.append(f"context {plan.n_ctx:,} is bounded by {plan.ctx_limit}")
     lines += ["", "layer map:"]
     for c in plan.cards:
         marks = []

@@ -31,6 +31,7 @@ def request_from_args(args: argparse.Namespace) -> Any:
                         parallel=args.parallel, host=args.host, port=args.port, rpc_host=args.rpc_host,
                         rpc_ports=args.rpc_ports, threads=args.threads, ubatch=args.ubatch, rpc_cache=args.rpc_cache,
                         cpu_memory_mib=args.cpu_memory, output_layer=args.output_layer,
+                        moe_offload=args.moe_offload, host_memory_mib=args.host_memory,
                         llama_dir=args.llama_dir, build=args.build, extra_args=tuple(args.extra),
                         stop_grace=getattr(args, "stop_grace", None),
                         **{k: getattr(args, k) for k in ("cache_type", "kv_unified") if hasattr(args, k)})
@@ -219,6 +220,40 @@ def _ctx(value: str) -> int | None:
         raise argparse.ArgumentTypeError(f"--ctx {value!r} is not a number or 'max'") from None
 
 
+def _positive(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{n} must be positive")
+    return n
+
+
+def moe_offload_arg(value: str) -> int | None:
+    """--moe-offload: 'auto' (None: the fewest layers that make it fit), 'off' (0) or a layer count."""
+    v = value.strip().lower()
+    if v in ("auto", "off"):
+        return None if v == "auto" else 0
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--moe-offload {value!r} is not auto, off or a layer count") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"--moe-offload {n} must be 0 or more")
+    return n
+
+
+def add_moe_options(p: argparse.ArgumentParser) -> None:
+    """--moe-offload and --host-memory, shared by plan and serve."""
+    p.add_argument("--moe-offload", type=moe_offload_arg, default=None, metavar="auto|N|off",
+                   help="keep the routed experts of the first N layers in host RAM (--n-cpu-moe); auto: the fewest "
+                        "layers that make the model fit, none when it fits (default: auto)")
+    p.add_argument("--host-memory", type=_positive, metavar="MiB",
+                   help="host RAM those experts may use (default: available RAM less the CPU cards' budgets; "
+                        "with --layout: not checked)")
+
+
 def add_group_arguments(p: argparse.ArgumentParser) -> None:
     """The flags that decide what a group runs: shared by ``serve`` and ``plan``, so both build the same Route."""
     add_card_options(p)
@@ -240,6 +275,7 @@ def add_group_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-layer", choices=OUTPUT_LAYER_CHOICES, default="auto",
                    help="hybrid mode: local puts the output layer on llama-server's own card (-ot), so the logits "
                         "do not cross the RPC link; last/auto keep llama.cpp's place (the last card)")
+    add_moe_options(p)
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:

@@ -19,7 +19,7 @@ from ..errors import ArcsplitError, BadInput
 from ..llama.childenv import clean_env
 from ..llama.detect import BackendChoice, resolve
 from ..llama.features import binary_features
-from ..llama.devices import discover_rig, parse_gpus
+from ..llama.devices import discover_rig, host_budget, parse_gpus
 from ..llama.locate import LlamaBinaries, find_llama
 from ..llama.mode import ModeDecision, choose_mode
 from ..llama.patches import SPIN_ENV
@@ -54,6 +54,8 @@ class ServeRequest:
     rpc_cache: bool = False  # rpc-servers keep big weight tensors on local disk: reloads after a crash read them
     output_layer: str = "auto"  # local: on llama-server's own card (hybrid); last/auto: llama.cpp's place
     cpu_memory_mib: int | None = None
+    moe_offload: int | None = None  # routed experts of the first N layers in host RAM; None: as few as fit
+    host_memory_mib: int | None = None  # what they may use there (default: available RAM less the CPU cards)
     llama_dir: str | None = None
     build: str | None = None  # a managed build's key (arcsplit llama which --all)
     extra_args: tuple[str, ...] = field(default=())
@@ -139,14 +141,16 @@ def rpc_spin_us(route: Route, cores: int, environ: Any = os.environ) -> int:
     return route.link_polling_us(cores, environ.get(SPIN_ENV))
 
 
-def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str) -> Plan:
-    """The plan of ``mode``: device names and the default ubatch from its Route."""
+def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: bool = True) -> Plan:
+    """The plan of ``mode``: device names and the default ubatch from its Route. ``live``: this machine's rig
+    (its host RAM bounds expert offload), not a layout's."""
     route = Route.build(mode, req.backend, [c.index for c in rig.cards])
     ubatch = req.ubatch if req.ubatch is not None else route.ubatch
     options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel, n_ubatch=ubatch, n_batch=max(2048, ubatch),
                           kv_unified=req.kv_unified, cache_type_k=req.cache_type, cache_type_v=req.cache_type,
                           output_on_first=route.output_local(req.output_layer),
-                          flash_attn=backends.flash_attn_default(req.backend, req.cache_type))
+                          flash_attn=backends.flash_attn_default(req.backend, req.cache_type),
+                          moe_offload=req.moe_offload, host_budget=host_budget(rig, req.host_memory_mib, live=live))
     return make_plan(profile, rig, options, devices=route.devices)
 
 
@@ -228,13 +232,13 @@ def preview(req: ServeRequest, rig: Rig | None = None) -> Prepared:
     forced = None if req.mode == "auto" else req.mode
     verdict, known = (None, None) if layout else _runtime(req, rig, binaries, probe=False)
     decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known)
-    return _prepared(req, binaries, profile, rig, decision, rpc_ports, choice)
+    return _prepared(req, binaries, profile, rig, decision, rpc_ports, choice, live=not layout)
 
 
 def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, rig: Rig, decision: ModeDecision,
-              rpc_ports: list[int] | None, choice: BackendChoice | None) -> Prepared:
+              rpc_ports: list[int] | None, choice: BackendChoice | None, live: bool = True) -> Prepared:
     """The plan and the config of the chosen mode; the specs are built once so a missing flag fails here."""
-    plan = plan_for_mode(profile, rig, req, decision.mode)
+    plan = plan_for_mode(profile, rig, req, decision.mode, live)
     warnings = []
     if req.rpc_host != LOOPBACK:
         warnings.append(f"rpc-servers listen on {req.rpc_host}; the RPC protocol has no authentication, so anyone "
