@@ -30,7 +30,7 @@ _COMMON = (
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_OPENSSL=OFF",
-    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",  # no UI download at build time; webui.py builds the UI beside the build
     "-DBUILD_SHARED_LIBS=ON",
     # Libraries sit beside the binaries and are found through $ORIGIN, so the build dir can be renamed.
     "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
@@ -128,7 +128,7 @@ def _run_step(name: str, cmd: list[str], log: Path, env: dict[str, str],
                          "read the end of that log; fix the toolchain and run `arcsplit llama build` again")
 
 
-def _print_progress(step: str, pct: int | None) -> None:
+def print_progress(step: str, pct: int | None) -> None:
     if pct is None:
         print(f"arcsplit: {step} …", file=sys.stderr, flush=True)
     elif sys.stderr.isatty():
@@ -160,7 +160,7 @@ def _managed_tree(sdist: Path, patched: bool, log: Path, progress: Callable[[str
 
 
 def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
-          progress: Callable[[str, int | None], None] = _print_progress, source: Path | None = None) -> Path:
+          progress: Callable[[str, int | None], None] = print_progress, source: Path | None = None) -> Path:
     """Fetch, verify, extract and build; returns the bin dir. Reuses a finished build.
 
     ``source`` builds an already extracted tree instead (a machine that cannot reach PyPI).

@@ -21,7 +21,8 @@ class Instance:
 
     def __init__(self, prepared: Prepared, *, policy: RestartPolicy = RestartPolicy(),
                  timeouts: Timeouts = Timeouts(), bus: bool = True, bus_tcp: str | None = None,
-                 telemetry: bool = True, say: Callable[[str], None] | None = None) -> None:
+                 telemetry: bool = True, metrics_port: int | None = None,
+                 say: Callable[[str], None] | None = None) -> None:
         self.prepared = prepared
         self.run_dir = RunDir.create()
         self.run_id = self.run_dir.path.name
@@ -32,7 +33,9 @@ class Instance:
         self._bus = bus
         self._bus_tcp = bus_tcp
         self._telemetry = telemetry
+        self._metrics_port = metrics_port
         self.bus_info: BusInfo | None = None
+        self.metrics_url: str | None = None
 
     @property
     def url(self) -> str:
@@ -43,19 +46,31 @@ class Instance:
 
     async def run(self, *, task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED) -> None:
         sup = self.supervisor
-        async with anyio.create_task_group() as tg:
-            if self._bus:
-                server = BusServer(sup, self.run_dir.path, self.run_id, tcp=self._bus_tcp, url=sup.url,
-                                   model=self.prepared.config.plan.model_path)
-                self.bus_info = await tg.start(server.run)
-            if self._telemetry:
-                runner = _telemetry_runner()
-                if runner is not None:
-                    tg.start_soon(runner, sup)
-            try:
-                await sup.run(task_status=task_status)
-            finally:
-                tg.cancel_scope.cancel()
+        metrics = None
+        if self._metrics_port is not None:  # bound first: a taken port fails before any process starts
+            from ..telemetry.prometheus import MetricsEndpoint
+
+            metrics = MetricsEndpoint(sup, self.prepared.config.host, self._metrics_port)
+            self.metrics_url = metrics.url
+        try:
+            async with anyio.create_task_group() as tg:
+                if metrics is not None:
+                    tg.start_soon(metrics.run)
+                if self._bus:
+                    server = BusServer(sup, self.run_dir.path, self.run_id, tcp=self._bus_tcp, url=sup.url,
+                                       model=self.prepared.config.plan.model_path)
+                    self.bus_info = await tg.start(server.run)
+                if self._telemetry:
+                    runner = _telemetry_runner()
+                    if runner is not None:
+                        tg.start_soon(runner, sup)
+                try:
+                    await sup.run(task_status=task_status)
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            if metrics is not None:
+                await metrics.aclose()
 
 
 def _telemetry_runner() -> Any:

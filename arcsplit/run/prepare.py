@@ -20,6 +20,7 @@ from ..llama.devices import discover_rig, parse_gpus
 from ..llama.locate import find_llama
 from ..llama.mode import ModeDecision, choose_mode
 from ..llama.patches import SPIN_ENV
+from ..llama.webui import serve_dir
 from ..model import load_profile
 from ..planner import Plan, PlanOptions, make_plan
 from ..rig import Rig
@@ -203,7 +204,8 @@ def prepare(req: ServeRequest) -> Prepared:
                          cores=os.cpu_count() or 1, extra_args=tuple(req.extra_args),
                          rpc_spin_us=rpc_spin_us(req.backend, os.cpu_count() or 1),
                          rpc_cache_dir=str(cache_dir() / "rpc-cache") if req.rpc_cache else None,
-                         mode_env=tuple(sorted(decision.env.items())), forced_mode=forced is not None)
+                         mode_env=tuple(sorted(decision.env.items())), forced_mode=forced is not None,
+                         ui_dir=serve_dir(binaries.server.parent))
     return Prepared(req, config, decision, profile, rig)
 
 

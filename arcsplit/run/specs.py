@@ -92,6 +92,7 @@ class ServeConfig:
     forced_mode: bool = False
     secret_env: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # llama-server only; never recorded
     rpc_spin_us: int = 0  # > 0: every process of a hybrid/rpc group polls the RPC link this long before sleeping
+    ui_dir: str | None = None  # llama-server --path: the web UI (or the page on how to get it) at /
 
     def __post_init__(self) -> None:
         public, secrets = split_secrets(self.extra_args)
@@ -200,6 +201,8 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
     argv += plan.llama_server_args(devices=names)
     if backend == "cpu" and rpc_positions:
         argv += ["-t", str(threads)]  # llama-server computes the host card's layers; share cores evenly
+    if config.ui_dir:
+        argv += ["--path", config.ui_dir]  # before the user's args: their own --path or --no-ui wins
     argv += list(config.extra_args)
     specs.append(ProcessSpec(name="server", role="server", argv=tuple(argv), env=tuple(sorted(env.items())),
                              host=config.host, port=config.port, cards=tuple(local_positions)))

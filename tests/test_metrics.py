@@ -1,0 +1,122 @@
+"""`arcsplit serve --metrics-port`: a real serve of the demo model on two CPU cards, scraped with httpx and
+parsed with prometheus_client's own parser; the values are the ones the bus's status() reports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _instance import isolated_env  # noqa: E402
+
+from arcsplit.run.bus import attach  # noqa: E402
+from arcsplit.run.ports import free_port  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    r = httpx.get(url, timeout=10)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(r.text) for s in fam.samples}
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, llama_bins, demo_model) -> Iterator[dict[str, Any]]:
+    with isolated_env(tmp_path_factory.mktemp("metrics"), llama_bins.bin_dir):
+        port, mport = free_port(), free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "arcsplit", "serve", str(demo_model), "--backend", "cpu",
+                                 "--gpus", "0,1", "--ctx", "1024", "--threads", "1", "--port", str(port),
+                                 "--metrics-port", str(mport)],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            line = proc.stdout.readline()
+            assert "serving" in line, line
+            yield {"proc": proc, "line": line, "metrics": f"http://127.0.0.1:{mport}/metrics"}
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(30)
+
+
+def test_metrics_url_is_printed_beside_the_served_url(served):
+    assert served["line"].rstrip().endswith(f"arcsplit metrics {served['metrics']}")
+
+
+def test_scrape_matches_status(served):
+    with attach() as client:
+        deadline = time.monotonic() + 20
+        while True:  # the first telemetry sample follows the ready state within its 2 s interval
+            samples = scrape(served["metrics"])
+            status = client.status()
+            if ("arcsplit_card_used_bytes", (("card", "1"), ("device", "RPC1"))) in samples:
+                break
+            assert time.monotonic() < deadline, sorted(samples)
+            time.sleep(0.5)
+    assert value(samples, "arcsplit_group_ready") == 1
+    assert value(samples, "arcsplit_group_state", arcsplit_group_state="ready") == 1
+    assert value(samples, "arcsplit_group_state", arcsplit_group_state="backoff") == 0
+    assert value(samples, "arcsplit_info", mode=status["mode"], backend="cpu", url=status["url"],
+                 model=status["plan"]["model"]) == 1
+    assert value(samples, "arcsplit_group_uptime_seconds") == pytest.approx(status["uptime"], abs=3)
+    for name, p in status["processes"].items():
+        assert value(samples, "arcsplit_process_restarts_total", process=name) == p["restarts"]
+        assert value(samples, "arcsplit_process_up", process=name, role=p["role"]) == 1
+        assert value(samples, "arcsplit_process_state", process=name, role=p["role"],
+                     arcsplit_process_state=p["state"]) == 1
+    for i, card in enumerate(status["plan"]["cards"]):
+        labels = {"card": str(i), "device": card["device"]}
+        assert value(samples, "arcsplit_card_planned_bytes", **labels) == card["bytes"]["total"]
+        assert value(samples, "arcsplit_card_total_bytes", **labels) == card["free"]
+        # a CPU card's used memory is its rpc-server's resident memory
+        rss = psutil.Process(status["processes"][f"rpc{i}"]["pid"]).memory_info().rss
+        assert value(samples, "arcsplit_card_used_bytes", **labels) == pytest.approx(rss, rel=0.15)
+        assert 0 <= value(samples, "arcsplit_card_utilisation_ratio", **labels) <= 1
+
+
+def test_a_killed_rpc_server_shows_as_a_restart_and_the_last_failure(served):
+    with attach() as client:
+        before = client.status()
+        os.kill(before["processes"]["rpc1"]["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:
+            status = client.status()
+            if status["state"] == "ready" and status["generation"] > before["generation"]:
+                break
+            assert time.monotonic() < deadline, status["state"]
+            time.sleep(0.3)
+    samples = scrape(served["metrics"])
+    assert value(samples, "arcsplit_process_restarts_total", process="rpc1") == status["processes"]["rpc1"]["restarts"]
+    assert status["processes"]["rpc1"]["restarts"] == before["processes"]["rpc1"]["restarts"] + 1
+    assert value(samples, "arcsplit_group_starts_total") == status["generation"]
+    failure = [labels for (name, labels) in samples if name == "arcsplit_last_failure_info"]
+    assert failure and "rpc1" in dict(failure[0])["error"] and "SIGKILL" in dict(failure[0])["error"]
+
+
+def test_a_taken_metrics_port_is_one_line_and_exit_2(tmp_path, llama_bins, demo_model):
+    with socket.socket() as s, isolated_env(tmp_path, llama_bins.bin_dir):
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        r = subprocess.run([sys.executable, "-m", "arcsplit", "serve", str(demo_model), "--backend", "cpu",
+                            "--gpus", "0,1", "--port", str(free_port()), "--metrics-port", str(taken)],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "--metrics-port" in r.stderr and "Traceback" not in r.stderr
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
