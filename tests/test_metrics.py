@@ -22,19 +22,40 @@ from _instance import isolated_env  # noqa: E402
 
 from arcsplit.run.bus import attach  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
-
-pytestmark = pytest.mark.slow
-
+from arcsplit.telemetry.prometheus import render  # noqa: E402
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     r = httpx.get(url, timeout=10)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(r.text) for s in fam.samples}
+    return parse(r.text)
 
 
 def value(samples: dict, name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
+
+
+def parse(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_render_of_a_failing_group_names_states_and_the_failure():
+    """The pure half on a status() as the supervisor writes it while backing off (no processes needed)."""
+    status = {"state": "backoff", "mode": "rpc", "backend": "cpu", "url": "http://127.0.0.1:8080", "failures": 2,
+              "generation": 3, "uptime": None, "last_error": 'rpc0 killed by SIGKILL: "oom"\nlast line',
+              "processes": {"rpc0": {"state": "exited", "role": "rpc", "restarts": 2, "uptime": None},
+                            "server": {"state": "paused", "role": "server", "restarts": 0, "uptime": 1.5}},
+              "plan": {"model": "/m.gguf", "cards": [{"device": "RPC0", "bytes": {"total": 1234}}]}}
+    m = parse(render(status, None))
+    assert value(m, "arcsplit_group_ready") == 0 and value(m, "arcsplit_group_failures") == 2
+    assert value(m, "arcsplit_group_state", arcsplit_group_state="backoff") == 1
+    assert value(m, "arcsplit_process_up", process="rpc0", role="rpc") == 0
+    assert value(m, "arcsplit_process_restarts_total", process="rpc0") == 2
+    # a state the list does not know still shows
+    assert value(m, "arcsplit_process_state", process="server", role="server", arcsplit_process_state="paused") == 1
+    assert value(m, "arcsplit_last_failure_info", error=status["last_error"]) == 1
+    assert value(m, "arcsplit_card_planned_bytes", card="0", device="RPC0") == 1234
+    assert not any(name == "arcsplit_card_used_bytes" for name, _ in m)  # no telemetry sample yet
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +75,12 @@ def served(tmp_path_factory, llama_bins, demo_model) -> Iterator[dict[str, Any]]
             proc.wait(30)
 
 
+@pytest.mark.slow
 def test_metrics_url_is_printed_beside_the_served_url(served):
     assert served["line"].rstrip().endswith(f"arcsplit metrics {served['metrics']}")
 
 
+@pytest.mark.slow
 def test_scrape_matches_status(served):
     with attach() as client:
         deadline = time.monotonic() + 20
@@ -89,6 +112,7 @@ def test_scrape_matches_status(served):
         assert 0 <= value(samples, "arcsplit_card_utilisation_ratio", **labels) <= 1
 
 
+@pytest.mark.slow
 def test_a_killed_rpc_server_shows_as_a_restart_and_the_last_failure(served):
     with attach() as client:
         before = client.status()
@@ -108,6 +132,7 @@ def test_a_killed_rpc_server_shows_as_a_restart_and_the_last_failure(served):
     assert failure and "rpc1" in dict(failure[0])["error"] and "SIGKILL" in dict(failure[0])["error"]
 
 
+@pytest.mark.slow
 def test_a_taken_metrics_port_is_one_line_and_exit_2(tmp_path, llama_bins, demo_model):
     with socket.socket() as s, isolated_env(tmp_path, llama_bins.bin_dir):
         s.bind(("127.0.0.1", 0))

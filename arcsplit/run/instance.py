@@ -14,6 +14,7 @@ from .bus import BusInfo, BusServer
 from .prepare import Prepared, hybrid_fallback
 from .rundir import RunDir
 from .supervisor import RestartPolicy, Supervisor, Timeouts
+from .systemd import run_notify
 
 
 class Instance:
@@ -64,6 +65,7 @@ class Instance:
                     runner = _telemetry_runner()
                     if runner is not None:
                         tg.start_soon(runner, sup)
+                await tg.start(run_notify, sup)  # systemd Type=notify; nothing without $NOTIFY_SOCKET
                 try:
                     await sup.run(task_status=task_status)
                 finally:
