@@ -22,10 +22,31 @@ from _instance import isolated_env  # noqa: E402
 
 from arcsplit.demo import ensure_chat_model  # noqa: E402
 from arcsplit.llama import webui  # noqa: E402
+from arcsplit.llama.patches import MARKER  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
 
-pytestmark = pytest.mark.slow
 SHOTS = Path(os.environ.get("ARCSPLIT_SCREENSHOTS", "")) if os.environ.get("ARCSPLIT_SCREENSHOTS") else None
+
+
+def test_serve_dir_is_the_ui_beside_arcsplits_build_else_the_page_else_nothing(tmp_path):
+    bin_dir = tmp_path / "build-cpu-x" / "bin"
+    bin_dir.mkdir(parents=True)
+    assert webui.serve_dir(bin_dir) is None  # not built by arcsplit: it keeps its own UI
+    (bin_dir / MARKER).write_text("stock\n")
+    assert webui.serve_dir(bin_dir) == str(webui.FALLBACK_DIR)
+    assert "arcsplit llama build" in (webui.FALLBACK_DIR / "index.html").read_text()
+    assert "never built" in webui.missing_reason(tmp_path)
+    (tmp_path / "ui").mkdir()
+    (tmp_path / "ui" / "index.html").write_text("<html></html>")
+    assert webui.serve_dir(bin_dir) == str(tmp_path / "ui") and webui.missing_reason(tmp_path) is None
+
+
+def test_llama_server_gets_the_ui_dir_before_the_users_args():
+    from test_specs import config, specs_for
+
+    server = next(s for s in specs_for(config("cpu", "rpc", [0, 1], ui_dir="/ui", extra_args=("--path", "/mine")))
+                  if s.role == "server")
+    assert server.argv[-4:] == ("--path", "/ui", "--path", "/mine")  # llama.cpp takes the last one: the user's
 
 
 def serve(model: Path, llama_dir: Path) -> tuple[subprocess.Popen, str, str]:
@@ -88,6 +109,7 @@ def wait_for(check, timeout: float, what: str):
         time.sleep(0.5)
 
 
+@pytest.mark.slow
 def test_managed_build_serves_llamas_ui_and_a_chat_round_trips(browser, tmp_path, llama_bins, chat_model):
     reason = webui.missing_reason(webui.root_of(llama_bins.bin_dir))
     if reason:
@@ -111,6 +133,7 @@ def test_managed_build_serves_llamas_ui_and_a_chat_round_trips(browser, tmp_path
     assert shot.stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_without_the_ui_the_page_says_how_and_completes(browser, tmp_path, llama_bins, chat_model):
     """A build of arcsplit's with no UI beside it (the same binaries, seen from a fresh root)."""
     from selenium.webdriver.common.by import By
