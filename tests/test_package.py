@@ -46,7 +46,7 @@ def installed(dist, tmp_path_factory, llama_bins) -> tuple[Path, dict[str, str],
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(str(ROOT)))
     env["ARCSPLIT_LLAMA_DIR"] = str(llama_bins.bin_dir)
-    for key in ("STATE", "RUNTIME"):
+    for key in ("STATE", "RUNTIME", "CACHE"):
         env[f"ARCSPLIT_{key}_DIR"] = str(home / key.lower())
     return venv / "bin" / "arcsplit", env, home
 

@@ -56,6 +56,9 @@ def _serve(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         from ..run.ports import check_free
 
+        if args.metrics_port == args.port:
+            raise BadInput(f"--metrics-port {args.metrics_port} is llama-server's --port",
+                           "give arcsplit's metrics a port of their own")
         check_free(args.host, args.metrics_port, "arcsplit metrics", "--metrics-port")
 
     prepared = prepare(request_from_args(args))
