@@ -14,7 +14,7 @@ from _instance import isolated_env, running_instance  # noqa: E402
 from arcsplit.demo import ensure_chat_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
-QUESTION = "What is the capital of France?"
+QUESTION = "Name the capital of France."
 
 
 @pytest.fixture(scope="module")

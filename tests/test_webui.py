@@ -53,7 +53,8 @@ def serve(model: Path, llama_dir: Path) -> tuple[subprocess.Popen, str, str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "arcsplit", "serve", str(model), "--backend", "cpu", "--gpus",
                              "0,1", "--ctx", "2048", "--threads", "1", "--port", str(port), "--llama-dir",
-                             str(llama_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             str(llama_dir), "--", "--temp", "0"],  # greedy, as `arcsplit demo` runs it
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if "serving" not in line:
         proc.kill()
@@ -124,7 +125,7 @@ def test_managed_build_serves_llamas_ui_and_a_chat_round_trips(browser, tmp_path
             assert r.status_code == 200 and "_app/immutable" in r.text  # the SvelteKit UI, not the fallback
             browser.get(url + "/")
             box = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "textarea"), 60, "the chat input")[0]
-            box.send_keys("What is the capital of France?")
+            box.send_keys("Name the capital of France.")
             box.send_keys(Keys.ENTER)
             wait_for(lambda: "Paris" in browser.find_element(By.TAG_NAME, "body").text, 120, "an answer with Paris")
             shot = shoot(browser, tmp_path, "webui-chat")

@@ -22,6 +22,9 @@ def _demo(args: argparse.Namespace) -> int:
     ns.model = str(ensure_demo_model() if args.base else ensure_chat_model())
     ns.backend = "cpu"
     ns.gpus = "0,1"
+    # A 135M model answers simple requests sensibly when it decodes greedily and rambles when it samples
+    # (llama.cpp's web UI takes the server's default), so the chat demo runs at temperature 0.
+    ns.extra = [] if args.base else ["--temp", "0"]
     return serve_from_args(ns, demo="completion" if args.base else "chat")
 
 

@@ -226,7 +226,7 @@ def _buffer_table(buffers: dict[str, Any]) -> list[str]:
 def _example(url: str, kind: str) -> None:
     if kind == "chat":
         request = (f"  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
-                   "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}]}'\n"
+                   "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Name the capital of France.\"}]}'\n"
                    f"or open {url} in a browser")
     else:  # a base model continues text but has no chat template
         request = (f"  curl -s {url}/v1/completions -H 'Content-Type: application/json' \\\n"
