@@ -13,7 +13,8 @@ from _instance import isolated_env, running_instance  # noqa: E402
 
 from arcsplit.demo import ensure_chat_model  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow,
+              pytest.mark.filterwarnings("ignore:Item .* is using the `ReadOnly` qualifier:UserWarning")]  # litellm
 QUESTION = "Name the capital of France."
 
 
