@@ -1,33 +1,41 @@
-"""The Python API behind ``arcsplit/__init__.py``: plan, serve, aserve, attach (and load, in inproc.py)."""
+"""The Python API behind ``arcsplit/__init__.py``: plan, serve, aserve, attach (and load, in inproc.py).
+
+The surfaces (the CLI, the dashboard) reach the running side only through this module: ``prepare`` and
+``instance`` are the two steps of ``aserve`` for a caller that reports the load itself (``arcsplit serve``),
+``runs`` and ``attach`` find and drive instances started elsewhere.
+"""
 
 from __future__ import annotations
 
 import os
+import warnings
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, AsyncIterator, Iterator, Sequence
+from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
 import anyio
 from anyio.from_thread import start_blocking_portal
 
+from .errors import RunError
 from .llama.devices import discover_rig, parse_gpus
 from .llama.locate import find_llama
 from .model import load_profile
 from .planner import Plan, PlanOptions, make_plan
 from .rig import Rig, load_layout
-from .run.bus import Client, attach
+from .run.bus import BusInfo, Client, attach, list_runs
 from .run.events import Event
-from .run.instance import Instance
-from .run.prepare import ServeRequest, prepare
+from .run.instance import Instance, Watcher
+from .run.prepare import MODE_CHOICES, OUTPUT_LAYER_CHOICES, Prepared, ServeRequest, prepare
 from .run.specs import plan_devices
 from .run.supervisor import RestartPolicy, Timeouts
 
-__all__ = ["AsyncServer", "Client", "Server", "aserve", "attach", "plan", "serve"]
+__all__ = ["AsyncServer", "BusInfo", "Client", "Instance", "MODE_CHOICES", "OUTPUT_LAYER_CHOICES", "Prepared",
+           "Server", "ServeRequest", "aserve", "attach", "instance", "plan", "prepare", "runs", "serve"]
 
 
 def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None, *, backend: str = "cpu",
          ctx: int | None = None, parallel: int = 1, cache_type: str = "f16", ubatch: int = 512,
          layout: str | os.PathLike[str] | None = None, cpu_memory_mib: int | None = None,
-         mode: str = "rpc", llama_dir: str | None = None) -> Plan:
+         mode: str = "rpc", llama_dir: str | None = None, build: str | None = None) -> Plan:
     """Where every layer goes and what each card must hold; ``layout`` plans for a rig you do not have.
 
     ``mode`` only names the devices as llama-server will see them (rpc: RPC0, RPC1, ...).
@@ -36,7 +44,7 @@ def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None,
     if layout is not None:
         rig: Rig = load_layout(layout)
     else:
-        binaries = None if backend == "cpu" else find_llama(llama_dir, backend=backend)
+        binaries = None if backend == "cpu" else find_llama(llama_dir, backend=backend, build=build)
         rig = discover_rig(backend, parse_gpus(gpus if isinstance(gpus, str) or gpus is None else list(gpus)),
                            binaries, cpu_memory_mib)
     options = PlanOptions(n_ctx=ctx, n_parallel=parallel, cache_type_k=cache_type, cache_type_v=cache_type,
@@ -81,7 +89,7 @@ class AsyncServer:
         await sup.restart()
         while not (sup.status()["generation"] > generation and sup.status()["state"] == "ready"):
             if sup.status()["state"] == "stopped":
-                raise RuntimeError("the group stopped instead of restarting")
+                raise RunError("the group stopped instead of restarting", "see server.status()['last_error']")
             await anyio.sleep(0.05)
 
     async def events(self, max_buffer: int = 1000) -> AsyncIterator[Event]:
@@ -99,6 +107,23 @@ def _request(model: str | os.PathLike[str], gpus: Sequence[int] | str | None, kw
     return ServeRequest(model=str(model), gpus=gpus, extra_args=extra, **kw)
 
 
+def runs() -> list[BusInfo]:
+    """The running instances of this user, newest first."""
+    return list_runs()
+
+
+def instance(prepared: Prepared, *, max_restarts: int = 5, stall_timeout: float = 120.0, bus: bool = True,
+             bus_tcp: str | None = None, telemetry: bool = True, watchers: Sequence[Watcher] = (),
+             say: Callable[[str], None] | None = None) -> Instance:
+    """A checked request ready to run (``await inst.run()``); telemetry, when asked, and ``watchers`` watch it."""
+    if telemetry:
+        from .telemetry import run_telemetry
+
+        watchers = (run_telemetry, *watchers)
+    return Instance(prepared, policy=RestartPolicy(max_failures=max_restarts), timeouts=Timeouts(stall=stall_timeout),
+                    bus=bus, bus_tcp=bus_tcp, watchers=watchers, say=say)
+
+
 @asynccontextmanager
 async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = (0, 1), *,
                  bus: bool = True, bus_tcp: str | None = None, max_restarts: int = 5, stall_timeout: float = 120.0,
@@ -106,17 +131,18 @@ async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None
     """Serve ``model`` across ``gpus`` until the block ends; entered once llama-server answers /health 200.
 
     ``options`` are ServeRequest's fields: backend, mode, ctx, parallel, host, port, rpc_host, rpc_ports, threads,
-    cpu_memory_mib, llama_dir, output_layer, rpc_cache, ubatch, extra_args.
+    cpu_memory_mib, llama_dir, build, output_layer, rpc_cache, ubatch, extra_args.
     """
     prepared = prepare(_request(model, gpus, options))
-    instance = Instance(prepared, policy=RestartPolicy(max_failures=max_restarts), timeouts=Timeouts(stall=stall_timeout),
-                        bus=bus, bus_tcp=bus_tcp)
+    for text in prepared.warnings:
+        warnings.warn(text, stacklevel=3)
+    inst = instance(prepared, max_restarts=max_restarts, stall_timeout=stall_timeout, bus=bus, bus_tcp=bus_tcp)
     async with anyio.create_task_group() as tg:
-        await tg.start(instance.run)
+        await tg.start(inst.run)
         try:
-            yield AsyncServer(instance)
+            yield AsyncServer(inst)
         finally:
-            instance.stop()
+            inst.stop()
 
 
 class Server:

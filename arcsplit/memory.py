@@ -1,6 +1,6 @@
 """llama.cpp's memory rules, per layer and per card: weights, KV cache, recurrent state, compute buffers.
 
-Sources (llama.cpp tree in /tmp/warm/src, see /work/shared/reference/planner.md):
+Sources (the pinned llama.cpp tree, vendored in llama-cpp-python 0.3.36):
 - context sizes: ``llama_context`` ctor (n_ctx padded to 256; per-stream size when the KV is not unified);
 - KV: ``llama_kv_cache`` ctor (K and V rows of the cache type, per layer on that layer's device; V padded to the
   widest layer without flash attention; MLA caches K only); SWA layers: ``llama_kv_cache_iswa``;

@@ -7,7 +7,8 @@ count and length against the bytes that are actually there, and reads only as fa
 time to read a 50 GB model is the time to read its header.
 
 The per-layer facts (which layers are SWA, recurrent, hold KV; head counts; K/V widths) follow the rules of
-llama.cpp's ``load_hparams`` for the architectures arcsplit knows (see /work/shared/reference/planner.md).
+llama.cpp's ``llama_model::load_hparams`` (src/llama-model.cpp in the pinned tree) for the architectures
+arcsplit knows.
 """
 
 from __future__ import annotations

@@ -171,7 +171,6 @@ class _Costs:
     """Per-layer bytes at one context size; index n_layer is the output layer."""
 
     cs: Any
-    layer: tuple[int, ...]  # weights + kv + state of each layer (output layer: its weights)
     weights: tuple[int, ...]
     kv: tuple[int, ...]
     state: tuple[int, ...]
@@ -197,7 +196,7 @@ def _costs(profile: Any, options: PlanOptions, n_ctx: int) -> _Costs:
     for x, y, z in zip(w, k, s):
         pw, pk, ps = prefix[-1]
         prefix.append((pw + x, pk + y, ps + z))
-    return _Costs(cs, tuple(a + b + c for a, b, c in zip(w, k, s)), tuple(w), tuple(k), tuple(s), tuple(prefix))
+    return _Costs(cs, tuple(w), tuple(k), tuple(s), tuple(prefix))
 
 
 _INF = float("inf")

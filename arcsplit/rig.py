@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import backends
 from .errors import BadInput
 
 MiB = 1024 * 1024
-BACKENDS = ("cpu", "cuda", "sycl", "vulkan")
-_DEVICE_PREFIX = {"cuda": "CUDA", "sycl": "SYCL", "vulkan": "Vulkan", "cpu": "CPU"}
 
 
 def default_margin(backend: str) -> int:
@@ -48,8 +47,7 @@ class Card:
     driver: str | None = None
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise BadInput(f"unknown backend {self.backend!r}", f"use one of {', '.join(BACKENDS)}")
+        backends.get(self.backend)  # an unknown name is a one-line error
         if self.total_bytes <= 0 or self.free_bytes <= 0:
             raise BadInput(f"card {self.index} ({self.name}) has no memory", "give it a positive memory_mib/free_mib")
         if self.free_bytes > self.total_bytes:
@@ -60,7 +58,7 @@ class Card:
     @property
     def device(self) -> str:
         """The name llama.cpp gives this card in a process that sees all cards (SYCL0, CUDA1, ...)."""
-        return f"{_DEVICE_PREFIX[self.backend]}{self.index}" if self.backend != "cpu" else f"CPU{self.index}"
+        return backends.get(self.backend).device_name(self.index)
 
     @property
     def budget_bytes(self) -> int:
@@ -124,8 +122,8 @@ def _mib(p: Path, i: int, raw: dict[str, Any], key: str, default: float | None) 
 
 def _card_from_toml(p: Path, i: int, raw: dict[str, Any]) -> Card:
     backend = str(raw.get("backend", "")).lower()
-    if backend not in BACKENDS:
-        raise BadInput(f"layout {p}: cards[{i}].backend {raw.get('backend')!r} is unknown", f"use one of {', '.join(BACKENDS)}")
+    if backend not in backends.NAMES:
+        raise BadInput(f"layout {p}: cards[{i}].backend {raw.get('backend')!r} is unknown", f"use one of {', '.join(backends.NAMES)}")
     total = _mib(p, i, raw, "memory_mib", None)
     free = _mib(p, i, raw, "free_mib", total / MiB)
     margin = _mib(p, i, raw, "margin_mib", default_margin(backend) / MiB)

@@ -121,10 +121,12 @@ def main() -> int:
     if args.child:
         child(args.rate, args.seconds)
         return 0
+    from arcsplit.llama.locate import find_llama
+
     root = Path(tempfile.mkdtemp(prefix="dash-bench-"))
+    os.environ.setdefault("ARCSPLIT_LLAMA_DIR", str(find_llama(backend="cpu").bin_dir))  # before the cache moves
     os.environ.update(ARCSPLIT_STATE_DIR=str(root / "state"), ARCSPLIT_RUNTIME_DIR=str(root / "rt"),
                       ARCSPLIT_CACHE_DIR=str(root / "cache"))
-    os.environ.setdefault("ARCSPLIT_LLAMA_DIR", "/tmp/warm/build/bin")
     proc = subprocess.Popen([sys.executable, __file__, "--child", "--rate", str(args.rate), "--seconds",
                              str(args.seconds)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})

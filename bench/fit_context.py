@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import arcsplit  # noqa: E402
 from arcsplit import synth  # noqa: E402
-from arcsplit.fitoracle import RpcServers, fit_print  # noqa: E402
+from fitoracle import RpcServers, fit_print  # noqa: E402
 from arcsplit.llama.devices import cpu_model, parse_list_devices  # noqa: E402
 from arcsplit.llama.locate import LlamaBinaries, find_llama, server_build_info  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
@@ -192,7 +192,7 @@ def report(rows: list[Row], bins: LlamaBinaries, seconds: float) -> str:
              "seen across the fit run).",
              "- fit MiB per card: `llama-fit-params -fitp on` at fit's own -c/-ngl/-ts (fit-params sizes the output "
              "card's compute for 2048 logits rows where llama-server reserves 1, so on the output card it reads "
-             "high by about 512 x n_vocab x 4 B; reference/llama-cpp-observed.md). (over) = above B.",
+             "high by about 512 x n_vocab x 4 B; docs/llama-cpp-notes.md). (over) = above B.",
              "- loads: `arcsplit.serve` with the same budget and context, one /completion request (8 tokens), and "
              "the buffers llama-server itself logged per card (model + KV + compute, MiB) against B.", "",
              "| model | B MiB/card | arcsplit ctx | arcsplit -ts | plan MiB/card | fit chose | fit MiB/card "

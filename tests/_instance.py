@@ -1,26 +1,26 @@
-"""A real running arcsplit instance for dashboard and telemetry tests: Supervisor + BusServer + telemetry.
-
-The serving command will wire these three together; until then tests run them here, on an event-loop
-thread of their own (as the Python API will), with the real llama-server / ggml-rpc-server CPU build and the
-demo model. Dirs (run dirs, sockets, caches) are pointed at a temp dir by ``isolated_env``.
+"""A real running arcsplit instance for dashboard and telemetry tests: the Instance `arcsplit serve` runs
+(supervisor, bus, telemetry watching it), on an event-loop thread of its own as the Python API runs it, with
+the real llama-server / ggml-rpc-server CPU build and the demo model, a quick restart policy and a fast
+telemetry interval. Dirs (run dirs, sockets, caches) are pointed at a temp dir by ``isolated_env``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
+from arcsplit._api import prepare
 from arcsplit.cli import build_parser
-from arcsplit.cli.serve import build_config
-from arcsplit.run.bus import BusInfo, BusServer
+from arcsplit.cli.serve import request_from_args
+from arcsplit.run.bus import BusInfo
+from arcsplit.run.instance import Instance as RunInstance
 from arcsplit.run.ports import free_port
-from arcsplit.run.rundir import RunDir, new_run_id
 from arcsplit.run.supervisor import RestartPolicy, Supervisor
 from arcsplit.telemetry import run_telemetry
 
@@ -61,37 +61,24 @@ class Instance:
         self.portal.call(self.sup.events.publish, Event(kind, name, data))
 
 
-def config_for(model: Path, gpus: str = "0,1", mode: str = "auto", ctx: int = 1024) -> Any:
-    args = build_parser().parse_args(["serve", str(model), "--backend", "cpu", "--gpus", gpus, "--ctx", str(ctx),
+def serve_args(model: Path, gpus: str = "0,1", mode: str = "auto", ctx: int = 1024) -> Any:
+    return build_parser().parse_args(["serve", str(model), "--backend", "cpu", "--gpus", gpus, "--ctx", str(ctx),
                                       "--threads", "1", "--mode", mode, "--port", str(free_port())])
-    config, _decision, _profile, _rig = build_config(args)
-    return config
 
 
 @contextlib.contextmanager
 def running_instance(model: Path, *, gpus: str = "0,1", mode: str = "auto",
                      telemetry_interval: float | None = 0.5) -> Iterator[Instance]:
     """Start the group and its bus; yield once it serves; stop everything on exit."""
-    config = config_for(model, gpus, mode)
-    run_id = new_run_id() + "-" + os.urandom(2).hex()
-    run_dir = RunDir.create(run_id)
-    sup = Supervisor(config, run_dir=run_dir, policy=RestartPolicy(base_delay=0.2, max_delay=1.0, max_failures=3))
-    bus = BusServer(sup, run_dir.path, run_id, url=config.url, model=str(model))
-
-    async def main(*, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
-        async with anyio.create_task_group() as tg:
-            info = await tg.start(bus.run)
-            if telemetry_interval:
-                tg.start_soon(run_telemetry, sup, telemetry_interval)
-            await tg.start(sup.run)
-            task_status.started(info)
-            await sup.wait_stopped()
-            tg.cancel_scope.cancel()
-
+    prepared = prepare(request_from_args(serve_args(model, gpus, mode)))
+    watchers = (functools.partial(run_telemetry, interval=telemetry_interval),) if telemetry_interval else ()
+    inst = RunInstance(prepared, policy=RestartPolicy(base_delay=0.2, max_delay=1.0, max_failures=3),
+                       watchers=watchers)
     with start_blocking_portal() as portal:
-        future, info = portal.start_task(main)
+        future, _url = portal.start_task(inst.run)
         try:
-            yield Instance(sup, info, portal)
+            assert inst.bus_info is not None
+            yield Instance(inst.supervisor, inst.bus_info, portal)
         finally:
-            portal.call(sup.stop)
+            portal.call(inst.stop)
             future.result(timeout=60)

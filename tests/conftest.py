@@ -12,12 +12,15 @@ from arcsplit.llama.locate import LlamaBinaries, find_llama
 
 @pytest.fixture(scope="session")
 def llama_bins() -> LlamaBinaries:
-    """The CPU build arcsplit manages (scripts/test builds it first), or $ARCSPLIT_LLAMA_DIR."""
-    if not os.environ.get("ARCSPLIT_LLAMA_DIR"):
-        from arcsplit.llama.build import BuildConfig, build
+    """The CPU build arcsplit manages (scripts/test builds it first), or $ARCSPLIT_LLAMA_DIR; never a llama-server
+    that happens to be on the host's PATH."""
+    if os.environ.get("ARCSPLIT_LLAMA_DIR"):
+        return find_llama(backend="cpu")
+    from arcsplit.llama.build import BuildConfig, build
 
-        build(BuildConfig("cpu"))
-    return find_llama(backend="cpu")
+    config = BuildConfig("cpu")
+    build(config)
+    return find_llama(backend="cpu", build=config.key)
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 import arcsplit
-from arcsplit.errors import NotRunning
+from arcsplit.errors import NotRunning, RunError
 from arcsplit.run.bus import TOPIC_PREFIX, list_runs
 from arcsplit.run.ports import free_port
 from _instance import ENV_KEYS, isolated_env
@@ -181,7 +181,11 @@ def test_async_twin(demo_model):
                 tg.cancel_scope.cancel()
             async with httpx.AsyncClient(timeout=120) as http:
                 r = await http.post(f"{srv.url}/completion", json={"prompt": PROMPT, "n_predict": 4})
-            return srv.status()["state"], r.json()["tokens_predicted"], states
+            state = srv.status()["state"]
+            srv.stop()  # a restart that meets a stop: an ArcsplitError with one line, not a RuntimeError
+            with pytest.raises(RunError, match="stopped instead of restarting"):
+                await srv.restart()
+            return state, r.json()["tokens_predicted"], states
 
     state, n, states = anyio.run(main)
     assert state == "ready" and n == 4

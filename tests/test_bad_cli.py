@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # a Python process (and a plan or a serve attempt) per case
 
 # (id, argv with {model} {dir} {busy} placeholders, words the message must contain)
 CASES = [

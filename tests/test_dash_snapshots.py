@@ -28,6 +28,7 @@ from arcsplit.tui.app import DashApp
 from arcsplit.tui.state import DashState
 
 HERE = Path(__file__).parent / "snapshots"
+pytestmark = pytest.mark.slow  # a Textual app rendered per panel, seconds each
 STREAM = HERE / "dash_stream.json"
 UPDATE = os.environ.get("ARCSPLIT_UPDATE_SNAPSHOTS") in ("1", "record")
 RECORD = os.environ.get("ARCSPLIT_UPDATE_SNAPSHOTS") == "record"

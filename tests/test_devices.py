@@ -11,7 +11,7 @@ import pytest
 from arcsplit.errors import BadInput
 from arcsplit.llama.devices import list_devices, parse_gpus, parse_list_devices
 
-# Verbatim from shared/reference/runtime.md §3.1 (llama.cpp #22885: 2x Arc Pro B70, old NEO device name).
+# Verbatim from ggml-org/llama.cpp#22885 (2x Arc Pro B70, old NEO device name).
 SYCL_OLD_NEO = """\
 Available devices:
   SYCL0: Intel(R) Graphics [0xe223] (32656 MiB, 32611 MiB free)
@@ -37,7 +37,7 @@ load_backend: loaded CPU backend from vulkan\\bin\\ggml-cpu-alderlake.dll
 Available devices:
   Vulkan0: NVIDIA GeForce RTX 4060 Laptop GPU (7957 MiB, 7189 MiB free)
 """
-# Verbatim, shared/reference/llama-cpp-observed.md (RPC device as llama-server lists it).
+# Verbatim from this build's llama-server --rpc ... --list-devices (RPC device as llama-server lists it).
 RPC = """\
 Available devices:
   ROCm0: AMD Radeon RX 6600 (8176 MiB, 7654 MiB free)
@@ -90,6 +90,7 @@ def test_parse_gpus_rejects(spec):
         parse_gpus(spec)
 
 
+@pytest.mark.slow  # starts llama.cpp
 def test_real_cpu_build_lists_no_gpu(llama_bins):
     """The real CPU build prints the header and `(none)`: parsed as no cards, not as an error."""
     out = list_devices(llama_bins)
@@ -97,6 +98,7 @@ def test_real_cpu_build_lists_no_gpu(llama_bins):
     assert parse_list_devices(out) == []
 
 
+@pytest.mark.slow  # a Python process: over a second on a busy machine
 def test_cli_cpu_cards_json():
     out = subprocess.run([sys.executable, "-m", "arcsplit", "devices", "--backend", "cpu", "--gpus", "0,1",
                           "--cpu-memory", "2048", "--json"], capture_output=True, text=True, check=True)

@@ -74,6 +74,7 @@ def test_kernel_config_unknown_gives_unknown_not_a_guess(capsys):
     assert any("--kernel-config" in u for u in data["facts"]["unread"])
 
 
+@pytest.mark.slow  # a Python process per case
 @pytest.mark.parametrize("argv, match", [
     (["--sycl-ls", "/nonexistent/sycl-ls.txt"], "is not a file"),
     (["--sycl-ls", str(FX / "sycl_ls_b70_fedora44.txt"), "--kernel", "banana"], "not a kernel version"),
@@ -119,6 +120,7 @@ def test_check_runtime_reads_the_cache(llama_bins, tmp_path):
     assert check_runtime("cpu", [0, 1], llama_bins, probe=True, reprobe=True).probe_cached is False
 
 
+@pytest.mark.slow  # starts llama.cpp
 def test_doctor_reports_the_builds_arcsplit_patches(capsys, llama_bins, tmp_path):
     """The managed build carries arcsplit's RPC patches; a build dir without arcsplit's marker is 'unknown'."""
     from arcsplit.llama.patches import patches

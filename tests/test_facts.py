@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ def read(name: str) -> str:
 
 
 @pytest.mark.parametrize("text, build, release", [
-    ("1.15.38308+1", 38308, None),            # sycl-ls L0 driver string, runtime.md §2.2
+    ("1.15.38308+1", 38308, None),            # sycl-ls L0 driver string (sycl_ls_b70_fedora44.txt)
     ("1.14.37020", 37020, None),              # older sycl-ls form
     ("1.14.37020+3", 37020, None),            # dpctl, IntelPython/dpnp#2800
     ("1.3.30049.600000", 30049, None),        # sycl-ls --verbose Driver (A770)
@@ -90,13 +91,13 @@ def test_dpctl_only_gpu_platforms_count():
     readings = F.parse_dpctl(read("dpctl_numba_dpex_700.txt"))
     # FPGA emulation and the CPU runtime (2021.13.11.0.23) are not NEO; the HD Graphics platform is
     assert [(r.build, r.release) for r in readings] == [(22297, "22.05.22297")]
-    # runtime.md §2.3 (dpnp#2800): the same NEO under the L0 platform and under OpenCL Graphics
+    # IntelPython/dpnp#2800: the same NEO under the L0 platform and under OpenCL Graphics
     l0 = "Platform  0 ::\n    Name        Intel(R) Level-Zero\n    Backend     level_zero\n      # 0\n        Version     1.14.37020+3\n"
     assert F.parse_dpctl(l0)[0].build == 37020
 
 
 def test_packages_each_distro():
-    # version strings verbatim from runtime.md §2.4; line layout = the query arcsplit runs
+    # version strings as the kobuk-team PPA and Intel's GitHub debs publish them; line layout = the query arcsplit runs
     dpkg = "libze-intel-gpu1\t26.27.39122.12-1~26.04~ppa1\nlibze1\t1.28.2-1\nintel-opencl-icd\t26.27.39122.11-0\n"
     pk = F.parse_packages(dpkg)
     assert [v.release for v in F.neo_from_packages(pk, "dpkg")] == ["26.27.39122.12", "26.27.39122.11"]
@@ -195,12 +196,54 @@ def test_gather_bad_files(tmp_path):
         F.gather_facts("sycl", None, FX / "sycl_ls_b70_fedora44.txt", "banana")
 
 
-def test_gather_live_tolerates_missing_tools(monkeypatch):
-    # this machine has no sycl-ls, clinfo, Intel packages or DRM cards: every gap is named, nothing raises
-    monkeypatch.setenv("PATH", "/nonexistent")
-    f = F.gather_facts("sycl", None, sysfs_root="/nonexistent")
+def _bare_machine(monkeypatch, root: Path) -> None:
+    """This process sees ``root`` as the machine: no tools on PATH, no library or oneAPI variables."""
+    monkeypatch.setenv("PATH", str(root / "bin"))
+    for var in ("LD_LIBRARY_PATH", "CMPLR_ROOT", "ONEAPI_ROOT"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_gather_live_tolerates_missing_tools(monkeypatch, tmp_path):
+    # a machine with no sycl-ls, clinfo, Intel packages, libraries, kernel config or DRM cards (whatever the
+    # host running the test has): every gap is named, nothing raises
+    _bare_machine(monkeypatch, tmp_path)
+    f = F.gather_facts("sycl", None, sysfs_root=tmp_path / "sys", host_root=tmp_path)
     joined = " | ".join(f.unread)
-    assert f.neo is None
-    for src in ("sycl-ls", "libze_intel_gpu.so.1", "packages", "clinfo", "NEO version", "cards"):
+    assert f.neo is None and f.oneapi is None and f.kernel.move_notify is None
+    for src in ("sycl-ls", "libze_intel_gpu.so.1", "packages", "clinfo", "NEO version", "cards", "kernel config"):
         assert src in joined
     assert f.kernel.release  # uname works without any tool
+
+
+def test_gather_live_reads_the_machine_it_is_given(monkeypatch, tmp_path):
+    # the same gathering on a tree laid out like an Intel machine: NEO from the soname, the loader, oneAPI, the
+    # kernel config and the card, all from under host_root and sysfs_root
+    _bare_machine(monkeypatch, tmp_path)
+    lib = tmp_path / "usr/lib/x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    (lib / "libze_intel_gpu.so.1.15.38308").write_bytes(b"")
+    (lib / "libze_intel_gpu.so.1").symlink_to("libze_intel_gpu.so.1.15.38308")
+    (lib / "libze_loader.so.1.28.2").write_bytes(b"")
+    (lib / "libze_loader.so.1").symlink_to("libze_loader.so.1.28.2")
+    compiler = tmp_path / "opt/intel/oneapi/compiler"
+    (compiler / "2026.0").mkdir(parents=True)
+    (compiler / "latest").symlink_to("2026.0")
+    boot = tmp_path / "boot"
+    boot.mkdir()
+    (boot / f"config-{platform.release()}").write_text("# CONFIG_DMABUF_MOVE_NOTIFY is not set\n")
+    make_card(tmp_path / "sys", "card0", read("uevent_b70.txt"))
+    f = F.gather_facts("sycl", None, sysfs_root=tmp_path / "sys", host_root=tmp_path)
+    assert f.neo is not None and f.neo.build == 38308 and "libze_intel_gpu" in f.neo.source
+    assert f.level_zero_loader == "1.28.2" and f.oneapi == "2026.0"
+    assert f.kernel.move_notify is False and f.kernel.config_source == f"/boot/config-{platform.release()}"
+    assert [c.pci_id for c in f.cards] == ["8086:e223"]
+    assert not any(u.startswith(("libze_intel_gpu", "kernel config", "oneAPI", "cards")) for u in f.unread)
+
+
+def test_a_kernel_named_by_hand_never_reads_this_machines_config(monkeypatch, tmp_path):
+    # on the reporter's own machine (same kernel as the report) the report still decides, not /boot
+    _bare_machine(monkeypatch, tmp_path)
+    (tmp_path / "boot").mkdir()
+    (tmp_path / "boot" / f"config-{platform.release()}").write_text("CONFIG_DMABUF_MOVE_NOTIFY=y\n")
+    f = F.gather_facts("cpu", None, kernel=platform.release(), sysfs_root=None, host_root=tmp_path)
+    assert f.kernel.move_notify is None and any("--kernel-config" in u for u in f.unread)

@@ -21,6 +21,7 @@ from loadgen import LoadGen, Served  # noqa: E402
 CLIENT_TIMEOUT = 30.0
 
 
+@pytest.mark.slow  # starts llama.cpp
 @pytest.mark.timeout(120)
 def test_sigkill_rpc_server_under_load(demo_model, llama_bins, monkeypatch):
     monkeypatch.setenv("ARCSPLIT_LLAMA_DIR", str(llama_bins.server.parent))

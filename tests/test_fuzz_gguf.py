@@ -59,6 +59,7 @@ def _assert_clean(out: F.Outcome, what: object) -> None:
         assert "\n" not in out.detail and out.detail.split(": ", 1)[1].strip(), out.detail
 
 
+@pytest.mark.slow  # thousands of generated cases
 @settings(max_examples=2500, deadline=None, database=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
 @given(name=st.sampled_from(F.SYNTH_SEEDS), file=st.integers(0, 2), ops=st.lists(_ops, min_size=1, max_size=4))
@@ -66,6 +67,7 @@ def test_mutated_synthetic_headers(synth_seeds, case_dir, name, file, ops):
     _assert_clean(F.run_case(case_dir, synth_seeds[name], file, ops, BOUND), (name, file, ops))
 
 
+@pytest.mark.slow  # thousands of generated cases
 @settings(max_examples=150, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(ops=st.lists(_ops, min_size=1, max_size=3))
 def test_mutated_demo_header(demo_header, case_dir, ops):
@@ -85,7 +87,9 @@ def test_unmutated_seeds_plan(synth_seeds, demo_header, case_dir):
         assert out.kind == "plan", (seed.name, out.detail)
 
 
-@pytest.mark.parametrize("case", CORPUS_CASES, ids=[f"{i}-{c['seed']}" for i, c in enumerate(CORPUS_CASES)])
+# Every tenth case in the fast tier, all of them in the full suite (each takes tens of ms; 459 add up).
+@pytest.mark.parametrize("case", [pytest.param(c, id=f"{i}-{c['seed']}", marks=() if i % 10 == 0 else pytest.mark.slow)
+                                  for i, c in enumerate(CORPUS_CASES)])
 def test_corpus_replays(case, case_dir, demo_model):
     """Every case the fuzzer kept still ends the way it did (a plan stays a plan, an error stays one line)."""
     seeds = _corpus_seeds(Path(demo_model))
@@ -153,6 +157,7 @@ FORGED = {
 }
 
 
+@pytest.mark.slow  # sparse multi-GB files, seconds each
 @pytest.mark.parametrize("counts", [(1, 1), (1 << 40, 1), (1, 1 << 40)], ids=["kv", "n_kv", "n_tensors"])
 def test_forged_counts_in_a_huge_file_stay_small(tmp_path, counts):
     paths = []

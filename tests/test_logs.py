@@ -1,5 +1,5 @@
-"""Log-line parsers. Lines are verbatim: from this CPU build's llama-server -lv 4 output (build at
-/tmp/warm, captured while writing this file) and from /work/shared/reference/runtime.md §3.4 (issue #22885, #27063)."""
+"""Log-line parsers. Lines are verbatim: from this CPU build's llama-server -lv 4 output (captured while writing
+this file) and from public issues (ggml-org/llama.cpp#22885, #27063; tests/fixtures/runtime/SOURCES.md)."""
 
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ RPC_LOAD = """\
 0.01.165.450 I sched_reserve:        CPU compute buffer size =    14.33 MiB
 """.splitlines()
 
-# reference/runtime.md §3.4, the Intel multi-device-context failure (#22885) and the UR form (#27063).
+# The Intel multi-device-context failure (ggml-org/llama.cpp#22885) and its UR form (#27063).
 ALLOC_22885 = """\
 ggml_backend_sycl_buffer_type_alloc_buffer: can't allocate 427970304 Bytes of memory on device
 alloc_tensor_range: failed to allocate SYCL0 buffer of size 427970304
 llama_model_load: error loading model: unable to allocate SYCL0 buffer
 """.splitlines()
 ALLOC_27063 = ["level_zero backend failed with error: 39 (UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY)"]
-# reference/llama-cpp-observed.md: llama-server after kill -9 of an rpc-server.
+# llama-server after kill -9 of an rpc-server (this build; docs/llama-cpp-notes.md).
 RPC_CRASH = ["ggml-rpc.cpp:566: Remote RPC server crashed or returned malformed response"]
 
 

@@ -9,7 +9,7 @@ from arcsplit.llama.mode import NEO_WORKAROUND_ENV, choose_mode
 from arcsplit.llama.probe import ProbeResult
 from arcsplit.llama.verdict import judge
 
-BAD = judge("sycl", 37435, "6.19.10-300.fc44.x86_64", False)       # seed 003's machine
+BAD = judge("sycl", 37435, "6.19.10-300.fc44.x86_64", False)       # the machine of ggml-org/llama.cpp#22885
 GOOD = judge("sycl", 37435, "7.1.0", None)
 UNKNOWN = judge("sycl", 37435, "6.19.10-300.fc44.x86_64", None)
 SEGV = judge("sycl", 39122, "7.2", True)

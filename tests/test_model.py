@@ -167,6 +167,7 @@ def test_profile_cache_roundtrip_and_invalidation(tmp_path: Path, monkeypatch: p
     assert load_profile(path).n_layer == 3
 
 
+@pytest.mark.slow  # a large vocabulary, seconds
 def test_string_arrays_of_every_shape_are_walked_exactly(tmp_path: Path) -> None:
     """The bulk path for short strings must land exactly where the one-by-one walk does: long, empty and NUL-holding
     strings in the middle of a large vocabulary, across reader windows, then keys and tensors read right after."""

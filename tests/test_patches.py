@@ -22,8 +22,9 @@ RPC_FILE = "ggml/src/ggml-rpc/ggml-rpc.cpp"
 
 
 def arcsplit(*args: str) -> subprocess.CompletedProcess[str]:
-    # The managed build, not whatever $ARCSPLIT_LLAMA_DIR points at.
+    # The managed build, not whatever $ARCSPLIT_LLAMA_DIR or a llama-server on the host's PATH points at.
     env = {k: v for k, v in os.environ.items() if k != "ARCSPLIT_LLAMA_DIR"}
+    env["PATH"] = str(Path(sys.executable).parent)
     return subprocess.run([sys.executable, "-m", "arcsplit", *args], check=False, capture_output=True, text=True,
                           env=env, timeout=120)
 
@@ -69,6 +70,7 @@ def test_patch_set_is_not_empty_and_named_in_order():
     assert touched_files(), "a patch that touches no file"
 
 
+@pytest.mark.slow  # extracts the pinned llama.cpp tree
 def test_every_patch_applies_cleanly_to_the_pinned_tree(pristine, tmp_path):
     tree, stock = pristine
     log = tmp_path / "patch.log"
@@ -95,6 +97,7 @@ def test_every_patch_applies_cleanly_to_the_pinned_tree(pristine, tmp_path):
     assert {name: (tree / name).read_bytes() for name in stock} == patched
 
 
+@pytest.mark.slow  # extracts the pinned llama.cpp tree
 def test_git_apply_fallback_gives_the_same_bytes_as_patch(pristine, tmp_path, monkeypatch):
     _, stock = pristine
     with_patch = minimal_tree(tmp_path / "with-patch", stock)
@@ -117,6 +120,7 @@ def test_git_apply_fallback_gives_the_same_bytes_as_patch(pristine, tmp_path, mo
         sorted(p.relative_to(with_patch) for p in with_patch.rglob("*"))
 
 
+@pytest.mark.slow  # extracts the pinned llama.cpp tree
 def test_no_patch_tool_at_all_says_so(pristine, tmp_path, monkeypatch):
     _, stock = pristine
     tree = minimal_tree(tmp_path / "tree", stock)
@@ -127,6 +131,7 @@ def test_no_patch_tool_at_all_says_so(pristine, tmp_path, monkeypatch):
     assert patches.applied(tree) is None
 
 
+@pytest.mark.slow  # extracts the pinned llama.cpp tree
 @pytest.mark.parametrize("tool", ["patch", "git"])
 def test_a_tree_that_differs_is_an_error_naming_the_patch(pristine, tmp_path, monkeypatch, tool):
     _, stock = pristine
@@ -151,6 +156,7 @@ def test_a_tree_that_differs_is_an_error_naming_the_patch(pristine, tmp_path, mo
         assert {name: (tree / name).read_bytes() for name in edited} == edited
 
 
+@pytest.mark.slow  # extracts the pinned llama.cpp tree
 def test_a_tree_already_patched_without_marker_is_an_error(pristine, tmp_path):
     """`patch --forward` refuses to apply twice; a half-known tree is never marked as carrying the set."""
     _, stock = pristine
@@ -174,6 +180,7 @@ def test_build_key_carries_the_patch_set(monkeypatch):
     assert BuildConfig("cpu", patched=False).key == stock
 
 
+@pytest.mark.slow  # extracts the pinned llama.cpp tree
 def test_managed_trees_patched_and_stock_are_apart(sdist, tmp_path, monkeypatch):
     monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache"))
     log = tmp_path / "build.log"
@@ -215,6 +222,7 @@ def managed_cpu_build() -> Path:
     return config.bin_dir
 
 
+@pytest.mark.slow  # starts llama.cpp
 def test_which_reports_the_patches_of_the_managed_build(managed_cpu_build):
     r = arcsplit("llama", "which", "--json")
     assert r.returncode == 0, r.stderr
@@ -229,6 +237,7 @@ def test_which_reports_the_patches_of_the_managed_build(managed_cpu_build):
     assert "arcsplit patches " + ", ".join(data["patches"]) in text.stdout
 
 
+@pytest.mark.slow  # starts llama.cpp
 def test_which_on_a_bin_dir_without_marker_says_unknown(managed_cpu_build, tmp_path):
     # The same binaries, seen from a dir arcsplit did not build: the patches are unknown (null), not [].
     for f in managed_cpu_build.iterdir():
@@ -243,6 +252,7 @@ def test_which_on_a_bin_dir_without_marker_says_unknown(managed_cpu_build, tmp_p
     assert "arcsplit patches none" in r.stdout
 
 
+@pytest.mark.slow  # a Python process: over a second on a busy machine
 def test_build_help_offers_no_patches():
     r = arcsplit("llama", "build", "--help")
     assert r.returncode == 0, r.stderr
@@ -265,6 +275,7 @@ def test_missing_note_names_the_fix_only_when_the_build_lacks_the_patches(tmp_pa
         assert note and what in note and "arcsplit llama build" in note and "\n" not in note
 
 
+@pytest.mark.slow  # a Python process: over a second on a busy machine
 def test_bad_source_is_refused_even_when_a_build_exists(llama_bins, tmp_path):
     """A finished build for the key must not hide a wrong --source: one line, exit 2."""
     r = subprocess.run([sys.executable, "-m", "arcsplit", "llama", "build", "--source", str(tmp_path / "nope")],

@@ -36,7 +36,7 @@ def log(name: str) -> str:
 # ---------------------------------------------------------------- classification on recorded (verbatim) logs
 
 @pytest.mark.parametrize("name, rc, status, code, needle", [
-    ("seed003_multi_device_oom.log", 1, "alloc_failed", None, "can't allocate 427970304 Bytes"),
+    ("multi_device_oom_22885.log", 1, "alloc_failed", None, "can't allocate 427970304 Bytes"),
     ("ur_exception_27063.log", -6, "ur_error", 39, "39 (UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY)"),
     ("native_api_39.log", 1, "ur_error", 39, "Native API returns: 39"),
     ("ur_trace_916.log", 1, "ur_error", 39, "urUSMDeviceAlloc"),
@@ -51,7 +51,7 @@ def test_classify_recorded_failures(name, rc, status, code, needle):
 
 
 def test_classify_alloc_failure_keeps_the_ur_code_when_both_are_printed():
-    text = log("seed003_multi_device_oom.log") + log("ur_exception_27063.log")
+    text = log("multi_device_oom_22885.log") + log("ur_exception_27063.log")
     status, _, code, _ = classify(text, 1, False)
     assert (status, code) == ("alloc_failed", 39)
 
@@ -60,7 +60,7 @@ def test_classify_crash_in_context_creation_vs_later():
     init_only = "Build with Macros:\n  GGML_SYCL_F16: yes\n"  # ggml-sycl init, no model load yet (#21747)
     assert classify(init_only, -11, False)[0] == "context_crash"
     assert "SIGSEGV" in classify(init_only, -11, False)[1]
-    assert classify(init_only + log("seed003_multi_device_oom.log")[:200], -11, False)[0] == "crash"
+    assert classify(init_only + log("multi_device_oom_22885.log")[:200], -11, False)[0] == "crash"
     assert classify("llama_model_load: ...\n", 139, False)[0] == "crash"
 
 

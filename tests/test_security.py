@@ -65,7 +65,7 @@ def test_no_shell_anywhere():
 
 
 def _prepare(demo_model, llama_bins, capsys, **kw):
-    from arcsplit.run.prepare import ServeRequest, prepare
+    from arcsplit._api import ServeRequest, prepare
     from arcsplit.run.specs import build_specs
 
     req = ServeRequest(model=str(demo_model), gpus="0,1", cpu_memory_mib=1024, ctx=4096, port=_free_port(),
@@ -101,13 +101,22 @@ def test_rpc_servers_on_another_address_only_when_asked_and_with_a_warning(demo_
     monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path))
     p, specs, err = _prepare(demo_model, llama_bins, capsys, rpc_host="0.0.0.0")
     assert all(s.argv[s.argv.index("-H") + 1] == "0.0.0.0" for s in specs if s.role == "rpc")
-    warning = [line for line in err.splitlines() if "warning" in line]
+    assert err == ""  # the library prints nothing: the warning is in what it returns...
+    assert len(p.warnings) == 1 and "0.0.0.0" in p.warnings[0] and "trusted network" in p.warnings[0]
+    # ...and the CLI says it once, before anything starts (the group itself is not started here)
+    from arcsplit.cli import main
+
+    monkeypatch.setattr("arcsplit.cli.serve.anyio.run", lambda *a, **k: 0)
+    assert main(["serve", str(demo_model), "--gpus", "0,1", "--cpu-memory", "1024", "--ctx", "4096",
+                 "--port", str(_free_port()), "--rpc-host", "0.0.0.0", "--llama-dir", str(llama_bins.bin_dir)]) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert len(warning) == 1 and "0.0.0.0" in warning[0] and "trusted network" in warning[0]
 
 
 # -- the API key stays out of argv, logs, state and events; files are private ---------------------------------------
 
 
+@pytest.mark.slow  # starts llama.cpp
 @pytest.mark.parametrize("given", ["after --", "LLAMA_API_KEY"])
 def test_api_key_never_recorded_and_run_files_private(given, demo_model, llama_bins, monkeypatch):
     """The key given after ``--`` (then only the user's own command line shows it) or in llama-server's own

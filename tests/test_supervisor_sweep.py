@@ -43,3 +43,14 @@ def test_sweep_kills_only_what_matches_pid_create_time_and_cmdline(tmp_path):
         for p in (leftover, reused, owned):
             p.kill()
             p.wait()
+
+
+def test_two_instances_of_one_process_in_one_second_get_their_own_run_dirs(tmp_path, monkeypatch):
+    # the Python API may serve twice at once from one process: one run dir (and bus.json) each
+    from arcsplit.run.rundir import RunDir
+
+    monkeypatch.setenv("ARCSPLIT_STATE_DIR", str(tmp_path))
+    monkeypatch.setattr("arcsplit.run.rundir.new_run_id", lambda: "20261201-000000-42")
+    dirs = [RunDir.create().path for _ in range(3)]
+    assert [d.name for d in dirs] == ["20261201-000000-42", "20261201-000000-42-2", "20261201-000000-42-3"]
+    assert RunDir.create("20261201-000000-42").path == dirs[0]  # a run id given by the caller is reused

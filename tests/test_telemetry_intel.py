@@ -5,7 +5,7 @@ The trees are built in a temp dir from the documented formats:
   Documentation/gpu/xe/xe-drm-usage-stats.rst (drm-pdev, drm-client-id, drm-total-vram0 "... KiB",
   drm-cycles-<cls>, drm-total-cycles-<cls>, drm-engine-capacity-<cls>); i915's drm-engine-<cls> "N ns" and
   local0 region from the same drm-usage-stats.rst;
-- sysfs paths: reference/supervisors.md §5 (tile0/physical_vram_size_bytes, tile0/gt0/freq0/act_freq,
+- sysfs paths: the xe driver's sysfs and hwmon ABI (tile0/physical_vram_size_bytes, tile0/gt0/freq0/act_freq,
   hwmon temp2 = pkg, temp3 = vram in m°C, energy1_input in µJ).
 """
 

@@ -15,7 +15,7 @@ FEDORA = "6.19.10-300.fc44.x86_64"
 
 
 @pytest.mark.parametrize("backend, neo, kernel, notify, status, rule", [
-    # seed 003 / llama.cpp#22885: Fedora 44, NEO 26.09.37435.12, 26.05.37020.3 and 26.14 all fail
+    # ggml-org/llama.cpp#22885: Fedora 44, NEO 26.09.37435.12, 26.05.37020.3 and 26.14 all fail
     ("sycl", 37435, FEDORA, False, "bad", "neo-26.05-multi-device-alloc"),
     ("sycl", 37020, "7.0.4-200.fc44.x86_64", False, "bad", "neo-26.05-multi-device-alloc"),
     ("sycl", 37833, FEDORA, False, "bad", "neo-26.05-multi-device-alloc"),

@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import time
 
-from .._api import attach
-from ..run.bus import list_runs
+from .._api import attach, runs
 from . import print_json
 
 
 def _ps(args: argparse.Namespace) -> int:
     rows = []
-    for info in list_runs():
+    for info in runs():
         row = {"run": info.run_id, "pid": info.pid, "url": info.url, "model": info.model,
                "started": info.started, "state": None, "mode": None}
         try:

@@ -9,7 +9,7 @@ import argparse
 
 
 def _dash(args: argparse.Namespace) -> int:
-    from ..run.bus import attach
+    from .._api import attach
     from ..tui.app import run_dashboard
 
     client = attach(args.run)  # fails here, before the screen is taken, with a one-line error

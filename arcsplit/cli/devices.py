@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..llama.build import BACKENDS
+from ..backends import NAMES as BACKENDS
 from ..llama.devices import discover_rig, parse_gpus
 from ..llama.locate import find_llama
 from ..rig import MiB
@@ -22,7 +22,7 @@ def add_card_options(p: argparse.ArgumentParser) -> None:
 
 def _devices(args: argparse.Namespace) -> int:
     gpus = parse_gpus(args.gpus)
-    binaries = None if args.backend == "cpu" else find_llama(args.llama_dir, backend=args.backend)
+    binaries = None if args.backend == "cpu" else find_llama(args.llama_dir, backend=args.backend, build=args.build)
     rig = discover_rig(args.backend, gpus, binaries, args.cpu_memory)
     rows = [
         {"backend": c.backend, "index": c.index, "device": c.device, "name": c.name,

@@ -1,6 +1,6 @@
 """``arcsplit doctor``: is this machine's GPU runtime able to run one model across these cards, and if not, what to do.
 
-Written for the users of seed 003, who spent hours learning that "failed to allocate SYCL0 buffer" on two Arc
+Written for users like the reporter of ggml-org/llama.cpp#22885, who spent hours learning that "failed to allocate SYCL0 buffer" on two Arc
 cards is NEO >= 26.05 on a kernel < 7.1, not a lack of memory.
 """
 
@@ -95,7 +95,7 @@ def _doctor(args: argparse.Namespace) -> int:
             raise BadInput(f"{opt} {value} is not a file", "pass the path of a saved output file")
     binaries = None
     try:
-        binaries = find_llama(args.llama_dir, backend=backend)
+        binaries = find_llama(args.llama_dir, backend=backend, build=args.build)
     except ArcsplitError:
         if args.llama_dir:
             raise

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from ..errors import BadInput
-from ..llama.build import BACKENDS, BuildConfig, build, print_progress, sycl_flags
+from ..backends import NAMES as BACKENDS
+from ..llama.build import BuildConfig, build, managed_builds, sycl_flags
 from ..llama.locate import find_llama, server_build_info
 from ..llama.patches import build_patches, patches
 from ..llama.source import SDIST_VERSION
@@ -22,8 +23,10 @@ def _build(args: argparse.Namespace) -> int:
         raise BadInput(f"--cmake-flag {bad[0]!r} is not a -DNAME=VALUE definition", "write it like -DGGML_CUDA_F16=ON")
     config = BuildConfig(args.backend, extra, patched=not args.no_patches)
     source = Path(args.source) if args.source else None
-    bin_dir = build(config, jobs=args.jobs, force=args.force, source=source)
-    ui_missing = None if args.no_ui else build_ui(print_progress, force=args.force, source=source)
+    bin_dir = build(config, jobs=args.jobs, force=args.force, source=source, progress=_print_progress)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)  # end the last progress line
+    ui_missing = None if args.no_ui else build_ui(_print_progress, force=args.force, source=source)
     if args.json:
         print_json({"backend": args.backend, "bin_dir": str(bin_dir), "key": config.key,
                     "source": f"llama-cpp-python {SDIST_VERSION}",
@@ -38,8 +41,18 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_progress(step: str, pct: int | None) -> None:
+    """A build's steps on stderr; on a terminal, the compile percentage on one rewritten line."""
+    if pct is None:
+        print(f"arcsplit: {step} …", file=sys.stderr, flush=True)
+    elif sys.stderr.isatty():
+        print(f"\r  {step}: {pct:3d}%", end="", file=sys.stderr, flush=True)
+
+
 def _which(args: argparse.Namespace) -> int:
-    bins = find_llama(args.llama_dir, backend=args.backend)
+    if args.all:
+        return _list_builds(args)
+    bins = find_llama(args.llama_dir, backend=args.backend, build=args.build)
     info = server_build_info(bins)
     data = {
         **bins.to_dict(),
@@ -63,13 +76,36 @@ def _which(args: argparse.Namespace) -> int:
         applied = data["patches"]
         print(f"arcsplit patches {', '.join(applied) if applied else ('none' if applied == [] else 'unknown')}")
         print(f"found by       {bins.found_by}")
+        if bins.note:
+            print(f"note           {bins.note}")
+    return 0
+
+
+def _list_builds(args: argparse.Namespace) -> int:
+    """Every managed build, whichever backend: the keys ``--build`` takes."""
+    builds = managed_builds()
+    if args.json:
+        print_json({"builds": [b.to_dict() for b in builds]})
+        return 0
+    if not builds:
+        print("no managed llama.cpp build yet: run `arcsplit llama build`")
+        return 0
+    print(f"{'key':<18} {'backend':<7} {'patches':<8} flags")
+    for b in builds:
+        cfg = b.config
+        patched = "unknown" if cfg is None else ("yes" if cfg.patched else "stock")
+        flags = "(unknown)" if cfg is None else (" ".join(cfg.extra_flags) or "-")
+        print(f"{b.key:<18} {b.backend:<7} {patched:<8} {flags}{'  (default)' if b.is_default else ''}")
     return 0
 
 
 def add_llama_dir(p: argparse.ArgumentParser) -> None:
-    """The --llama-dir option every command that runs llama.cpp shares."""
+    """The --llama-dir and --build options every command that runs llama.cpp shares."""
     p.add_argument("--llama-dir", metavar="DIR",
                    help="a llama.cpp bin dir to use (default: $ARCSPLIT_LLAMA_DIR, PATH, then the managed build)")
+    p.add_argument("--build", metavar="KEY",
+                   help="a managed build by its key (`arcsplit llama which --all` lists them; default: the "
+                        "backend's default build, else its newest)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -96,5 +132,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="Report the llama.cpp binaries arcsplit will run, their build and origin.")
     add_llama_dir(w)
     w.add_argument("--backend", choices=BACKENDS, default="cpu", help="which managed build to fall back to")
+    w.add_argument("--all", action="store_true", help="list every managed build and its key")
     w.add_argument("--json", action="store_true", help="machine-readable output")
     w.set_defaults(func=_which)

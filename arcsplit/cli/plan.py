@@ -9,7 +9,8 @@ from ..errors import BadInput
 from ..memory import CACHE_TYPES
 from ..model import load_profile
 from ..planner import HOST_DEVICE, Plan, PlanOptions, make_plan
-from ..rig import BACKENDS, Rig, load_layout, save_layout
+from ..backends import NAMES as BACKENDS
+from ..rig import Rig, load_layout, save_layout
 from . import print_json
 
 MiB = 1024 * 1024

@@ -18,37 +18,30 @@ from typing import Any
 
 import anyio
 
-from ..errors import ArcsplitError
+from .._api import MODE_CHOICES, OUTPUT_LAYER_CHOICES, Client, ServeRequest, instance, prepare
+from ..errors import ArcsplitError, BadInput
 from ..llama import webui
 from ..rig import MiB
-from ..run.prepare import MODE_CHOICES, OUTPUT_LAYER_CHOICES
 from .devices import add_card_options
 from .llama import add_llama_dir
 
 
 def request_from_args(args: argparse.Namespace) -> Any:
     """The CLI's flags as a ServeRequest (the same one the Python API builds)."""
-    from ..run.prepare import ServeRequest
-
     return ServeRequest(model=args.model, gpus=args.gpus, backend=args.backend, mode=args.mode, ctx=args.ctx,
                         parallel=args.parallel, host=args.host, port=args.port, rpc_host=args.rpc_host,
                         rpc_ports=args.rpc_ports, threads=args.threads, ubatch=args.ubatch, rpc_cache=args.rpc_cache,
                         cpu_memory_mib=args.cpu_memory, output_layer=args.output_layer,
-                        llama_dir=args.llama_dir, extra_args=tuple(args.extra))
+                        llama_dir=args.llama_dir, build=args.build, extra_args=tuple(args.extra))
 
 
 def build_config(args: argparse.Namespace) -> Any:
     """Everything before the first process: binaries, ports, model, rig, mode, plan -> ServeConfig."""
-    from ..run.prepare import prepare
-
     p = prepare(request_from_args(args))
     return p.config, p.decision, p.profile, p.rig
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ..errors import BadInput
-    from ..run.prepare import prepare
-
     if args.max_restarts < 0:
         raise BadInput(f"--max-restarts {args.max_restarts} is negative", "give 0 or more failures to tolerate")
     if args.stall_timeout <= 0:
@@ -62,6 +55,10 @@ def _serve(args: argparse.Namespace) -> int:
         check_free(args.host, args.metrics_port, "arcsplit metrics", "--metrics-port")
 
     prepared = prepare(request_from_args(args))
+    for text in prepared.warnings:
+        _say(f"warning: {text}")
+    for text in prepared.notes:
+        _say(text)
     if args.tui:
         return _serve_with_dashboard(prepared, args)
     for reason in prepared.decision.reasons:
@@ -96,13 +93,22 @@ def chat_note(model: str, extra: list[str]) -> str | None:
             "follow: use /v1/completions, or name a template with `-- --chat-template NAME`")
 
 
-def _instance(prepared: Any, args: argparse.Namespace, say: Any) -> Any:
-    from ..run.instance import Instance
-    from ..run.supervisor import RestartPolicy, Timeouts
+def _instance(prepared: Any, args: argparse.Namespace, say: Any) -> tuple[Any, str | None]:
+    """The instance, watched by systemd's notify protocol (only under systemd) and, with --metrics-port, the
+    metrics endpoint; and that endpoint's URL."""
+    from ..run.systemd import run_notify
 
-    return Instance(prepared, policy=RestartPolicy(max_failures=args.max_restarts),
-                    timeouts=Timeouts(stall=args.stall_timeout), bus=not args.no_bus or args.tui,
-                    bus_tcp=args.bus, metrics_port=args.metrics_port, say=say)
+    watchers: list[Any] = [run_notify]
+    metrics_url = None
+    if args.metrics_port is not None:
+        from ..telemetry.prometheus import MetricsEndpoint
+
+        metrics = MetricsEndpoint(args.host, args.metrics_port)  # bound now, before any process starts
+        watchers.append(metrics.run)
+        metrics_url = metrics.url
+    inst = instance(prepared, max_restarts=args.max_restarts, stall_timeout=args.stall_timeout,
+                    bus=not args.no_bus or args.tui, bus_tcp=args.bus, watchers=tuple(watchers), say=say)
+    return inst, metrics_url
 
 
 def _serve_with_dashboard(prepared: Any, args: argparse.Namespace) -> int:
@@ -112,10 +118,9 @@ def _serve_with_dashboard(prepared: Any, args: argparse.Namespace) -> int:
 
     from anyio.from_thread import start_blocking_portal
 
-    from ..run.bus import Client
     from ..tui.app import run_dashboard
 
-    instance = _instance(prepared, args, None)
+    instance, _metrics_url = _instance(prepared, args, None)
     with start_blocking_portal() as portal:
         running = portal.start_task_soon(instance.run)
         while instance.bus_info is None and not running.done():
@@ -152,12 +157,12 @@ def _defaults() -> dict[str, Any]:
 
 
 async def _run(prepared: Any, args: argparse.Namespace) -> int:
-    instance = _instance(prepared, args, _say)
+    instance, metrics_url = _instance(prepared, args, _say)
     sup = instance.supervisor
     events = sup.subscribe(10_000)
     failure: BaseException | None = None
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_report, events, instance, args.json_events, getattr(args, "demo", None))
+        tg.start_soon(_report, events, sup, metrics_url, args.json_events, getattr(args, "demo", None))
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async def on_signal() -> None:
                 async for sig in signals:
@@ -176,9 +181,8 @@ async def _run(prepared: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _report(events: Any, instance: Any, as_json: bool, demo: str | None = None) -> None:
+async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool, demo: str | None = None) -> None:
     """Progress and state changes on stderr (or every event as a JSON line on stdout with --json-events)."""
-    sup = instance.supervisor
     last_pct = -10
     async for ev in events:
         if as_json:
@@ -197,7 +201,7 @@ async def _report(events: Any, instance: Any, as_json: bool, demo: str | None = 
             if state == "starting":
                 last_pct = -10
             elif state == "ready":
-                metrics = f"; arcsplit metrics {instance.metrics_url}" if instance.metrics_url else ""
+                metrics = f"; arcsplit metrics {metrics_url}" if metrics_url else ""
                 print(f"arcsplit: serving {sup.url} (mode {sup.config.mode}, {len(sup.config.plan.cards)} card(s))"
                       f"{metrics}", flush=True)
                 for line in _buffer_table(ev.data.get("buffers") or {}):

@@ -6,23 +6,25 @@ exists, so a failed or interrupted build is never mistaken for a finished one.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
+from .. import backends
 from ..errors import BadInput, BuildError
 from . import patches
 from .source import SDIST_VERSION, extract_source, fetch_sdist, llama_root, source_commit
 
 TARGETS = ("llama-server", "ggml-rpc-server", "llama-cli", "llama-bench", "llama-fit-params")
-BACKENDS = ("cpu", "cuda", "vulkan", "sycl")
 
 _COMMON = (
     "-DCMAKE_BUILD_TYPE=Release",
@@ -36,21 +38,6 @@ _COMMON = (
     "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
     "-DCMAKE_INSTALL_RPATH=$ORIGIN",
 )
-_BACKEND_FLAGS: dict[str, tuple[str, ...]] = {
-    "cpu": ("-DGGML_NATIVE=ON",),
-    "cuda": ("-DGGML_NATIVE=ON", "-DGGML_CUDA=ON"),
-    "vulkan": ("-DGGML_NATIVE=ON", "-DGGML_VULKAN=ON"),
-    "sycl": ("-DGGML_SYCL=ON", "-DGGML_SYCL_F16=ON", "-DGGML_SYCL_TARGET=INTEL",
-             "-DCMAKE_C_COMPILER=icx", "-DCMAKE_CXX_COMPILER=icpx"),
-}
-# What each backend needs on PATH before anything starts: (program, how to get it).
-_TOOLCHAIN: dict[str, tuple[tuple[str, str], ...]] = {
-    "cpu": (("cmake", "apt-get install cmake"), ("c++", "apt-get install g++")),
-    "cuda": (("cmake", "apt-get install cmake"), ("nvcc", "install the CUDA toolkit and put nvcc on PATH")),
-    "vulkan": (("cmake", "apt-get install cmake"), ("glslc", "install the Vulkan SDK (glslc) and libvulkan-dev")),
-    "sycl": (("cmake", "apt-get install cmake"),
-             ("icpx", "install Intel oneAPI and run `source /opt/intel/oneapi/setvars.sh` first")),
-}
 
 
 @dataclass(frozen=True)
@@ -63,12 +50,11 @@ class BuildConfig:
     patched: bool = True
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise BadInput(f"unknown backend {self.backend!r}", f"use one of {', '.join(BACKENDS)}")
+        backends.get(self.backend)  # an unknown name is a one-line error
 
     @property
     def cmake_flags(self) -> tuple[str, ...]:
-        return _COMMON + _BACKEND_FLAGS[self.backend] + self.extra_flags
+        return _COMMON + backends.get(self.backend).cmake_flags + self.extra_flags
 
     @property
     def key(self) -> str:
@@ -85,6 +71,60 @@ class BuildConfig:
         return self.build_dir / "bin"
 
 
+CONFIG_FILE = ".arcsplit-build.json"  # in a finished build's bin dir: the BuildConfig it was made from
+
+
+@dataclass(frozen=True)
+class ManagedBuild:
+    """A finished build in the user cache; ``config`` is None for one made before arcsplit recorded it."""
+
+    key: str
+    bin_dir: Path
+    built: float  # mtime of the bin dir: when the build finished
+    config: BuildConfig | None
+
+    @property
+    def backend(self) -> str:
+        return self.key.split("-", 1)[0]
+
+    @property
+    def is_default(self) -> bool:
+        """What ``arcsplit llama build --backend B`` makes with no other flag."""
+        return self.backend in backends.NAMES and self.key == BuildConfig(self.backend).key
+
+    def to_dict(self) -> dict[str, object]:
+        cfg = self.config
+        return {"key": self.key, "backend": self.backend, "bin_dir": str(self.bin_dir), "built": self.built,
+                "default": self.is_default, "extra_flags": list(cfg.extra_flags) if cfg else None,
+                "patched": cfg.patched if cfg else None}
+
+
+def managed_builds(backend: str | None = None) -> list[ManagedBuild]:
+    """Every finished managed build (of ``backend``, when given): the default key first, then newest first."""
+    found = []
+    root = llama_root()
+    for d in root.glob("build-*") if root.is_dir() else ():
+        key = d.name.removeprefix("build-")
+        bin_dir = d / "bin"
+        if d.suffix == ".partial" or not all((bin_dir / t).exists() for t in TARGETS):
+            continue
+        config = _read_config(bin_dir)
+        if config is None and key.split("-", 1)[0] in backends.NAMES and key == BuildConfig(key.split("-", 1)[0]).key:
+            config = BuildConfig(key.split("-", 1)[0])  # a default build needs no record to be known
+        build = ManagedBuild(key, bin_dir, bin_dir.stat().st_mtime, config)
+        if backend is None or build.backend == backend:
+            found.append(build)
+    return sorted(found, key=lambda b: (not b.is_default, -b.built))
+
+
+def _read_config(bin_dir: Path) -> BuildConfig | None:
+    try:
+        data = json.loads((bin_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+        return BuildConfig(str(data["backend"]), tuple(str(f) for f in data["extra_flags"]), bool(data["patched"]))
+    except (OSError, ValueError, KeyError, TypeError, BadInput):
+        return None
+
+
 def sycl_flags(device_arch: str | None) -> tuple[str, ...]:
     """Optional AOT target for SYCL (e.g. ``bmg_g31`` for the Arc Pro B70)."""
     return (f"-DGGML_SYCL_DEVICE_ARCH={device_arch}",) if device_arch else ()
@@ -96,7 +136,7 @@ def is_built(config: BuildConfig) -> bool:
 
 def check_toolchain(backend: str) -> None:
     """Say what is missing before anything is downloaded or compiled."""
-    for program, fix in _TOOLCHAIN[backend]:
+    for program, fix in backends.get(backend).toolchain:
         if shutil.which(program) is None:
             raise BuildError(f"the {backend} build needs `{program}`, which is not on PATH", fix)
 
@@ -128,11 +168,8 @@ def _run_step(name: str, cmd: list[str], log: Path, env: dict[str, str],
                          "read the end of that log; fix the toolchain and run `arcsplit llama build` again")
 
 
-def print_progress(step: str, pct: int | None) -> None:
-    if pct is None:
-        print(f"arcsplit: {step} …", file=sys.stderr, flush=True)
-    elif sys.stderr.isatty():
-        print(f"\r  {step}: {pct:3d}%", end="", file=sys.stderr, flush=True)
+def _quiet(step: str, pct: int | None) -> None:
+    """The default progress callback: library code says nothing; the CLI passes one that prints."""
 
 
 def _check_source(src: Path) -> None:
@@ -160,7 +197,7 @@ def _managed_tree(sdist: Path, patched: bool, log: Path, progress: Callable[[str
 
 
 def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
-          progress: Callable[[str, int | None], None] = print_progress, source: Path | None = None) -> Path:
+          progress: Callable[[str, int | None], None] = _quiet, source: Path | None = None) -> Path:
     """Fetch, verify, extract and build; returns the bin dir. Reuses a finished build.
 
     ``source`` builds an already extracted tree instead (a machine that cannot reach PyPI).
@@ -172,6 +209,30 @@ def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
     check_toolchain(config.backend)
     root = llama_root()
     root.mkdir(parents=True, exist_ok=True)
+    with _build_lock(root, progress):
+        if is_built(config) and not force:
+            return config.bin_dir  # another process built it while this one waited
+        return _build_locked(config, jobs, force, progress, source, root)
+
+
+@contextlib.contextmanager
+def _build_lock(root: Path, progress: Callable[[str, int | None], None]) -> Iterator[None]:
+    """One build at a time per llama.cpp tree: builds share the extracted, patched source and a build key's
+    directories, so two at once (two terminals, parallel test runs) would trample each other's files."""
+    with (root / "build.lock").open("a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress("waiting for another arcsplit build of this tree", None)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _build_locked(config: BuildConfig, jobs: int | None, force: bool,
+                  progress: Callable[[str, int | None], None], source: Path | None, root: Path) -> Path:
     log = root / f"build-{config.key}.log"
     log.write_text(f"arcsplit llama build, llama-cpp-python {SDIST_VERSION}, {config.backend}\n")
     if source is not None:
@@ -208,8 +269,6 @@ def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
     jobs = jobs or os.cpu_count() or 2
     _run_step("compile", ["cmake", "--build", str(partial), "-j", str(jobs), "--target", *TARGETS],
               log, env, progress)
-    if sys.stderr.isatty():
-        print(file=sys.stderr)
     missing = [t for t in TARGETS if not (partial / "bin" / t).exists()]
     if missing:
         raise BuildError(f"the build finished without {', '.join(missing)} (log: {log})",
@@ -217,6 +276,8 @@ def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
     # Which patches went in, readable later by `arcsplit llama which` from the bin dir alone.
     (partial / "bin" / patches.MARKER).write_text(
         (src / patches.MARKER).read_text() if config.patched else "stock\n")
+    (partial / "bin" / CONFIG_FILE).write_text(json.dumps(
+        {"backend": config.backend, "extra_flags": list(config.extra_flags), "patched": config.patched}))
     shutil.rmtree(config.build_dir, ignore_errors=True)
     partial.rename(config.build_dir)
     with log.open("a") as fh:

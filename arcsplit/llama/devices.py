@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import psutil
 
+from .. import backends
 from ..errors import BadInput, LlamaError, UnknownCard
 from ..rig import MiB, Card, Rig
 from .locate import LlamaBinaries, find_llama
@@ -24,10 +25,6 @@ _DEVICE_LINE = re.compile(
     r"^(?:\[\d+\]\s*)?(?:[\d.]+\s+[A-Z]\s+)?\s*(?P<name>[A-Za-z][A-Za-z_-]*?)(?P<index>\d+): "
     r"(?P<desc>.*) \((?P<total>\d+) MiB, (?P<free>\d+) MiB free\)\s*$"
 )
-_PREFIX_BACKEND = {"sycl": "sycl", "cuda": "cuda", "vulkan": "vulkan", "rpc": "rpc", "rocm": "rocm",
-                   "metal": "metal", "cann": "cann", "musa": "musa", "opencl": "opencl"}
-# Environment that lets each backend report free memory (SYCL needs Sysman for it).
-_LIST_ENV = {"sycl": {"ZES_ENABLE_SYSMAN": "1"}}
 
 
 @dataclass(frozen=True)
@@ -62,7 +59,7 @@ def parse_list_devices(text: str) -> list[DeviceInfo]:
         prefix = m.group("name")
         devices.append(DeviceInfo(
             name=f"{prefix}{m.group('index')}",
-            backend=_PREFIX_BACKEND.get(prefix.lower(), prefix.lower()),
+            backend=prefix.lower(),
             index=int(m.group("index")),
             description=m.group("desc").strip(),
             total_mib=int(m.group("total")),
@@ -136,16 +133,15 @@ def discover_rig(backend: str, gpus: list[int] | None, binaries: LlamaBinaries |
     """The live rig: cards in the order of ``gpus`` (all the backend's cards when None)."""
     if backend == "cpu":
         return cpu_rig(gpus, cpu_memory_mib)
-    if backend not in ("cuda", "sycl", "vulkan"):
-        raise BadInput(f"unknown backend {backend!r}", "use one of cpu, cuda, sycl, vulkan")
+    be = backends.get(backend)
     binaries = binaries or find_llama(backend=backend)
-    devices = [d for d in parse_list_devices(list_devices(binaries, _LIST_ENV.get(backend)))
+    devices = [d for d in parse_list_devices(list_devices(binaries, dict(be.base_env) or None))
                if d.backend == backend]
     if not devices and backend == "sycl" and gpus:
         # A runtime whose multi-device context is broken may fail to list all cards at once;
-        # one single-device context per card still works (seed 003).
+        # one single-device context per card still works (ggml-org/llama.cpp#22885).
         for g in gpus:
-            env = {**_LIST_ENV["sycl"], "ONEAPI_DEVICE_SELECTOR": f"level_zero:{g}"}
+            env = be.visibility([g])
             for d in parse_list_devices(list_devices(binaries, env)):
                 if d.backend == "sycl":
                     devices.append(DeviceInfo(f"SYCL{g}", "sycl", g, d.description, d.total_mib, d.free_mib))

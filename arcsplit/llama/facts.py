@@ -3,7 +3,8 @@
 Gathered without root, every source optional: each reading names its source, and each source that could
 not be read is listed with the reason, because a diagnosis that silently skips a source misleads. The
 parsers are pure (they take the text users paste into bug reports); ``gather_facts`` does the I/O.
-Formats: /work/shared/reference/runtime.md §2 (sycl-ls, clinfo, dpctl, packages, sysfs, ggml-sycl table).
+Formats: sycl-ls as intel/llvm's sycl/tools/sycl-ls/sycl-ls.cpp prints it; clinfo, dpctl, package lists, sysfs and
+ggml-sycl's device table as users pasted them (verbatim samples and their sources: tests/fixtures/runtime/SOURCES.md).
 """
 
 from __future__ import annotations
@@ -28,13 +29,14 @@ _NEO_RELEASE = re.compile(r"(?<![\d.])(\d{2})\.(\d{2})\.(\d{5})(?:\.(\d+))?(?![\
 _NEO_L0 = re.compile(r"(?<![\d.])1\.(\d{1,2})\.(\d{5})(?:[+.](\d+))?(?![\d])")
 _SONAME = re.compile(r"libze_intel_gpu\.so\.1\.(\d+)\.(\d{5})")
 
-# Packages that carry NEO's version, per distro (runtime.md §2.4); the loader and legacy names separately.
+# Packages that carry NEO's version, per distro (Intel's GitHub debs and the kobuk-team PPA, Fedora, openSUSE, Arch);
+# the loader and legacy names separately.
 NEO_PACKAGES = ("libze-intel-gpu1", "libze_intel_gpu1", "intel-opencl-icd", "intel-compute-runtime",
                 "intel-level-zero-gpu", "intel-level-zero", "intel-opencl")
 LOADER_PACKAGES = ("libze1", "level-zero", "oneapi-level-zero", "level-zero-loader")
 LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib", "/opt/intel/oneapi/redist/lib")
 
-# PCI ids seen in reports (runtime.md §2.5); unknown ids still count as cards, just unnamed.
+# PCI ids seen in users' reports and lspci (e.g. ggml-org/llama.cpp#22885); unknown ids still count as cards, unnamed.
 PCI_NAMES = {
     "8086:e223": "Intel Arc Pro B70/B65 (Battlemage G31)",
     "8086:e211": "Intel Arc Pro B60 (Battlemage G21)",
@@ -82,7 +84,7 @@ class KernelFacts:
 
 @dataclass(frozen=True)
 class CardFact:
-    """A DRM card in sysfs. ``cardN`` numbers are not Level Zero's order (runtime.md §2.5)."""
+    """A DRM card in sysfs. ``cardN`` numbers are not Level Zero's order (an iGPU can sit between two cards)."""
 
     drm: str
     pci_id: str | None
@@ -206,7 +208,7 @@ _GGML_ROW = re.compile(r"^\|\s*(\d+)\|\s*\[([\w]+):(\w+):(\d+)\]\|\s*(.*?)\|\s*(
 
 
 def parse_ggml_sycl_table(text: str) -> list[SyclDevice]:
-    """The ``Found N SYCL devices:`` table that ggml-sycl prints at init (runtime.md §3.2)."""
+    """The ``Found N SYCL devices:`` table that ggml-sycl prints at init (ggml-org/llama.cpp#21747)."""
     out = []
     for line in text.splitlines():
         s = re.sub(r"^(?:\[\d+\]\s*|[\d.]+\s+[A-Z]\s+)", "", line.strip())
@@ -340,10 +342,15 @@ def read_text(path: str | Path, what: str) -> str:
         raise BadInput(f"cannot read {what} file {p}: {exc}", "pass a readable text file") from None
 
 
-def _resolve_soname(name: str) -> Path | None:
+def _on_host(root: Path, path: str | Path) -> Path:
+    """``path`` of this machine, seen under ``root`` (``/`` on a real machine; a temp tree in tests)."""
+    return root / str(path).lstrip("/")
+
+
+def _resolve_soname(name: str, root: Path = Path("/")) -> Path | None:
     dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d] + list(LIB_DIRS)
     for d in dirs:
-        p = Path(d) / name
+        p = _on_host(root, d) / name
         if p.exists():
             return p.resolve()
     return None
@@ -376,7 +383,8 @@ def discover_cards(sysfs_root: str | Path = "/sys") -> tuple[list[CardFact], str
     return cards, None
 
 
-def _kernel_facts(kernel: str | None, kernel_config: str | Path | None, unread: list[str]) -> KernelFacts:
+def _kernel_facts(kernel: str | None, kernel_config: str | Path | None, unread: list[str],
+                  root: Path = Path("/")) -> KernelFacts:
     local = platform.release()
     release = kernel if kernel is not None else local
     if kernel is not None and parse_kernel_release(kernel) is None:
@@ -384,12 +392,12 @@ def _kernel_facts(kernel: str | None, kernel_config: str | Path | None, unread: 
     if kernel_config is not None:
         return KernelFacts(release, parse_kernel_release(release), parse_kernel_config(read_text(kernel_config, "kernel config")),
                            str(kernel_config))
-    if kernel is not None and kernel != local:
-        unread.append("kernel config: --kernel names another machine's kernel; pass its config with --kernel-config")
+    if kernel is not None:  # a kernel named by hand describes a report, even when this machine runs the same one
+        unread.append("kernel config: --kernel names a kernel, not its config; pass the config with --kernel-config")
         return KernelFacts(release, parse_kernel_release(release), None, None)
     for cand in (Path(f"/boot/config-{local}"), Path("/proc/config.gz"), Path(f"/lib/modules/{local}/config")):
         try:
-            raw = cand.read_bytes()
+            raw = _on_host(root, cand).read_bytes()
         except OSError:
             continue
         text = (gzip.decompress(raw) if cand.suffix == ".gz" else raw).decode("utf-8", "replace")
@@ -398,15 +406,15 @@ def _kernel_facts(kernel: str | None, kernel_config: str | Path | None, unread: 
     return KernelFacts(release, parse_kernel_release(release), None, None)
 
 
-def _oneapi_version(llama_compiler: str | None) -> tuple[str | None, str | None]:
+def _oneapi_version(llama_compiler: str | None, root: Path = Path("/")) -> tuple[str | None, str | None]:
     for var in ("CMPLR_ROOT", "ONEAPI_ROOT"):
         v = os.environ.get(var, "")
         m = re.search(r"(20\d\d\.\d+(?:\.\d+)?)", v)
         if m:
             return m.group(1), f"${var}"
-    latest = Path("/opt/intel/oneapi/compiler/latest")
+    latest = _on_host(root, "/opt/intel/oneapi/compiler/latest")
     if latest.exists():
-        m = re.search(r"(20\d\d\.\d+(?:\.\d+)?)", str(latest.resolve()))
+        m = re.search(r"(20\d\d\.\d+(?:\.\d+)?)", latest.resolve().name)
         if m:
             return m.group(1), str(latest)
     if llama_compiler and "IntelLLVM" in llama_compiler:
@@ -433,9 +441,13 @@ def _package_query() -> tuple[dict[str, str], str | None, str]:
 
 def gather_facts(backend: str = "sycl", build_info: Any = None, sycl_ls_file: str | Path | None = None,
                  kernel: str | None = None, kernel_config: str | Path | None = None,
-                 sysfs_root: str | Path | None = "/sys", timeout: float = TIMEOUT_S) -> Facts:
+                 sysfs_root: str | Path | None = "/sys", timeout: float = TIMEOUT_S, host_root: str | Path = "/") -> Facts:
     """Read every source that exists. With ``--sycl-ls FILE`` NEO comes from the file only: it describes
-    another machine (a bug report), and mixing in this machine's packages would misdiagnose it."""
+    another machine (a bug report), and mixing in this machine's packages would misdiagnose it.
+
+    ``host_root`` is where this machine's files are read (libraries, /boot, /opt/intel); the tools come from
+    PATH. Tests point both at trees of their own, so no result depends on what the host has installed."""
+    root = Path(host_root)
     unread: list[str] = []
     notes: list[str] = []
     readings: list[NeoVersion] = []
@@ -460,7 +472,7 @@ def gather_facts(backend: str = "sycl", build_info: Any = None, sycl_ls_file: st
         else:
             sycl_devices = parse_sycl_ls(out)
             readings += neo_from_sycl(sycl_devices, "sycl-ls")
-        lib = _resolve_soname("libze_intel_gpu.so.1")
+        lib = _resolve_soname("libze_intel_gpu.so.1", root)
         v = parse_neo_version(lib.name, f"soname {lib}") if lib else None
         if v:
             readings.append(v)
@@ -480,7 +492,7 @@ def gather_facts(backend: str = "sycl", build_info: Any = None, sycl_ls_file: st
         else:
             readings += parse_clinfo(out)
         if loader is None:
-            lp = _resolve_soname("libze_loader.so.1")
+            lp = _resolve_soname("libze_loader.so.1", root)
             m = re.search(r"libze_loader\.so\.(\d+\.\d+\.\d+)", lp.name) if lp else None
             loader = m.group(1) if m else None
             if loader is None:
@@ -510,12 +522,12 @@ def gather_facts(backend: str = "sycl", build_info: Any = None, sycl_ls_file: st
         unread.append("llama.cpp build: --version printed neither a build number nor a version")
     if llama_build and compiler:
         llama_build += f", built with {compiler}"
-    oneapi, _src = _oneapi_version(compiler) if sycl_ls_file is None and backend == "sycl" else (None, None)
+    oneapi, _src = _oneapi_version(compiler, root) if sycl_ls_file is None and backend == "sycl" else (None, None)
     if oneapi is None and backend == "sycl":
         unread.append("oneAPI: not in the sycl-ls file" if sycl_ls_file is not None
                       else "oneAPI: no $CMPLR_ROOT/$ONEAPI_ROOT, no /opt/intel/oneapi/compiler/latest")
 
-    kfacts = _kernel_facts(kernel, kernel_config, unread)
+    kfacts = _kernel_facts(kernel, kernel_config, unread, root)
     cards, why = discover_cards(sysfs_root) if sysfs_root is not None else ([], None)  # None: another machine
     if why:
         unread.append(f"cards: {why}")

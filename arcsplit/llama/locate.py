@@ -1,7 +1,11 @@
 """Find the llama.cpp binaries arcsplit will run, and tell which build they come from.
 
-Lookup order: ``--llama-dir``, ``$ARCSPLIT_LLAMA_DIR``, ``PATH``, the managed build. llama-server and the
+Lookup order: ``--llama-dir``, ``$ARCSPLIT_LLAMA_DIR``, ``PATH``, the managed builds. llama-server and the
 rpc-server must come from one build (the RPC protocol is only guaranteed between equal builds).
+
+Managed builds are keyed by backend, flags and patch set (``--sycl-arch``, ``--cmake-flag`` and ``--no-patches``
+each make another one). ``--build KEY`` names one; otherwise the backend's default build wins, else the newest,
+and the note says which was picked when there was a choice.
 """
 
 from __future__ import annotations
@@ -10,19 +14,18 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import LlamaError
-from .build import BuildConfig
+from .build import ManagedBuild, managed_builds
 
 RPC_NAMES = ("ggml-rpc-server", "rpc-server")
 # "version: 9093 (1e5ad35d5)" (release builds) or "version: 0.5.0-dev (build 0, commit 0c1e57098)".
 _VERSION = re.compile(r"version:\s*(\d+)\s*\(([0-9a-f]+)\)")
 _VERSION_DEV = re.compile(r"version:\s*(\S+)\s*\(build (\d+), commit (\S+)\)")
 _BUILT_WITH = re.compile(r"built with (.+?) for (.+?)\s*$", re.MULTILINE)
-_RPC_PROTO = re.compile(r"RPC server v(\d+\.\d+\.\d+)")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class LlamaBinaries:
     bench: Path | None
     fit_params: Path | None
     found_by: str
+    note: str | None = None  # which managed build was picked among several, and how to pick another
 
     @property
     def bin_dir(self) -> Path:
@@ -74,11 +78,6 @@ def parse_version(text: str) -> BuildInfo:
     )
 
 
-def parse_rpc_protocol(text: str) -> str | None:
-    m = _RPC_PROTO.search(text)
-    return m.group(1) if m else None
-
-
 def _in_dir(d: Path, found_by: str) -> LlamaBinaries | None:
     server = d / "llama-server"
     rpc = next((d / n for n in RPC_NAMES if (d / n).exists()), None)
@@ -88,8 +87,12 @@ def _in_dir(d: Path, found_by: str) -> LlamaBinaries | None:
     return LlamaBinaries(server, rpc, opt("llama-cli"), opt("llama-bench"), opt("llama-fit-params"), found_by)
 
 
-def find_llama(llama_dir: str | Path | None = None, backend: str = "cpu") -> LlamaBinaries:
-    """Resolve the binaries; a directory the user names must hold them, or it is an error."""
+def find_llama(llama_dir: str | Path | None = None, backend: str = "cpu", build: str | None = None) -> LlamaBinaries:
+    """Resolve the binaries; a directory or build the user names must hold them, or it is an error."""
+    if build is not None:
+        if llama_dir is not None:
+            raise LlamaError("--build and --llama-dir both name the binaries", "give one of them")
+        return _managed(pick_build(build, backend), f"--build {build}")
     if llama_dir is not None:
         d = Path(llama_dir)
         found = _in_dir(d, "--llama-dir") or _in_dir(d / "bin", "--llama-dir")
@@ -116,11 +119,43 @@ def find_llama(llama_dir: str | Path | None = None, backend: str = "cpu") -> Lla
                                  "use binaries from the same build dir, or pass --llama-dir")
         else:
             return _checked(found)
-    managed = _in_dir(BuildConfig(backend).bin_dir, "managed")
-    if managed is not None:
-        return managed
-    raise LlamaError(f"no llama.cpp build found for backend {backend}",
-                     f"run `arcsplit llama build --backend {backend}` or pass --llama-dir")
+    builds = managed_builds(backend)
+    if not builds:
+        raise LlamaError(f"no llama.cpp build found for backend {backend}",
+                         f"run `arcsplit llama build --backend {backend}` or pass --llama-dir")
+    found = _managed(builds[0], "managed")
+    if len(builds) == 1 and builds[0].is_default:
+        return found
+    why = ("the default" if builds[0].is_default else
+           "the only one, not the default" if len(builds) == 1 else f"the newest of {len(builds)}, none the default")
+    others = ", ".join(b.key for b in builds[1:])
+    note = (f"llama.cpp: managed {backend} build {builds[0].key} ({why}"
+            + (f"; also built: {others}; pick one with --build KEY)" if others else ")"))
+    return replace(found, note=note)
+
+
+def pick_build(key: str, backend: str | None = None) -> ManagedBuild:
+    """The managed build named by its key or a unique prefix of it (``arcsplit llama which --all`` lists them)."""
+    builds = managed_builds()
+    matches = [b for b in builds if b.key == key] or [b for b in builds if b.key.startswith(key)]
+    known = ", ".join(b.key for b in builds) or "none yet"
+    if not matches:
+        raise LlamaError(f"no managed llama.cpp build is called {key!r} (built: {known})",
+                         "list them with `arcsplit llama which --all`")
+    if len(matches) > 1:
+        raise LlamaError(f"--build {key!r} matches {len(matches)} builds ({', '.join(b.key for b in matches)})",
+                         "give more of the key")
+    if backend is not None and matches[0].backend != backend:
+        raise LlamaError(f"build {matches[0].key} is a {matches[0].backend} build, not {backend}",
+                         f"pass --backend {matches[0].backend}, or pick a {backend} build")
+    return matches[0]
+
+
+def _managed(build: ManagedBuild, found_by: str) -> LlamaBinaries:
+    found = _in_dir(build.bin_dir, found_by)
+    if found is None:  # listed as finished a moment ago: removed since
+        raise LlamaError(f"managed build {build.key} has no binaries any more", "rebuild it with `arcsplit llama build`")
+    return found
 
 
 def _checked(found: LlamaBinaries) -> LlamaBinaries:

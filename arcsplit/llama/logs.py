@@ -1,8 +1,8 @@
 """Parsers for llama-server and rpc-server log lines: buffer sizes, load progress, failure signatures.
 
 Pure functions over text; the supervisor feeds them every captured line. Formats come from llama.cpp's own
-printf calls (src/llama-model.cpp, llama-kv-cache.cpp, llama-context.cpp) and from lines seen in
-/work/shared/reference (llama-cpp-observed.md, runtime.md §3.4).
+printf calls (src/llama-model.cpp, llama-kv-cache.cpp, llama-context.cpp), from lines this build printed
+(docs/llama-cpp-notes.md) and from users' reports (ggml-org/llama.cpp#22885, #27063, #25644).
 """
 
 from __future__ import annotations

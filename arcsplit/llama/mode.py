@@ -1,7 +1,7 @@
 """How the cards share one model: one context, one context plus NEO's workaround, hybrid, or all-RPC.
 
 Pure: versions (a Verdict) and probe results in, a ModeDecision with its reasons out. Fastest first, measured
-on 2x H200 (reference/llama-cpp-observed.md): native 1.0 > native+workaround > hybrid 0.87x > all-RPC 0.75x decode.
+on 2x H200 (bench/results/throughput_cuda.md): native 1.0 > native+workaround > hybrid > all-RPC.
 """
 
 from __future__ import annotations
@@ -9,12 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Protocol
 
+from .. import backends
 from ..errors import BadInput
 from .verdict import Verdict
 
 MODES = ("single", "multi", "multi+workaround", "hybrid", "rpc")
-GPU_BACKENDS = ("sycl", "cuda", "vulkan")
-BACKENDS = ("cpu",) + GPU_BACKENDS
 # Intel's workaround for the NEO >= 26.05 multi-device failure (intel/compute-runtime#916).
 NEO_WORKAROUND_ENV = {"NEOReadDebugKeys": "1", "ForceZeDeviceCanAccessPerReturnValue": "0"}
 _ORDER = ("multi", "multi+workaround", "hybrid", "rpc")
@@ -55,8 +54,7 @@ def _probe_map(probe_results: Iterable[ProbeLike] | Mapping[str, bool] | None) -
 def choose_mode(backend: str, n_cards: int, forced: str | None = None, verdict: Verdict | None = None,
                 probe_results: Iterable[ProbeLike] | Mapping[str, bool] | None = None) -> ModeDecision:
     """The fastest mode that works here; ``forced`` (--mode) wins but a known failure is stated."""
-    if backend not in BACKENDS:
-        raise BadInput(f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
+    backends.get(backend)  # an unknown name is a one-line error
     if n_cards < 1:
         raise BadInput("no cards to run on", "pass --gpus with at least one card")
     if forced is not None and forced not in MODES:

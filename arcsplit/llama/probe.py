@@ -2,7 +2,7 @@
 
 Versions only say what was reported elsewhere; a probe runs the real llama.cpp (``llama-bench``, which loads the
 model onto the devices, decodes one token and exits) on these cards, in one of the modes of mode.py, and
-classifies what it printed: success, the seed-003 allocation failure, a UR error code, a crash in context
+classifies what it printed: success, the allocation failure of ggml-org/llama.cpp#22885, a UR error code, a crash in context
 creation, a timeout. Every process runs in its own process group and is killed, and the temp dir removed,
 on every exit path: success, failure, timeout, Ctrl-C.
 """
@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
+from .. import backends
 from .._dirs import cache_dir
 from ..errors import BadInput, LlamaError
 from .locate import LlamaBinaries
@@ -31,10 +32,9 @@ from .mode import NEO_WORKAROUND_ENV
 
 PROBE_MODES = ("multi", "multi+workaround", "hybrid", "rpc")
 DEFAULT_TIMEOUT_S = 180.0
-_PREFIX = {"sycl": "SYCL", "cuda": "CUDA", "vulkan": "Vulkan"}
 CACHE_VERSION = 1
 
-# UR result codes named in the reports (reference/runtime.md §3.4).
+# UR result codes named in the reports (ggml-org/llama.cpp#27063, intel/compute-runtime#916 and #921).
 UR_CODES = {
     "UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY": 39,
     "UR_RESULT_ERROR_OUT_OF_RESOURCES": 40,
@@ -151,7 +151,7 @@ class _Proc:
 
 def _spawn(argv: list[str], env: dict[str, str], log: Path, procs: list[_Proc]) -> _Proc:
     """Own session (process group) so the whole tree can be killed; SIGPIPE stays ignored (rpc-server dies of
-    it when a client vanishes, llama-cpp-observed.md). Registered in ``procs`` at once, for the cleanup."""
+    it when a client vanishes: docs/llama-cpp-notes.md). Registered in ``procs`` at once, for the cleanup."""
     fh = open(log, "wb")
     try:
         proc = _Proc(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
@@ -215,14 +215,7 @@ def _tail(path: Path, n: int = 40) -> str:
 
 def visible_env(backend: str, cards: Sequence[int]) -> dict[str, str]:
     """Environment that makes exactly ``cards`` visible to one process (so it builds its context over them)."""
-    ids = ",".join(str(c) for c in cards)
-    if backend == "sycl":
-        return {"ONEAPI_DEVICE_SELECTOR": f"level_zero:{ids}", "ZES_ENABLE_SYSMAN": "1"}
-    if backend == "cuda":
-        return {"CUDA_VISIBLE_DEVICES": ids}
-    if backend == "vulkan":
-        return {"GGML_VK_VISIBLE_DEVICES": ids}
-    return {}
+    return backends.get(backend).visibility(cards)
 
 
 @dataclass(frozen=True)
@@ -250,14 +243,14 @@ def plan_probe(mode: str, backend: str, gpus: Sequence[int], env_extra: dict[str
         if mode != "rpc":
             raise BadInput(f"the CPU backend has no {mode} mode to probe", "probe rpc (one rpc-server per CPU card)")
         return ProbePlan(mode, tuple((f"CPU card {g}", {}) for g in gpus), {}, (), extra)
-    prefix = _PREFIX[backend]
+    be = backends.get(backend)
     if mode in ("multi", "multi+workaround"):
         return ProbePlan(mode, (), {**visible_env(backend, gpus), **extra},
-                         tuple(f"{prefix}{k}" for k in range(len(gpus))), extra)
+                         tuple(be.device_name(k) for k in range(len(gpus))), extra)
     first = gpus[0]
     rest = gpus if mode == "rpc" else gpus[1:]
     servers = tuple((f"{backend} card {g}", visible_env(backend, [g])) for g in rest)
-    local = (f"{prefix}0",) if mode == "hybrid" else ()
+    local = (be.device_name(0),) if mode == "hybrid" else ()
     # llama-bench itself sees one card only, so it never builds a multi-device context.
     return ProbePlan(mode, servers, visible_env(backend, [first]), local, extra)
 

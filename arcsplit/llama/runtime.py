@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import ArcsplitError, BadInput
+from ..errors import ArcsplitError
 from .facts import Facts, gather_facts
 from .locate import LlamaBinaries, server_build_info
 from .mode import ModeDecision, choose_mode
@@ -35,7 +35,7 @@ class RuntimeReport:
 
     @property
     def multi_broken(self) -> bool:
-        """The one-context route fails here (by probe, else by versions): the case seed 003 is about."""
+        """The one-context route fails here (by probe, else by versions): the case of ggml-org/llama.cpp#22885."""
         multi = next((p for p in self.probes if p.mode == "multi"), None)
         if multi is not None:
             return not multi.ok
@@ -123,9 +123,3 @@ def _binary_id(binaries: LlamaBinaries) -> str:
         return f"{binaries.server}@{int(st.st_mtime)}:{st.st_size}"
     except OSError:
         return str(binaries.server)
-
-
-def validate_backend(backend: str) -> str:
-    if backend not in _PROBE_ORDER:
-        raise BadInput(f"unknown backend {backend!r}", f"use one of {', '.join(_PROBE_ORDER)}")
-    return backend

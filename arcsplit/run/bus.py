@@ -42,6 +42,7 @@ SCHEMA_VERSION = 1
 INFO_FILE = "bus.json"
 KEYS_FILE = "bus-keys.json"
 TOPIC_PREFIX = b"arcsplit."
+FLUSH_MS = 1000  # at close, how long the last queued events may take to leave
 
 
 class Controllable(Protocol):
@@ -178,12 +179,15 @@ class BusServer:
             _write_private(info_path, json.dumps(asdict(self.info), indent=1))
             task_status.started(self.info)
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._forward, pub, events)
-                await self._serve(ctl, pub)
+                tg.start_soon(self._serve, ctl, pub)
+                # Until the supervisor closes its stream, i.e. after its last event ("stopped"): a `stop` over
+                # the bus is answered at once, yet the bus stays up through the ordered shutdown, so subscribers
+                # see "stopping" and "stopped" and `ps` lists the run while its processes still exist.
+                await self._forward(pub, events)
                 tg.cancel_scope.cancel()
         finally:
             info_path.unlink(missing_ok=True)
-            pub.close(0)
+            pub.close(FLUSH_MS)  # the last events still reach connected subscribers
             ctl.close(0)
             if auth is not None:
                 auth.stop()
@@ -207,7 +211,7 @@ class BusServer:
             await self._send(pub, ev.kind, ev.name, ev.data, ev.time)
 
     async def _serve(self, ctl: zmq.asyncio.Socket, pub: zmq.asyncio.Socket) -> None:
-        """Answer requests until a ``stop`` has been answered."""
+        """Answer requests until cancelled; a ``stop`` is answered first, then passed on."""
         while True:
             frames = await ctl.recv_multipart()
             ident, payload = frames[0], frames[-1]
@@ -228,7 +232,6 @@ class BusServer:
             await ctl.send_multipart([ident, json.dumps(reply, default=str).encode()])
             if stop_after:
                 self.target.stop()
-                return
 
     async def _handle(self, cmd: Any, args: dict[str, Any], pub: zmq.asyncio.Socket) -> Any:
         if cmd == "ping":
@@ -251,6 +254,11 @@ class BusServer:
             await self._send(pub, "sync", "bus", {"token": str(args.get("token", ""))})
             return {"seq": self.seq}
         raise ValueError(f"unknown command {cmd!r}")
+
+
+def is_final(msg: dict[str, Any]) -> bool:
+    """The group's last event: nothing follows "stopped", and the bus closes after it."""
+    return msg.get("kind") == "group" and (msg.get("data") or {}).get("state") == "stopped"
 
 
 def _rid(payload: bytes) -> Any:
@@ -369,11 +377,12 @@ class Client:
 
     def events(self, kinds: tuple[str, ...] | None = None, timeout: float | None = None,
                snapshot: bool = True) -> Iterator[dict[str, Any]]:
-        """A snapshot event first, then every later event in order; ends after ``timeout`` s of silence."""
+        """A snapshot event first, then every later event in order; ends after ``timeout`` s of silence, or
+        once the group has stopped (its last event)."""
         sub = self._socket(zmq.SUB)
         try:
             prefixes = [TOPIC_PREFIX + k.encode() + b"." for k in kinds] if kinds else [TOPIC_PREFIX]
-            for p in prefixes + [TOPIC_PREFIX + b"sync."]:
+            for p in prefixes + [TOPIC_PREFIX + b"sync.", TOPIC_PREFIX + b"group."]:
                 sub.setsockopt(zmq.SUBSCRIBE, p)
             sub.connect(self.info.pub)
             self._sync(sub)
@@ -390,9 +399,10 @@ class Client:
                 msg = json.loads(payload)
                 if msg["seq"] <= after or msg["kind"] == "sync":
                     continue
-                if kinds and msg["kind"] not in kinds:
-                    continue
-                yield msg
+                if not kinds or msg["kind"] in kinds:
+                    yield msg
+                if is_final(msg):
+                    return
         finally:
             sub.close(0)
 

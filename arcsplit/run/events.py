@@ -13,9 +13,6 @@ from typing import Any
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-KINDS = ("state", "log", "plan", "buffers", "group", "progress", "verdict", "telemetry")
-
-
 @dataclass(frozen=True)
 class Event:
     """kind: state (one process), group (the whole group), log (one line), plan, buffers, progress, verdict."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,7 +29,8 @@ from .specs import LOOPBACK, ServeConfig, plan_devices
 MODE_CHOICES = ("auto", "single", "multi", "multi+workaround", "hybrid", "rpc")
 # Micro-batch per route when the user does not set one. Over RPC every ubatch pays a blocking round trip per
 # device, yet larger ubatches made RPC prefill *worse* on 2x H200 (ub 2048: 0.24x of native; local-first hybrid
-# with ub 256: 0.69x vs 0.50x at 512; reference/llama-cpp-observed.md). Native routes keep llama.cpp's 512.
+# with ub 256: 0.69x vs 0.50x at 512; docs/llama-cpp-notes.md, bench/results/gpu/throughput_cuda_ub*.md). Native
+# routes keep llama.cpp's 512.
 ROUTE_UBATCH = {"hybrid": 256, "rpc": 256}
 # Polling budget of the RPC link's threads on GPU groups (patch 0005): covers a token's wait for the other card on
 # the cards we serve. Only with cores to spare: up to three threads poll during generation (never on the CPU
@@ -60,6 +60,7 @@ class ServeRequest:
     output_layer: str = "auto"  # local: on llama-server's own card (hybrid); last/auto: llama.cpp's place
     cpu_memory_mib: int | None = None
     llama_dir: str | None = None
+    build: str | None = None  # a managed build's key (arcsplit llama which --all)
     extra_args: tuple[str, ...] = field(default=())
 
 
@@ -72,6 +73,8 @@ class Prepared:
     decision: ModeDecision
     profile: Any
     rig: Rig
+    warnings: tuple[str, ...] = ()  # for the user before anything starts (the CLI prints them)
+    notes: tuple[str, ...] = ()  # what was chosen for them, e.g. which managed build
 
 
 def _observed_path(backend: str) -> Path:
@@ -180,7 +183,7 @@ def prepare(req: ServeRequest) -> Prepared:
     check_host(req.host, "--host")
     check_host(req.rpc_host, "--rpc-host")
     gpus = parse_gpus(req.gpus) if isinstance(req.gpus, str) or req.gpus is None else parse_gpus(list(req.gpus))
-    binaries = find_llama(req.llama_dir, backend=req.backend)
+    binaries = find_llama(req.llama_dir, backend=req.backend, build=req.build)
     check_free(req.host, req.port, "llama-server", "--port")
     for p in rpc_ports or ():
         check_free(req.rpc_host, p, "rpc-server", "--rpc-ports")
@@ -195,9 +198,10 @@ def prepare(req: ServeRequest) -> Prepared:
     verdict, known = _runtime(req, rig, binaries)
     decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known)
     plan = plan_for_mode(profile, rig, req, decision.mode)
+    warnings = []
     if req.rpc_host != LOOPBACK:
-        print(f"arcsplit: warning: rpc-servers listen on {req.rpc_host}; the RPC protocol has no authentication, "
-              f"so anyone who can reach it can run code on them - keep it on a trusted network", file=sys.stderr)
+        warnings.append(f"rpc-servers listen on {req.rpc_host}; the RPC protocol has no authentication, so anyone "
+                        f"who can reach it can run code on them - keep it on a trusted network")
     config = ServeConfig(plan=plan, mode=decision.mode, backend=req.backend, server_bin=str(binaries.server),
                          rpc_bin=str(binaries.rpc_server), host=req.host, port=req.port, rpc_host=req.rpc_host,
                          rpc_ports=tuple(rpc_ports) if rpc_ports else None, threads=req.threads,
@@ -206,7 +210,7 @@ def prepare(req: ServeRequest) -> Prepared:
                          rpc_cache_dir=str(cache_dir() / "rpc-cache") if req.rpc_cache else None,
                          mode_env=tuple(sorted(decision.env.items())), forced_mode=forced is not None,
                          ui_dir=serve_dir(binaries.server.parent))
-    return Prepared(req, config, decision, profile, rig)
+    return Prepared(req, config, decision, profile, rig, tuple(warnings), (binaries.note,) if binaries.note else ())
 
 
 def hybrid_fallback(prepared: Prepared, say: Callable[[str], None] | None = None

@@ -40,8 +40,17 @@ class RunDir:
         root = runs_root()
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         root.chmod(0o700)  # logs and state hold argv, ports and prompts: private to the user
-        path = root / (run_id or new_run_id())
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        base = run_id or new_run_id()
+        n = 1
+        while True:  # two instances of one process started in the same second get -2, -3, ...
+            path = root / (base if n == 1 else f"{base}-{n}")
+            try:
+                path.mkdir(mode=0o700)
+                break
+            except FileExistsError:
+                if run_id is not None:
+                    break  # a run id given by the caller is reused as is
+                n += 1
         path.chmod(0o700)
         _prune(root, keep=KEEP_RUNS)
         return cls(path)

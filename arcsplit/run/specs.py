@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from .. import backends
 from ..errors import BadInput
 from ..llama.patches import SPIN_ENV
 from ..planner import HOST_DEVICE, CardPlan, Plan
@@ -40,12 +41,6 @@ def split_secrets(args: Sequence[str]) -> tuple[tuple[str, ...], tuple[tuple[str
     return tuple(out), tuple(sorted(env.items()))
 
 
-# The variable that limits what one process sees, and the device-name prefix it then uses.
-_SELECT_VAR = {"cuda": "CUDA_VISIBLE_DEVICES", "sycl": "ONEAPI_DEVICE_SELECTOR", "vulkan": "GGML_VK_VISIBLE_DEVICES"}
-_PREFIX = {"cuda": "CUDA", "sycl": "SYCL", "vulkan": "Vulkan"}
-# A selector that matches no device: Level Zero has no CPU devices. ggml-sycl treats zero devices as
-# "no SYCL backend" (ggml_sycl_init: "Do not hard crash when there exists no SYCL devices"). Not run on an Arc here.
-_SYCL_NONE = "level_zero:cpu"
 
 
 @dataclass(frozen=True)
@@ -136,18 +131,6 @@ def rpc_threads(config: ServeConfig) -> int:
     return max(1, config.cores // max(1, len(config.plan.cards)))
 
 
-def _select(backend: str, indices: Sequence[int]) -> dict[str, str]:
-    """Environment that shows exactly these device indices (ascending) to one process."""
-    var = _SELECT_VAR.get(backend)
-    if var is None:
-        return {}
-    if backend == "sycl":
-        env = {var: f"level_zero:{','.join(str(i) for i in sorted(indices))}" if indices else _SYCL_NONE}
-        env["ZES_ENABLE_SYSMAN"] = "1"  # free-memory reporting (runtime.md, SYCL.md env notes)
-        return env
-    return {var: ",".join(str(i) for i in sorted(indices))}
-
-
 def _card_index(cp: CardPlan) -> int:
     return cp.card.index
 
@@ -173,7 +156,7 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
     for k, (pos, port) in enumerate(zip(rpc_positions, rpc_ports)):
         cp = plan.cards[pos]
         env = dict(extra_env)
-        env.update(_select(backend, [_card_index(cp)]))
+        env.update(backends.get(backend).visibility([_card_index(cp)]))
         argv = (config.rpc_bin, "-H", config.rpc_host, "-p", str(port), "-t", str(threads))
         if config.rpc_cache_dir:
             argv += ("-c",)
@@ -186,13 +169,13 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
     local_positions = [i for i in range(len(plan.cards)) if i not in rpc_positions]
     local_gpu = [i for i in local_positions if plan.cards[i].device != HOST_DEVICE] if backend != "cpu" else []
     order = sorted(local_gpu, key=lambda i: _card_index(plan.cards[i]))
-    local_names = {i: f"{_PREFIX[backend]}{order.index(i)}" for i in local_gpu}
+    local_names = {i: backends.get(backend).device_name(order.index(i)) for i in local_gpu}
     rpc_names = {pos: f"RPC{k}" for k, pos in enumerate(rpc_positions)}
     names = [local_names.get(i) or rpc_names.get(i) for i, c in enumerate(plan.cards) if c.device != HOST_DEVICE]
     names = [n for n in names if n]  # CPU-backend cards held by llama-server itself have no device name
 
     env = dict(extra_env)
-    env.update(_select(backend, [_card_index(plan.cards[i]) for i in local_gpu]))
+    env.update(backends.get(backend).visibility([_card_index(plan.cards[i]) for i in local_gpu]))
     env.update(config.secret_env)
     argv: list[str] = [config.server_bin, "-m", plan.model_path, "--host", config.host, "--port", str(config.port),
                        "--metrics"]
@@ -217,15 +200,14 @@ def card_of_endpoint(specs: Sequence[ProcessSpec]) -> Mapping[str, int]:
 def plan_devices(mode: str, backend: str, indices: Sequence[int]) -> list[str]:
     """The device name of each card (by its backend index, in --gpus order) as llama-server will see it."""
     n_cards = len(indices)
-    prefix = _PREFIX.get(backend)
     if mode == "rpc":
         return [f"RPC{i}" for i in range(n_cards)]
     if mode == "hybrid":
-        first = HOST_DEVICE if backend == "cpu" else f"{prefix}0"
+        first = HOST_DEVICE if backend == "cpu" else backends.get(backend).device_name(0)
         return [first] + [f"RPC{i}" for i in range(n_cards - 1)]
     if backend == "cpu":
         # single: llama-server runs every layer on its CPU with --device none (build_specs names no device);
         # the planner sizes it as an ordinary card.
         return [f"CPU{i}" for i in indices]
     order = sorted(indices)
-    return [f"{prefix}{order.index(i)}" for i in indices]
+    return [backends.get(backend).device_name(order.index(i)) for i in indices]

@@ -102,7 +102,6 @@ class Supervisor:
         self._progress: dict[str, Any] = {}
         self._buffers: list[logs.BufferLine] = []
         self._last_error: str | None = None
-        self._tg: TaskGroup | None = None
         self._unhealthy: str | None = None
 
     # -- public surface -------------------------------------------------------------------------------------
@@ -293,7 +292,6 @@ class Supervisor:
         reason: str | _StartFailed = "exit"
         watchdog: anyio.CancelScope | None = None
         async with anyio.create_task_group() as tg:
-            self._tg = tg
             try:
                 await self._start_group(tg)
                 self._ready_at = time.time()
@@ -331,7 +329,6 @@ class Supervisor:
                     watchdog.cancel()  # else the task group would wait out its remaining probes
                 with anyio.CancelScope(shield=True):
                     await self._teardown()
-        self._tg = None
         return reason
 
     async def _watch_health(self, scope: anyio.CancelScope) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 
+from .. import backends
 from .cpu import ProcessSampler, cpu_card, threads_of
 from .intel import IntelSampler
 from .nvidia import NvidiaSampler
@@ -24,7 +25,7 @@ from .server import ServerSampler
 
 __all__ = ["Telemetry", "sample", "run_telemetry", "holder_of"]
 
-_INTEL_BACKENDS = ("sycl", "vulkan")
+_INTEL_BACKENDS = tuple(n for n, b in backends.REGISTRY.items() if b.sampler == "intel")
 
 
 def holder_of(card: dict[str, Any]) -> str:

@@ -1,7 +1,7 @@
 """Intel Arc telemetry without root: fdinfo for our own processes, sysfs for the card, hwmon for heat and power.
 
-Formats (reference/supervisors.md §5; the kernel's Documentation/gpu/drm-usage-stats.rst and
-Documentation/gpu/xe/xe-drm-usage-stats.rst):
+Formats (the kernel's Documentation/gpu/drm-usage-stats.rst, Documentation/gpu/xe/xe-drm-usage-stats.rst and
+the xe driver's sysfs and hwmon ABI, Documentation/ABI/testing/sysfs-driver-intel-xe-hwmon):
 
 - ``/proc/PID/fdinfo/FD`` of a DRM fd: ``drm-pdev``, ``drm-client-id``, ``drm-total-vram0: 23992 KiB``,
   ``drm-resident-vram0``, ``drm-cycles-<cls>``/``drm-total-cycles-<cls>``/``drm-engine-capacity-<cls>`` (xe);

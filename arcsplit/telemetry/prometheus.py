@@ -116,15 +116,15 @@ def render(status: dict[str, Any], telemetry: dict[str, Any] | None = None) -> s
 
 
 class MetricsEndpoint:
-    """``serve --metrics-port``: prometheus_client's HTTP server on its own thread.
+    """``serve --metrics-port``: prometheus_client's HTTP server on its own thread, watching one run.
 
     The port is bound in the constructor, so a taken port fails before any process starts. Each scrape reads
     ``status()`` on the supervisor's event loop (through a portal: the supervisor is not thread-safe) and the
-    latest telemetry event, which ``run`` follows.
+    latest telemetry event, which ``run`` follows; until ``run`` starts, and after it ends, a scrape answers 500.
     """
 
-    def __init__(self, sup: Any, host: str, port: int) -> None:
-        self._sup = sup
+    def __init__(self, host: str, port: int) -> None:
+        self._sup: Any = None
         self._portal: BlockingPortal | None = None
         self._telemetry: dict[str, Any] | None = None
         try:
@@ -136,24 +136,24 @@ class MetricsEndpoint:
         self.url = f"http://{shown}:{self._httpd.server_port}/metrics"
 
     def _read(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        portal = self._portal
+        portal, sup = self._portal, self._sup
         if portal is None:
             raise RuntimeError("arcsplit is starting or stopping")
-        return portal.call(self._sup.status), self._telemetry
+        return portal.call(sup.status), self._telemetry
 
-    async def run(self) -> None:
-        """Answer scrapes until cancelled (``aclose`` closes the port)."""
-        events = self._sup.subscribe(64)
-        async with BlockingPortal() as portal:
-            self._portal = portal
-            try:
-                async for ev in events:
-                    if ev.kind == "telemetry" and "cards" in ev.data:
-                        self._telemetry = ev.data
-            finally:
-                self._portal = None
-
-    async def aclose(self) -> None:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._httpd.shutdown)
-        self._httpd.server_close()
+    async def run(self, sup: Any) -> None:
+        """A watcher of the run (run/instance.py): serve ``sup`` until cancelled, then close the port."""
+        try:
+            events = sup.subscribe(64)
+            async with BlockingPortal() as portal:
+                self._sup, self._portal = sup, portal
+                try:
+                    async for ev in events:
+                        if ev.kind == "telemetry" and "cards" in ev.data:
+                            self._telemetry = ev.data
+                finally:
+                    self._portal = None
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._httpd.shutdown)
+            self._httpd.server_close()

@@ -1,6 +1,6 @@
 """llama-server's own view: /metrics (needs --metrics, which the supervisor passes) and /slots.
 
-Metric names: reference/supervisors.md §2. Speeds come from counter deltas between two scrapes:
+Metric names: llama.cpp's tools/server/server.cpp (the /metrics handler, ``llamacpp:*``). Speeds come from counter deltas between two scrapes:
 decode t/s = Δtokens_predicted_total / Δtokens_predicted_seconds_total (the speed while generating),
 and the same for the prompt. The gauges llama-server exports are averages since start, which hide a slowdown.
 """

@@ -21,6 +21,7 @@ from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, Label, Log, Static, TabbedContent, TabPane
 
+from ..run.bus import is_final
 from .state import DashState
 from .widgets import (HELP, process_rows, render_cards, render_header, render_layers, render_plan,
                       render_server)
@@ -145,6 +146,7 @@ class DashApp(App[None]):
     @work(exclusive=True, group="feed")
     async def _consume(self) -> None:
         n = 0
+        msg: dict[str, Any] = {}
         try:
             async for msg in self.source.events():
                 self._inbox.append(msg)
@@ -154,7 +156,8 @@ class DashApp(App[None]):
         except Exception as exc:
             self.state.error = f"disconnected: {exc}"
         else:
-            self.state.error = "disconnected"
+            if not is_final(msg):  # a stopped group ends its stream: the header says "stopped", not an error
+                self.state.error = "disconnected"
         self._dirty.add("header")
 
     def _mark_clock(self) -> None:

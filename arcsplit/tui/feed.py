@@ -20,7 +20,7 @@ import zmq
 import zmq.asyncio
 
 from ..errors import NotRunning
-from ..run.bus import SCHEMA_VERSION, TOPIC_PREFIX, Client
+from ..run.bus import SCHEMA_VERSION, TOPIC_PREFIX, Client, is_final
 
 
 class Feed:
@@ -51,7 +51,8 @@ class Feed:
         return s
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
-        """A snapshot message first, then every later event in order (as Client.events, but cancellable)."""
+        """A snapshot message first, then every later event in order, up to the group's "stopped" (as
+        Client.events, but cancellable)."""
         ctx = zmq.asyncio.Context()
         sub = self._sub(ctx)
         try:
@@ -68,6 +69,8 @@ class Feed:
                 if msg.get("seq", 0) <= after or msg.get("kind") == "sync":
                     continue
                 yield msg
+                if is_final(msg):
+                    return
         finally:
             sub.close(0)
             ctx.term()

@@ -1,8 +1,9 @@
 """llama-fit-params as an oracle: what llama.cpp itself says a split needs per device, without loading weights.
 
 Runs ``llama-fit-params -fitp on`` against ggml-rpc-servers on 127.0.0.1 (the CPU build has no other devices)
-and parses its ``<dev> <model MiB> <context MiB> <compute MiB>`` lines. Used by tests/test_plan_accuracy.py and
-bench/plan_accuracy.py to keep the planner honest; never by the planner itself.
+and parses its ``<dev> <model MiB> <context MiB> <compute MiB>`` lines. Used by bench/plan_accuracy.py,
+plan_speed.py, fit_context.py and tests/test_plan_accuracy.py to keep the planner honest; never by arcsplit itself,
+so it lives here, beside its users, not in the package.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import LlamaError
-from .llama.locate import LlamaBinaries
+from arcsplit.errors import LlamaError
+from arcsplit.llama.locate import LlamaBinaries
 
 
 @dataclass(frozen=True)

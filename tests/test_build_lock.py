@@ -1,0 +1,46 @@
+"""Two builds of one llama.cpp tree at once must not trample each other: the second waits for the first."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from arcsplit.llama.build import _build_lock
+
+
+def test_second_build_waits_for_the_first(tmp_path: Path) -> None:
+    # The first "build" is another process holding the tree's lock, as a second terminal would.
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl, sys, time; fh = open(sys.argv[1], 'a'); fcntl.flock(fh, fcntl.LOCK_EX); "
+         "print('held', flush=True); time.sleep(1.0)", str(tmp_path / "build.lock")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        said: list[str] = []
+        entered = threading.Event()
+
+        def second() -> None:
+            with _build_lock(tmp_path, lambda step, pct: said.append(step)):
+                entered.set()
+
+        t = threading.Thread(target=second)
+        start = time.monotonic()
+        t.start()
+        assert not entered.wait(0.3), "the second build went ahead while the first held the tree"
+        t.join(10)
+        assert entered.is_set() and holder.wait(5) == 0
+        assert time.monotonic() - start >= 0.5
+        assert any("waiting for another arcsplit build" in s for s in said)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_lock_is_free_again_after_a_build(tmp_path: Path) -> None:
+    for _ in range(2):
+        with _build_lock(tmp_path, lambda step, pct: None):
+            pass

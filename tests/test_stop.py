@@ -1,0 +1,151 @@
+"""`stop` over the bus, seen through to the end: a real `arcsplit serve` (CPU build, demo model) stopped by
+`arcsplit stop` or by the dashboard's `s`. The bus must stay up through the ordered shutdown: subscribers see
+"stopping" then "stopped", `ps` lists the run while any of its processes exists, the dashboard says "stopped"."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import psutil
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _instance import isolated_env  # noqa: E402
+
+from arcsplit._api import BusInfo, attach, runs  # noqa: E402
+from arcsplit.run.ports import free_port  # noqa: E402
+from arcsplit.tui.app import DashApp  # noqa: E402
+from arcsplit.tui.feed import Feed  # noqa: E402
+from arcsplit.tui.widgets import render_header  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def serving(tmp_path: Path, llama_bins, demo_model) -> Iterator[tuple[subprocess.Popen[str], BusInfo]]:
+    """`arcsplit serve` in a process of its own, ready; killed (group and all) if a test leaves it running."""
+    with isolated_env(tmp_path, llama_bins.bin_dir):
+        proc = subprocess.Popen([sys.executable, "-m", "arcsplit", "serve", str(demo_model), "--backend", "cpu",
+                                 "--gpus", "0,1", "--cpu-memory", "1024", "--ctx", "1024", "--threads", "1",
+                                 "--port", str(free_port())],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ),
+                                start_new_session=True)
+        try:
+            info = _wait_ready(proc)
+            yield proc, info
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+            proc.wait(30)
+
+
+def _wait_ready(proc: subprocess.Popen[str], timeout: float = 120.0) -> BusInfo:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        listed = runs()
+        if listed:
+            try:
+                with attach(listed[0].run_id, timeout=2.0) as client:
+                    if client.status()["state"] == "ready":
+                        return listed[0]
+            except Exception:
+                pass
+        time.sleep(0.2)
+    raise AssertionError("arcsplit serve did not get ready")
+
+
+def _alive(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            pass
+    return False
+
+
+def test_stop_over_the_bus_reaches_subscribers_and_ps_until_the_processes_are_gone(serving):
+    proc, info = serving
+    with attach(info.run_id) as client:
+        pids = [p["pid"] for p in client.status()["processes"].values()]
+    assert len(pids) == 3 and _alive(pids)
+
+    got: list[dict[str, Any]] = []
+
+    def subscribe() -> None:
+        with attach(info.run_id) as sub:
+            for msg in sub.events(timeout=20):  # ends by itself after "stopped"; 20 s of silence is a failure
+                got.append(msg)
+
+    listener = threading.Thread(target=subscribe, daemon=True)
+    listener.start()
+    deadline = time.monotonic() + 20
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert got and got[0]["kind"] == "snapshot"
+
+    stop = subprocess.Popen([sys.executable, "-m", "arcsplit", "stop", info.run_id, "--wait", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
+    unlisted_while_alive = 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        alive = _alive(pids)
+        listed = any(r.run_id == info.run_id for r in runs())
+        if alive and not listed:
+            unlisted_while_alive += 1
+        if not alive and not listed:
+            break
+        time.sleep(0.005)
+    out, _ = stop.communicate(timeout=60)
+    assert stop.returncode == 0 and f"stopped {info.run_id}" in out, out
+    assert unlisted_while_alive == 0, "`ps` dropped the run while its processes were still shutting down"
+    assert proc.wait(30) == 0
+    assert not _alive(pids)
+
+    listener.join(10)
+    assert not listener.is_alive(), "the event stream did not end after the group stopped"
+    groups = [m["data"].get("state") for m in got if m["kind"] == "group"]
+    assert groups[-2:] == ["stopping", "stopped"], groups
+    assert got[-1]["kind"] == "group" and got[-1]["data"]["state"] == "stopped"
+    assert [m["seq"] for m in got[1:]] == sorted(m["seq"] for m in got[1:])
+
+
+def _feeding(app: DashApp) -> bool:
+    """The dashboard's event stream is still open."""
+    return any(w.group == "feed" and not w.is_finished for w in app.workers)
+
+
+def test_the_dashboards_stop_ends_in_stopped_not_disconnected(serving):
+    proc, info = serving
+
+    async def main() -> None:
+        feed = Feed(attach(info.run_id))
+        try:
+            app = DashApp(feed)
+            async with app.run_test(size=(100, 30)) as pilot:
+                deadline = time.monotonic() + 20
+                while app.state.status.get("state") != "ready":
+                    assert time.monotonic() < deadline, "the dashboard never saw the group ready"
+                    await pilot.pause(0.05)
+                await pilot.press("s", "y")
+                deadline = time.monotonic() + 60
+                while app.state.status.get("state") != "stopped" or _feeding(app):
+                    assert time.monotonic() < deadline, f"state {app.state.status.get('state')}"
+                    await pilot.pause(0.05)
+                await pilot.pause(0.2)
+                assert app.state.error is None, app.state.error
+                header = render_header(app.state, info.run_id)
+                assert "stopped" in header and "disconnected" not in header, header
+        finally:
+            feed.close()
+
+    asyncio.run(main())
+    assert proc.wait(30) == 0
