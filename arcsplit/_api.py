@@ -113,9 +113,14 @@ def runs() -> list[BusInfo]:
 
 
 def instance(prepared: Prepared, *, max_restarts: int = 5, stall_timeout: float = 120.0, bus: bool = True,
-             bus_tcp: str | None = None, telemetry: bool = True, watchers: Sequence[Watcher] = (),
-             say: Callable[[str], None] | None = None) -> Instance:
-    """A checked request ready to run (``await inst.run()``); telemetry, when asked, and ``watchers`` watch it."""
+             bus_tcp: str | None = None, telemetry: bool = True, systemd: bool = False,
+             watchers: Sequence[Watcher] = (), say: Callable[[str], None] | None = None) -> Instance:
+    """A checked request ready to run (``await inst.run()``); telemetry, when asked, and ``watchers`` watch it.
+    ``systemd``: tell systemd about the run (Type=notify, watchdog) when started by it (``arcsplit serve`` is)."""
+    if systemd:
+        from .run.systemd import run_notify
+
+        watchers = (run_notify, *watchers)
     if telemetry:
         from .telemetry import run_telemetry
 

@@ -46,13 +46,9 @@ def _serve(args: argparse.Namespace) -> int:
         raise BadInput(f"--max-restarts {args.max_restarts} is negative", "give 0 or more failures to tolerate")
     if args.stall_timeout <= 0:
         raise BadInput(f"--stall-timeout {args.stall_timeout} must be positive", "give seconds, e.g. 120")
-    if args.metrics_port is not None:
-        from ..run.ports import check_free
-
-        if args.metrics_port == args.port:
-            raise BadInput(f"--metrics-port {args.metrics_port} is llama-server's --port",
-                           "give arcsplit's metrics a port of their own")
-        check_free(args.host, args.metrics_port, "arcsplit metrics", "--metrics-port")
+    if args.metrics_port is not None and args.metrics_port == args.port:
+        raise BadInput(f"--metrics-port {args.metrics_port} is llama-server's --port",
+                       "give arcsplit's metrics a port of their own")
 
     prepared = prepare(request_from_args(args))
     for text in prepared.warnings:
@@ -94,11 +90,9 @@ def chat_note(model: str, extra: list[str]) -> str | None:
 
 
 def _instance(prepared: Any, args: argparse.Namespace, say: Any) -> tuple[Any, str | None]:
-    """The instance, watched by systemd's notify protocol (only under systemd) and, with --metrics-port, the
-    metrics endpoint; and that endpoint's URL."""
-    from ..run.systemd import run_notify
-
-    watchers: list[Any] = [run_notify]
+    """The instance, telling systemd about itself when run by it and, with --metrics-port, watched by the metrics
+    endpoint; and that endpoint's URL."""
+    watchers: list[Any] = []
     metrics_url = None
     if args.metrics_port is not None:
         from ..telemetry.prometheus import MetricsEndpoint
@@ -107,7 +101,8 @@ def _instance(prepared: Any, args: argparse.Namespace, say: Any) -> tuple[Any, s
         watchers.append(metrics.run)
         metrics_url = metrics.url
     inst = instance(prepared, max_restarts=args.max_restarts, stall_timeout=args.stall_timeout,
-                    bus=not args.no_bus or args.tui, bus_tcp=args.bus, watchers=tuple(watchers), say=say)
+                    bus=not args.no_bus or args.tui, bus_tcp=args.bus, systemd=True, watchers=tuple(watchers),
+                    say=say)
     return inst, metrics_url
 
 
