@@ -46,9 +46,14 @@ def _serve(args: argparse.Namespace) -> int:
         raise BadInput(f"--max-restarts {args.max_restarts} is negative", "give 0 or more failures to tolerate")
     if args.stall_timeout <= 0:
         raise BadInput(f"--stall-timeout {args.stall_timeout} must be positive", "give seconds, e.g. 120")
-    if args.metrics_port is not None and args.metrics_port == args.port:
-        raise BadInput(f"--metrics-port {args.metrics_port} is llama-server's --port",
-                       "give arcsplit's metrics a port of their own")
+    metrics = None
+    if args.metrics_port is not None:
+        if args.metrics_port == args.port:
+            raise BadInput(f"--metrics-port {args.metrics_port} is llama-server's --port",
+                           "give arcsplit's metrics a port of their own")
+        from ..telemetry.prometheus import MetricsEndpoint
+
+        metrics = MetricsEndpoint(args.host, args.metrics_port)  # bound first: a taken port is the only line
 
     prepared = prepare(request_from_args(args))
     for text in prepared.warnings:
@@ -56,7 +61,7 @@ def _serve(args: argparse.Namespace) -> int:
     for text in prepared.notes:
         _say(text)
     if args.tui:
-        return _serve_with_dashboard(prepared, args)
+        return _serve_with_dashboard(prepared, args, metrics)
     for reason in prepared.decision.reasons:
         _say(f"mode {prepared.decision.mode}: {reason}")
     note = chat_note(prepared.config.plan.model_path, args.extra)
@@ -71,7 +76,7 @@ def _serve(args: argparse.Namespace) -> int:
         note = missing_note(Path(prepared.config.server_bin).parent)
         if note:
             _say(f"note: {note}")
-    return anyio.run(_run, prepared, args)
+    return anyio.run(_run, prepared, args, metrics)
 
 
 def chat_note(model: str, extra: list[str]) -> str | None:
@@ -89,24 +94,14 @@ def chat_note(model: str, extra: list[str]) -> str | None:
             "follow: use /v1/completions, or name a template with `-- --chat-template NAME`")
 
 
-def _instance(prepared: Any, args: argparse.Namespace, say: Any) -> tuple[Any, str | None]:
-    """The instance, telling systemd about itself when run by it and, with --metrics-port, watched by the metrics
-    endpoint; and that endpoint's URL."""
-    watchers: list[Any] = []
-    metrics_url = None
-    if args.metrics_port is not None:
-        from ..telemetry.prometheus import MetricsEndpoint
-
-        metrics = MetricsEndpoint(args.host, args.metrics_port)  # bound now, before any process starts
-        watchers.append(metrics.run)
-        metrics_url = metrics.url
-    inst = instance(prepared, max_restarts=args.max_restarts, stall_timeout=args.stall_timeout,
-                    bus=not args.no_bus or args.tui, bus_tcp=args.bus, systemd=True, watchers=tuple(watchers),
-                    say=say)
-    return inst, metrics_url
+def _instance(prepared: Any, args: argparse.Namespace, say: Any, metrics: Any) -> Any:
+    """The instance, telling systemd about itself when run by it, and watched by the metrics endpoint if any."""
+    return instance(prepared, max_restarts=args.max_restarts, stall_timeout=args.stall_timeout,
+                    bus=not args.no_bus or args.tui, bus_tcp=args.bus, systemd=True,
+                    watchers=(metrics.run,) if metrics else (), say=say)
 
 
-def _serve_with_dashboard(prepared: Any, args: argparse.Namespace) -> int:
+def _serve_with_dashboard(prepared: Any, args: argparse.Namespace, metrics: Any) -> int:
     """``--tui``: the group runs on a private event-loop thread, the dashboard owns the terminal (main thread);
     quitting the dashboard stops the group in order."""
     import time
@@ -115,7 +110,7 @@ def _serve_with_dashboard(prepared: Any, args: argparse.Namespace) -> int:
 
     from ..tui.app import run_dashboard
 
-    instance, _metrics_url = _instance(prepared, args, None)
+    instance = _instance(prepared, args, None, metrics)
     with start_blocking_portal() as portal:
         running = portal.start_task_soon(instance.run)
         while instance.bus_info is None and not running.done():
@@ -151,13 +146,14 @@ def _defaults() -> dict[str, Any]:
     return vars(ns)
 
 
-async def _run(prepared: Any, args: argparse.Namespace) -> int:
-    instance, metrics_url = _instance(prepared, args, _say)
+async def _run(prepared: Any, args: argparse.Namespace, metrics: Any) -> int:
+    instance = _instance(prepared, args, _say, metrics)
     sup = instance.supervisor
     events = sup.subscribe(10_000)
     failure: BaseException | None = None
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_report, events, sup, metrics_url, args.json_events, getattr(args, "demo", None))
+        tg.start_soon(_report, events, sup, metrics.url if metrics else None, args.json_events,
+                      getattr(args, "demo", None))
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async def on_signal() -> None:
                 async for sig in signals:
