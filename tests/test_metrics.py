@@ -84,10 +84,10 @@ def test_metrics_url_is_printed_beside_the_served_url(served):
 def test_scrape_matches_status(served):
     with attach() as client:
         deadline = time.monotonic() + 20
-        while True:  # the first telemetry sample follows the ready state within its 2 s interval
+        while True:  # utilisation needs two telemetry samples (2 s apart) after the group is ready
             samples = scrape(served["metrics"])
             status = client.status()
-            if ("arcsplit_card_used_bytes", (("card", "1"), ("device", "RPC1"))) in samples:
+            if ("arcsplit_card_utilisation_ratio", (("card", "1"), ("device", "RPC1"))) in samples:
                 break
             assert time.monotonic() < deadline, sorted(samples)
             time.sleep(0.5)
