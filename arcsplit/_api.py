@@ -19,6 +19,7 @@ from .errors import RunError
 from .llama.devices import discover_rig, parse_gpus
 from .llama.locate import find_llama
 from .model import load_profile
+from .backends import flash_attn_default
 from .planner import Plan, PlanOptions, make_plan
 from .rig import Rig, load_layout
 from .run.bus import BusInfo, Client, attach, list_runs
@@ -48,7 +49,7 @@ def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None,
         rig = discover_rig(backend, parse_gpus(gpus if isinstance(gpus, str) or gpus is None else list(gpus)),
                            binaries, cpu_memory_mib)
     options = PlanOptions(n_ctx=ctx, n_parallel=parallel, cache_type_k=cache_type, cache_type_v=cache_type,
-                          n_ubatch=ubatch)
+                          n_ubatch=ubatch, flash_attn=flash_attn_default(rig.cards[0].backend, cache_type))
     backends = {c.backend for c in rig.cards}
     devices = plan_devices(mode, rig.cards[0].backend, [c.index for c in rig.cards]) if len(backends) == 1 else None
     return make_plan(profile, rig, options, devices=devices)
@@ -125,7 +126,8 @@ def instance(prepared: Prepared, *, max_restarts: int = 5, stall_timeout: float 
         from .telemetry import run_telemetry
 
         watchers = (run_telemetry, *watchers)
-    return Instance(prepared, policy=RestartPolicy(max_failures=max_restarts), timeouts=Timeouts(stall=stall_timeout),
+    return Instance(prepared, policy=RestartPolicy(max_failures=max_restarts),
+                    timeouts=Timeouts(stall=stall_timeout, stop_grace=prepared.stop_grace),
                     bus=bus, bus_tcp=bus_tcp, watchers=watchers, say=say)
 
 
@@ -136,7 +138,7 @@ async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None
     """Serve ``model`` across ``gpus`` until the block ends; entered once llama-server answers /health 200.
 
     ``options`` are ServeRequest's fields: backend, mode, ctx, parallel, host, port, rpc_host, rpc_ports, threads,
-    cpu_memory_mib, llama_dir, build, output_layer, rpc_cache, ubatch, extra_args.
+    cpu_memory_mib, llama_dir, build, output_layer, rpc_cache, ubatch, extra_args, stop_grace.
     """
     prepared = prepare(_request(model, gpus, options))
     for text in prepared.warnings:

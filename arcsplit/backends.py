@@ -37,6 +37,13 @@ class Backend:
     base_env: tuple[tuple[str, str], ...] = ()
     # What a process that must see none of this backend's cards gets.
     none_value: str = ""
+    # llama-server's -fa when the user does not choose: on where it saves memory and time. Off on SYCL: a B60 report
+    # measured generation faster without it (docs/runtime.md, "Flash attention"); a quantized V cache needs it anyway.
+    flash_attn: bool = True
+    # Seconds between SIGTERM and SIGKILL when arcsplit stops or restarts a group (`serve --stop-grace`). Longer on
+    # SYCL: a peer tool claims a SIGKILL while an Arc card releases memory can wedge it (unsourced; docs/runtime.md).
+    # A process that exits on SIGTERM ends the wait at once, so a longer grace costs nothing then.
+    stop_grace_s: float = 10.0
 
     def device_name(self, position: int) -> str:
         """The name llama.cpp gives the ``position``-th card a process sees."""
@@ -75,6 +82,7 @@ REGISTRY: dict[str, Backend] = {
             # Level Zero has no CPU devices, so this selects nothing; ggml-sycl then has no devices and stays
             # out of the way ("Do not hard crash when there exists no SYCL devices"). Not run on an Arc here.
             none_value="level_zero:cpu",
+            flash_attn=False, stop_grace_s=30.0,
         ),
         Backend(
             name="cuda", prefix="CUDA", visibility_var="CUDA_VISIBLE_DEVICES",
@@ -110,3 +118,9 @@ def by_prefix(device: str) -> Backend | None:
         if b.prefix is not None and b.prefix.lower() == head.lower():
             return b
     return None
+
+
+def flash_attn_default(backend: str, cache_type_v: str = "f16") -> bool:
+    """-fa when the user does not choose: the backend's default, but always on for a quantized V cache, which
+    llama.cpp refuses without flash attention."""
+    return get(backend).flash_attn or cache_type_v not in ("f16", "f32", "bf16")

@@ -39,16 +39,17 @@ def run_json(capsys, *argv: str) -> dict:
 def test_seed_003_machine_from_its_bug_report(capsys, config_off):
     data = run_json(capsys, "--backend", "sycl", "--gpus", "0,1", "--sycl-ls", str(FX / "sycl_ls_b70_fedora44.txt"),
                     "--kernel", FEDORA, "--kernel-config", str(config_off))
-    assert data["verdict"]["status"] == "bad" and data["verdict"]["rule"] == "neo-26.05-multi-device-alloc"
+    assert data["verdict"]["status"] == "bad" and data["verdict"]["rule"] == "neo-25.44-multi-device-alloc"
     assert data["mode"] == "hybrid"
     assert any("#916" in r for r in data["reasons"])
     assert data["facts"]["neo"]["build"] == 38308 and data["facts"]["kernel"]["move_notify"] is False
     assert "another machine" in data["probe"]["note"] and data["probe"]["results"] == []
     titles = [r["title"] for r in data["remedies"]]
-    assert titles[0].startswith("Run Linux >= 7.1") and "debug keys" in titles[1] and "Hybrid" in titles[2]
+    assert titles[0].startswith("Update NEO past 26.27.39122") and titles[1].startswith("Run Linux >= 7.1")
+    assert "debug keys" in titles[2] and "Hybrid" in titles[3]
     assert any("25.40.35563.10" in t for t in titles) and "Vulkan" in titles[-1]
-    assert data["remedies"][2]["command"] == "arcsplit serve model.gguf --gpus 0,1 --mode hybrid"
-    assert "NEOReadDebugKeys=1 ForceZeDeviceCanAccessPerReturnValue=0" in data["remedies"][1]["command"]
+    assert data["remedies"][3]["command"] == "arcsplit serve model.gguf --gpus 0,1 --mode hybrid"
+    assert "NEOReadDebugKeys=1 ForceZeDeviceCanAccessPerReturnValue=0" in data["remedies"][2]["command"]
 
 
 def test_text_report_reads_for_a_human(capsys, config_off):
@@ -60,11 +61,13 @@ def test_text_report_reads_for_a_human(capsys, config_off):
     assert "arcsplit serve model.gguf --gpus 0,1 --mode hybrid" in out
 
 
-def test_ubuntu_2604_kernel_is_fine(capsys):
-    # no --backend: a pasted sycl-ls means the Intel case even on a machine without an Intel card
+def test_ubuntu_2604_kernel_is_left_to_the_probe(capsys):
+    # no --backend: a pasted sycl-ls means the Intel case even on a machine without an Intel card. Reports disagree
+    # on Ubuntu 26.04 kernels (#22885 fine, #25286 failing), so versions cannot tell: multi is tried, unverified.
     data = run_json(capsys, "--gpus", "0,1", "--sycl-ls", str(FX / "sycl_ls_b70_fedora44.txt"),
                     "--kernel", "7.0.0-10-generic")
-    assert data["verdict"]["status"] == "good" and data["mode"] == "multi" and data["remedies"] == []
+    assert data["verdict"]["status"] == "unknown" and "ggml-org/llama.cpp#25286" in data["verdict"]["sources"]
+    assert data["mode"] == "multi" and not data["verified"] and data["remedies"] == []
 
 
 def test_kernel_config_unknown_gives_unknown_not_a_guess(capsys):

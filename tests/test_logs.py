@@ -3,7 +3,9 @@ this file) and from public issues (ggml-org/llama.cpp#22885, #27063; tests/fixtu
 
 from __future__ import annotations
 
-from arcsplit.llama.logs import MiB, error_lines, failure_kind, parse_buffer_line, sum_buffers
+from pathlib import Path
+
+from arcsplit.llama.logs import MULTI_DEVICE_KINDS, MiB, error_lines, failure_kind, parse_buffer_line, sum_buffers
 
 # llama-server -lv 4, two rpc-servers, demo Gemma (this build).
 RPC_LOAD = """\
@@ -29,6 +31,9 @@ alloc_tensor_range: failed to allocate SYCL0 buffer of size 427970304
 llama_model_load: error loading model: unable to allocate SYCL0 buffer
 """.splitlines()
 ALLOC_27063 = ["level_zero backend failed with error: 39 (UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY)"]
+# ggml-org/llama.cpp#27063 in full (tests/fixtures/runtime/ur_exception_27063.log): the same error 39 at decode, in
+# ggml_backend_sycl_get_tensor_async - the #28765 bug (output on a device other than 0), not the NEO one.
+PINNED_27063 = (Path(__file__).parent / "fixtures" / "runtime" / "ur_exception_27063.log").read_text().splitlines()
 # llama-server after kill -9 of an rpc-server (this build; docs/llama-cpp-notes.md).
 RPC_CRASH = ["ggml-rpc.cpp:566: Remote RPC server crashed or returned malformed response"]
 
@@ -55,6 +60,8 @@ def test_gpu_buffer_names_without_timestamps():
 def test_failure_signatures():
     assert failure_kind(ALLOC_22885) == "alloc"
     assert failure_kind(ALLOC_27063) == "alloc"
+    assert failure_kind(PINNED_27063) == "pinned_output"
+    assert {"alloc", "pinned_output"} == set(MULTI_DEVICE_KINDS)  # both make a one-context group fall back
     assert failure_kind(RPC_CRASH) == "rpc_crashed"
     assert failure_kind(["Failed to create server socket"]) == "port_busy"
     assert failure_kind(RPC_LOAD) is None

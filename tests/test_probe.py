@@ -37,7 +37,9 @@ def log(name: str) -> str:
 
 @pytest.mark.parametrize("name, rc, status, code, needle", [
     ("multi_device_oom_22885.log", 1, "alloc_failed", None, "can't allocate 427970304 Bytes"),
-    ("ur_exception_27063.log", -6, "ur_error", 39, "39 (UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY)"),
+    # #27063 ran `-dev sycl1`: UR 39 copying the output off device 1, the llama.cpp#28765 bug, not NEO's
+    ("ur_exception_27063.log", -6, "pinned_output", 39, "in function ggml_backend_sycl_get_tensor_async"),
+    ("backtrace_28765.txt", -6, "pinned_output", None, "ggml_backend_sycl_get_tensor_async"),
     ("native_api_39.log", 1, "ur_error", 39, "Native API returns: 39"),
     ("ur_trace_916.log", 1, "ur_error", 39, "urUSMDeviceAlloc"),
     ("context_unknown_921.log", -6, "context_failed", 2147483646, "2147483646"),
@@ -51,9 +53,29 @@ def test_classify_recorded_failures(name, rc, status, code, needle):
 
 
 def test_classify_alloc_failure_keeps_the_ur_code_when_both_are_printed():
-    text = log("multi_device_oom_22885.log") + log("ur_exception_27063.log")
+    text = log("multi_device_oom_22885.log") + log("native_api_39.log")
     status, _, code, _ = classify(text, 1, False)
     assert (status, code) == ("alloc_failed", 39)
+
+
+def test_pinned_output_failure_names_its_own_remedy_not_the_kernel():
+    """Same UR error 39 as the NEO bug, other cause: the detail points at llama.cpp#28765 and its workaround."""
+    status, detail, _, _ = classify(log("ur_exception_27063.log"), -6, False, ("SYCL0", "SYCL1"))
+    assert status == "pinned_output"
+    assert "llama.cpp#28765" in detail and "GGML_SYCL_ENABLE_HOST_PINNED_MEM=0" in detail
+
+
+def test_the_pinned_tree_has_the_28765_fix():
+    """The managed build's llama.cpp allocates pinned host memory on the buffer's own device (PR #28895), not on
+    device 0 (PR #26789's regression): arcsplit's own SYCL build is not affected. Read from the extracted tree."""
+    from arcsplit.llama.source import llama_root
+
+    src = llama_root() / "src" / "ggml" / "src" / "ggml-sycl" / "ggml-sycl.cpp"
+    if not src.is_file():
+        pytest.skip(f"the pinned llama.cpp tree is not extracted at {src.parent}")
+    text = src.read_text(errors="replace")
+    assert "static void * ggml_backend_sycl_host_malloc(int device, size_t size)" in text
+    assert "static void * ggml_backend_sycl_host_malloc(size_t size)" not in text
 
 
 def test_classify_crash_in_context_creation_vs_later():
@@ -190,3 +212,28 @@ def test_cache_roundtrip_and_damage(tmp_path, monkeypatch):
     assert load_cached(other) is None  # a new kernel means a new probe
     path.write_text("{not json")
     assert load_cached(key) is None
+
+
+def test_doctor_gives_the_pinned_output_failure_its_own_remedies():
+    """A one-context probe failing with #28765 must not send the user to a kernel upgrade or a NEO downgrade."""
+    from arcsplit.cli.doctor import _render, remedies
+    from arcsplit.llama import facts as F
+    from arcsplit.llama.childenv import clean_env
+    from arcsplit.llama.mode import choose_mode
+    from arcsplit.llama.runtime import RuntimeReport
+    from arcsplit.llama.verdict import judge
+
+    facts = F.gather_facts("sycl", None, FX / "sycl_ls_b70_fedora44.txt", "7.2.0", None, sysfs_root=None)
+    verdict = judge("sycl", 38308, "7.2.0", None)  # kernel >= 7.1: NEO/kernel bug ruled out by versions
+    status, detail, code, _ = classify(log("ur_exception_27063.log"), -6, False, ("SYCL0", "SYCL1"))
+    multi = ProbeResult("multi", False, status, detail, code)
+    _, dropped = clean_env("sycl", {"GGML_SYCL_DISABLE_OPT": "1"})
+    report = RuntimeReport("sycl", (0, 1), facts, verdict, choose_mode("sycl", 2, verdict=verdict,
+                           probe_results=[multi]), (multi,), env_dropped=dropped)
+    fixes = remedies(report)
+    text = " ".join(f["title"] + " " + f["command"] for f in fixes)
+    assert "#28765" in fixes[0]["title"] and "GGML_SYCL_ENABLE_HOST_PINNED_MEM=0" in text and "--mode hybrid" in text
+    assert "7.1" not in text and "25.40" not in text
+    out = _render(report, [], None, fixes)
+    assert "not the NEO/kernel bug" in out and "follows the probe" in out
+    assert "GGML_SYCL_DISABLE_OPT=1 removed" in out

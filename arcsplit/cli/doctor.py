@@ -14,6 +14,7 @@ from ..errors import ArcsplitError, BadInput
 from ..llama.devices import discover_rig, parse_gpus
 from ..llama.facts import discover_cards, parse_sycl_ls, read_text
 from ..llama.locate import find_llama
+from ..llama.logs import PINNED_OUTPUT_ENV
 from ..llama.patches import build_patches
 from ..llama.mode import MODES, NEO_WORKAROUND_ENV
 from ..llama.probe import DEFAULT_TIMEOUT_S
@@ -38,10 +39,26 @@ def remedies(report: RuntimeReport) -> list[dict[str, str]]:
         return []
     gpus = ",".join(str(g) for g in report.gpus) or "0,1"
     out: list[dict[str, str]] = []
+    multi = report.multi_probe
+    if multi is not None and multi.status == "pinned_output":
+        # Not NEO or the kernel: llama.cpp's pinned output buffer sits on device 0 (ggml-org/llama.cpp#28765).
+        return [
+            {"title": "llama.cpp bug #28765 (builds with PR #26789 and without its fix, PR #28895): use a llama.cpp "
+                      "with the fix; arcsplit's managed build has it",
+             "command": f"arcsplit llama build --backend sycl && arcsplit serve model.gguf --gpus {gpus} --backend sycl"},
+            {"title": "Its workaround: no pinned host memory for outputs",
+             "command": f"{PINNED_OUTPUT_ENV}=0 arcsplit serve model.gguf --gpus {gpus}"},
+            {"title": "Hybrid: llama-server holds only card 0, where the bug does not strike",
+             "command": f"arcsplit serve model.gguf --gpus {gpus} --mode hybrid"},
+        ]
     if report.backend == "sycl":
         env = " ".join(f"{k}={v}" for k, v in (report.verdict.env or NEO_WORKAROUND_ENV).items())
         out += [
-            {"title": "Run Linux >= 7.1 (the real fix: drm/xe dma-buf, torvalds/linux 609fc8766d68; intel/compute-runtime#916)",
+            {"title": "Update NEO past 26.27.39122 (Intel's own fix, compute-runtime e91243a9d0, first in 26.27.39122.10; "
+                      "26.27.39122 itself segfaults, intel/compute-runtime#971)",
+             "command": "install intel-opencl-icd and libze-intel-gpu1 26.31 or later from "
+                        "https://github.com/intel/compute-runtime/releases, then `arcsplit doctor --reprobe`"},
+            {"title": "Run Linux >= 7.1 (the kernel fix: drm/xe dma-buf, torvalds/linux 609fc8766d68; intel/compute-runtime#916)",
              "command": "uname -r   # then install your distribution's 7.1+ kernel and reboot"},
             {"title": "Intel's workaround: NEO debug keys that turn off peer access, keeping one context",
              "command": f"{env} llama-server ...   # or: arcsplit serve model.gguf --gpus {gpus} --mode multi+workaround"},
@@ -150,6 +167,11 @@ def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: l
     lines += ["", f"Verdict from versions: {_STATUS[v.status]}  (rule {v.rule})", f"  {v.summary}"]
     if v.sources:
         lines.append(f"  sources: {', '.join(v.sources)}")
+    if r.disagreement:
+        lines.append(f"  note: {r.disagreement}")
+    if r.env_dropped:
+        lines += ["", "Environment arcsplit changes for llama.cpp's processes (ARCSPLIT_KEEP_ENV=VAR keeps one)"]
+        lines += [f"  - {d.line()}" for d in r.env_dropped]
     lines += ["", "Probe" + (f" ({'cached' if r.probe_cached else 'run'} {r.probed_at}"
                              + ("; --reprobe for a new one" if r.probe_cached else "") + ")" if r.probed_at else "")]
     if r.probe_note:
@@ -163,7 +185,10 @@ def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: l
         lines.append("  env: " + " ".join(f"{a}={b}" for a, b in d.env.items()))
     lines += [f"  - {reason}" for reason in d.reasons]
     if fixes:
-        lines += ["", "The multi-device context is broken here. Remedies, best first:"]
+        multi = r.multi_probe
+        what = ("llama.cpp fails copying the output off a card other than 0 (not the NEO/kernel bug)"
+                if multi is not None and multi.status == "pinned_output" else "The multi-device context is broken here")
+        lines += ["", f"{what}. Remedies, best first:"]
         for i, fx in enumerate(fixes, 1):
             lines += [f"  {i}. {fx['title']}", f"       {fx['command']}"]
     return "\n".join(lines)

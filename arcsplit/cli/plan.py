@@ -10,6 +10,7 @@ from ..memory import CACHE_TYPES
 from ..model import load_profile
 from ..planner import HOST_DEVICE, Plan, PlanOptions, make_plan
 from ..backends import NAMES as BACKENDS
+from ..backends import flash_attn_default
 from ..rig import Rig, load_layout, save_layout
 from . import print_json
 
@@ -76,7 +77,7 @@ def _plan(args: argparse.Namespace) -> int:
     rig, names = _rig(args)
     options = PlanOptions(n_ctx=args.ctx, n_parallel=args.np, kv_unified=not args.no_kv_unified,
                           cache_type_k=args.cache_type, cache_type_v=args.cache_type, n_ubatch=args.ubatch,
-                          n_batch=max(2048, args.ubatch))
+                          n_batch=max(2048, args.ubatch), flash_attn=flash_attn_default(rig.cards[0].backend, args.cache_type))
     plan = make_plan(profile, rig, options, devices=names)
     if args.save:
         pinned = {"model": str(Path(profile.path).name), "n_ctx": plan.n_ctx, "n_parallel": args.np,

@@ -32,7 +32,8 @@ def request_from_args(args: argparse.Namespace) -> Any:
                         parallel=args.parallel, host=args.host, port=args.port, rpc_host=args.rpc_host,
                         rpc_ports=args.rpc_ports, threads=args.threads, ubatch=args.ubatch, rpc_cache=args.rpc_cache,
                         cpu_memory_mib=args.cpu_memory, output_layer=args.output_layer,
-                        llama_dir=args.llama_dir, build=args.build, extra_args=tuple(args.extra))
+                        llama_dir=args.llama_dir, build=args.build, extra_args=tuple(args.extra),
+                        stop_grace=args.stop_grace)
 
 
 def build_config(args: argparse.Namespace) -> Any:
@@ -267,6 +268,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="consecutive failures before giving up (default: 5)")
     p.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",
                    help="give up a load after this long without any progress (default: 120)")
+    p.add_argument("--stop-grace", type=float, default=None, metavar="S",
+                   help="seconds between SIGTERM and SIGKILL when stopping or restarting (default: per backend, "
+                        "30 on sycl, 10 elsewhere; docs/runtime.md)")
     p.add_argument("--json-events", action="store_true", help="print every event but log lines as JSON on stdout")
     p.add_argument("--bus", metavar="tcp://HOST:PORT",
                    help="serve the bus over TCP with CURVE keys: events on PORT, control on PORT+1 "

@@ -76,7 +76,8 @@ def _unit(args: argparse.Namespace) -> int:
         raise BadInput("`arcsplit unit` needs the command the service runs",
                        "e.g. `arcsplit unit serve model.gguf --gpus 0,1 --backend sycl`")
     if "--tui" in command:
-        raise BadInput("--tui needs a terminal, which a service does not have", "drop --tui; watch it with `arcsplit dash`")
+        raise BadInput("--tui needs a terminal, which a service does not have",
+                       "drop --tui; watch it with `arcsplit dash`")
     if any(a == "--api-key" or a.startswith("--api-key=") for a in command):
         raise BadInput("the API key would be written into the unit file",
                        "put LLAMA_API_KEY=... in a file only you can read and add EnvironmentFile=FILE to the unit, "

@@ -21,8 +21,14 @@ _BUFFER = re.compile(
 )
 _ENDPOINT = re.compile(r"^(?P<name>[A-Za-z_]+\d*)\[(?P<endpoint>[^\]]+)\]$")
 
-# Failure signatures. "alloc" is the Intel multi-device-context failure that makes arcsplit fall back to hybrid.
+# Failure signatures, most specific first. "alloc" is the Intel multi-device-context failure (NEO 25.44-26.22 on
+# kernels < 7.1); "pinned_output" prints the same UR error 39, but at the first decode, while copying the output
+# from a SYCL device other than 0 into pinned host memory that was allocated on device 0 (ggml-org/llama.cpp#28765,
+# introduced by PR #26789, fixed by PR #28895; log form of #27063). Both fail in one context and not in hybrid.
+_PINNED_OUTPUT = re.compile(r"in function ggml_backend_sycl_get_tensor_async\b|"
+                            r"ggml_sycl_error \(func=\"ggml_backend_sycl_get_tensor_async\"")
 _SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("pinned_output", _PINNED_OUTPUT),
     ("alloc", re.compile(r"failed to allocate \S+ buffer|unable to allocate \S* ?buffer|"
                          r"error: 39 \(UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY\)|Native API returns: 39\b")),
     ("rpc_connect", re.compile(r"Failed to connect to|RPC handshake failed")),
@@ -30,6 +36,21 @@ _SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("port_busy", re.compile(r"couldn't bind HTTP server socket|Failed to create server socket")),
     ("model", re.compile(r"error loading model|failed to load model")),
 )
+# ggml-sycl's switch that avoids pinned host memory, the workaround #28765 gives.
+PINNED_OUTPUT_ENV = "GGML_SYCL_ENABLE_HOST_PINNED_MEM"
+
+
+def pinned_output_line(text: str) -> str | None:
+    """The deciding line of the #28765 failure in a log, or None."""
+    m = _PINNED_OUTPUT.search(text)
+    if m is None:
+        return None
+    end = text.find("\n", m.start())
+    return text[text.rfind("\n", 0, m.start()) + 1:end if end >= 0 else len(text)].strip()
+
+
+# The failures a one-context group hits and a hybrid group (llama-server on one card) avoids.
+MULTI_DEVICE_KINDS = ("alloc", "pinned_output")
 _ERRORISH = re.compile(r"\berror\b|GGML_ASSERT|\bfailed\b|\babort|exception|Failed", re.IGNORECASE)
 
 

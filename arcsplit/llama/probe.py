@@ -27,7 +27,9 @@ from typing import Any, Sequence
 from .. import backends
 from .._dirs import cache_dir
 from ..errors import BadInput, LlamaError
+from .childenv import clean_env
 from .locate import LlamaBinaries
+from .logs import PINNED_OUTPUT_ENV, pinned_output_line
 from .mode import NEO_WORKAROUND_ENV
 
 PROBE_MODES = ("multi", "multi+workaround", "hybrid", "rpc")
@@ -57,8 +59,9 @@ _BUFFER = re.compile(r"^\S*?:\s+(\S+) model buffer size\s*=", re.M)
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """One probe run. ``status``: ok, alloc_failed, ur_error, context_failed, context_crash, crash, rpc_error,
-    incomplete (a card got nothing), error, timeout."""
+    """One probe run. ``status``: ok, alloc_failed, pinned_output (UR 39 copying the output off a card other than
+    0: llama.cpp#28765, not NEO), ur_error, context_failed, context_crash, crash, rpc_error, incomplete (a card got
+    nothing), error, timeout."""
 
     mode: str
     ok: bool
@@ -114,6 +117,10 @@ def classify(output: str, returncode: int | None, timed_out: bool, devices: Sequ
             ur_code, ur_line = UR_CODES.get(m.group(2)), " ".join(m.group(0).split())
     if timed_out:
         return "timeout", f"no result within {timeout_s:.0f} s" if timeout_s else "timed out", ur_code, allocated
+    pinned = pinned_output_line(output)
+    if pinned is not None:  # before the UR code: the same error 39, a different cause and remedy
+        return ("pinned_output", f"{pinned} - llama.cpp#28765 (output copied off a card other than 0; not the NEO/"
+                f"kernel bug): update llama.cpp or set {PINNED_OUTPUT_ENV}=0", ur_code, allocated)
     for pattern in _ALLOC:
         for line in output.splitlines():
             if pattern.search(line):
@@ -149,13 +156,14 @@ class _Proc:
     log: Path
 
 
-def _spawn(argv: list[str], env: dict[str, str], log: Path, procs: list[_Proc]) -> _Proc:
+def _spawn(argv: list[str], env: dict[str, str], log: Path, procs: list[_Proc], base: dict[str, str]) -> _Proc:
     """Own session (process group) so the whole tree can be killed; SIGPIPE stays ignored (rpc-server dies of
-    it when a client vanishes: docs/llama-cpp-notes.md). Registered in ``procs`` at once, for the cleanup."""
+    it when a client vanishes: docs/llama-cpp-notes.md). ``base``: the cleaned environment (childenv.py), as
+    served groups get it. Registered in ``procs`` at once, for the cleanup."""
     fh = open(log, "wb")
     try:
         proc = _Proc(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                                      env={**os.environ, **env}, start_new_session=True, restore_signals=False), log)
+                                      env={**base, **env}, start_new_session=True, restore_signals=False), log)
         procs.append(proc)
     finally:
         fh.close()
@@ -265,12 +273,13 @@ def run_probe(mode: str, backend: str, gpus: Sequence[int], binaries: LlamaBinar
     deadline = start + timeout
     workdir = Path(tempfile.mkdtemp(prefix="arcsplit-probe-"))
     procs: list[_Proc] = []
+    base, _ = clean_env(backend, os.environ)
     try:
         endpoints: list[str] = []
         for i, (label, env) in enumerate(plan.servers):
             port = _free_port()
             proc = _spawn([str(binaries.rpc_server), "-H", "127.0.0.1", "-p", str(port)], env,
-                          workdir / f"rpc-{i}.log", procs)
+                          workdir / f"rpc-{i}.log", procs, base)
             why = _wait_listening(proc, port, deadline)
             if why is not None:
                 timed_out = time.monotonic() >= deadline
@@ -287,7 +296,7 @@ def run_probe(mode: str, backend: str, gpus: Sequence[int], binaries: LlamaBinar
             argv += ["--rpc", ",".join(endpoints)]  # before -dev: llama-bench resolves devices while parsing
         argv += ["-dev", "/".join(devices), "-ngl", "99", "-ts", "/".join(["1"] * n),
                  "-p", "0", "-n", "1", "-r", "1", "--no-warmup", "-v", "-o", "md"]
-        bench = _spawn(argv, plan.bench_env, workdir / "bench.log", procs)
+        bench = _spawn(argv, plan.bench_env, workdir / "bench.log", procs, base)
         timed_out = False
         try:
             rc: int | None = bench.popen.wait(timeout=max(0.1, deadline - time.monotonic()))

@@ -5,11 +5,13 @@ This is the I/O side; mode.choose_mode stays pure and only sees the verdict and 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import ArcsplitError
+from .childenv import Dropped, clean_env
 from .facts import Facts, gather_facts
 from .locate import LlamaBinaries, server_build_info
 from .mode import ModeDecision, choose_mode
@@ -32,11 +34,30 @@ class RuntimeReport:
     probe_cached: bool = False
     probe_note: str | None = None  # why no probe ran, when none did
     cards: tuple[str, ...] = field(default=())
+    env_dropped: tuple[Dropped, ...] = ()  # inherited variables every child gets changed (childenv.py)
+
+    @property
+    def multi_probe(self) -> ProbeResult | None:
+        return next((p for p in self.probes if p.mode == "multi"), None)
+
+    @property
+    def disagreement(self) -> str | None:
+        """The probe and the version table disagree: arcsplit follows the probe, and says so (the table rests on
+        reports, e.g. the Ubuntu-kernel rule has a counterexample in ggml-org/llama.cpp#25286)."""
+        multi, v = self.multi_probe, self.verdict
+        if multi is None or v.affects != "multi-device":
+            return None
+        if v.status == "good" and not multi.ok:
+            return (f"versions say one context works (rule {v.rule}) but the probe failed ({multi.status}): "
+                    f"arcsplit follows the probe")
+        if v.status == "bad" and multi.ok:
+            return f"versions say one context fails (rule {v.rule}) but the probe worked: arcsplit follows the probe"
+        return None
 
     @property
     def multi_broken(self) -> bool:
         """The one-context route fails here (by probe, else by versions): the case of ggml-org/llama.cpp#22885."""
-        multi = next((p for p in self.probes if p.mode == "multi"), None)
+        multi = self.multi_probe
         if multi is not None:
             return not multi.ok
         return self.verdict.status == "bad"
@@ -47,7 +68,8 @@ class RuntimeReport:
                 "reasons": list(self.decision.reasons), "verified": self.decision.verified,
                 "probe": {"results": [p.to_dict() for p in self.probes], "at": self.probed_at,
                           "cached": self.probe_cached, "note": self.probe_note},
-                "facts": self.facts.to_dict()}
+                "facts": self.facts.to_dict(), "disagreement": self.disagreement,
+                "env_dropped": [d.to_dict() for d in self.env_dropped]}
 
 
 def probe_modes(backend: str, n_cards: int) -> tuple[str, ...]:
@@ -113,7 +135,8 @@ def check_runtime(backend: str, gpus: Sequence[int], binaries: LlamaBinaries | N
                     at = datetime.now(timezone.utc).isoformat(timespec="seconds")
                     save_cached(key, results)
     decision = choose_mode(backend, max(n, 1), forced, verdict, results)
-    return RuntimeReport(backend, tuple(gpus), facts, verdict, decision, tuple(results), at, cached, note, tuple(cards))
+    return RuntimeReport(backend, tuple(gpus), facts, verdict, decision, tuple(results), at, cached, note, tuple(cards),
+                         clean_env(backend, os.environ)[1])
 
 
 def _binary_id(binaries: LlamaBinaries) -> str:

@@ -69,6 +69,8 @@ class Child:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Spawn, report started, then pump output until the process exits and its pipe is drained."""
         env = dict(os.environ)
+        for var in self.spec.env_unset:
+            env.pop(var, None)
         env.update(self.spec.env_dict)
         env.update(self._extra_env)
         if self._log_path is not None:

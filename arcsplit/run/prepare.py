@@ -13,8 +13,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .. import backends
 from .._dirs import cache_dir
 from ..errors import BadInput
+from ..llama.childenv import clean_env
+from ..llama.features import binary_features
 from ..llama.devices import discover_rig, parse_gpus
 from ..llama.locate import find_llama
 from ..llama.mode import ModeDecision, choose_mode
@@ -24,7 +27,7 @@ from ..model import load_profile
 from ..planner import Plan, PlanOptions, make_plan
 from ..rig import Rig
 from .ports import check_free, check_host
-from .specs import LOOPBACK, ServeConfig, plan_devices
+from .specs import LOOPBACK, ServeConfig, build_specs, n_rpc_servers, plan_devices
 
 MODE_CHOICES = ("auto", "single", "multi", "multi+workaround", "hybrid", "rpc")
 # Micro-batch per route when the user does not set one. Over RPC every ubatch pays a blocking round trip per
@@ -62,6 +65,7 @@ class ServeRequest:
     llama_dir: str | None = None
     build: str | None = None  # a managed build's key (arcsplit llama which --all)
     extra_args: tuple[str, ...] = field(default=())
+    stop_grace: float | None = None  # SIGTERM -> SIGKILL seconds; None: the backend's (backends.py stop_grace_s)
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class Prepared:
     rig: Rig
     warnings: tuple[str, ...] = ()  # for the user before anything starts (the CLI prints them)
     notes: tuple[str, ...] = ()  # what was chosen for them, e.g. which managed build
+    stop_grace: float = 10.0  # what the supervisor waits between SIGTERM and SIGKILL
 
 
 def _observed_path(backend: str) -> Path:
@@ -159,7 +164,8 @@ def rpc_spin_us(backend: str, cores: int, environ: Any = os.environ) -> int:
 def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str) -> Plan:
     ubatch = req.ubatch if req.ubatch is not None else ROUTE_UBATCH.get(mode, 512)
     options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel, n_ubatch=ubatch, n_batch=max(2048, ubatch),
-                          output_on_first=output_local(req, mode))
+                          output_on_first=output_local(req, mode),
+                          flash_attn=backends.flash_attn_default(req.backend))
     return make_plan(profile, rig, options, devices=plan_devices(mode, req.backend, [c.index for c in rig.cards]))
 
 
@@ -179,6 +185,8 @@ def prepare(req: ServeRequest) -> Prepared:
         raise BadInput(f"unknown --output-layer {req.output_layer!r}", f"use one of {', '.join(OUTPUT_LAYER_CHOICES)}")
     if req.threads is not None and req.threads < 1:
         raise BadInput(f"--threads {req.threads} must be at least 1", "give rpc-server threads per card")
+    if req.stop_grace is not None and not 0 <= req.stop_grace <= 3600:
+        raise BadInput(f"--stop-grace {req.stop_grace} is out of range", "give seconds between 0 and 3600, e.g. 30")
     rpc_ports = _ports(req.rpc_ports)
     check_host(req.host, "--host")
     check_host(req.rpc_host, "--rpc-host")
@@ -202,6 +210,10 @@ def prepare(req: ServeRequest) -> Prepared:
     if req.rpc_host != LOOPBACK:
         warnings.append(f"rpc-servers listen on {req.rpc_host}; the RPC protocol has no authentication, so anyone "
                         f"who can reach it can run code on them - keep it on a trusted network")
+    # A build arcsplit did not make is asked once what it accepts (llama/features.py).
+    foreign = binaries.found_by in ("--llama-dir", "ARCSPLIT_LLAMA_DIR", "PATH")  # not "managed" / "--build KEY"
+    features = binary_features(binaries.server) if foreign else None
+    _, dropped = clean_env(req.backend, os.environ)
     config = ServeConfig(plan=plan, mode=decision.mode, backend=req.backend, server_bin=str(binaries.server),
                          rpc_bin=str(binaries.rpc_server), host=req.host, port=req.port, rpc_host=req.rpc_host,
                          rpc_ports=tuple(rpc_ports) if rpc_ports else None, threads=req.threads,
@@ -209,18 +221,29 @@ def prepare(req: ServeRequest) -> Prepared:
                          rpc_spin_us=rpc_spin_us(req.backend, os.cpu_count() or 1),
                          rpc_cache_dir=str(cache_dir() / "rpc-cache") if req.rpc_cache else None,
                          mode_env=tuple(sorted(decision.env.items())), forced_mode=forced is not None,
-                         ui_dir=serve_dir(binaries.server.parent))
-    return Prepared(req, config, decision, profile, rig, tuple(warnings), (binaries.note,) if binaries.note else ())
+                         ui_dir=serve_dir(binaries.server.parent), env_dropped=dropped, server_features=features,
+                         rpc_features=binary_features(binaries.rpc_server) if foreign else None)
+    # The specs as the supervisor will build them (placeholder ports): a flag the route needs and this build lacks
+    # is an error now, before any process starts; what it can do without is said.
+    specs = build_specs(config, [0] * n_rpc_servers(config))
+    off = tuple(dict.fromkeys(o for spec in specs for o in spec.features_off))
+    notes = [binaries.note] if binaries.note else []
+    notes += [f"environment: {d.line()}" for d in dropped]
+    if off:
+        notes.append(f"{binaries.server} lacks flags arcsplit uses; off: {'; '.join(off)}")
+    grace = req.stop_grace if req.stop_grace is not None else backends.get(req.backend).stop_grace_s
+    return Prepared(req, config, decision, profile, rig, tuple(warnings), tuple(notes), grace)
 
 
 def hybrid_fallback(prepared: Prepared, say: Callable[[str], None] | None = None
                     ) -> Callable[[ServeConfig, str], ServeConfig | None]:
-    """What the supervisor does when a one-context load fails with the allocation signature: record, go hybrid."""
+    """What the supervisor does when a one-context group fails in a way hybrid avoids (logs.MULTI_DEVICE_KINDS: the
+    NEO allocation failure, llama.cpp#28765's output copy): record, go hybrid."""
 
     def fallback(cfg: ServeConfig, message: str) -> ServeConfig | None:
         record_observed(cfg.backend, cfg.mode, False, message)
         if say:
-            say(f"{cfg.mode} failed with the multi-device allocation error; falling back to hybrid (recorded)")
+            say(f"{cfg.mode} failed with a one-context error ({message[:120]}); falling back to hybrid (recorded)")
         plan = plan_for_mode(prepared.profile, prepared.rig, prepared.request, "hybrid")
         return replace(cfg, plan=plan, mode="hybrid", mode_env=())
 

@@ -12,6 +12,8 @@ from typing import Mapping, Sequence
 
 from .. import backends
 from ..errors import BadInput
+from ..llama.childenv import Dropped, overlay
+from ..llama.features import RPC_OPTIONAL, RPC_REQUIRED, Features, fit_args
 from ..llama.patches import SPIN_ENV
 from ..planner import HOST_DEVICE, CardPlan, Plan
 
@@ -56,6 +58,8 @@ class ProcessSpec:
     cards: tuple[int, ...]  # positions in plan.cards this process holds
     device: str | None = None  # for an rpc-server: its name in llama-server (RPC0, ...)
     ignore_sigpipe: bool = False
+    env_unset: tuple[str, ...] = ()  # removed from the supervisor's environment (llama/childenv.py)
+    features_off: tuple[str, ...] = ()  # what this binary lacks, so arcsplit left out (llama/features.py)
 
     @property
     def endpoint(self) -> str:
@@ -88,6 +92,9 @@ class ServeConfig:
     secret_env: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # llama-server only; never recorded
     rpc_spin_us: int = 0  # > 0: every process of a hybrid/rpc group polls the RPC link this long before sleeping
     ui_dir: str | None = None  # llama-server --path: the web UI (or the page on how to get it) at /
+    env_dropped: tuple[Dropped, ...] = ()  # inherited variables changed for every child (llama/childenv.py)
+    server_features: Features | None = None  # what a llama-server arcsplit did not build accepts; None: all
+    rpc_features: Features | None = None  # the same for its rpc-server
 
     def __post_init__(self) -> None:
         public, secrets = split_secrets(self.extra_args)
@@ -147,7 +154,8 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
         raise BadInput(f"mode single needs one card, the plan has {len(plan.cards)}", "pick --mode auto")
     if mode in ("hybrid", "rpc") and not rpc_positions:
         raise BadInput(f"mode {mode} needs at least one card for an rpc-server", "use --mode single with one card")
-    extra_env = dict(config.mode_env)
+    hygiene_set, unset = overlay(config.env_dropped)
+    extra_env = {**dict(hygiene_set), **dict(config.mode_env)}
     if config.rpc_spin_us > 0 and rpc_positions:
         extra_env[SPIN_ENV] = str(config.rpc_spin_us)  # patch 0005: poll the link before sleeping
     threads = rpc_threads(config)
@@ -161,9 +169,10 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
         if config.rpc_cache_dir:
             argv += ("-c",)
             env["LLAMA_CACHE"] = config.rpc_cache_dir  # the server keeps tensors > 10 MiB under <this>/rpc
+        argv, off = fit_args(argv, config.rpc_features, config.rpc_bin, RPC_OPTIONAL, RPC_REQUIRED)
         specs.append(ProcessSpec(name=f"rpc{k}", role="rpc", argv=argv, env=tuple(sorted(env.items())),
                                  host=config.rpc_host, port=port, cards=(pos,), device=f"RPC{k}",
-                                 ignore_sigpipe=True))
+                                 ignore_sigpipe=True, env_unset=unset, features_off=off))
 
     # What llama-server itself holds, and the names of its devices in --device order.
     local_positions = [i for i in range(len(plan.cards)) if i not in rpc_positions]
@@ -186,9 +195,10 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
         argv += ["-t", str(threads)]  # llama-server computes the host card's layers; share cores evenly
     if config.ui_dir:
         argv += ["--path", config.ui_dir]  # before the user's args: their own --path or --no-ui wins
-    argv += list(config.extra_args)
-    specs.append(ProcessSpec(name="server", role="server", argv=tuple(argv), env=tuple(sorted(env.items())),
-                             host=config.host, port=config.port, cards=tuple(local_positions)))
+    fitted, off = fit_args(argv, config.server_features, config.server_bin)
+    specs.append(ProcessSpec(name="server", role="server", argv=fitted + tuple(config.extra_args),
+                             env=tuple(sorted(env.items())), host=config.host, port=config.port,
+                             cards=tuple(local_positions), env_unset=unset, features_off=off))
     return tuple(specs)
 
 

@@ -249,11 +249,11 @@ class Supervisor:
                     self._failures = 0
                 self._failures += 1
                 failure = reason if isinstance(reason, _StartFailed) else None
-                if failure and failure.kind == "alloc" and self.config.mode in ("multi", "multi+workaround") \
+                if failure and failure.kind in logs.MULTI_DEVICE_KINDS and self.config.mode in ("multi", "multi+workaround") \
                         and self._fallback and not self.config.forced_mode:
                     new = self._fallback(self.config, failure.message)
                     if new is not None:
-                        self._publish("verdict", "group", {"failed_mode": self.config.mode, "kind": "alloc",
+                        self._publish("verdict", "group", {"failed_mode": self.config.mode, "kind": failure.kind,
                                                            "message": failure.message, "fallback": new.mode})
                         self.decision = {"mode": new.mode, "reasons": [
                             f"{self.config.mode} failed here with the multi-device allocation error "
