@@ -41,6 +41,16 @@ def test_serve_dir_is_the_ui_beside_arcsplits_build_else_the_page_else_nothing(t
     assert webui.serve_dir(bin_dir) == str(tmp_path / "ui") and webui.missing_reason(tmp_path) is None
 
 
+def test_without_node_the_build_says_why_and_serve_can_repeat_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    steps = []
+    reason = webui.build_ui(lambda step, pct: steps.append(step))
+    assert reason and "Node.js and npm are not installed" in reason and "apt-get install nodejs npm" in reason
+    assert webui.missing_reason() == reason and not steps  # nothing was started
+    assert not webui.ui_dir().exists()
+
+
 def test_llama_server_gets_the_ui_dir_before_the_users_args():
     from test_specs import config, specs_for
 
