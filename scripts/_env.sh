@@ -23,6 +23,6 @@ command -v ccache >/dev/null 2>&1 || want="$want ccache"
 command -v chromedriver >/dev/null 2>&1 || want="$want chromium chromium-driver"
 if [ -n "$want" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   # shellcheck disable=SC2086
-  (apt-get update -qq && apt-get install -y -qq $want) >/dev/null 2>&1 || true
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $want) >/dev/null 2>&1 || true
 fi
 export PATH="$ROOT/.venv/bin:$PATH"
