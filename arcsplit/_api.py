@@ -16,6 +16,7 @@ import anyio
 from anyio.from_thread import start_blocking_portal
 
 from .errors import RunError
+from .llama.detect import resolve
 from .llama.devices import discover_rig, parse_gpus
 from .llama.locate import find_llama
 from .model import load_profile
@@ -33,18 +34,20 @@ __all__ = ["AsyncServer", "BusInfo", "Client", "Instance", "MODE_CHOICES", "OUTP
            "Server", "ServeRequest", "aserve", "attach", "instance", "plan", "prepare", "runs", "serve"]
 
 
-def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None, *, backend: str = "cpu",
+def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None, *, backend: str = "auto",
          ctx: int | None = None, parallel: int = 1, cache_type: str = "f16", ubatch: int = 512,
          layout: str | os.PathLike[str] | None = None, cpu_memory_mib: int | None = None,
          mode: str = "rpc", llama_dir: str | None = None, build: str | None = None) -> Plan:
     """Where every layer goes and what each card must hold; ``layout`` plans for a rig you do not have.
 
-    ``mode`` only names the devices as llama-server will see them (rpc: RPC0, RPC1, ...).
+    ``mode`` only names the devices as llama-server will see them (rpc: RPC0, RPC1, ...). ``backend`` "auto" picks
+    what ``serve`` would on this machine (the cards and the builds present).
     """
     profile = load_profile(model)
     if layout is not None:
         rig: Rig = load_layout(layout)
     else:
+        backend, _choice = resolve(backend, llama_dir)
         binaries = None if backend == "cpu" else find_llama(llama_dir, backend=backend, build=build)
         rig = discover_rig(backend, parse_gpus(gpus if isinstance(gpus, str) or gpus is None else list(gpus)),
                            binaries, cpu_memory_mib)

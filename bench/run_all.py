@@ -154,6 +154,37 @@ def v_patch_ab(text: str) -> Verdict:
     return Verdict("info", "ratios to native: " + "; ".join(parts) + f"; {eq}")
 
 
+ONE_GPU_TARGETS = {"hybrid": {"prefill": 0.85, "decode": 0.93, "4 streams": 0.93},
+                   "rpc": {"prefill": 0.75, "decode": 0.85}}
+
+
+def v_one_gpu(text: str) -> Verdict:
+    """Issue 19's one-GPU targets against the median over runs (``min / **median** / max`` cells of
+    bench/merge_runs.py or throughput.py --runs), and whether any route is slower with the patches than without."""
+    med: dict[str, dict[str, float]] = {}
+    for r in table_rows(text):
+        m = re.match(r"((?:hybrid|rpc)(?:-stock)?) \(", r[0]) if r else None
+        cells = [c for c in r if "**" in c]
+        if m and len(cells) == 3:
+            med[m.group(1)] = {k: float(c.split("**")[1]) for k, c in zip(("prefill", "decode", "4 streams"), cells)}
+    if not med:
+        return Verdict("info", "no spread table in the file")
+    parts, ok = [], True
+    for route, targets in ONE_GPU_TARGETS.items():
+        if route not in med:
+            continue
+        got = med[route]
+        ok &= all(got[k] >= t for k, t in targets.items())
+        parts.append(f"{route} " + ", ".join(f"{k} {got[k]:.2f}" + (f" (>= {targets[k]})" if k in targets else "")
+                                            for k in got))
+        if f"{route}-stock" in med:
+            slower = [k for k in got if got[k] < med[f"{route}-stock"][k]]
+            parts[-1] += f"; stock {', '.join(f'{v:.2f}' for v in med[f'{route}-stock'].values())}" + (
+                f", slower with the patches: {', '.join(slower)}" if slower else "")
+    eq = "greedy output equal in every mode" if not re.search(r"NO \(", text) else "greedy output DIFFERS"
+    return Verdict("pass" if ok else "FAIL", "medians over runs: " + "; ".join(parts) + f"; {eq}")
+
+
 def v_generic(text: str) -> Verdict:
     return meets(text) or Verdict("info", "no target stated in the file")
 
@@ -197,6 +228,12 @@ FIGURES = [
     Figure("5c. Blocking waits per token on the RPC routes, stock vs patched (CPU, hardware-independent)",
            "fewer waits with the patch (its mechanism; tokens/s on 2 shared cores is noise)",
            ("rpc_waits.md",), lambda t, f: Verdict("info", first_line_with(t, "Result:").removeprefix("Result: "))),
+    Figure("5d. The RPC route's tax on one GPU (H200, llama-server and rpc-servers share it; 3+ runs)",
+           "hybrid >= 0.85 prefill, >= 0.93 decode and 4 streams; all-RPC >= 0.75 prefill, >= 0.85 decode "
+           "(issue 19), and no route slower with the patches",
+           ("gpu/throughput_cuda_onecard_moe.md", "gpu/throughput_cuda_onecard_dense.md"), lambda t, f: v_one_gpu(t)),
+    Figure("5e. CPU cost of the RPC link's polling (patch 0005)", "measured (cores busy per token and idle)",
+           ("poll_cost.md",), lambda t, f: v_generic(t)),
     Figure("Supervisor CPU while idle", "< 0.5 % of one core", ("idle_cpu.md",), lambda t, f: v_generic(t)),
     Figure("Dashboard frame time under a log flood", "frames under 50 ms at realistic log rates",
            ("dash_frame.md",), lambda t, f: v_generic(t)),

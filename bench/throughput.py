@@ -1,7 +1,8 @@
 """Throughput per serving mode, served through arcsplit itself and measured over real HTTP.
 
     python bench/throughput.py [--backend cpu|cuda] [--gpus 0,1] [--model PATH] [--modes native,hybrid,rpc]
-                               [--full] [--reps N] [--n-predict N] [--threads N] [--ubatch N] [--out FILE]
+                               [--full] [--reps N] [--runs N] [--same-card] [--rpc-cache] [--n-predict N]
+                               [--threads N] [--ubatch N] [--out FILE]
 
 Each mode is started with ``arcsplit.serve`` (the public API: plan, specs, supervisor) at the same context,
 ``-np 4`` and the planner's flags (``-fa on``), then measured against llama-server's
@@ -21,6 +22,13 @@ on llama-server's own card (--output-layer local); -stock goes last (hybrid-last
 rpc-nospin = patches on, but the RPC link's threads sleep at once instead of polling first
 (ARCSPLIT_RPC_SPIN_US=0; arcsplit sets it on GPU groups, patch 0005).
 
+--runs N repeats the whole set N times, every mode a fresh group of processes each time, each run against its
+own native; the table then gives min / median / max over the runs of each run's ratio. --same-card (GPU
+backends, one --gpus card) measures the RPC route's tax on a machine with one GPU: the route's "cards" are
+that one GPU twice (llama-server and the rpc-servers all see it), and native is mode single on it.
+--rpc-cache starts rpc-servers with llama.cpp's weight cache (`-c`), so repeated loads read weights locally;
+the served weights, and so the figures, are the same.
+
 Greedy output (temperature 0) of every mode is compared with native's at the same -fa and -ub. On CPU the
 rpc-servers keep weights unrepacked while a local llama-server repacks Q4_K for its own CPU, which changes
 rounding, so that comparison runs every mode once more with ``--no-repack`` (the throughput runs keep llama.cpp's
@@ -39,6 +47,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,12 +114,36 @@ def parse_mode(mode: str) -> Variant:
     return Variant(route, output, off)
 
 
-def serve_mode(mode: str, backend: str) -> tuple[str, bool]:
+def serve_mode(mode: str, backend: str, same_card: bool = False) -> tuple[str, bool]:
     """Our mode name -> (arcsplit mode, whether it takes only the first card)."""
     route = parse_mode(mode).route
     if route == "native":
-        return ("single", True) if backend == "cpu" else ("multi", False)
+        return ("single", True) if backend == "cpu" or same_card else ("multi", False)
     return route, False
+
+
+@contextlib.contextmanager
+def same_card_rig(card: int, n_cards: int) -> Iterator[None]:
+    """Inside: a group asked for cards 0..n_cards-1 gets GPU ``card`` that many times, each with an even share
+    of its free memory, so llama-server and every rpc-server see (and load onto) the same GPU. arcsplit
+    itself refuses a card named twice; only this bench shares one on purpose."""
+    from arcsplit.rig import Card, Rig
+    from arcsplit.run import prepare as prep
+
+    real = prep.discover_rig
+
+    def shared(backend: str, gpus: list[int] | None, *args: Any, **kw: Any) -> Rig:
+        if gpus != list(range(n_cards)):
+            return real(backend, gpus, *args, **kw)
+        c = real(backend, [card], *args, **kw).cards[0]
+        return Rig(tuple(Card(backend, c.index, c.name, c.total_bytes // n_cards, c.free_bytes // n_cards)
+                         for _ in gpus))
+
+    prep.discover_rig = shared
+    try:
+        yield
+    finally:
+        prep.discover_rig = real
 
 
 def mode_env(mode: str) -> contextlib.AbstractContextManager[None]:
@@ -193,15 +226,17 @@ def argv_of(server: Any) -> dict[str, list[str]]:
 
 def serve_kwargs(a: argparse.Namespace, mode: str, extra: tuple[str, ...],
                  ubatch: int | None = None) -> tuple[list[int], dict[str, Any]]:
-    amode, first_only = serve_mode(mode, a.backend)
+    amode, first_only = serve_mode(mode, a.backend, a.same_card)
     gpus = a.gpu_list[:1] if first_only else a.gpu_list
+    if a.same_card and not first_only:
+        gpus = list(range(a.same_card_cards))  # placeholders: same_card_rig maps them all onto --gpus' one card
     args = list(extra)
     if a.threads is not None and amode == "single":
         args += ["-t", str(a.threads)]  # the other modes pass it to llama-server and rpc-servers via ServeRequest
     kw: dict[str, Any] = dict(backend=a.backend, mode=amode, ctx=a.ctx, parallel=STREAMS, port=free_port(),
                               threads=a.threads, ubatch=ubatch if ubatch is not None else a.ubatch,
                               cpu_memory_mib=a.cpu_memory_mib, llama_dir=a.llama_dir, extra_args=tuple(args), bus=False,
-                              output_layer=parse_mode(mode).output)
+                              output_layer=parse_mode(mode).output, rpc_cache=a.rpc_cache)
     return gpus, kw
 
 
@@ -216,7 +251,7 @@ def server_flag(r: "ModeResult", name: str) -> str | None:
 
 
 def run_mode(a: argparse.Namespace, mode: str) -> ModeResult:
-    amode, _ = serve_mode(mode, a.backend)
+    amode, _ = serve_mode(mode, a.backend, a.same_card)
     res = ModeResult(mode, amode)
     gpus, kw = serve_kwargs(a, mode, ())
     with mode_env(mode), arcsplit.serve(a.model, gpus=gpus, **kw) as server, \
@@ -284,11 +319,77 @@ def ratio(x: float | None, base: float | None) -> str:
     return "-" if x is None or not base else f"{x / base:.2f}x"
 
 
-def report(a: argparse.Namespace, results: list[ModeResult], build: str, mach: str, cmdline: str, eq_ub: int) -> str:
-    native = next((r for r in results if r.mode == "native" and not r.error), None)
+def native_of(results: list[ModeResult]) -> ModeResult | None:
+    return next((r for r in results if r.mode == "native" and not r.error), None)
+
+
+def greedy_cell(r: ModeResult, native: ModeResult | None) -> str:
+    if r is native:
+        return "(reference)" if r.greedy else f"failed: {r.greedy_error}"
+    if r.greedy_error:
+        return f"failed: {r.greedy_error}"
+    if native is None or not native.greedy or not r.greedy:
+        return "-"
+    same = sum(x == y for x, y in zip(r.greedy, native.greedy))
+    return f"{'yes' if same == len(native.greedy) else 'NO'} ({same}/{len(native.greedy)})"
+
+
+def layers_cell(r: ModeResult) -> str:
+    layers = f"{server_flag(r, '-ngl') or '-'} ({server_flag(r, '-ts') or '-'})"
+    if server_flag(r, "-ot"):
+        layers += f" -ot {server_flag(r, '-ot')}"
+    return layers
+
+
+def spread(xs: list[float]) -> str:
+    """min / median / max of per-run ratios, or the one value."""
+    if not xs:
+        return "-"
+    if len(xs) == 1:
+        return f"{xs[0]:.2f}x"
+    return f"{min(xs):.2f} / **{statistics.median(xs):.2f}** / {max(xs):.2f}"
+
+
+def run_ratios(runs: list[list[ModeResult]], mode: str, name: str) -> list[float]:
+    """This mode's median over its own run's native median, one value per run where both ran."""
+    out = []
+    for results in runs:
+        native = native_of(results)
+        r = next((x for x in results if x.mode == mode and not x.error), None)
+        if native and r and r.median(name) and native.median(name):
+            out.append(r.median(name) / native.median(name))
+    return out
+
+
+def spread_table(runs: list[list[ModeResult]]) -> list[str]:
+    """The figures of several independent runs: per mode, each run's ratio to that run's native."""
+    first = runs[0]
+    native = native_of(first)
+    lines = [f"| mode | -ub | -ngl (-ts) | prefill t/s | decode t/s | 4 streams t/s | prefill / native | "
+             f"decode / native | 4 streams / native | greedy = native |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in first:
+        ok = [x for results in runs for x in results if x.mode == r.mode and not x.error]
+        if not ok:
+            lines.append(f"| {r.mode} ({r.arcsplit_mode}) | | | failed: {r.error} | | | | | | |")
+            continue
+        tps = [fmt(statistics.median([x.median(k) for x in ok]), 1 if k == "prefill" else 2)
+               for k in ("prefill", "decode", "streams")]
+        failed = len(runs) - len(ok)
+        ratios = [spread(run_ratios(runs, r.mode, k)) for k in ("prefill", "decode", "streams")]
+        lines.append(f"| {r.mode} ({r.arcsplit_mode}){f' ({failed} runs failed)' if failed else ''} | "
+                     f"{server_flag(ok[0], '-ub') or '-'} | {layers_cell(ok[0])} | {' | '.join(tps)} | "
+                     f"{' | '.join(ratios)} | {greedy_cell(r, native)} |")
+    return lines
+
+
+def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach: str, cmdline: str,
+           eq_ub: int) -> str:
+    results = runs[0]
+    native = native_of(results)
     nat = {k: native.median(k) if native else None for k in ("prefill", "decode", "streams")}
     native_label = ("mode single, one card: one llama-server runs the whole model on its own CPU (the CPU build "
                     "has no multi-device mode)" if a.backend == "cpu"
+                    else "mode single on that GPU: one llama-server holding the whole model" if a.same_card
                     else "mode multi: one llama-server holding every GPU (llama.cpp's own multi-device split)")
     threads = (f"{a.threads} per process (llama-server and every rpc-server; arcsplit's default is cores / cards)"
                if a.threads else "llama.cpp's and arcsplit's defaults")
@@ -310,41 +411,44 @@ def report(a: argparse.Namespace, results: list[ModeResult], build: str, mach: s
              f"the other RPC rows poll {rpc_spin_us(a.backend, os.cpu_count() or 1)} us, arcsplit's choice "
              "here)." + (
                  " On CPU the planner leaves as few layers as it can on llama-server's own CPU card (layers not in "
-                 "-ngl stay there)." if a.backend == "cpu" else ""), "",
-             "| mode | -ub | -ngl (-ts) | prefill t/s | decode t/s | 4 streams t/s | prefill / native | "
-             "decode / native | 4 streams / native | greedy = native |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        if r.error:
-            lines.append(f"| {r.mode} ({r.arcsplit_mode}) | | | failed: {r.error} | | | | | | |")
-            continue
-        p, d, s = r.median("prefill"), r.median("decode"), r.median("streams")
-        if r is native:
-            eq = "(reference)" if r.greedy else f"failed: {r.greedy_error}"
-        elif r.greedy_error:
-            eq = f"failed: {r.greedy_error}"
-        elif native is None or not native.greedy or not r.greedy:
-            eq = "-"
-        else:
-            same = sum(x == y for x, y in zip(r.greedy, native.greedy))
-            eq = f"{'yes' if same == len(native.greedy) else 'NO'} ({same}/{len(native.greedy)})"
-        layers = f"{server_flag(r, '-ngl') or '-'} ({server_flag(r, '-ts') or '-'})"
-        if server_flag(r, "-ot"):
-            layers += f" -ot {server_flag(r, '-ot')}"
-        lines.append(f"| {r.mode} ({r.arcsplit_mode}) | {server_flag(r, '-ub') or '-'} | {layers} | {fmt(p)} | "
-                     f"{fmt(d, 2)} | {fmt(s, 2)} | {ratio(p, nat['prefill'])} | {ratio(d, nat['decode'])} | "
-                     f"{ratio(s, nat['streams'])} | {eq} |")
+                 "-ngl stay there)." if a.backend == "cpu" else ""), ""]
+    if a.same_card:
+        lines[-2] += (f" Same card (--same-card): llama-server and the rpc-servers of every RPC row share GPU "
+                      f"{a.gpu_list[0]}, each route planned as {a.same_card_cards} cards of half its memory; the "
+                      "ratios are the RPC route's own cost (link, processes), not a second card's speed.")
+    if len(runs) > 1:
+        lines[-2] += (f" {len(runs)} independent runs (every mode a fresh group of processes per run, modes in "
+                      "the order listed); t/s cells: median over runs of each run's median; ratio cells: "
+                      "min / **median** / max over runs of the mode's median over the same run's native.")
+        lines += spread_table(runs)
+    else:
+        lines += ["| mode | -ub | -ngl (-ts) | prefill t/s | decode t/s | 4 streams t/s | prefill / native | "
+                  "decode / native | 4 streams / native | greedy = native |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in results:
+            if r.error:
+                lines.append(f"| {r.mode} ({r.arcsplit_mode}) | | | failed: {r.error} | | | | | | |")
+                continue
+            p, d, s = r.median("prefill"), r.median("decode"), r.median("streams")
+            lines.append(f"| {r.mode} ({r.arcsplit_mode}) | {server_flag(r, '-ub') or '-'} | {layers_cell(r)} | "
+                         f"{fmt(p)} | {fmt(d, 2)} | {fmt(s, 2)} | {ratio(p, nat['prefill'])} | "
+                         f"{ratio(d, nat['decode'])} | {ratio(s, nat['streams'])} | {greedy_cell(r, native)} |")
     lines += ["", "Every repetition (t/s):", ""]
-    for r in results:
-        if not r.error:
-            lines.append(f"- {r.mode}: prefill {', '.join(f'{x:.1f}' for x in r.prefill)}; decode "
-                         f"{', '.join(f'{x:.2f}' for x in r.decode)}; 4 streams "
-                         f"{', '.join(f'{x:.2f}' for x in r.streams)}")
+    for k, run in enumerate(runs, 1):
+        for r in run:
+            if not r.error:
+                lines.append(f"- {f'run {k}, ' if len(runs) > 1 else ''}{r.mode}: prefill "
+                             f"{', '.join(f'{x:.1f}' for x in r.prefill)}; decode "
+                             f"{', '.join(f'{x:.2f}' for x in r.decode)}; 4 streams "
+                             f"{', '.join(f'{x:.2f}' for x in r.streams)}")
+            else:
+                lines.append(f"- {f'run {k}, ' if len(runs) > 1 else ''}{r.mode}: failed: {r.error}")
     extra = f" and `{' '.join(a.equality_args)}`" if a.equality_args else ""
     why = (" (CPU rpc-servers keep weights unrepacked; a local llama-server repacks Q4_K for its own CPU, which "
            "changes rounding)" if a.equality_args else "")
     lines += ["", f"Greedy check: {len(EQUALITY_PROMPTS)} prompts x {a.greedy_tokens} tokens at temperature 0, "
-              f"token ids compared with native's; every mode served again with `-ub {eq_ub}`{extra}{why}.", ""]
+              f"token ids compared with native's; every mode served again with `-ub {eq_ub}`{extra}{why}"
+              f"{' (once, after run 1)' if len(runs) > 1 else ''}.", ""]
     if a.backend == "cpu":
         lines += ["Targets (hybrid >= 0.90x decode, >= 0.75x prefill, >= 0.90x 4 streams of native) are set for real "
                   "GPUs. Here every route shares the same CPU cores, so these rows show the RPC route's own costs "
@@ -368,6 +472,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model", default=None, help="GGUF to serve (default: the demo Gemma 3 270M)")
     ap.add_argument("--modes", default="native,hybrid,rpc")
     ap.add_argument("--full", action="store_true", help="10 repetitions, n_predict 128 (default: quick)")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="independent runs of every mode (fresh processes, own native each); ratios min/median/max")
+    ap.add_argument("--same-card", action="store_true",
+                    help="GPU backends: every route on the one card --gpus names (llama-server and rpc-servers "
+                         "share it); native = mode single on it")
+    ap.add_argument("--same-card-cards", type=int, default=2, help="cards a --same-card route is planned as")
+    ap.add_argument("--rpc-cache", action="store_true", help="rpc-servers keep weights on disk (-c): faster loads")
     ap.add_argument("--reps", type=int, default=None, help="measured repetitions (quick 3, full 10)")
     ap.add_argument("--n-predict", type=int, default=None, help="decode tokens per request (quick 32, full 128)")
     ap.add_argument("--greedy-tokens", type=int, default=None, help="tokens per greedy check (default n-predict)")
@@ -385,17 +496,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     a.reps = a.reps if a.reps is not None else (10 if a.full else 3)
     a.n_predict = a.n_predict if a.n_predict is not None else (128 if a.full else 32)
     a.greedy_tokens = a.greedy_tokens or a.n_predict
-    if a.reps < 1 or a.n_predict < 1:
-        ap.error("--reps and --n-predict must be at least 1")
+    if a.reps < 1 or a.n_predict < 1 or a.runs < 1:
+        ap.error("--reps, --runs and --n-predict must be at least 1")
     if a.ubatch is not None and a.ubatch < 1:
         ap.error("--ubatch must be at least 1")
     try:
         a.gpu_list = [int(g) for g in a.gpus.split(",")]
     except ValueError:
         ap.error(f"--gpus {a.gpus!r} is not a list of card indices (write it like 0,1)")
+    if a.same_card and (a.backend == "cpu" or len(a.gpu_list) != 1 or a.same_card_cards < 2):
+        ap.error("--same-card needs a GPU backend, one card in --gpus and --same-card-cards of at least 2")
     a.mode_list = [m.strip() for m in a.modes.split(",") if m.strip()]
     for m in a.mode_list:
-        serve_mode(m, a.backend)
+        serve_mode(m, a.backend, a.same_card)
     a.equality_args = ("--no-repack",) if a.backend == "cpu" else ()
     if a.threads is None and a.backend == "cpu":
         # Oversubscribed ggml thread pools spin against each other (and against anything else on the box):
@@ -416,24 +529,30 @@ def main(argv: list[str] | None = None) -> int:
     if a.backend == "cpu":
         print("native on CPU = arcsplit mode single with one card: one llama-server holding the whole model "
               "on its own CPU", flush=True)
-    results = []
-    for mode in a.mode_list:
-        print(f"{mode}: serving through arcsplit ...", flush=True)
-        try:
-            results.append(run_mode(a, mode))
-        except Exception as exc:  # one failed mode is a row in the table, not the end of the run
-            amode, _ = serve_mode(mode, a.backend)
-            results.append(ModeResult(mode, amode, error=str(exc).splitlines()[0][:200]))
-            print(f"  {mode} failed: {exc}", flush=True)
-    print("greedy check ...", flush=True)
-    eq_ub = check_greedy(a, results)
-    text = report(a, results, build, mach, cmdline, eq_ub)
     out = Path(a.out) if a.out else ROOT / "bench" / "results" / f"throughput_{a.backend}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
+    runs: list[list[ModeResult]] = []
+    with same_card_rig(a.gpu_list[0], a.same_card_cards) if a.same_card else contextlib.nullcontext():
+        for k in range(1, a.runs + 1):
+            results = []
+            for mode in a.mode_list:
+                print(f"{f'run {k}/{a.runs}, ' if a.runs > 1 else ''}{mode}: serving through arcsplit ...", flush=True)
+                try:
+                    results.append(run_mode(a, mode))
+                except Exception as exc:  # one failed mode is a row in the table, not the end of the run
+                    amode, _ = serve_mode(mode, a.backend, a.same_card)
+                    results.append(ModeResult(mode, amode, error=str(exc).splitlines()[0][:200]))
+                    print(f"  {mode} failed: {exc}", flush=True)
+            runs.append(results)
+            if k == 1:
+                print("greedy check ...", flush=True)
+                eq_ub = check_greedy(a, results)
+            # after every run, so a run cut short still leaves the finished runs on disk
+            text = report(a, runs, build, mach, cmdline, eq_ub)
+            out.write_text(text, encoding="utf-8")
     print(text)
     print(f"wrote {out}")
-    return 0 if all(r.error is None for r in results) else 1
+    return 0 if all(r.error is None for results in runs for r in results) else 1
 
 
 if __name__ == "__main__":

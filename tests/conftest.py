@@ -9,6 +9,10 @@ import pytest
 
 from arcsplit.llama.locate import LlamaBinaries, find_llama
 
+# The suite runs the CPU build whatever cards this machine has: `--backend auto` means cpu here unless a test
+# unsets this (tests/test_detect.py simulates an Arc machine). Children started by tests inherit it.
+os.environ["ARCSPLIT_BACKEND"] = "cpu"
+
 
 @pytest.fixture(scope="session")
 def llama_bins() -> LlamaBinaries:

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "arcsplit"
-PURE = {"model", "planner", "memory", "rig", "synth", "errors", "_dirs", "backends"}
+PURE = {"model", "planner", "memory", "rig", "synth", "errors", "_dirs", "backends", "redact"}
 RANK = {**{m: 0 for m in PURE}, "llama": 1, "demo": 1, "run": 2, "telemetry": 3, "cli": 4, "tui": 4, "_api": 4,
-        "inproc": 4, "__main__": 4}
+        "inproc": 4, "__main__": 4, "report": 4}
 
 
 def _unit(path: Path) -> str:

@@ -5,17 +5,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
+from arcsplit import serve as serve_group
 from arcsplit.errors import BuildError
 from arcsplit.llama import build as build_mod
 from arcsplit.llama import patches
 from arcsplit.llama.build import BuildConfig
+from arcsplit.llama.patches import rpc_patches_switched
+from arcsplit.run.ports import free_port
+from arcsplit.synth import write_llama
 from arcsplit.llama.source import extract_source, fetch_sdist
 
 RPC_FILE = "ggml/src/ggml-rpc/ggml-rpc.cpp"
@@ -157,6 +163,27 @@ def test_a_tree_that_differs_is_an_error_naming_the_patch(pristine, tmp_path, mo
 
 
 @pytest.mark.slow  # extracts the pinned llama.cpp tree
+@pytest.mark.parametrize("patch", patches.patches(), ids=lambda p: p.name)
+def test_each_patch_applies_alone_to_the_pinned_tree(pristine, tmp_path, patch):
+    """Every patch is one upstream-shaped change: it applies on the pinned tree without any other patch (line
+    offsets allowed, no fuzz, no rejected hunk), and it answers to the same switch, ARCSPLIT_RPC_STOCK."""
+    tool = shutil.which("patch")
+    if tool is None:
+        pytest.skip("`patch` is not installed (the set itself is checked with git apply above)")
+    _, stock = pristine
+    tree = minimal_tree(tmp_path / "tree", stock)
+    before = {name: (tree / name).read_bytes() for name in stock}
+    run = subprocess.run([tool, "-p1", "--forward", "--batch", "--dry-run", "-d", str(tree), "-i", str(patch.path)],
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for word in ("fuzz", "FAILED", "reject", "Reversed"):
+        assert word not in run.stdout, run.stdout
+    assert {name: (tree / name).read_bytes() for name in stock} == before  # a dry run changes nothing
+    added = "\n".join(line for line in patch.text.decode().splitlines() if line.startswith("+"))
+    assert "ARCSPLIT_RPC_STOCK" in added, f"{patch.name} has no off switch of its own"
+
+
+@pytest.mark.slow  # extracts the pinned llama.cpp tree
 def test_a_tree_already_patched_without_marker_is_an_error(pristine, tmp_path):
     """`patch --forward` refuses to apply twice; a half-known tree is never marked as carrying the set."""
     _, stock = pristine
@@ -282,3 +309,51 @@ def test_bad_source_is_refused_even_when_a_build_exists(llama_bins, tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "is not a llama.cpp source tree" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+ACTIVATION = re.compile(r"\[set_tensor\] .*size: (\d+)")
+COMPUTE = re.compile(r"\[graph_(re)?compute\]")
+
+
+def first_upload_per_compute(log: str) -> list[int]:
+    """Per graph the rpc-server computed: the size of the first SET_TENSOR it received since the previous one."""
+    firsts: list[int] = []
+    first = None
+    for line in log.splitlines():
+        if m := ACTIVATION.search(line):
+            first = int(m.group(1)) if first is None else first
+        elif COMPUTE.search(line) and first is not None:
+            firsts.append(first)
+            first = None
+    return firsts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stock", [False, True], ids=["patched", "stock"])
+def test_inputs_first_only_on_an_rpc_device_fed_by_a_local_backend(llama_bins, tmp_path, monkeypatch, stock):
+    """Patch 0004's gate, read off the wire (GGML_RPC_DEBUG logs every SET_TENSOR an rpc-server receives): in an
+    all-RPC group the first server, fed by llama-server's own CPU (the token embeddings), gets the user inputs
+    before the activation; the second, fed by the first rpc-server, gets llama.cpp's order (activation first),
+    which measured faster between two RPC servers. ARCSPLIT_RPC_STOCK=1 keeps llama.cpp's order everywhere.
+    A small llama (small vocabulary), so that both rpc-servers hold layers and both get user inputs."""
+    model = write_llama(tmp_path / "llama.gguf", n_layer=8, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=512)
+    activation = 256 * 4  # one decoded token's hidden state, F32
+    monkeypatch.setenv("GGML_RPC_DEBUG", "1")
+    with rpc_patches_switched(on=not stock), \
+            serve_group(str(model), gpus=[0, 1], backend="cpu", mode="rpc", ctx=1024, parallel=1, threads=1,
+                        port=free_port(), bus=False, llama_dir=str(llama_bins.bin_dir)) as server:
+        r = httpx.post(f"{server.url}/completion", json={"prompt": "Once upon a time", "n_predict": 6,
+                                                          "temperature": 0, "ignore_eos": True}, timeout=300)
+        r.raise_for_status()
+        run_dir = Path(server.status()["run_dir"])
+        logs = {name: (run_dir / f"{name}.log").read_text(errors="replace") for name in ("rpc0", "rpc1")}
+    firsts = {name: first_upload_per_compute(log)[-4:] for name, log in logs.items()}
+    assert all(len(v) == 4 for v in firsts.values()), firsts  # the last decode steps of each server
+    # both hold layers: each receives the activation and user inputs (positions: 4 bytes) every token
+    assert all("size: 4\n" in log and f"size: {activation}\n" in log for log in logs.values())
+    # rpc1 is fed by rpc0 (an RPC device): llama.cpp's order, the activation first, patched or not
+    assert firsts["rpc1"] == [activation] * 4, firsts
+    if stock:
+        assert firsts["rpc0"] == [activation] * 4, firsts
+    else:  # rpc0 is fed by llama-server's CPU: the user inputs (positions, masks, KV indices) go first
+        assert all(size != activation for size in firsts["rpc0"]), firsts

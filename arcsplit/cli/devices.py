@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from ..backends import NAMES as BACKENDS
+from ..llama.detect import CHOICES, BackendChoice, resolve
 from ..llama.devices import discover_rig, parse_gpus
 from ..llama.locate import find_llama
 from ..rig import MiB
@@ -14,23 +15,34 @@ from .llama import add_llama_dir
 
 def add_card_options(p: argparse.ArgumentParser) -> None:
     """--backend, --gpus and --cpu-memory: how every command names the cards it uses."""
-    p.add_argument("--backend", choices=BACKENDS, default="cpu", help="ggml backend (default: cpu)")
+    p.add_argument("--backend", choices=CHOICES, default="auto",
+                   help="ggml backend (default auto: the cards in sysfs and the llama.cpp builds present decide, "
+                        "e.g. sycl on Intel Arc cards with a SYCL build; cpu when there is no GPU)")
     p.add_argument("--gpus", metavar="LIST", help="cards to use, in order, e.g. 0,1 (default: all; cpu: one)")
     p.add_argument("--cpu-memory", type=int, metavar="MiB",
                    help="memory budget of each CPU card (default: an even share of available RAM)")
 
 
+def say_choice(choice: BackendChoice | None) -> None:
+    """The line that says which backend auto picked and why (stderr: stdout stays the command's output)."""
+    if choice is not None:
+        for line in (choice.reason, *choice.notes):
+            print(f"arcsplit: {line}", file=sys.stderr, flush=True)
+
+
 def _devices(args: argparse.Namespace) -> int:
     gpus = parse_gpus(args.gpus)
-    binaries = None if args.backend == "cpu" else find_llama(args.llama_dir, backend=args.backend, build=args.build)
-    rig = discover_rig(args.backend, gpus, binaries, args.cpu_memory)
+    backend, choice = resolve(args.backend, args.llama_dir)
+    binaries = None if backend == "cpu" else find_llama(args.llama_dir, backend=backend, build=args.build)
+    rig = discover_rig(backend, gpus, binaries, args.cpu_memory)
+    say_choice(choice)  # once it worked: a failure stays one line
     rows = [
         {"backend": c.backend, "index": c.index, "device": c.device, "name": c.name,
          "total_mib": c.total_bytes // MiB, "free_mib": c.free_bytes // MiB, "pci": c.pci, "driver": c.driver}
         for c in rig.cards
     ]
     if args.json:
-        print_json({"backend": args.backend, "cards": rows})
+        print_json({"backend": backend, "detected": choice.reason if choice else None, "cards": rows})
         return 0
     print(f"{'card':<5} {'device':<9} {'total MiB':>10} {'free MiB':>10}  name")
     for r in rows:

@@ -8,33 +8,52 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import ArcsplitError, BadInput
+from ..llama import detect
+from ..llama.detect import BackendChoice, is_integrated
+from ..llama.hostcheck import Check, host_checks
 from ..llama.devices import discover_rig, parse_gpus
-from ..llama.facts import discover_cards, parse_sycl_ls, read_text
+from ..llama.facts import parse_sycl_ls, read_text
 from ..llama.locate import find_llama
 from ..llama.logs import PINNED_OUTPUT_ENV
 from ..llama.patches import build_patches
 from ..llama.mode import MODES, NEO_WORKAROUND_ENV
-from ..llama.probe import DEFAULT_TIMEOUT_S
+from ..llama.probe import DEFAULT_TIMEOUT_S, ProbeResult
 from ..llama.runtime import RuntimeReport, check_runtime
 from . import print_json
 from .llama import add_llama_dir
 
-BACKEND_CHOICES = ("auto", "sycl", "cuda", "vulkan", "cpu")
 _STATUS = {"good": "known good", "bad": "KNOWN BAD", "unknown": "unknown"}
+_CHECK = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skip": "-"}
 
 
-def _auto_backend(sysfs_root: str = "/sys") -> str:
-    """Intel card present -> sycl, NVIDIA -> cuda, else cpu (Vulkan is only ever asked for)."""
-    cards, _ = discover_cards(sysfs_root)
-    vendors = {c.vendor for c in cards}
-    return "sycl" if "intel" in vendors else "cuda" if "nvidia" in vendors else "cpu"
+# Vulkan against SYCL at generation on Arc, as reported: faster in some (llama.cpp #26010: 20.1 vs 7.0 t/s, Gemma 4,
+# -fa on; #22413: 2x B580), slower in others (kyuz0/ai-toolbox-cockpit#9: Q6_K 5x slower on a B50; a single B70,
+# Qwen2.5-1.5B Q4_K_M: 102 vs 229 t/s in PMZFX/intel-arc-pro-b70-benchmarks). docs/runtime.md has the trade.
+VULKAN_TRADE = ("generation speed against SYCL depends on the model and quant: 2.9x faster (llama.cpp#26010) to 5x "
+                "slower (Q6_K) in users' reports; measure yours with llama-bench")
 
 
-def remedies(report: RuntimeReport) -> list[dict[str, str]]:
-    """Ordered fixes for a broken multi-device context: the best first, each with the exact command."""
+def _vulkan_remedy(gpus: str, vulkan: str | None) -> dict[str, str]:
+    if vulkan == "works":
+        return {"title": "Vulkan backend, one context: Mesa's driver, not NEO, so the bug does not apply; its probe "
+                         f"worked here ({VULKAN_TRADE})",
+                "command": f"arcsplit serve model.gguf --gpus {gpus} --backend vulkan --mode multi"}
+    build = "" if vulkan in ("built", "fails") else "arcsplit llama build --backend vulkan && "
+    what = "its probe failed here too" if vulkan == "fails" else "not probed: `arcsplit doctor --reprobe` after building"
+    return {"title": f"Vulkan backend: a different driver stack (Mesa), not NEO; {what} ({VULKAN_TRADE})",
+            "command": f"{build}arcsplit serve model.gguf --gpus {gpus} --backend vulkan"}
+
+
+def remedies(report: RuntimeReport, vulkan: str | None = None) -> list[dict[str, str]]:
+    """Ordered fixes for a broken multi-device context: the best first, each with the exact command.
+
+    ``vulkan``: the Vulkan route here, "works"/"fails" (probed), "built" (not probed) or None (no Vulkan build). One
+    Vulkan context that probed fine comes before hybrid: no RPC hop, and the reports put it anywhere from 5x slower
+    to 2.9x faster than SYCL (see VULKAN_TRADE); hybrid's cost (~0.87x of SYCL's one context) is known.
+    """
     if not report.multi_broken:
         return []
     gpus = ",".join(str(g) for g in report.gpus) or "0,1"
@@ -62,6 +81,7 @@ def remedies(report: RuntimeReport) -> list[dict[str, str]]:
              "command": "uname -r   # then install your distribution's 7.1+ kernel and reboot"},
             {"title": "Intel's workaround: NEO debug keys that turn off peer access, keeping one context",
              "command": f"{env} llama-server ...   # or: arcsplit serve model.gguf --gpus {gpus} --mode multi+workaround"},
+            *([_vulkan_remedy(gpus, vulkan)] if vulkan == "works" else []),
             {"title": "Hybrid: card 0 in llama-server, one rpc-server per other card (~0.87x decode)",
              "command": f"arcsplit serve model.gguf --gpus {gpus} --mode hybrid"},
             {"title": "All-RPC: one rpc-server per card, each ONEAPI_DEVICE_SELECTOR=level_zero:N (~0.75x decode)",
@@ -70,8 +90,7 @@ def remedies(report: RuntimeReport) -> list[dict[str, str]]:
                       "~20% slower decode, #23160)",
              "command": "install libze-intel-gpu1 and intel-opencl-icd 25.40.35563.10 (with IGC 2.20.5) from "
                         "https://github.com/intel/compute-runtime/releases/tag/25.40.35563.10"},
-            {"title": "Vulkan backend: a different driver stack (Mesa), not NEO",
-             "command": f"arcsplit llama build --backend vulkan && arcsplit serve model.gguf --gpus {gpus} --backend vulkan"},
+            *([] if vulkan == "works" else [_vulkan_remedy(gpus, vulkan)]),
         ]
     else:
         out += [
@@ -81,6 +100,24 @@ def remedies(report: RuntimeReport) -> list[dict[str, str]]:
              "command": f"arcsplit serve model.gguf --gpus {gpus} --backend {report.backend} --mode rpc"},
         ]
     return out
+
+
+def _vulkan_route(args: argparse.Namespace, report: RuntimeReport, offline: bool) -> tuple[str | None, ProbeResult | None]:
+    """When SYCL's one context is broken here and a Vulkan build exists, probe Vulkan's one context like the others."""
+    if report.backend != "sycl" or not report.multi_broken or len(report.gpus) < 2:
+        return None, None
+    try:
+        vk = find_llama(args.llama_dir, backend="vulkan")
+    except ArcsplitError:
+        return None, None
+    if vk.found_by != "managed" and "vulkan" not in detect.build_backends(vk.bin_dir):
+        return None, None  # the located build is not a Vulkan one
+    if offline or args.no_probe:
+        return "built", None
+    vr = check_runtime("vulkan", list(report.gpus), vk, reprobe=args.reprobe, probe=True, timeout=args.timeout,
+                       sysfs_root=detect.SYSFS_ROOT)
+    multi = next((p for p in vr.probes if p.mode == "multi"), None)
+    return ("built" if multi is None else "works" if multi.ok else "fails"), multi
 
 
 def _cards(args: argparse.Namespace, backend: str, gpus: list[int] | None, binaries: Any) -> tuple[list[int], list[str], str | None]:
@@ -100,10 +137,24 @@ def _cards(args: argparse.Namespace, backend: str, gpus: list[int] | None, binar
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    data, text = diagnose(args)
+    if args.json:
+        print_json(data)
+    else:
+        print(text)
+    return 0
+
+
+def diagnose(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """The doctor's findings as --json data and as text (``arcsplit report`` bundles both)."""
     backend = args.backend
+    choice: BackendChoice | None = None
     if backend == "auto":  # a pasted sycl-ls or kernel is about the Intel case
         offline = args.sycl_ls or args.kernel or args.kernel_config
-        backend = "sycl" if offline else _auto_backend()
+        if offline:
+            backend = "sycl"
+        else:
+            backend, choice = detect.resolve(backend, args.llama_dir, purpose="check")
     gpus = parse_gpus(args.gpus)
     if args.timeout <= 0:
         raise BadInput(f"--timeout {args.timeout} must be positive", "give the probe's limit in seconds, e.g. --timeout 120")
@@ -120,25 +171,32 @@ def _doctor(args: argparse.Namespace) -> int:
     report = check_runtime(backend, gpus_used, binaries, reprobe=args.reprobe,
                            probe=False if args.no_probe else (True if args.reprobe else None), forced=args.mode,
                            sycl_ls_file=args.sycl_ls, kernel=args.kernel, kernel_config=args.kernel_config,
-                           timeout=args.timeout, cards=labels)
-    fixes = remedies(report)
+                           timeout=args.timeout, cards=labels, sysfs_root=detect.SYSFS_ROOT)
+    offline = args.sycl_ls or args.kernel or args.kernel_config  # another machine's files: this host is not it
+    vulkan, vulkan_probe = _vulkan_route(args, report, bool(offline))
+    fixes = remedies(report, vulkan)
     applied = build_patches(binaries.bin_dir) if binaries is not None else None
-    if args.json:
-        data = report.to_dict()
-        data["remedies"] = fixes
-        data["llama_patches"] = applied
-        if card_note:
-            data["facts"]["unread"].append(card_note)
-        print_json(data)
-        return 0
-    print(_render(report, labels, card_note, fixes, applied))
-    return 0
+    host = [] if offline else host_checks(backend, [c for c in report.facts.cards if c.vendor and not is_integrated(c)],
+                                          binaries.bin_dir if binaries is not None else None, sysfs=detect.SYSFS_ROOT)
+    data = report.to_dict()
+    data["remedies"] = fixes
+    data["llama_patches"] = applied
+    data["detected"] = None if choice is None else {"reason": choice.reason, "notes": list(choice.notes)}
+    data["host"] = [c.to_dict() for c in host]
+    data["vulkan"] = {"route": vulkan, "probe": vulkan_probe.to_dict() if vulkan_probe else None}
+    if card_note:
+        data["facts"]["unread"].append(card_note)
+    return data, _render(report, labels, card_note, fixes, applied, choice, host, vulkan_probe)
 
 
 def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: list[dict[str, str]],
-            applied: list[str] | None = None) -> str:
+            applied: list[str] | None = None, choice: BackendChoice | None = None, host: Sequence[Check] = (),
+            vulkan_probe: ProbeResult | None = None) -> str:
     f = r.facts
-    lines = [f"arcsplit doctor: backend {r.backend}, cards {','.join(map(str, r.gpus)) or '-'}", "", "Facts"]
+    lines = [f"arcsplit doctor: backend {r.backend}, cards {','.join(map(str, r.gpus)) or '-'}"]
+    if choice is not None:
+        lines += [f"  auto: {choice.reason}"] + [f"  note: {n}" for n in choice.notes]
+    lines += ["", "Facts"]
     row = lambda k, v: lines.append(f"  {k:<22} {v}")  # noqa: E731
     if r.backend == "sycl" or f.neo:
         row("NEO (compute-runtime)", f"{f.neo.label}   [{f.neo.source}]" if f.neo else "not read")
@@ -163,6 +221,12 @@ def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: l
         lines.append("  could not read:")
         lines += [f"    - {u}" for u in unread]
     lines += [f"  note: {n}" for n in f.notes]
+    if host:
+        lines += ["", "Host"]
+        for c in host:
+            lines.append(f"  {c.name:<22} {_CHECK[c.status]:<5} {c.detail}")
+            if c.fix:
+                lines.append(f"  {'':<22}       fix: {c.fix}")
     v = r.verdict
     lines += ["", f"Verdict from versions: {_STATUS[v.status]}  (rule {v.rule})", f"  {v.summary}"]
     if v.sources:
@@ -179,6 +243,9 @@ def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: l
     for p in r.probes:
         env = " with " + " ".join(f"{a}={b}" for a, b in p.env) if p.env else ""
         lines.append(f"  {p.mode:<17} {'works' if p.ok else 'FAILS'}  {p.status}: {p.detail}  ({p.seconds:.1f} s{env})")
+    if vulkan_probe is not None:
+        p = vulkan_probe
+        lines.append(f"  {'vulkan multi':<17} {'works' if p.ok else 'FAILS'}  {p.status}: {p.detail}  ({p.seconds:.1f} s)")
     d = r.decision
     lines += ["", f"Mode: {d.mode}" + ("  (verified by the probe)" if d.verified else "")]
     if d.env:
@@ -200,8 +267,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "them against known-bad runtimes, probe the real llama.cpp on the cards, and pick the "
                                    "fastest mode that works. For a bug report, pass saved outputs with --sycl-ls, "
                                    "--kernel and --kernel-config.")
-    p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
-                   help="ggml backend (default auto: sycl if an Intel card is in sysfs, cuda if NVIDIA, else cpu)")
+    p.add_argument("--backend", choices=detect.CHOICES, default="auto",
+                   help="ggml backend (default auto: what serve would pick here; sycl for Intel Arc cards)")
     p.add_argument("--gpus", metavar="LIST", help="cards to check, e.g. 0,1 (default: all)")
     p.add_argument("--mode", choices=MODES, help="show the decision for a forced mode")
     add_llama_dir(p)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..errors import BadInput
-from ..backends import NAMES as BACKENDS
+from ..llama.detect import CHOICES, resolve
 from ..llama.build import BuildConfig, build, managed_builds, sycl_flags
 from ..llama.locate import find_llama, server_build_info
 from ..llama.patches import build_patches, patches
@@ -17,11 +18,15 @@ from . import print_json
 
 
 def _build(args: argparse.Namespace) -> int:
+    from .devices import say_choice
+
+    args.backend, choice = resolve(args.backend, purpose="build")
     extra = (sycl_flags(args.sycl_arch) if args.backend == "sycl" else ()) + tuple(args.cmake_flag or ())
     bad = [f for f in extra if not f.startswith("-D")]
     if bad:
         raise BadInput(f"--cmake-flag {bad[0]!r} is not a -DNAME=VALUE definition", "write it like -DGGML_CUDA_F16=ON")
     config = BuildConfig(args.backend, extra, patched=not args.no_patches)
+    say_choice(choice)
     source = Path(args.source) if args.source else None
     bin_dir = build(config, jobs=args.jobs, force=args.force, source=source, progress=_print_progress)
     if sys.stderr.isatty():
@@ -49,12 +54,12 @@ def _print_progress(step: str, pct: int | None) -> None:
         print(f"\r  {step}: {pct:3d}%", end="", file=sys.stderr, flush=True)
 
 
-def _which(args: argparse.Namespace) -> int:
-    if args.all:
-        return _list_builds(args)
-    bins = find_llama(args.llama_dir, backend=args.backend, build=args.build)
+def which_data(llama_dir: str | None, backend: str, build: str | None = None) -> dict[str, Any]:
+    """The binaries arcsplit will run and their build (``llama which --json``; ``arcsplit report`` bundles it)."""
+    backend, _choice = resolve(backend, llama_dir)
+    bins = find_llama(llama_dir, backend=backend, build=build)
     info = server_build_info(bins)
-    data = {
+    return {
         **bins.to_dict(),
         "bin_dir": str(bins.bin_dir),
         "build_number": info.build_number,
@@ -65,19 +70,25 @@ def _which(args: argparse.Namespace) -> int:
         "same_build": bins.rpc_server.parent == bins.server.parent,
         "patches": build_patches(bins.bin_dir),
     }
+
+
+def _which(args: argparse.Namespace) -> int:
+    if args.all:
+        return _list_builds(args)
+    data = which_data(args.llama_dir, args.backend, args.build)
     if args.json:
         print_json(data)
     else:
-        print(f"llama-server   {bins.server}")
-        print(f"rpc-server     {bins.rpc_server}")
-        for label, path in (("llama-cli", bins.cli), ("llama-bench", bins.bench), ("fit-params", bins.fit_params)):
-            print(f"{label:<14} {path or '(missing)'}")
-        print(f"build          {info.build_number} ({info.commit}), {info.compiler} for {info.target}")
+        print(f"llama-server   {data['server']}")
+        print(f"rpc-server     {data['rpc_server']}")
+        for label, key in (("llama-cli", "cli"), ("llama-bench", "bench"), ("fit-params", "fit_params")):
+            print(f"{label:<14} {data[key] or '(missing)'}")
+        print(f"build          {data['build_number']} ({data['commit']}), {data['compiler']} for {data['target']}")
         applied = data["patches"]
         print(f"arcsplit patches {', '.join(applied) if applied else ('none' if applied == [] else 'unknown')}")
-        print(f"found by       {bins.found_by}")
-        if bins.note:
-            print(f"note           {bins.note}")
+        print(f"found by       {data['found_by']}")
+        if data["note"]:
+            print(f"note           {data['note']}")
     return 0
 
 
@@ -115,7 +126,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="Build llama-server, ggml-rpc-server, llama-cli, llama-bench and "
                                     "llama-fit-params (GGML_RPC=ON) from the llama.cpp tree vendored in "
                                     f"llama-cpp-python {SDIST_VERSION}, into the user cache. Cached per backend.")
-    b.add_argument("--backend", choices=BACKENDS, default="cpu", help="ggml backend (default: cpu)")
+    b.add_argument("--backend", choices=CHOICES, default="auto",
+                   help="ggml backend (default auto: sycl for Intel Arc cards when icpx is on PATH, else vulkan when "
+                        "glslc is; cuda for NVIDIA; cpu without a GPU)")
     b.add_argument("--jobs", "-j", type=int, default=None, help="parallel compile jobs (default: all cores)")
     b.add_argument("--sycl-arch", metavar="ARCH", help="SYCL AOT target, e.g. bmg_g31 for the Arc Pro B70")
     b.add_argument("--cmake-flag", action="append", metavar="-DNAME=VALUE",
@@ -131,7 +144,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     w = lsub.add_parser("which", help="report the binaries arcsplit will run and their build",
                         description="Report the llama.cpp binaries arcsplit will run, their build and origin.")
     add_llama_dir(w)
-    w.add_argument("--backend", choices=BACKENDS, default="cpu", help="which managed build to fall back to")
+    w.add_argument("--backend", choices=CHOICES, default="auto",
+                   help="which managed build to fall back to (default auto: the one serve would use)")
     w.add_argument("--all", action="store_true", help="list every managed build and its key")
     w.add_argument("--json", action="store_true", help="machine-readable output")
     w.set_defaults(func=_which)

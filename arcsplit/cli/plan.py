@@ -9,8 +9,8 @@ from ..errors import BadInput
 from ..memory import CACHE_TYPES
 from ..model import load_profile
 from ..planner import HOST_DEVICE, Plan, PlanOptions, make_plan
-from ..backends import NAMES as BACKENDS
 from ..backends import flash_attn_default
+from ..llama.detect import CHOICES, BackendChoice
 from ..rig import Rig, load_layout, save_layout
 from . import print_json
 
@@ -43,7 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="plan how a model splits across cards (no processes started)")
     p.add_argument("model", help="GGUF model file (for a split model, any of its shards)")
     p.add_argument("--gpus", metavar="LIST", help="cards to use, in order, e.g. 0,1")
-    p.add_argument("--backend", choices=BACKENDS, default="cpu", help="ggml backend of the live cards (default: cpu)")
+    p.add_argument("--backend", choices=CHOICES, default="auto",
+                   help="ggml backend of the live cards (default auto: what serve would pick here)")
     p.add_argument("--layout", metavar="FILE", help="plan for the rig described in a layout TOML instead of live cards")
     p.add_argument("--ctx", type=_ctx, default=None, metavar="N|max", help="context size, or 'max' (default: max)")
     p.add_argument("--np", type=_positive, default=1, metavar="N", help="parallel slots (default: 1)")
@@ -56,29 +57,36 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_plan)
 
 
-def _rig(args: argparse.Namespace) -> tuple[Rig, list[str]]:
+def _rig(args: argparse.Namespace) -> tuple[Rig, list[str], BackendChoice | None]:
+    choice: BackendChoice | None = None
     if args.layout:
         if args.gpus:
             raise BadInput("--layout and --gpus both name cards", "pass one of them")
         rig = load_layout(args.layout)
     else:
+        from ..llama.detect import resolve
         from ..llama.devices import discover_rig, parse_gpus
 
-        rig = discover_rig(args.backend, parse_gpus(args.gpus), cpu_memory_mib=args.cpu_memory)
+        gpus = parse_gpus(args.gpus)
+        backend, choice = resolve(args.backend)
+        rig = discover_rig(backend, gpus, cpu_memory_mib=args.cpu_memory)
     names = []
     for i, card in enumerate(rig.cards):
         # CPU cards are rpc-servers: llama-server sees them as RPC0, RPC1, ... in --rpc order
         names.append(f"RPC{i}" if card.backend == "cpu" else card.device)
-    return rig, names
+    return rig, names, choice
 
 
 def _plan(args: argparse.Namespace) -> int:
     profile = load_profile(args.model)
-    rig, names = _rig(args)
+    rig, names, choice = _rig(args)
     options = PlanOptions(n_ctx=args.ctx, n_parallel=args.np, kv_unified=not args.no_kv_unified,
                           cache_type_k=args.cache_type, cache_type_v=args.cache_type, n_ubatch=args.ubatch,
                           n_batch=max(2048, args.ubatch), flash_attn=flash_attn_default(rig.cards[0].backend, args.cache_type))
     plan = make_plan(profile, rig, options, devices=names)
+    from .devices import say_choice
+
+    say_choice(choice)  # once the plan stands: a failure stays one line
     if args.save:
         pinned = {"model": str(Path(profile.path).name), "n_ctx": plan.n_ctx, "n_parallel": args.np,
                   "cache_type": args.cache_type, "tensor_split": list(plan.tensor_split),

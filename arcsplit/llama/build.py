@@ -11,6 +11,7 @@ import fcntl
 import hashlib
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -54,7 +55,9 @@ class BuildConfig:
 
     @property
     def cmake_flags(self) -> tuple[str, ...]:
-        return _COMMON + backends.get(self.backend).cmake_flags + self.extra_flags
+        flags = backends.get(self.backend).cmake_flags
+        host = host_flags(platform.machine()) if "-DGGML_NATIVE=ON" in flags else ()
+        return _COMMON + flags + host + self.extra_flags
 
     @property
     def key(self) -> str:
@@ -69,6 +72,24 @@ class BuildConfig:
     @property
     def bin_dir(self) -> Path:
         return self.build_dir / "bin"
+
+
+# Explicit -mno-* flags win over -march=native in GCC and Clang whatever their order.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def host_flags(machine: str) -> tuple[str, ...]:
+    """What a native (``-march=native``) build adds on this kind of host.
+
+    On x86-64, ggml's AMX kernels are left out: in virtual machines that advertise AMX they trap at the first tile
+    instruction (SIGILL in ``tinygemm_kernel_amx`` once llama-server holds Q8 weights on its CPU: llama.cpp #28756,
+    and this project's own 2-core CI machines, where a stand-alone AMX test passes but ggml's kernel traps).
+    The cost is CPU-held int8 matmuls on bare-metal Sapphire Rapids and later; an AMX build stays one flag away:
+    ``arcsplit llama build --cmake-flag=-DCMAKE_C_FLAGS= --cmake-flag=-DCMAKE_CXX_FLAGS=``.
+    """
+    if machine.lower() in ("x86_64", "amd64"):
+        return (f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}")
+    return ()
 
 
 CONFIG_FILE = ".arcsplit-build.json"  # in a finished build's bin dir: the BuildConfig it was made from

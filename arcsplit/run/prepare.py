@@ -17,6 +17,7 @@ from .. import backends
 from .._dirs import cache_dir
 from ..errors import BadInput
 from ..llama.childenv import clean_env
+from ..llama.detect import resolve
 from ..llama.features import binary_features
 from ..llama.devices import discover_rig, parse_gpus
 from ..llama.locate import find_llama
@@ -49,7 +50,7 @@ class ServeRequest:
 
     model: str
     gpus: Sequence[int] | str | None = None
-    backend: str = "cpu"
+    backend: str = "auto"  # the cards and the builds present decide (llama/detect.py)
     mode: str = "auto"
     ctx: int | None = None
     parallel: int = 1
@@ -78,7 +79,7 @@ class Prepared:
     profile: Any
     rig: Rig
     warnings: tuple[str, ...] = ()  # for the user before anything starts (the CLI prints them)
-    notes: tuple[str, ...] = ()  # what was chosen for them, e.g. which managed build
+    notes: tuple[str, ...] = ()  # what was chosen for them: the backend auto picked and why, which managed build
     stop_grace: float = 10.0  # what the supervisor waits between SIGTERM and SIGKILL
 
 
@@ -170,7 +171,9 @@ def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str) -> Plan:
 
 
 def prepare(req: ServeRequest) -> Prepared:
-    """Check everything, pick the mode, plan: no process is started here."""
+    """Check everything, pick the backend and the mode, plan: no process is started here."""
+    backend, choice = resolve(req.backend, req.llama_dir)
+    req = replace(req, backend=backend)
     if req.mode not in MODE_CHOICES:
         raise BadInput(f"unknown mode {req.mode!r}", f"use one of {', '.join(MODE_CHOICES)}")
     if not 0 < req.port < 65536:
@@ -227,7 +230,8 @@ def prepare(req: ServeRequest) -> Prepared:
     # is an error now, before any process starts; what it can do without is said.
     specs = build_specs(config, [0] * n_rpc_servers(config))
     off = tuple(dict.fromkeys(o for spec in specs for o in spec.features_off))
-    notes = [binaries.note] if binaries.note else []
+    notes = [choice.reason, *choice.notes] if choice is not None else []
+    notes += [binaries.note] if binaries.note else []
     notes += [f"environment: {d.line()}" for d in dropped]
     if off:
         notes.append(f"{binaries.server} lacks flags arcsplit uses; off: {'; '.join(off)}")

@@ -27,6 +27,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from ..errors import ArcsplitError, RunError
 from ..llama import logs
+from ..llama.hostcheck import host_ram_short
 from ..planner import HOST_DEVICE
 from .child import Child, describe_exit
 from .events import Event, EventBus
@@ -481,6 +482,9 @@ class Supervisor:
                     marker, deadline = new_marker, now + stall
                 if now - last_cpu_check >= 1.0:  # big loads over RPC print nothing for minutes: CPU use is progress
                     last_cpu_check = now
+                    short = host_ram_short(self.config.backend)
+                    if short:  # retrying would swap again: give up with the reason
+                        raise _StartFailed("server", short, "fatal")
                     total = _cpu_seconds(self._children.values())
                     if total - cpu_total > 0.05:
                         deadline = now + stall
@@ -566,7 +570,10 @@ class Supervisor:
                 procs.append({"name": c.spec.name, "pid": c.pid, "pgid": c.pid, "create_time": c.create_time,
                               "port": c.spec.port, "argv": list(c.spec.argv)})
         state = {"supervisor": supervisor_identity(), "started": self._started_at, "url": self.url,
-                 "mode": self.config.mode, "group": self._group_state, "processes": procs}
+                 "mode": self.config.mode, "group": self._group_state, "processes": procs,
+                 # for `arcsplit report`: what this run was asked to do, and its last error
+                 "backend": self.config.backend, "decision": self.decision, "plan": self.config.plan.to_dict(),
+                 "last_error": self._last_error}
         if ended:
             state["ended"] = time.time()
         try:

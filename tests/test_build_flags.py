@@ -1,4 +1,4 @@
-"""Two builds of one llama.cpp tree at once must not trample each other: the second waits for the first."""
+"""The managed build: one build at a time per tree, and the host flags every native build gets."""
 
 from __future__ import annotations
 
@@ -44,3 +44,14 @@ def test_lock_is_free_again_after_a_build(tmp_path: Path) -> None:
     for _ in range(2):
         with _build_lock(tmp_path, lambda step, pct: None):
             pass
+
+
+def test_native_x86_builds_leave_out_amx_kernels() -> None:
+    from arcsplit.llama.build import NO_AMX, BuildConfig, host_flags
+
+    # ggml's AMX kernels trap in VMs that advertise AMX (this project's CI machines): never compiled in.
+    assert host_flags("x86_64") == (f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}")
+    assert host_flags("aarch64") == ()
+    # A user's own flags come after ours, so `--cmake-flag=-DCMAKE_C_FLAGS=` turns AMX back on (cmake: last -D wins).
+    flags = BuildConfig("cpu", extra_flags=("-DCMAKE_C_FLAGS=",)).cmake_flags
+    assert flags.index("-DCMAKE_C_FLAGS=") > flags.index(f"-DCMAKE_C_FLAGS={NO_AMX}")

@@ -1,0 +1,68 @@
+"""Redaction for ``arcsplit report``: what leaves the machine in a bug report carries no secret and no identity.
+
+Pure: the secrets, home directory, user and host names are given; ``Redactor.text`` replaces them and anything that
+looks like a credential (an ``--api-key`` value, a bearer token, ``KEY=value`` pairs whose name says secret, the
+shapes of common API tokens). ``secret_env`` picks the variables whose values must go.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+SECRET = "<redacted>"
+# Variable names whose values are credentials (LLAMA_API_KEY, HF_TOKEN, OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY, ...).
+_SECRET_NAME = re.compile(r"(?i)(?:^|_)(?:API_?KEY|KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASS|AUTH|CREDENTIALS?|COOKIE)(?:_|$)")
+_PATTERNS = (
+    # --api-key VALUE / --api-key=VALUE (llama-server), and the same for any *-key/*-token/*-secret flag
+    re.compile(r"(?i)(--[\w-]*(?:key|token|secret|password)(?:[= ]|\"?,\s*\"))([^\s\",']+)"),
+    re.compile(r"(?i)(\bBearer\s+)([A-Za-z0-9._~+/=-]+)"),
+    # NAME=value / "name": "value" when the name says secret; short values ("BOS token = 2") are not credentials
+    re.compile(r"(?i)(\b[\w.-]*(?:api[_-]?key|token|secret|password|passwd)\b[\"']?\s*[=:]\s*[\"']?)([^\s\",']{6,})"),
+    # shapes of common tokens: OpenAI/Anthropic sk-, Hugging Face hf_, GitHub ghp_/gho_/github_pat_, Slack xox*-
+    re.compile(r"()\b(?:sk-[A-Za-z0-9_-]{16,}|hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|"
+               r"xox[abprs]-[A-Za-z0-9-]{10,})"),
+)
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(_SECRET_NAME.search(name))
+
+
+def secret_env(environ: Mapping[str, str]) -> list[str]:
+    """Values of the variables whose names say they are credentials (non-trivial values only)."""
+    return [v for k, v in environ.items() if is_secret_name(k) and len(v.strip()) >= 4]
+
+
+@dataclass(frozen=True)
+class Redactor:
+    secrets: tuple[str, ...] = ()
+    home: str | None = None
+    user: str | None = None
+    hosts: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, secrets: Iterable[str], home: str | None, user: str | None, hosts: Iterable[str]) -> "Redactor":
+        # longest first, so a secret that contains another is removed whole
+        uniq = sorted({s.strip() for s in secrets if s and len(s.strip()) >= 4}, key=len, reverse=True)
+        names = sorted({h for h in hosts if h and len(h) >= 3 and h != "localhost"}, key=len, reverse=True)
+        return cls(tuple(uniq), home.rstrip("/") if home and home != "/" else None,
+                   user if user and len(user) >= 3 and user != "root" else None, tuple(names))
+
+    def text(self, s: str) -> str:
+        for secret in self.secrets:
+            s = s.replace(secret, SECRET)
+        for pat in _PATTERNS:
+            s = pat.sub(lambda m: m.group(1) + SECRET, s)
+        if self.home:
+            s = re.sub(re.escape(self.home) + r"(?=/|\b|$)", "~", s)
+        for host in self.hosts:
+            s = re.sub(rf"(?<![\w.-]){re.escape(host)}(?![\w-])", "<host>", s)
+        if self.user:
+            s = re.sub(rf"(?<![\w.-]){re.escape(self.user)}(?![\w-])", "<user>", s)
+        return s
+
+    def env(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """An environment to show: credential variables by name only, the rest redacted."""
+        return {k: SECRET if is_secret_name(k) else self.text(v) for k, v in sorted(environ.items())}

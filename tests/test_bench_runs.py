@@ -1,0 +1,71 @@
+"""Repeated-run figures of the throughput bench: each run against its own native, spread over runs, runs spread over
+several device calls (bench/merge_runs.py), and the one-GPU rig (--same-card). Fixtures: the verbatim logs of the
+one-H200 runs in bench/results/gpu/onecard/ (bench/throughput.py's own output on that machine)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ONECARD = ROOT / "bench" / "results" / "gpu" / "onecard"
+sys.path.insert(0, str(ROOT / "bench"))
+
+import merge_runs  # noqa: E402
+import throughput  # noqa: E402
+
+
+def test_a_mode_cut_off_by_the_time_limit_is_left_out_of_its_run():
+    runs = merge_runs.read_log(ONECARD / "moe_call1.log", reps=5)
+    assert len(runs) == 2
+    assert list(runs[0]) == ["native", "hybrid", "hybrid-stock", "rpc", "rpc-stock"]
+    assert list(runs[1]) == ["native", "hybrid", "hybrid-stock"]  # rpc of run 2 was killed mid-repetitions
+    assert runs[0]["rpc"].decode == [480.59, 461.15, 458.30, 491.02, 485.04]  # the warm-up (rep 0) is not kept
+
+
+def test_merged_ratios_are_per_run_against_that_runs_native(tmp_path):
+    out = tmp_path / "merged.md"
+    merge_runs.main([str(ONECARD / "moe_call1.log"), str(ONECARD / "moe_call2.log"), "--greedy",
+                     str(ONECARD / "throughput_moe_call1.md"), "--title", "t", "--out", str(out)])
+    rows = {r.split("|")[1].strip().split(" ")[0]: [c.strip() for c in r.split("|")[1:-1]]
+            for r in out.read_text().splitlines() if r.startswith("| ") and "(" in r.split("|")[1]}
+    assert rows["native"][1] == "4" and rows["hybrid"][1] == "4" and rows["rpc"][1] == "3"
+    runs = [run for log in ("moe_call1.log", "moe_call2.log") for run in merge_runs.read_log(ONECARD / log, 5)]
+    decode = sorted(run["rpc"].median("decode") / run["native"].median("decode") for run in runs if "rpc" in run)
+    assert rows["rpc"][8] == f"{decode[0]:.2f} / **{decode[1]:.2f}** / {decode[2]:.2f}"
+    assert rows["rpc"][10] == "yes (3/3)"  # the greedy check of the result file
+    # the figure the fix of issue 19 rests on: all-RPC decode with the patches is not below stock in any run
+    stock = [run["rpc-stock"].median("decode") for run in runs if "rpc-stock" in run]
+    patched = [run["rpc"].median("decode") for run in runs if "rpc" in run]
+    assert min(patched) > max(stock)
+
+
+def test_same_card_rig_gives_one_gpu_to_every_card_of_a_route(monkeypatch):
+    from arcsplit.rig import Card, Rig
+    from arcsplit.run import prepare
+
+    seen = []
+
+    def discover(backend, gpus, *args, **kw):
+        seen.append(gpus)
+        return Rig(tuple(Card("cuda", g, "H200", 100 << 30, 90 << 30) for g in gpus))
+
+    monkeypatch.setattr(prepare, "discover_rig", discover)
+    with throughput.same_card_rig(3, 2):
+        shared = prepare.discover_rig("cuda", [0, 1])
+        alone = prepare.discover_rig("cuda", [3])
+    assert prepare.discover_rig is discover  # put back
+    assert [c.index for c in shared.cards] == [3, 3]
+    assert all(c.free_bytes == 45 << 30 and c.total_bytes == 50 << 30 for c in shared.cards)
+    assert [c.index for c in alone.cards] == [3] and alone.cards[0].free_bytes == 90 << 30
+    assert seen == [[3], [3]]
+
+
+def test_same_card_needs_one_gpu_card():
+    assert throughput.serve_mode("native", "cuda", same_card=True) == ("single", True)
+    with pytest.raises(SystemExit):
+        throughput.parse(["--backend", "cuda", "--gpus", "0,1", "--same-card"])
+    with pytest.raises(SystemExit):
+        throughput.parse(["--backend", "cpu", "--gpus", "0", "--same-card"])
