@@ -47,14 +47,14 @@ def _serve(args: argparse.Namespace) -> int:
         raise BadInput(f"--max-restarts {args.max_restarts} is negative", "give 0 or more failures to tolerate")
     if args.stall_timeout <= 0:
         raise BadInput(f"--stall-timeout {args.stall_timeout} must be positive", "give seconds, e.g. 120")
-    metrics = None
+    args.metrics = None  # the endpoint, bound first: a taken port is the only line
     if args.metrics_port is not None:
         if args.metrics_port == args.port:
             raise BadInput(f"--metrics-port {args.metrics_port} is llama-server's --port",
                            "give arcsplit's metrics a port of their own")
         from ..telemetry.prometheus import MetricsEndpoint
 
-        metrics = MetricsEndpoint(args.host, args.metrics_port)  # bound first: a taken port is the only line
+        args.metrics = MetricsEndpoint(args.host, args.metrics_port)
 
     prepared = prepare(request_from_args(args))
     for text in prepared.warnings:
@@ -62,7 +62,7 @@ def _serve(args: argparse.Namespace) -> int:
     for text in prepared.notes:
         _say(text)
     if args.tui:
-        return _serve_with_dashboard(prepared, args, metrics)
+        return _serve_with_dashboard(prepared, args)
     for reason in prepared.decision.reasons:
         _say(f"mode {prepared.decision.mode}: {reason}")
     note = chat_note(prepared.config.plan.model_path, args.extra)
@@ -77,7 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
         note = missing_note(Path(prepared.config.server_bin).parent)
         if note:
             _say(f"note: {note}")
-    return anyio.run(_run, prepared, args, metrics)
+    return anyio.run(_run, prepared, args)
 
 
 def chat_note(model: str, extra: list[str]) -> str | None:
@@ -95,14 +95,15 @@ def chat_note(model: str, extra: list[str]) -> str | None:
             "follow: use /v1/completions, or name a template with `-- --chat-template NAME`")
 
 
-def _instance(prepared: Any, args: argparse.Namespace, say: Any, metrics: Any) -> Any:
+def _instance(prepared: Any, args: argparse.Namespace, say: Any) -> Any:
     """The instance, telling systemd about itself when run by it, and watched by the metrics endpoint if any."""
+    metrics = getattr(args, "metrics", None)
     return instance(prepared, max_restarts=args.max_restarts, stall_timeout=args.stall_timeout,
                     bus=not args.no_bus or args.tui, bus_tcp=args.bus, systemd=True,
                     watchers=(metrics.run,) if metrics else (), say=say)
 
 
-def _serve_with_dashboard(prepared: Any, args: argparse.Namespace, metrics: Any) -> int:
+def _serve_with_dashboard(prepared: Any, args: argparse.Namespace) -> int:
     """``--tui``: the group runs on a private event-loop thread, the dashboard owns the terminal (main thread);
     quitting the dashboard stops the group in order."""
     import time
@@ -111,7 +112,7 @@ def _serve_with_dashboard(prepared: Any, args: argparse.Namespace, metrics: Any)
 
     from ..tui.app import run_dashboard
 
-    instance = _instance(prepared, args, None, metrics)
+    instance = _instance(prepared, args, None)
     with start_blocking_portal() as portal:
         running = portal.start_task_soon(instance.run)
         while instance.bus_info is None and not running.done():
@@ -147,8 +148,9 @@ def _defaults() -> dict[str, Any]:
     return vars(ns)
 
 
-async def _run(prepared: Any, args: argparse.Namespace, metrics: Any) -> int:
-    instance = _instance(prepared, args, _say, metrics)
+async def _run(prepared: Any, args: argparse.Namespace) -> int:
+    instance = _instance(prepared, args, _say)
+    metrics = getattr(args, "metrics", None)
     sup = instance.supervisor
     events = sup.subscribe(10_000)
     failure: BaseException | None = None
