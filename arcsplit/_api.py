@@ -17,7 +17,7 @@ from anyio.from_thread import start_blocking_portal
 
 from .errors import RunError
 from .llama.detect import resolve
-from .llama.devices import discover_rig, parse_gpus
+from .llama.devices import discover_rig, host_budget, parse_gpus
 from .llama.locate import find_llama
 from .model import load_profile
 from .backends import flash_attn_default
@@ -37,11 +37,13 @@ __all__ = ["AsyncServer", "BusInfo", "Client", "Instance", "MODE_CHOICES", "OUTP
 def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None, *, backend: str = "auto",
          ctx: int | None = None, parallel: int = 1, cache_type: str = "f16", ubatch: int = 512,
          layout: str | os.PathLike[str] | None = None, cpu_memory_mib: int | None = None,
-         mode: str = "rpc", llama_dir: str | None = None, build: str | None = None) -> Plan:
+         mode: str = "rpc", llama_dir: str | None = None, build: str | None = None,
+         moe_offload: int | None = None, host_memory_mib: int | None = None) -> Plan:
     """Where every layer goes and what each card must hold; ``layout`` plans for a rig you do not have.
 
     ``mode`` only names the devices as llama-server will see them (rpc: RPC0, RPC1, ...). ``backend`` "auto" picks
-    what ``serve`` would on this machine (the cards and the builds present).
+    what ``serve`` would on this machine (the cards and the builds present). ``moe_offload``: routed experts of the
+    first N layers in host RAM; None (auto): as few as make the model fit, 0: never.
     """
     profile = load_profile(model)
     if layout is not None:
@@ -52,7 +54,8 @@ def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None,
         rig = discover_rig(backend, parse_gpus(gpus if isinstance(gpus, str) or gpus is None else list(gpus)),
                            binaries, cpu_memory_mib)
     options = PlanOptions(n_ctx=ctx, n_parallel=parallel, cache_type_k=cache_type, cache_type_v=cache_type,
-                          n_ubatch=ubatch, flash_attn=flash_attn_default(rig.cards[0].backend, cache_type))
+                          n_ubatch=ubatch, flash_attn=flash_attn_default(rig.cards[0].backend, cache_type),
+                          moe_offload=moe_offload, host_budget=host_budget(rig, host_memory_mib, live=layout is None))
     backends = {c.backend for c in rig.cards}
     devices = plan_devices(mode, rig.cards[0].backend, [c.index for c in rig.cards]) if len(backends) == 1 else None
     return make_plan(profile, rig, options, devices=devices)

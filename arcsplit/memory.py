@@ -120,30 +120,50 @@ def check_cache_types(profile: ModelProfile, type_k: str, type_v: str, flash_att
         raise BadInput("MLA models (deepseek2) need the same K and V cache type", f"use --cache-type {type_k} for both")
 
 
-def ffn_width(profile: ModelProfile, il: int) -> int:
-    """The widest activation a layer's FFN makes per token: dense n_ff, or the routed + shared experts it runs."""
-    if profile.n_expert and profile.expert_bytes[il]:
-        return profile.n_expert_used * profile.n_ff_exp + profile.n_ff_shexp
-    width = profile.n_ff[il]
-    if profile.is_recurrent[il] and profile.n_embd_r:
-        # gated delta net / SSM: the conv input (d_inner + 2 groups of state) dominates
-        conv = profile.n_embd_r // max(1, _conv_kernel_minus_one(profile))
-        width = max(width, conv)
-    return width
-
-
-def _conv_kernel_minus_one(profile: ModelProfile) -> int:
-    return profile.ssm_conv_kernel - 1 if profile.ssm_conv_kernel > 1 else 1
-
-
-# Calibrated against llama-fit-params -fitp on (CPU backend over RPC), see bench/plan_accuracy.py.
-K_FFN = 3.0  # gate, up and their product live together
+# Calibrated against llama-fit-params -fitp on (CPU backend over RPC), see bench/plan_accuracy.py. A layer's
+# working set is the widest of its phases (ggml-alloc reuses a phase's buffers in the next), in floats per token:
+K_FFN = 3.0  # dense FFN: gate, up and their product live together
 K_EMBD = 2.5  # residual stream, normed input, attention output
+K_MOE_FFN = 2.5  # routed (+ shared) experts: gate/up rows of the experts a token runs
+K_MOE_OUT = 1.125  # ... and each used expert's n_embd-wide output before the weighted sum
+K_MOE_EMBD = 3.5
+K_ATTN_Q = 1.25  # the query projection (gated attention: query and gate) and its per-head copies
+K_ATTN_EMBD = 8.0
+K_FFN_GDN = K_FFN  # gated delta-net block (qwen3next, qwen35): qkv, conv and their outputs, three conv widths
+K_SSM = 9.5  # Mamba-2 mixer (mamba2, hybrids of it): in_proj (z, x, B, C, dt), conv and scan outputs
 K_OUT_EMBD = 4.75  # the output layer on one of several devices: final norm, its input rows, logits staging
 K_OUT_EMBD_SOLO = 1.0  # the same on a lone device: the graph is one split, only the normed rows stay with the logits
 K_NOFA_EMBD = 4.0  # without flash attention, next to the KQ scores, Q and KQV (counted per head) and the residual
 K_NOFA_OUT = 4.0  # without flash attention, the last card of a pipeline keeps its last layer's rows for the output
 K_MLA_OUT = 6.0  # MLA (absorbed heads): the same on the last card of a pipeline, with flash attention too
+# On an architecture whose family the model above was never measured on (model.Family.checked), compute buffers
+# get this much on top: the formulas know the common layer shapes, not every graph llama.cpp builds. Measured
+# misses on checked families were below 10 %; an unseen graph (extra repeats, chunked scans) can be larger.
+UNCHECKED_COMPUTE_MARGIN = 0.5
+
+
+def _margin(profile: ModelProfile, n: int) -> int:
+    return n if profile.compute_checked else int(n * (1 + UNCHECKED_COMPUTE_MARGIN))
+
+
+def layer_rows(profile: ModelProfile, il: int) -> float:
+    """Floats per token of layer ``il``'s widest phase: its FFN or experts, its recurrent block, its attention.
+
+    A recurrent layer of a MoE hybrid (qwen3next, qwen35moe) has both a recurrent block and experts; taking only
+    the experts was what made those models' compute a third too low.
+    """
+    e = profile.n_embd
+    if profile.n_expert and profile.expert_bytes[il]:
+        width = profile.n_expert_used * profile.n_ff_exp + profile.n_ff_shexp
+        rows = K_MOE_FFN * width + K_MOE_OUT * e * profile.n_expert_used + K_MOE_EMBD * e
+    else:
+        rows = K_FFN * profile.n_ff[il] + K_EMBD * e
+    if profile.is_recurrent[il] and profile.n_embd_r:
+        conv = profile.n_embd_r // max(1, profile.ssm_conv_kernel - 1)  # d_inner + 2 groups of state
+        rows = max(rows, (K_FFN_GDN if profile.recurrent_kind == "interval" else K_SSM) * conv + K_EMBD * e)
+    if profile.has_kv[il] and profile.n_embd_q[il]:
+        rows = max(rows, K_ATTN_Q * profile.n_embd_q[il] + K_ATTN_EMBD * e)
+    return rows
 
 
 @dataclass(frozen=True)
@@ -169,10 +189,12 @@ def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int,
     cells = {cs.swa_size if profile.is_swa[il] else cs.kv_size for il in layers if profile.has_kv[il]}
     inputs = sum(c * cs.n_stream * t * mask_elt for c in cells) // max(1, cs.n_stream)
     inputs += e * t * 4 + t * 4 * 4
+    if first > 0 and not has_output:
+        inputs += e * t * 4  # a middle card: the previous card's hidden rows arrive as one more split input
     # the widest layer's working set
     ws = 0
     for il in layers:
-        w = t * 4 * (K_FFN * ffn_width(profile, il) + K_EMBD * e)
+        w = t * 4 * layer_rows(profile, il)
         if profile.mla and profile.has_kv[il]:
             # absorbed MLA: every head's query is as wide as the compressed K row (kv_lora_rank + rope)
             w = max(w, t * 4 * (profile.n_head[il] * profile.n_embd_k[il] * 2.25 + K_EMBD * e))
@@ -188,13 +210,15 @@ def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int,
     out = 0
     if has_output:
         out = int(shape.n_outputs * profile.n_vocab * 4 + (K_OUT_EMBD if shape.pipeline else K_OUT_EMBD_SOLO) * e * t * 4)
-        if shape.pipeline and not shape.flash_attn:
+        if shape.pipeline and not shape.flash_attn and any(profile.has_kv[il] for il in layers):
             ws += int(K_NOFA_OUT * e * t * 4)
         if shape.pipeline and profile.mla:
             out += int(K_MLA_OUT * e * t * 4)
+        if shape.pipeline and profile.recurrent_kind == "all":
+            out += ws  # Mamba: the last card of a pipeline keeps its last layer's scan buffers beside the logits
     if shape.pipeline:
-        return PIPELINE_COPIES * inputs + max(ws, out)
-    return max(inputs + ws, out)
+        return _margin(profile, PIPELINE_COPIES * inputs + max(ws, out))
+    return _margin(profile, max(inputs + ws, out))
 
 
 def host_compute_bytes(profile: ModelProfile, cs: ContextSizes, shape: ComputeShape) -> int:
@@ -203,4 +227,12 @@ def host_compute_bytes(profile: ModelProfile, cs: ContextSizes, shape: ComputeSh
     mask_elt = 2 if shape.flash_attn else 4
     cells = {cs.swa_size if profile.is_swa[il] else cs.kv_size for il in range(profile.n_layer_main) if profile.has_kv[il]}
     inputs = sum(c * t * mask_elt for c in cells) + profile.n_embd * t * 4
-    return inputs * (PIPELINE_COPIES if shape.pipeline else 1)
+    return _margin(profile, inputs * (PIPELINE_COPIES if shape.pipeline else 1))
+
+
+def moe_compute_bytes(profile: ModelProfile, cs: ContextSizes, shape: ComputeShape) -> int:
+    """What llama-server's CPU needs to run the routed experts it holds (--n-cpu-moe): one MoE layer's working set."""
+    t = min(shape.n_ubatch, cs.n_ctx)
+    e = profile.n_embd
+    rows = K_MOE_FFN * profile.n_expert_used * profile.n_ff_exp + K_MOE_OUT * e * profile.n_expert_used + K_MOE_EMBD * e
+    return _margin(profile, int(t * 4 * rows))

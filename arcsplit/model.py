@@ -7,8 +7,8 @@ count and length against the bytes that are actually there, and reads only as fa
 time to read a 50 GB model is the time to read its header.
 
 The per-layer facts (which layers are SWA, recurrent, hold KV; head counts; K/V widths) follow the rules of
-llama.cpp's ``llama_model::load_hparams`` (src/llama-model.cpp in the pinned tree) for the architectures
-arcsplit knows.
+llama.cpp's ``llama_model::load_hparams`` (src/llama-model.cpp, src/models/*.cpp in the pinned tree) for the
+architectures in ``FAMILIES``.
 """
 
 from __future__ import annotations
@@ -116,6 +116,8 @@ class ModelProfile:
     n_embd_r: int  # recurrent conv state per sequence (f32 elements)
     n_embd_s: int  # recurrent ssm state per sequence (f32 elements)
     n_ff: tuple[int, ...]
+    n_embd_q: tuple[int, ...]  # width of each layer's query projection (attn_q rows; gated attention: 2x), 0: none
+    recurrent_kind: str  # Family.recurrent: "all" (Mamba), "interval" (gated delta-net hybrids), "no_kv", ""
     n_expert: int
     n_expert_used: int
     n_ff_exp: int  # per routed expert
@@ -127,6 +129,7 @@ class ModelProfile:
     token_embd_bytes: int  # stays on llama-server's CPU
     host_bytes: int  # token_embd and other input tensors: always on llama-server's CPU
     known_arch: bool
+    compute_checked: bool = False  # the compute model was measured on this architecture's family (Family.checked)
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -436,37 +439,70 @@ def read_headers(path: str | Path) -> list[Header]:
 # ---------------------------------------------------------------------------------------------------------------
 # header -> profile
 
-# arch -> (default SWA pattern, dense_first, default n_swa, SWA applies only when sliding_window > 0 is present)
-_SWA_ARCHS: dict[str, tuple[int, bool, int, bool]] = {
-    "gemma2": (2, False, 4096, False),
-    "gemma3": (6, False, 0, True),
-    "gemma-embedding": (6, False, 0, True),
-    "gemma3n": (5, False, 0, False),
-    "cohere2": (4, False, 0, False),
-    "cohere2moe": (4, True, 0, False),
-    "gpt-oss": (2, False, 0, False),
-    "llama4": (4, False, 8192, False),
-    "exaone4": (4, False, 4096, True),
-    "exaone-moe": (4, False, 128, False),
-    "afmoe": (4, False, 0, True),
-    "olmo2": (4, False, 0, True),
-    "smallthinker": (4, True, 4096, True),
-    "plamo3": (8, False, 0, True),
-    "mellum": (4, False, 0, True),
-    "muse-glimmer": (4, False, 0, False),
-}
-_HYBRID_QWEN = ("qwen3next", "qwen35", "qwen35moe", "qwen4exp")
-_MLA = ("deepseek2", "glm4moe-lite", "kimi-k2", "minicpm3", "mistral4", "deepseek2-ocr")
-# Architectures whose memory arcsplit models exactly (standard attention or one of the rules above).
-_KNOWN = {
-    "llama", "llama-embed", "mistral3", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "qwen2vl", "qwen3vl", "qwen3vlmoe",
-    "gemma", "phi3", "phimoe", "granite", "granitemoe", "glm4", "glm4moe", "deci", "starcoder2", "internlm2",
-    "command-r", "olmo", "olmoe", "stablelm", "smollm3", "ernie4_5", "ernie4_5-moe", "seed_oss", "hunyuan-moe",
-    "hunyuan-dense", "minimax-m2", "dots1", "arcee", "apertus", "bailingmoe", "bailingmoe2", "grovemoe", "falcon",
-    "baichuan", "xverse", "orion", "nemotron", "exaone", "bitnet", "chatglm", "dbrx", "arctic", "deepseek", "grok",
-    "gptneox", "gpt2", "bloom", "mpt", "starcoder", "qwen", "phi2", "plamo", "codeshell", "minicpm", "jais", "jais2",
-    "nanbeige", "maincoder", "pangu-embedded", "step35", "mimo2", "spark2_5", "talkie", "llada", "dream",
-    *_SWA_ARCHS, *_HYBRID_QWEN, "deepseek2", "mamba", "mamba2",
+@dataclass(frozen=True)
+class Family:
+    """What one llama.cpp architecture does differently in memory (its ``load_hparams``), and whether arcsplit's
+    compute-buffer model was measured on it.
+
+    ``swa``: (default pattern, dense_first, default n_swa, SWA only when sliding_window > 0 is in the file).
+    ``recurrent``: "all" (Mamba), "interval" (Qwen hybrids: full attention every ``full_attention_interval``),
+    "no_kv" (layers without KV heads are recurrent), "" (none). ``kv_layers``: "first20" (gemma3n: only the first
+    20 layers hold KV), "shared" (the last ``shared_kv_layers`` reuse earlier KV), "" (every attention layer).
+    ``checked``: the compute model was measured against llama-fit-params on a model of this family
+    (bench/plan_accuracy.py); on the others the planner adds ``memory.UNCHECKED_COMPUTE_MARGIN`` and says so.
+    """
+
+    swa: tuple[int, bool, int, bool] | None = None
+    recurrent: str = ""
+    mla: bool = False
+    kv_layers: str = ""
+    chunked_swa: bool = False
+    swa_listed: bool = False  # SWA layers only from the per-layer sliding_window_pattern array (required)
+    checked: bool = False
+
+
+_STANDARD = Family()
+_CHECKED = Family(checked=True)
+_QWEN_HYBRID = Family(recurrent="interval", checked=True)
+# Every architecture arcsplit models exactly (standard attention unless the row says otherwise).
+FAMILIES: dict[str, Family] = {
+    **{a: _STANDARD for a in (
+        "llama-embed", "mistral3", "qwen2", "qwen2moe", "qwen3", "qwen2vl", "qwen3vl", "qwen3vlmoe",
+        "gemma", "phi3", "phimoe", "granite", "granitemoe", "glm4", "glm4moe", "starcoder2", "internlm2",
+        "command-r", "olmo", "olmoe", "stablelm", "smollm3", "ernie4_5", "ernie4_5-moe", "seed_oss", "hunyuan-moe",
+        "hunyuan-dense", "minimax-m2", "dots1", "arcee", "apertus", "bailingmoe", "bailingmoe2", "grovemoe",
+        "falcon", "baichuan", "xverse", "orion", "nemotron", "exaone", "bitnet", "chatglm", "dbrx", "arctic",
+        "deepseek", "grok", "gptneox", "gpt2", "bloom", "mpt", "starcoder", "qwen", "phi2", "plamo", "codeshell",
+        "minicpm", "jais", "jais2", "nanbeige", "maincoder", "pangu-embedded", "step35", "mimo2", "spark2_5",
+        "talkie", "llada", "dream")},
+    "llama": _CHECKED,
+    "deci": _CHECKED,  # per-layer KV heads
+    "qwen3moe": _CHECKED,
+    "gemma2": Family(swa=(2, False, 4096, False)),
+    "gemma3": Family(swa=(6, False, 0, True), checked=True),
+    "gemma-embedding": Family(swa=(6, False, 0, True)),
+    "gemma3n": Family(swa=(5, False, 0, False), kv_layers="first20"),
+    "gemma4": Family(kv_layers="shared", swa_listed=True),
+    "cohere2": Family(swa=(4, False, 0, False)),
+    "cohere2moe": Family(swa=(4, True, 0, False)),
+    "gpt-oss": Family(swa=(2, False, 0, False)),
+    "llama4": Family(swa=(4, False, 8192, False), chunked_swa=True),
+    "exaone4": Family(swa=(4, False, 4096, True)),
+    "exaone-moe": Family(swa=(4, False, 128, False)),
+    "afmoe": Family(swa=(4, False, 0, True)),
+    "olmo2": Family(swa=(4, False, 0, True)),
+    "smallthinker": Family(swa=(4, True, 4096, True)),
+    "plamo3": Family(swa=(8, False, 0, True)),
+    "mellum": Family(swa=(4, False, 0, True)),
+    "muse-glimmer": Family(swa=(4, False, 0, False)),
+    "qwen35": _QWEN_HYBRID,
+    "qwen35moe": _QWEN_HYBRID,
+    "qwen3next": _QWEN_HYBRID,
+    "qwen4exp": Family(recurrent="interval"),
+    "deepseek2": Family(mla=True, checked=True),
+    "granitehybrid": Family(recurrent="no_kv"),  # Mamba-2 layers where head_count_kv is 0; compute not calibrated
+    "mamba": Family(recurrent="all"),
+    "mamba2": Family(recurrent="all", checked=True),
 }
 
 
@@ -545,6 +581,7 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
     # tensor table -> bytes per layer
     layer_bytes = [0] * n_all
     expert_bytes = [0] * n_all
+    n_embd_q = [0] * n_all
     output_bytes = 0
     host_bytes = 0
     token_embd = None
@@ -559,6 +596,8 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
                 layer_bytes[il] += t.n_bytes
                 if _EXPERT.search(t.name):
                     expert_bytes[il] += t.n_bytes
+                elif t.name.endswith(".attn_q.weight") and len(t.shape) >= 2:
+                    n_embd_q[il] = t.shape[1]
             elif t.name.startswith(_OUTPUT_PREFIXES):
                 output_bytes += t.n_bytes
                 has_output = has_output or t.name == "output.weight"
@@ -598,22 +637,23 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
     is_swa: tuple[bool, ...] = (False,) * n_all
     sw = m.int("{arch}.attention.sliding_window")
     pat = m.get("{arch}.attention.sliding_window_pattern")
-    rule = _SWA_ARCHS.get(arch)
+    fam = FAMILIES.get(arch)
+    rule = fam.swa if fam else None
     explicit = isinstance(pat, tuple) and bool(pat)
-    if arch == "gemma4" or (explicit and rule is not None and (sw or 0) > 0) or (rule is None and explicit and sw):
+    if (fam and fam.swa_listed) or (explicit and rule is not None and (sw or 0) > 0) or (rule is None and explicit and sw):
         if not isinstance(pat, tuple) or len(pat) != n_all:
             raise ModelError(f"{path}: {arch}.attention.sliding_window_pattern must list {n_all} layers", "use a valid GGUF file")
         is_swa = tuple(bool(x) for x in pat)
         n_swa = sw or 0
     elif rule is not None:
         n_pattern, dense_first, n_swa_default, needs_key = rule
-        if arch == "llama4" and sw == 0:
+        if fam is not None and fam.chunked_swa and sw == 0:
             pass  # llama4 without chunked attention
         elif not needs_key or (sw or 0) > 0:
             n_swa = sw if sw is not None else n_swa_default
             n_pattern = m.int("{arch}.attention.sliding_window_pattern", n_pattern) or 0
             is_swa = _swa_pattern(n_pattern, dense_first, n_main, n_all)
-            swa_chunked = arch == "llama4"
+            swa_chunked = fam is not None and fam.chunked_swa
     elif sw and isinstance(pat, int):
         n_swa = sw
         is_swa = _swa_pattern(int(pat), False, n_main, n_all)
@@ -628,7 +668,8 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
     d_inner = m.int("{arch}.ssm.inner_size", 0) or 0
     d_state = m.int("{arch}.ssm.state_size", 0) or 0
     n_group = m.int("{arch}.ssm.group_count", 0) or 0
-    if arch in _HYBRID_QWEN or arch in ("mamba", "mamba2") or (d_inner and d_state):
+    recurrent = fam.recurrent if fam else ""
+    if recurrent or (d_inner and d_state):
         n_embd_r = max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state)
         n_embd_s = d_state * d_inner
         arr = m.get("{arch}.attention.recurrent_layers")
@@ -636,32 +677,35 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
             if len(arr) != n_all:
                 raise ModelError(f"{path}: {arch}.attention.recurrent_layers must list {n_all} layers", "use a valid GGUF file")
             is_recr = tuple(bool(x) for x in arr)
-        elif arch in ("mamba", "mamba2"):
+        elif recurrent == "all":
             is_recr = (True,) * n_all
-        elif arch in _HYBRID_QWEN:
+        elif recurrent == "interval":
             interval = m.int("{arch}.full_attention_interval", 4) or 4
             is_recr = tuple(il < n_main and (il + 1) % interval != 0 for il in range(n_all))
         else:
             # jamba / granitehybrid / nemotron_h / falcon-h1 style: a layer without KV heads is recurrent
             is_recr = tuple(n_head_kv[il] == 0 for il in range(n_all))
-            warnings.append(f"{arch}: recurrent layers taken as those without KV heads (not verified for this architecture)")
+            if recurrent != "no_kv":
+                warnings.append(f"{arch}: recurrent layers taken as those without KV heads (not verified for this "
+                                "architecture)")
+            recurrent = "no_kv"
 
     # MLA: K-only cache of width key_length * n_head_kv
     mla = m.get("{arch}.attention.key_length_mla") is not None and m.get("{arch}.attention.value_length_mla") is not None
-    if arch in ("deepseek2",) and not mla and m.get("{arch}.attention.kv_lora_rank") is not None:
+    if fam and fam.mla and not mla and m.get("{arch}.attention.kv_lora_rank") is not None:
         warnings.append("deepseek2 GGUF without key_length_mla: an old conversion; KV is sized as full attention")
 
     # which layers hold KV
     n_kv_from_start = -1
-    if arch == "gemma3n":
+    if fam and fam.kv_layers == "first20":
         n_kv_from_start = 20
-    elif arch == "gemma4" or m.get("{arch}.attention.shared_kv_layers") is not None:
+    elif (fam and fam.kv_layers == "shared") or m.get("{arch}.attention.shared_kv_layers") is not None:
         n_kv_from_start = n_all - (m.int("{arch}.attention.shared_kv_layers", 0) or 0)
     has_kv = []
     for il in range(n_all):
         ok = n_kv_from_start < 0 or il < n_kv_from_start
         ok = ok and il < n_main and not is_recr[il] and n_head_kv[il] > 0
-        if arch in ("mamba", "mamba2"):
+        if recurrent == "all":
             ok = False
         has_kv.append(ok)
     k_width = []
@@ -683,7 +727,7 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
     n_shared = m.int("{arch}.expert_shared_count", 0) or 0
     n_ff_shexp = m.int("{arch}.expert_shared_feed_forward_length", 0) or (n_shared * max(n_ff_exp) if n_shared else 0)
 
-    known = arch in _KNOWN
+    known = fam is not None
     if not known:
         warnings.insert(
             0,
@@ -719,6 +763,8 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
         n_embd_r=n_embd_r,
         n_embd_s=n_embd_s,
         n_ff=n_ff,
+        n_embd_q=tuple(n_embd_q),
+        recurrent_kind=recurrent if any(is_recr) else "",
         n_expert=n_expert,
         n_expert_used=n_expert_used,
         n_ff_exp=max(n_ff_exp),
@@ -730,6 +776,7 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
         token_embd_bytes=token_embd.n_bytes if token_embd is not None else 0,
         host_bytes=host_bytes,
         known_arch=known,
+        compute_checked=fam is not None and fam.checked,
         warnings=tuple(warnings),
     )
 

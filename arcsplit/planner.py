@@ -5,7 +5,7 @@ The value types below are the contract the rest of arcsplit (specs, supervisor, 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .rig import Card
@@ -35,6 +35,12 @@ class PlanOptions:
     # first card is llama-server's own, so the logits (n_vocab floats a row) are made where they are read and only
     # the final hidden rows (n_embd floats) cross the RPC link. llama.cpp puts it on the last card; ``-ot`` moves it.
     output_on_first: bool = False
+    # MoE expert offload: the routed experts of the first ``moe_offload`` layers stay in llama-server's host RAM
+    # (``--n-cpu-moe N``); attention, norms, router and shared experts stay on the cards. None: the fewest layers
+    # that make the model fit (0 when it fits as it is). ``host_budget``: bytes of host RAM the plan may use there
+    # (None: not checked).
+    moe_offload: int | None = 0
+    host_budget: int | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,12 @@ class CardPlan:
     def free_after(self) -> int:
         return self.card.free_bytes - self.total
 
+    @property
+    def largest(self) -> str:
+        """The term that dominates this card: weights, kv, state or compute."""
+        terms = {"weights": self.weights, "kv": self.kv, "state": self.state, "compute": self.compute}
+        return max(terms, key=terms.__getitem__)
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -76,6 +88,9 @@ class Plan:
     cards: tuple[CardPlan, ...]
     host_bytes: int = 0
     warnings: tuple[str, ...] = field(default=())
+    host_expert_bytes: int = 0  # routed-expert weights kept in host RAM (options.moe_offload layers)
+    host_read_per_token: int = 0  # of those, what one decoded token reads: n_expert_used / n_expert of each layer
+    ctx_limit: str = ""  # with --ctx max: what stopped the context from growing (a card's memory, or training)
 
     @property
     def offloaded(self) -> tuple[CardPlan, ...]:
@@ -114,6 +129,8 @@ class Plan:
         if o.output_on_first:
             first = HOST_DEVICE if self.cards[0].device == HOST_DEVICE else names[0]
             args += ["-ot", f"{OUTPUT_TENSORS}={first}"]
+        if o.moe_offload:
+            args += ["--n-cpu-moe", str(o.moe_offload)]
         args += ["--fit", "off"]
         return args
 
@@ -128,6 +145,8 @@ class Plan:
             "tensor_split": list(self.tensor_split),
             "options": asdict(self.options),
             "host_bytes": self.host_bytes,
+            "moe_offload": {"layers": self.options.moe_offload or 0, "host_expert_bytes": self.host_expert_bytes,
+                            "host_read_per_token": self.host_read_per_token},
             "cards": [
                 {
                     "device": c.device,
@@ -147,10 +166,12 @@ class Plan:
                         "total": c.total,
                     },
                     "free_after": c.free_after,
+                    "largest": c.largest,
                 }
                 for c in self.cards
             ],
             "llama_server_args": self.llama_server_args(),
+            "ctx_limit": self.ctx_limit,
             "warnings": list(self.warnings),
         }
 
@@ -185,8 +206,9 @@ def _costs(profile: Any, options: PlanOptions, n_ctx: int) -> _Costs:
 
     cs = memory.context_sizes(profile, n_ctx, options.n_parallel, options.kv_unified, options.n_ubatch, options.swa_full)
     w, k, s = [], [], []
+    n_off = options.moe_offload or 0
     for il in range(profile.n_layer):
-        w.append(memory.weight_layer_bytes(profile, il))
+        w.append(memory.weight_layer_bytes(profile, il) - (profile.expert_bytes[il] if il < n_off else 0))
         k.append(memory.kv_layer_bytes(profile, il, cs, options.cache_type_k, options.cache_type_v, options.flash_attn))
         s.append(memory.state_layer_bytes(profile, il, cs))
     w.append(0 if options.output_on_first else profile.output_bytes)
@@ -215,8 +237,9 @@ class _Solver:
         self.n_units = profile.n_layer + 1
         self.budgets = [c.budget_bytes for c in cards]
         gpu_cards = len(cards) - (1 if self.host else 0)
-        self.pipeline = gpu_cards > 1
         o = options
+        # llama.cpp turns pipeline parallelism off when any tensor is overridden (-ot, --n-cpu-moe)
+        self.pipeline = gpu_cards > 1 and not o.output_on_first and not o.moe_offload
         n_out = o.n_outputs if o.n_outputs is not None else max(1, o.n_parallel)
         self._shape = memory.ComputeShape(o.n_ubatch, min(n_out, o.n_ubatch), o.flash_attn, self.pipeline)
 
@@ -367,9 +390,9 @@ def make_plan(profile: Any, rig_or_cards: Any, options: PlanOptions | None = Non
     if options.n_ubatch < 1 or options.n_batch < 1:
         raise _bad("batch sizes must be positive", "pass --ubatch N with N > 0")
     memory.check_cache_types(profile, options.cache_type_k, options.cache_type_v, options.flash_attn)
-    options = _output_placement(profile, cards, options)
+    options = _moe_offload(profile, cards, names, _output_placement(profile, cards, options))
     solver = _Solver(profile, cards, names, options)
-    warnings = list(profile.warnings)
+    warnings = _model_warnings(profile)
 
     train = profile.n_ctx_train or 0
     if options.n_ctx is not None:
@@ -409,8 +432,66 @@ def make_plan(profile: Any, rig_or_cards: Any, options: PlanOptions | None = Non
         ctx = lo * 256
         if train and ctx < min(train, 4096):
             warnings.append(f"only {ctx} tokens of context fit (training context {train})")
+        limit = _ctx_limit(profile, solver, options, bounds, ctx, cap)
 
-    return _assemble(profile, solver, costs, cards, names, bounds, options, warnings)
+    plan = _assemble(profile, solver, costs, cards, names, bounds, options, warnings)
+    if options.n_ctx is None:
+        plan = replace(plan, ctx_limit=limit)
+    if options.host_budget is not None and plan.host_expert_bytes and plan.host_bytes > options.host_budget:
+        raise DoesNotFit(f"keeping the experts of {options.moe_offload} layers in host RAM needs {_fmt(plan.host_bytes)} "
+                         f"there, but only {_fmt(options.host_budget)} is available",
+                         "free host memory, add a card, or use a smaller quantization of the model")
+    return plan
+
+
+def _ctx_limit(profile: Any, solver: "_Solver", options: PlanOptions, bounds: list[int], ctx: int, cap: int) -> str:
+    """Why --ctx max stopped at ``ctx``: the training context, or the card that 256 more tokens overflow."""
+    if ctx >= cap:
+        return f"the model's training context ({cap} tokens)"
+    costs = _costs(profile, options, ctx + 256)
+    over = []
+    for j in range(len(solver.cards)):
+        w, k, s, c = solver.card_bytes(costs, j, bounds[j], bounds[j + 1])
+        over.append((w + k + s + c - solver.budgets[j], j, k + s, c))
+    short, j, kv, comp = max(over)
+    return (f"{solver.names[j]}: {ctx + 256} tokens would need {_fmt(short)} more than it has "
+            f"(KV/state {_fmt(kv)}, compute {_fmt(comp)} there)")
+
+
+def _moe_offload(profile: Any, cards: tuple[Card, ...], names: list[str], options: PlanOptions) -> PlanOptions:
+    """Resolve ``moe_offload=None`` (auto) to the fewest leading layers whose routed experts must leave the cards
+    for the model to fit at the asked context (or 4096 tokens with --ctx max); check a given count."""
+
+    n = options.moe_offload
+    n_main = profile.n_layer_main
+    if n is not None and n < 0:
+        raise _bad(f"--moe-offload {n} must be 0 or more", "pass auto, off or a layer count")
+    if not any(profile.expert_bytes):
+        if n:
+            raise _bad(f"--moe-offload {n}: this {profile.arch} model has no routed experts", "use --moe-offload off")
+        return replace(options, moe_offload=0)
+    if n is not None:
+        if n > n_main:
+            raise _bad(f"--moe-offload {n} is more than the model's {n_main} layers", f"pass at most {n_main}")
+        return options
+    probe = options.n_ctx or min(profile.n_ctx_train or 4096, 4096)
+
+    def fits(k: int) -> bool:
+        o = replace(options, moe_offload=k)
+        return _Solver(profile, cards, names, o).split(_costs(profile, o, probe)) is not None
+
+    if fits(0):
+        return replace(options, moe_offload=0)
+    lo, hi = 1, n_main
+    if not fits(hi):
+        return replace(options, moe_offload=hi)  # does not fit even so: the caller's DoesNotFit says by how much
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return replace(options, moe_offload=lo)
 
 
 def _assemble(profile: Any, solver: "_Solver", costs: _Costs, cards: tuple[Card, ...], names: list[str],
@@ -427,14 +508,19 @@ def _assemble(profile: Any, solver: "_Solver", costs: _Costs, cards: tuple[Card,
     host = profile.host_bytes
     if not solver.host:
         host += memory.host_compute_bytes(profile, costs.cs, solver.shape())
+    n_off = options.moe_offload or 0
+    experts = sum(profile.expert_bytes[:n_off])
+    if n_off:
+        host += experts + memory.moe_compute_bytes(profile, costs.cs, solver.shape())
+    share = profile.n_expert_used / profile.n_expert if profile.n_expert else 0.0
     return Plan(model_path=profile.path, arch=profile.arch, n_layer=profile.n_layer, n_ctx=costs.cs.n_ctx,
                 options=options if options.n_ctx == costs.cs.n_ctx else _with_ctx(options, costs.cs.n_ctx),
-                cards=tuple(plans), host_bytes=host, warnings=tuple(warnings))
+                cards=tuple(plans), host_bytes=host, warnings=tuple(warnings), host_expert_bytes=experts,
+                host_read_per_token=int(experts * share))
 
 
 def _output_placement(profile: Any, cards: tuple[Card, ...], options: PlanOptions) -> PlanOptions:
     """``output_on_first`` only where it means something (two cards or more) and where ``-ot`` can do it."""
-    from dataclasses import replace
 
     if not options.output_on_first:
         return options
@@ -447,14 +533,12 @@ def _output_placement(profile: Any, cards: tuple[Card, ...], options: PlanOption
 
 
 def _with_ctx(options: PlanOptions, n_ctx: int) -> PlanOptions:
-    from dataclasses import replace
 
     return replace(options, n_ctx=n_ctx)
 
 
 def _why(profile: Any, solver: _Solver, options: PlanOptions, ctx: int) -> tuple[str, str]:
     """One line: how much is missing, and the cheapest changes that would make it fit."""
-    from dataclasses import replace
 
     costs = _costs(profile, options, ctx)
     need_w = sum(costs.weights)
@@ -486,6 +570,8 @@ def _why(profile: Any, solver: _Solver, options: PlanOptions, ctx: int) -> tuple
             pass
     if options.n_parallel > 1:
         fixes.append("use fewer slots (--np 1)")
+    if any(profile.expert_bytes) and options.moe_offload is not None and options.moe_offload < profile.n_layer_main:
+        fixes.append("keep routed experts in host RAM (--moe-offload auto)")
     fixes.append(f"add a card with at least {_fmt(max(short, 256 * _MiB))} free")
     return head, "; or ".join(fixes)
 
@@ -506,10 +592,21 @@ def plan_for_split(profile: Any, rig_or_cards: Any, options: PlanOptions, tensor
         raise _bad(f"tensor split {tensor_split} must give {len(cards)} non-negative counts summing to "
                    f"{profile.n_layer + 1}", "fix the split or let arcsplit plan it")
     memory.check_cache_types(profile, options.cache_type_k, options.cache_type_v, options.flash_attn)
-    options = _output_placement(profile, cards, options)
+    options = _moe_offload(profile, cards, names, _output_placement(profile, cards, options))
     solver = _Solver(profile, cards, names, options)
     costs = _costs(profile, options, options.n_ctx)
     bounds = [0]
     for n in tensor_split:
         bounds.append(bounds[-1] + n)
-    return _assemble(profile, solver, costs, cards, names, bounds, options, list(profile.warnings))
+    return _assemble(profile, solver, costs, cards, names, bounds, options, _model_warnings(profile))
+
+
+def _model_warnings(profile: Any) -> list[str]:
+    """The profile's warnings, and the compute margin where the compute model was never measured."""
+    from .memory import UNCHECKED_COMPUTE_MARGIN
+
+    out = list(profile.warnings)
+    if not profile.compute_checked:
+        out.append(f"compute buffers of {profile.arch!r} are estimated from formulas not checked on this architecture: "
+                   f"{UNCHECKED_COMPUTE_MARGIN:.0%} added")
+    return out

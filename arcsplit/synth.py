@@ -3,7 +3,8 @@
 They exist so tests and benches can exercise every memory rule (GQA, MoE, hybrid recurrent, MLA, SWA, shards)
 with files of a few MB. Weights are small random numbers: generation works, the text is noise.
 ``header_only=True`` writes the header and extends the file sparsely to its full size: a "50 GB" model that
-takes no disk, for checking that planning never reads tensor data.
+takes no disk, for checking that planning never reads tensor data; with ``dtype="q4_k_m"`` the tensors get the
+types llama-quantize's Q4_K_M mix gives them. ``SEEDS`` / ``write_seed`` are the users' models at their real shapes.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from typing import Any
 
 import numpy as np
 from gguf import GGUFWriter
-from gguf.constants import TokenType
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as Q, TokenType
 
 _DTYPES = {"f16": np.float16, "f32": np.float32}
+_FILE_TYPE = {"q4_k_m": 15}  # llama_ftype LLAMA_FTYPE_MOSTLY_Q4_K_M
 
 
 def _vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
@@ -43,10 +45,11 @@ class _Model:
     """Collects metadata and tensor shapes (numpy order: rows last-dim-first, as GGUFWriter expects)."""
 
     def __init__(self, arch: str, n_vocab: int, ctx: int, n_embd: int, n_layer: int, dtype: str, seed: int) -> None:
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}")
+        if dtype not in _DTYPES and dtype not in _FILE_TYPE:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES) + sorted(_FILE_TYPE)}")
         self.arch, self.n_vocab, self.n_embd, self.n_layer = arch, n_vocab, n_embd, n_layer
-        self.dtype = _DTYPES[dtype]
+        self.quant = dtype if dtype in _FILE_TYPE else None  # a llama-quantize mix: header-only files
+        self.dtype = _DTYPES.get(dtype, np.float16)
         self.kv: list[tuple[str, Any, str]] = []
         self.tensors: dict[str, tuple[tuple[int, ...], Any]] = {}
         self.rng = np.random.default_rng(seed)
@@ -78,9 +81,11 @@ class _Model:
               reuse_random: bool = False) -> Path:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
+        if self.quant and not header_only:
+            raise ValueError(f"dtype {self.quant} is written header-only (pass header_only=True)")
         w = GGUFWriter(p, self.arch, split_max_tensors=split_max_tensors)
         w.add_name(f"arcsplit synthetic {self.arch}")
-        w.add_file_type(1 if self.dtype == np.float16 else 0)
+        w.add_file_type(_FILE_TYPE[self.quant] if self.quant else 1 if self.dtype == np.float16 else 0)
         for key, value, kind in self.kv:
             if kind == "u32":
                 w.add_uint32(key, value)
@@ -92,22 +97,31 @@ class _Model:
         w.add_tokenizer_model("llama")
         w.add_tokenizer_pre("default")
         w.add_token_list(tokens)
-        w.add_token_scores(scores)
-        w.add_token_types(types)
+        if not header_only:  # optional in llama.cpp (llama-vocab.cpp); packing them one by one is slow at 150k+
+            w.add_token_scores(scores)
+            w.add_token_types(types)
         w.add_bos_token_id(1)
         w.add_eos_token_id(2)
         w.add_unk_token_id(0)
         w.add_add_bos_token(True)
         w.add_add_eos_token(False)
         if header_only:
+            types = _q4_k_m_types(self) if self.quant else {}
+            sizes = []
             for name, (shape, dt) in self.tensors.items():
-                nbytes = int(np.prod(shape)) * np.dtype(dt).itemsize
-                w.add_tensor_info(name, shape, np.dtype(dt), nbytes)
+                qt = types.get(name)
+                if qt is None:
+                    nbytes = int(np.prod(shape)) * np.dtype(dt).itemsize
+                else:
+                    block, size = GGML_QUANT_SIZES[qt]
+                    nbytes = int(np.prod(shape)) // block * size
+                w.add_tensor_info(name, shape, np.dtype(dt), nbytes, raw_dtype=qt)
+                sizes.append(nbytes)
             w.write_header_to_file(p)
             w.write_kv_data_to_file()
             w.write_ti_data_to_file()
             w.close()
-            _extend_sparse(p, self.tensors)
+            _extend_sparse(p, sizes)
             return p
         drawn: dict[tuple[tuple[int, ...], Any], Any] = {}
         for name, (shape, dt) in self.tensors.items():
@@ -133,13 +147,47 @@ def _count_shards(p: Path) -> int:
     return len(list(p.parent.glob(f"{p.stem}-*-of-*.gguf")))
 
 
-def _extend_sparse(p: Path, tensors: dict[str, tuple[tuple[int, ...], Any]]) -> None:
+def _extend_sparse(p: Path, sizes: list[int]) -> None:
     """Grow the file to header + all tensor data without writing it (a sparse file on every Linux filesystem)."""
     align = 32  # GGUF_DEFAULT_ALIGNMENT; GGUFWriter pads every tensor to it
-    data = sum(-(-int(np.prod(s)) * np.dtype(dt).itemsize // align) * align for s, dt in tensors.values())
+    data = sum(-(-n // align) * align for n in sizes)
     with open(p, "r+b") as f:
         f.seek(0, 2)
         f.truncate(-(-f.tell() // align) * align + data)
+
+
+def _q4_k_m_types(m: _Model) -> dict[str, Q]:
+    """The tensor types ``llama-quantize ... Q4_K_M`` gives each tensor (pinned llama.cpp, src/llama-quant.cpp:
+    tensor_allows_quantization + llama_tensor_get_type_impl), for the architectures these writers produce.
+
+    Not quantized: 1-D tensors, norms, ``ffn_gate_inp``, ``ssm_conv1d`` (they keep the converter's f32).
+    Q6_K: ``output.weight``; the attention-V-like tensors (attn_v, attn_qkv) and every ffn_down* of the layers
+    ``use_more_bits`` picks (the first and last eighth, and every third one between). Q4_K: everything else.
+    The counting of V-like tensors follows the file order, as llama-quantize does.
+    """
+    def more_bits(i: int, n: int) -> bool:
+        return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+    names = list(m.tensors)
+    v_like = [n for n in names if n.endswith(("attn_v.weight", "attn_qkv.weight"))]
+    out: dict[str, Q] = {}
+    for name in names:
+        shape, _ = m.tensors[name]
+        if len(shape) < 2 or not name.endswith("weight") or "_norm.weight" in name or "ffn_gate_inp.weight" in name \
+                or "ssm_conv1d" in name:
+            continue
+        if name == "output.weight":
+            qt = Q.Q6_K
+        elif name in v_like:
+            qt = Q.Q6_K if more_bits(v_like.index(name), len(v_like)) else Q.Q4_K
+        elif "ffn_down" in name:
+            qt = Q.Q6_K if more_bits(int(name.split(".")[1]), m.n_layer) else Q.Q4_K
+        else:
+            qt = Q.Q4_K
+        if shape[-1] % GGML_QUANT_SIZES[qt][0]:
+            raise ValueError(f"{name}: rows of {shape[-1]} do not fit {qt.name} blocks")
+        out[name] = qt
+    return out
 
 
 def _attention(m: _Model, i: int, n_head: int, n_head_kv: int, head_dim: int, qk_norm: bool = False) -> None:
@@ -298,23 +346,120 @@ def write_qwen35(
     """A small Qwen3.5 hybrid: gated delta-net (recurrent) layers, full attention every 4th layer."""
     m = _Model("qwen35", n_vocab, ctx, n_embd, n_layer, dtype, seed)
     m.u32("feed_forward_length", n_ff)
-    m.u32("full_attention_interval", full_attention_interval)
+    _gdn_hybrid(m, n_head, n_head_kv, head_dim, full_attention_interval, conv_kernel, state_size, group_count,
+                time_step_rank, lambda i: _ffn(m, i, n_ff, norm=False), sections=True, fused_ba=False)
+    return m.write(path, header_only)
+
+
+def write_qwen35moe(
+    path: str | Path,
+    n_layer: int = 8,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    head_dim: int = 32,
+    full_attention_interval: int = 4,
+    conv_kernel: int = 4,
+    state_size: int = 16,
+    group_count: int = 2,
+    time_step_rank: int = 4,
+    n_expert: int = 8,
+    n_expert_used: int = 2,
+    n_ff_exp: int = 64,
+    n_ff_shexp: int = 64,
+    n_vocab: int = 512,
+    ctx: int = 4096,
+    dtype: str = "f16",
+    header_only: bool = False,
+    seed: int = 0,
+) -> Path:
+    """A Qwen3.5/3.6 MoE hybrid (llama.cpp ``qwen35moe``): gated delta-net layers, full attention every 4th,
+    routed experts plus one gated shared expert in every layer, separate ``ssm_beta``/``ssm_alpha``."""
+    m = _Model("qwen35moe", n_vocab, ctx, n_embd, n_layer, dtype, seed)
+    _moe_keys(m, n_expert, n_expert_used, n_ff_exp, n_ff_shexp)
+    _gdn_hybrid(m, n_head, n_head_kv, head_dim, full_attention_interval, conv_kernel, state_size, group_count,
+                time_step_rank, lambda i: _moe_ffn(m, i, n_expert, n_ff_exp, n_ff_shexp), sections=True,
+                fused_ba=False)
+    return m.write(path, header_only)
+
+
+def write_qwen3next(
+    path: str | Path,
+    n_layer: int = 8,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    head_dim: int = 32,
+    full_attention_interval: int = 4,
+    conv_kernel: int = 4,
+    state_size: int = 16,
+    group_count: int = 2,
+    time_step_rank: int = 4,
+    n_expert: int = 8,
+    n_expert_used: int = 2,
+    n_ff_exp: int = 64,
+    n_ff_shexp: int = 64,
+    n_ff: int = 128,
+    n_vocab: int = 512,
+    ctx: int = 4096,
+    dtype: str = "f16",
+    header_only: bool = False,
+    seed: int = 0,
+) -> Path:
+    """A Qwen3-Next (llama.cpp ``qwen3next``: Qwen3-Next-80B-A3B, Qwen3-Coder-Next): the qwen35moe layout with
+    the beta/alpha projections fused into one ``ssm_ba`` and no multi-section RoPE (src/models/qwen3next.cpp)."""
+    m = _Model("qwen3next", n_vocab, ctx, n_embd, n_layer, dtype, seed)
+    m.u32("feed_forward_length", n_ff)
+    _moe_keys(m, n_expert, n_expert_used, n_ff_exp, n_ff_shexp)
+    _gdn_hybrid(m, n_head, n_head_kv, head_dim, full_attention_interval, conv_kernel, state_size, group_count,
+                time_step_rank, lambda i: _moe_ffn(m, i, n_expert, n_ff_exp, n_ff_shexp), sections=False,
+                fused_ba=True)
+    return m.write(path, header_only)
+
+
+def _moe_keys(m: _Model, n_expert: int, n_expert_used: int, n_ff_exp: int, n_ff_shexp: int) -> None:
+    m.u32("expert_count", n_expert)
+    m.u32("expert_used_count", n_expert_used)
+    m.u32("expert_feed_forward_length", n_ff_exp)
+    m.u32("expert_shared_feed_forward_length", n_ff_shexp)
+
+
+def _moe_ffn(m: _Model, i: int, n_expert: int, n_ff_exp: int, n_ff_shexp: int) -> None:
+    """Routed experts + one gated shared expert (Qwen2-MoE/Qwen3-Next style), no ffn_norm (post_attention_norm)."""
+    e = m.n_embd
+    m.t(f"blk.{i}.ffn_gate_inp.weight", e, n_expert, f32=True)
+    m.t(f"blk.{i}.ffn_gate_exps.weight", e, n_ff_exp, n_expert)
+    m.t(f"blk.{i}.ffn_up_exps.weight", e, n_ff_exp, n_expert)
+    m.t(f"blk.{i}.ffn_down_exps.weight", n_ff_exp, e, n_expert)
+    m.t(f"blk.{i}.ffn_gate_inp_shexp.weight", e)
+    m.t(f"blk.{i}.ffn_gate_shexp.weight", e, n_ff_shexp)
+    m.t(f"blk.{i}.ffn_up_shexp.weight", e, n_ff_shexp)
+    m.t(f"blk.{i}.ffn_down_shexp.weight", n_ff_shexp, e)
+
+
+def _gdn_hybrid(m: _Model, n_head: int, n_head_kv: int, head_dim: int, interval: int, conv_kernel: int,
+                state_size: int, group_count: int, time_step_rank: int, ffn: Any, sections: bool,
+                fused_ba: bool) -> None:
+    """The gated delta-net hybrid trunk shared by qwen35, qwen35moe and qwen3next (load_arch_tensors of each):
+    ``interval - 1`` recurrent layers then one gated full-attention layer (Q is twice as wide: query + gate)."""
     inner = state_size * time_step_rank  # value_dim = head_v_dim * n_v_heads
+    m.u32("full_attention_interval", interval)
     m.u32("ssm.conv_kernel", conv_kernel)
     m.u32("ssm.inner_size", inner)
     m.u32("ssm.state_size", state_size)
     m.u32("ssm.time_step_rank", time_step_rank)
     m.u32("ssm.group_count", group_count)
     hd = _heads(m, n_head, n_head_kv, head_dim)
-    m.arr("rope.dimension_sections", [hd // 4, hd // 8, hd // 8, 0])
+    if sections:
+        m.arr("rope.dimension_sections", [hd // 4, hd // 8, hd // 8, 0])
     m.embeddings(False)
-    e = n_embd
+    e = m.n_embd
     key_dim = state_size * group_count
     value_dim = state_size * time_step_rank
-    for i in range(n_layer):
+    for i in range(m.n_layer):
         m.t(f"blk.{i}.attn_norm.weight", e)
         m.t(f"blk.{i}.post_attention_norm.weight", e)
-        if (i + 1) % full_attention_interval == 0:
+        if (i + 1) % interval == 0:
             m.t(f"blk.{i}.attn_q.weight", e, hd * n_head * 2)
             m.t(f"blk.{i}.attn_k.weight", e, hd * n_head_kv)
             m.t(f"blk.{i}.attn_v.weight", e, hd * n_head_kv)
@@ -327,11 +472,98 @@ def write_qwen35(
             m.t(f"blk.{i}.ssm_conv1d.weight", conv_kernel, key_dim * 2 + value_dim, f32=True)
             m.t(f"blk.{i}.ssm_dt.bias", time_step_rank)
             m.t(f"blk.{i}.ssm_a", time_step_rank)
-            m.t(f"blk.{i}.ssm_beta.weight", e, time_step_rank)
-            m.t(f"blk.{i}.ssm_alpha.weight", e, time_step_rank)
+            if fused_ba:
+                m.t(f"blk.{i}.ssm_ba.weight", e, time_step_rank * 2)
+            else:
+                m.t(f"blk.{i}.ssm_beta.weight", e, time_step_rank)
+                m.t(f"blk.{i}.ssm_alpha.weight", e, time_step_rank)
             m.t(f"blk.{i}.ssm_norm.weight", state_size)
             m.t(f"blk.{i}.ssm_out.weight", value_dim, e)
-        _ffn(m, i, n_ff, norm=False)
+        ffn(i)
+
+
+def write_mamba2(
+    path: str | Path,
+    n_layer: int = 4,
+    n_embd: int = 64,
+    d_inner: int = 128,
+    d_state: int = 16,
+    n_group: int = 1,
+    head_dim: int = 32,
+    conv_kernel: int = 4,
+    n_vocab: int = 512,
+    ctx: int = 4096,
+    dtype: str = "f16",
+    header_only: bool = False,
+    seed: int = 0,
+) -> Path:
+    """A small Mamba-2 (llama.cpp ``mamba2``): every layer recurrent, no attention, no KV cache
+    (src/models/mamba2.cpp: ssm_in projects to z, x, B, C and one dt per head)."""
+    m = _Model("mamba2", n_vocab, ctx, n_embd, n_layer, dtype, seed)
+    n_head = d_inner // head_dim
+    m.u32("ssm.conv_kernel", conv_kernel)
+    m.u32("ssm.inner_size", d_inner)
+    m.u32("ssm.state_size", d_state)
+    m.u32("ssm.time_step_rank", n_head)
+    m.u32("ssm.group_count", n_group)
+    m.embeddings(False)
+    for i in range(n_layer):
+        m.t(f"blk.{i}.attn_norm.weight", n_embd)
+        _mamba2_block(m, i, d_inner, d_state, n_group, n_head, conv_kernel)
+    return m.write(path, header_only)
+
+
+def _mamba2_block(m: _Model, i: int, d_inner: int, d_state: int, n_group: int, n_head: int, conv_kernel: int) -> None:
+    """One Mamba-2 mixer (mamba2.cpp, granite-hybrid.cpp): in_proj to z, x, B, C and one dt per head; conv; scan."""
+    conv_dim = d_inner + 2 * n_group * d_state
+    m.t(f"blk.{i}.ssm_in.weight", m.n_embd, d_inner + conv_dim + n_head)
+    m.t(f"blk.{i}.ssm_conv1d.weight", conv_kernel, conv_dim, f32=True)
+    m.t(f"blk.{i}.ssm_conv1d.bias", conv_dim)
+    m.t(f"blk.{i}.ssm_dt.bias", n_head)
+    m.t(f"blk.{i}.ssm_a", 1, n_head, f32=True)
+    m.t(f"blk.{i}.ssm_d", 1, n_head, f32=True)
+    m.t(f"blk.{i}.ssm_norm.weight", d_inner // n_group, n_group, f32=True)
+    m.t(f"blk.{i}.ssm_out.weight", d_inner, m.n_embd)
+
+
+def write_granitehybrid(
+    path: str | Path,
+    n_layer: int = 8,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    attention_every: int = 4,
+    n_ff: int = 128,
+    d_inner: int = 128,
+    d_state: int = 16,
+    n_group: int = 1,
+    head_dim: int = 32,
+    conv_kernel: int = 4,
+    n_vocab: int = 512,
+    ctx: int = 4096,
+    dtype: str = "f16",
+    header_only: bool = False,
+    seed: int = 0,
+) -> Path:
+    """A small Granite-4 hybrid (llama.cpp ``granitehybrid``): Mamba-2 layers with attention every
+    ``attention_every``-th layer (a layer is recurrent where its KV head count is 0), a dense FFN in every layer."""
+    m = _Model("granitehybrid", n_vocab, ctx, n_embd, n_layer, dtype, seed)
+    m.u32("feed_forward_length", n_ff)
+    m.u32("ssm.conv_kernel", conv_kernel)
+    m.u32("ssm.inner_size", d_inner)
+    m.u32("ssm.state_size", d_state)
+    m.u32("ssm.time_step_rank", d_inner // head_dim)
+    m.u32("ssm.group_count", n_group)
+    kv = [n_head_kv if (i + 1) % attention_every == 0 else 0 for i in range(n_layer)]
+    hd = _heads(m, n_head, kv, n_embd // n_head)
+    m.embeddings(False)
+    for i in range(n_layer):
+        if kv[i]:
+            _attention(m, i, n_head, kv[i], hd)
+        else:
+            m.t(f"blk.{i}.attn_norm.weight", n_embd)
+            _mamba2_block(m, i, d_inner, d_state, n_group, d_inner // head_dim, conv_kernel)
+        _ffn(m, i, n_ff)
     return m.write(path, header_only)
 
 
@@ -406,3 +638,34 @@ def write_sharded_llama(path: str | Path, n_shards: int = 3, **kw: Any) -> Path:
     n_tensors = 3 + 9 * n_layer - (1 if kw.get("tied") else 0)
     per = -(-n_tensors // n_shards)
     return write_llama(path, split_max_tensors=per, **kw)
+
+
+# The seeds' models, from their public configurations (no download). Shapes: Hugging Face config.json of
+# Qwen/Qwen3-Coder-Next (hidden 2048, 48 layers, 16 q / 2 kv heads of 256, linear attention 16 k / 32 v heads of
+# 128, conv kernel 4, 512 experts top-10 of 512, one shared expert of 512, vocab 151936, context 262144),
+# Qwen/Qwen3.6-35B-A3B text_config (hidden 2048, 40 layers, the same attention and linear attention, 256 experts
+# top-8 of 512, shared expert 512, vocab 248320, context 262144) and Qwen/Qwen3-30B-A3B-Instruct-2507 (hidden
+# 2048, 48 layers, 32 q / 4 kv heads of 128, 128 experts top-8 of 768, vocab 151936, context 262144); tensor
+# names and GGUF keys as the pinned llama.cpp's converter writes them (conversion/qwen.py, no MTP block, like the
+# published GGUFs: block_count 48 for Qwen3-Coder-Next); tensor types as ``llama-quantize Q4_K_M`` assigns them
+# (_q4_k_m_types). Files made with an importance matrix (unsloth "UD" quants) choose other types per tensor.
+SEEDS: dict[str, Any] = {
+    "qwen3-coder-next-80b-a3b-q4_k_m": lambda p: write_qwen3next(
+        p, n_layer=48, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256, state_size=128, group_count=16,
+        time_step_rank=32, n_expert=512, n_expert_used=10, n_ff_exp=512, n_ff_shexp=512, n_ff=5120,
+        n_vocab=151936, ctx=262144, dtype="q4_k_m", header_only=True),
+    "qwen3.6-35b-a3b-q4_k_m": lambda p: write_qwen35moe(
+        p, n_layer=40, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256, state_size=128, group_count=16,
+        time_step_rank=32, n_expert=256, n_expert_used=8, n_ff_exp=512, n_ff_shexp=512, n_vocab=248320,
+        ctx=262144, dtype="q4_k_m", header_only=True),
+    "qwen3-30b-a3b-q4_k_m": lambda p: write_qwen3moe(
+        p, n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_expert=128, n_expert_used=8,
+        n_ff_exp=768, n_vocab=151936, ctx=262144, dtype="q4_k_m", header_only=True),
+}
+
+
+def write_seed(name: str, path: str | Path) -> Path:
+    """One of ``SEEDS`` as a header-only GGUF (a sparse file: the full size on paper, a few MB on disk)."""
+    if name not in SEEDS:
+        raise ValueError(f"unknown seed model {name!r}; one of {', '.join(SEEDS)}")
+    return SEEDS[name](path)

@@ -37,6 +37,7 @@ def test_stop_grace_is_longer_on_sycl_than_on_cpu():
     assert backends.get("sycl").stop_grace_s > backends.get("cpu").stop_grace_s == 10.0
 
 
+@pytest.mark.slow  # needs the llama.cpp build
 def test_stop_grace_from_the_request_or_the_backend(llama_bins, demo_model):
     assert prepare(ServeRequest(model=str(demo_model), gpus=[0, 1], backend="cpu", port=18931)).stop_grace == 10.0
     assert prepare(ServeRequest(model=str(demo_model), gpus=[0, 1], backend="cpu", port=18931, stop_grace=45)).stop_grace == 45
@@ -44,6 +45,7 @@ def test_stop_grace_from_the_request_or_the_backend(llama_bins, demo_model):
         prepare(ServeRequest(model=str(demo_model), gpus=[0, 1], backend="cpu", port=18931, stop_grace=-1))
 
 
+@pytest.mark.slow  # needs the llama.cpp build
 def test_serve_stop_grace_out_of_range_is_one_line_exit_2(llama_bins, demo_model, capsys):
     from arcsplit.cli import main
 

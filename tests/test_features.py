@@ -64,6 +64,7 @@ def test_managed_builds_are_not_filtered():
     assert fit_args(["--fit", "off", "-fa", "on"], None) == (("--fit", "off", "-fa", "on"), ())
 
 
+@pytest.mark.slow  # needs the llama.cpp build
 def test_real_help_of_this_build(llama_bins, tmp_path, monkeypatch):
     """The CPU build's own --help: every flag arcsplit passes is there, -fa takes on|off|auto."""
     monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path))
@@ -77,6 +78,7 @@ def test_real_help_of_this_build(llama_bins, tmp_path, monkeypatch):
         assert specs_for(cfg)[-1].argv == specs_for(plain)[-1].argv, mode
 
 
+@pytest.mark.slow  # needs the llama.cpp build
 def test_help_is_read_once_per_binary_version(llama_bins, tmp_path, monkeypatch):
     """Cached by path, size and mtime: a second ask does not run the binary; a changed binary is asked again."""
     monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache"))
@@ -95,6 +97,7 @@ def test_help_is_read_once_per_binary_version(llama_bins, tmp_path, monkeypatch)
     assert len(list((tmp_path / "cache" / "features").glob("*.json"))) == 2
 
 
+@pytest.mark.slow  # needs the llama.cpp build
 def test_serve_with_a_foreign_build_probes_it(llama_bins, demo_model, tmp_path, monkeypatch):
     """--llama-dir (not the managed build): prepare asks its --help; this build lacks nothing."""
     from arcsplit.run.prepare import ServeRequest, prepare
@@ -107,6 +110,7 @@ def test_serve_with_a_foreign_build_probes_it(llama_bins, demo_model, tmp_path, 
     assert not any("lacks flags" in n for n in p.notes)
 
 
+@pytest.mark.slow  # needs the llama.cpp build
 def test_rpc_server_of_this_build_and_an_older_one(llama_bins, tmp_path, monkeypatch):
     """ggml-rpc-server's own --help (options indented by two); an rpc-server without -t/-c loses them with a note,
     one without -H/-p cannot serve."""

@@ -100,3 +100,26 @@ def test_compute_grows_with_context_and_output(llama) -> None:
     cs = memory.context_sizes(llama, 4096)
     fitp = memory.ComputeShape(n_ubatch=512, n_outputs=512, flash_attn=True, pipeline=True)
     assert memory.compute_bytes(llama, cs, 2, 4, True, fitp) > memory.compute_bytes(llama, cs, 2, 4, True, shape)
+
+
+def test_recurrent_moe_layer_sizes_its_recurrent_block_too(tmp_path: Path) -> None:
+    """qwen3next with small experts: the gated delta-net block is the widest phase of its recurrent layers (taking
+    only the experts made these models' compute a third too low against llama-fit-params)."""
+    p = load_profile(synth.write_qwen3next(tmp_path / "n.gguf", n_layer=4, n_embd=256, n_head=4, n_head_kv=2,
+                                           head_dim=64, state_size=64, group_count=4, time_step_rank=8, n_expert=8,
+                                           n_expert_used=1, n_ff_exp=32, n_ff_shexp=32, header_only=True))
+    conv = p.n_embd_r // (p.ssm_conv_kernel - 1)
+    assert conv == 2 * 4 * 64 + 8 * 64
+    assert memory.layer_rows(p, 0) == memory.K_FFN * conv + memory.K_EMBD * p.n_embd  # recurrent layer
+    assert p.n_embd_q[3] == 2 * 4 * 64  # gated attention: query + gate
+    assert memory.layer_rows(p, 3) >= memory.K_ATTN_Q * p.n_embd_q[3]
+
+
+def test_unchecked_family_gets_the_compute_margin(llama, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    cs = memory.context_sizes(llama, 4096)
+    shape = memory.ComputeShape()
+    checked = memory.compute_bytes(llama, cs, 0, 2, False, shape)
+    unchecked = memory.compute_bytes(replace(llama, compute_checked=False), cs, 0, 2, False, shape)
+    assert llama.compute_checked and unchecked == int(checked * (1 + memory.UNCHECKED_COMPUTE_MARGIN))

@@ -175,3 +175,22 @@ def test_output_on_first_refused_for_a_tied_output(tmp_path: Path) -> None:
     with pytest.raises(BadInput, match="tie") as e:
         make_plan(tied, Rig((card(0, 4096), card(1, 4096))), PlanOptions(n_ctx=512, output_on_first=True))
     assert "--output-layer last" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_unchecked_architecture_says_so(tmp_path: Path) -> None:
+    path = synth.write_llama(tmp_path / "m.gguf", n_layer=2)
+    path.write_bytes(path.read_bytes().replace(b"llama", b"qwen2"))  # modelled, but compute never measured on it
+    prof = load_profile(path)
+    assert prof.known_arch and not prof.compute_checked
+    plan = make_plan(prof, [card(0, 1024)], PlanOptions(n_ctx=1024))
+    assert any("not checked on this architecture" in w for w in plan.warnings)
+
+
+def test_plan_says_what_bounds_the_context(big) -> None:
+    plan = make_plan(big, [card(0, 8192, margin=512), card(1, 8192, margin=512)], PlanOptions(n_ctx=None))
+    assert plan.ctx_limit.startswith(plan.cards[0].device) or plan.ctx_limit.startswith(plan.cards[1].device)
+    assert f"{plan.n_ctx + 256} tokens" in plan.ctx_limit
+    assert {c.largest for c in plan.cards} <= {"weights", "kv", "state", "compute"}
+    roomy = make_plan(big, [card(0, 65536), card(1, 65536)], PlanOptions(n_ctx=None))
+    assert roomy.ctx_limit.startswith("the model's training context")
+    assert make_plan(big, [card(0, 65536)], PlanOptions(n_ctx=2048)).ctx_limit == ""

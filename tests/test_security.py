@@ -83,6 +83,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # needs the llama.cpp build
 def test_rpc_servers_bind_loopback_by_default(demo_model, llama_bins, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path))
     p, specs, err = _prepare(demo_model, llama_bins, capsys)
@@ -96,6 +97,7 @@ def test_rpc_servers_bind_loopback_by_default(demo_model, llama_bins, capsys, tm
     assert "warning" not in err
 
 
+@pytest.mark.slow  # needs the llama.cpp build
 def test_rpc_servers_on_another_address_only_when_asked_and_with_a_warning(demo_model, llama_bins, capsys, tmp_path,
                                                                             monkeypatch):
     monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path))

@@ -24,6 +24,7 @@ from ..llama import webui
 from ..rig import MiB
 from .devices import add_card_options
 from .llama import add_llama_dir
+from .plan import add_moe_options
 
 
 def request_from_args(args: argparse.Namespace) -> Any:
@@ -32,6 +33,7 @@ def request_from_args(args: argparse.Namespace) -> Any:
                         parallel=args.parallel, host=args.host, port=args.port, rpc_host=args.rpc_host,
                         rpc_ports=args.rpc_ports, threads=args.threads, ubatch=args.ubatch, rpc_cache=args.rpc_cache,
                         cpu_memory_mib=args.cpu_memory, output_layer=args.output_layer,
+                        moe_offload=args.moe_offload, host_memory_mib=args.host_memory,
                         llama_dir=args.llama_dir, build=args.build, extra_args=tuple(args.extra),
                         stop_grace=args.stop_grace)
 
@@ -266,6 +268,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-layer", choices=OUTPUT_LAYER_CHOICES, default="auto",
                    help="hybrid mode: local puts the output layer on llama-server's own card (-ot), so the logits "
                         "do not cross the RPC link; last/auto keep llama.cpp's place (the last card)")
+    add_moe_options(p)
     p.add_argument("--max-restarts", type=int, default=5, metavar="N",
                    help="consecutive failures before giving up (default: 5)")
     p.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",

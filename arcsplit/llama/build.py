@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 from .. import backends
 from ..errors import BadInput, BuildError
 from . import patches
+from .facts import LIB_DIRS
 from .source import SDIST_VERSION, extract_source, fetch_sdist, llama_root, source_commit
 
 TARGETS = ("llama-server", "ggml-rpc-server", "llama-cli", "llama-bench", "llama-fit-params")
@@ -155,11 +156,122 @@ def is_built(config: BuildConfig) -> bool:
     return all((config.bin_dir / t).exists() for t in TARGETS)
 
 
-def check_toolchain(backend: str) -> None:
-    """Say what is missing before anything is downloaded or compiled."""
+def check_toolchain(backend: str, flags: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Say what is missing before anything is downloaded or compiled; returns notes on what the build will lack."""
+    found = find_vulkan(flags) if backend == "vulkan" else None
     for program, fix in backends.get(backend).toolchain:
+        if found is not None and program == "glslc":
+            continue  # it may be in $VULKAN_SDK/bin, not on PATH: vulkan_problem looks in both
         if shutil.which(program) is None:
             raise BuildError(f"the {backend} build needs `{program}`, which is not on PATH", fix)
+    if found is None:
+        return ()
+    problem = vulkan_problem(found)
+    if problem:
+        raise BuildError(*problem)
+    return vulkan_notes(found)
+
+
+# The pinned tree's ggml-vulkan.cpp creates its instance with VK_EXT_layer_settings (vk::LayerSettingEXT):
+# Vulkan headers without it (Debian 12 ships 1.3.239) fail to compile it, after the long shader step.
+_VULKAN_NEEDS = "VK_EXT_layer_settings"
+_VULKAN_HEADERS_FIX = ("install newer Vulkan headers (Debian 13's libvulkan-dev 1.4.309 or the LunarG SDK) and "
+                       "set VULKAN_SDK to their prefix; scripts/_vulkan.sh does this on Debian 12")
+
+
+@dataclass(frozen=True)
+class VulkanFound:
+    """What the Vulkan build's prerequisites are on this machine, as CMake's FindVulkan will find them."""
+
+    glslc: str | None = None
+    spirv_headers: str | None = None  # the SPIRV-HeadersConfig.cmake that find_package(SPIRV-Headers) reads
+    headers: str | None = None  # the include dir holding vulkan/vulkan_core.h
+    header_version: str | None = None  # "1.3.239", from VK_HEADER_VERSION_COMPLETE
+    has_layer_settings: bool = False
+    loader: str | None = None  # libvulkan.so, what the build links against
+    glslc_lacks: tuple[str, ...] = ()  # of _GLSLC_FAST_PATHS
+
+
+# ggml-vulkan's CMake asks glslc for these and builds the shaders that use them only when it has them: matrix
+# multiplication on the cards' matrix engines (Arc: XMX) and with integer dot products (DP4A). Debian 12's
+# glslc (2023.2) has neither; the build still works, slower.
+_GLSLC_FAST_PATHS = ("GL_KHR_cooperative_matrix", "GL_EXT_integer_dot_product")
+
+
+def vulkan_problem(found: VulkanFound) -> tuple[str, str] | None:
+    """The first missing or too-old prerequisite of the Vulkan build as (problem, fix); None when it can start."""
+    if found.glslc is None:
+        return ("the vulkan build needs `glslc` (the shader compiler), which is not on PATH or in $VULKAN_SDK/bin",
+                "apt-get install glslc, or install the LunarG Vulkan SDK and set VULKAN_SDK")
+    if found.spirv_headers is None:
+        return ("the vulkan build needs SPIRV-Headers (CMake package SPIRV-Headers), which is not installed",
+                "apt-get install spirv-headers, or set VULKAN_SDK to a Vulkan SDK that has them")
+    if found.headers is None:
+        return ("the vulkan build needs the Vulkan headers (vulkan/vulkan_core.h), which are not installed",
+                "apt-get install libvulkan-dev, or set VULKAN_SDK to a Vulkan SDK")
+    if not found.has_layer_settings:
+        return (f"the Vulkan headers in {found.headers} ({found.header_version or 'version unknown'}) are too old: "
+                f"the pinned llama.cpp needs {_VULKAN_NEEDS}", _VULKAN_HEADERS_FIX)
+    if found.loader is None:
+        return ("the vulkan build needs the Vulkan loader to link against (libvulkan.so), which is not installed",
+                "apt-get install libvulkan-dev")
+    return None
+
+
+def vulkan_notes(found: VulkanFound) -> tuple[str, ...]:
+    """What a Vulkan build with these prerequisites will lack, though it builds."""
+    if not found.glslc_lacks:
+        return ()
+    return (f"{found.glslc} lacks {', '.join(found.glslc_lacks)}: this Vulkan build will multiply matrices "
+            "without the cards' matrix engines or integer dot products (slower, most of all on prompts); "
+            "a newer glslc (Debian 13's, or the LunarG SDK's) has them",)
+
+
+def _glslc_lacks(glslc: str) -> tuple[str, ...]:
+    """The fast-path GLSL extensions this glslc rejects, asked the way ggml-vulkan's CMake asks."""
+    lacks = []
+    for ext in _GLSLC_FAST_PATHS:
+        shader = f"#version 450\n#extension {ext} : require\nvoid main() {{}}\n"
+        try:
+            out = subprocess.run([glslc, "-fshader-stage=compute", "--target-env=vulkan1.3", "-o", os.devnull, "-"],
+                                 input=shader, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return ()  # not a verdict on the extensions; the build's own test will decide
+        if f"extension not supported: {ext}" in out.stderr:
+            lacks.append(ext)
+    return tuple(lacks)
+
+
+def _vulkan_header_facts(include: Path) -> tuple[str | None, bool]:
+    """(the headers' version, whether they define the extension the pinned tree needs), from vulkan_core.h."""
+    text = (include / "vulkan" / "vulkan_core.h").read_text(errors="replace")
+    patch = re.search(r"#define VK_HEADER_VERSION (\d+)", text)
+    complete = re.search(r"#define VK_HEADER_VERSION_COMPLETE VK_MAKE_API_VERSION\(\s*\d+,\s*(\d+),\s*(\d+),", text)
+    version = (f"{complete.group(1)}.{complete.group(2)}.{patch.group(1)}" if complete and patch
+               else patch.group(1) if patch else None)
+    return version, f"#define {_VULKAN_NEEDS} 1" in text
+
+
+def find_vulkan(flags: tuple[str, ...] = (), env: dict[str, str] | None = None) -> VulkanFound:
+    """Look where FindVulkan looks: ``-DVulkan_INCLUDE_DIR=``, then $VULKAN_SDK, then the system prefixes."""
+    env = dict(os.environ) if env is None else env
+    sdk = Path(env["VULKAN_SDK"]) if env.get("VULKAN_SDK") else None
+    prefixes = ([sdk] if sdk else []) + [Path(p) for p in env.get("CMAKE_PREFIX_PATH", "").split(":") if p] \
+        + [Path("/usr/local"), Path("/usr")]
+    glslc = sdk / "bin" / "glslc" if sdk else None
+    glslc_path = str(glslc) if glslc and glslc.exists() else shutil.which("glslc", path=env.get("PATH"))
+    spirv = next((str(c) for p in prefixes for sub in ("share/cmake", "lib/cmake", "lib64/cmake",
+                                                       "lib/x86_64-linux-gnu/cmake")
+                  if (c := p / sub / "SPIRV-Headers" / "SPIRV-HeadersConfig.cmake").exists()), None)
+    includes = [Path(f.split("=", 1)[1]) for f in flags if f.startswith("-DVulkan_INCLUDE_DIR=")] \
+        + [p / "include" for p in prefixes]
+    headers = next((d for d in includes if (d / "vulkan" / "vulkan_core.h").exists()), None)
+    version, layer_settings = _vulkan_header_facts(headers) if headers else (None, False)
+    lib_dirs = ([sdk / "lib"] if sdk else []) + [Path(d) for d in LIB_DIRS]
+    loader = next((str(d / "libvulkan.so") for d in lib_dirs if (d / "libvulkan.so").exists()), None)
+    return VulkanFound(glslc=glslc_path, spirv_headers=spirv, headers=str(headers) if headers else None,
+                       header_version=version, has_layer_settings=layer_settings, loader=loader,
+                       glslc_lacks=_glslc_lacks(glslc_path) if glslc_path else ())
 
 
 _PROGRESS = re.compile(r"^\[\s*(\d+)%\]")
@@ -227,7 +339,8 @@ def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
         _check_source(Path(source))
     if is_built(config) and not force:
         return config.bin_dir
-    check_toolchain(config.backend)
+    for note in check_toolchain(config.backend, config.extra_flags):
+        progress(f"note: {note}", None)
     root = llama_root()
     root.mkdir(parents=True, exist_ok=True)
     with _build_lock(root, progress):

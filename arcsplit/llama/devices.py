@@ -128,6 +128,38 @@ def cpu_rig(gpus: list[int] | None, cpu_memory_mib: int | None = None) -> Rig:
     return Rig(cards=cards, name=f"{len(cards)} CPU card(s)")
 
 
+# ggml-vulkan lists only GPUs unless GGML_VK_VISIBLE_DEVICES names devices, which it then takes by their
+# Vulkan (loader) index whatever their type: a CPU device such as Mesa's llvmpipe is seen only that way.
+_VK_MAX_PROBE = 8
+
+
+def _vulkan_named_devices(binaries: LlamaBinaries, gpus: list[int] | None) -> list[DeviceInfo]:
+    """The cards of a machine whose Vulkan devices are not GPUs, one listing per index (as each process of a
+    group will see it): the ``gpus`` asked for, else 0, 1, ... until an index llama.cpp rejects."""
+    found = []
+    for g in (gpus if gpus is not None else range(_VK_MAX_PROBE)):
+        listed = [d for d in parse_list_devices(list_devices(binaries, {"GGML_VK_VISIBLE_DEVICES": str(g)}))
+                  if d.backend == "vulkan"]
+        if not listed:
+            if gpus is None:
+                break
+            continue
+        found.append(DeviceInfo(f"Vulkan{g}", "vulkan", g, listed[0].description, listed[0].total_mib,
+                                listed[0].free_mib))
+    return found
+
+
+def host_budget(rig: Rig, host_memory_mib: int | None = None, live: bool = True) -> int | None:
+    """Host RAM that routed experts kept there (--n-cpu-moe) may use: the user's figure, else on a live rig
+    available RAM less the CPU cards' budgets; None (unchecked) for a layout's rig, whose host is unknown."""
+    if host_memory_mib is not None:
+        return host_memory_mib * MiB
+    if not live:
+        return None
+    cpu_cards = sum(c.free_bytes for c in rig.cards if c.backend == "cpu")
+    return max(0, psutil.virtual_memory().available - cpu_cards)
+
+
 def discover_rig(backend: str, gpus: list[int] | None, binaries: LlamaBinaries | None = None,
                  cpu_memory_mib: int | None = None) -> Rig:
     """The live rig: cards in the order of ``gpus`` (all the backend's cards when None)."""
@@ -145,6 +177,8 @@ def discover_rig(backend: str, gpus: list[int] | None, binaries: LlamaBinaries |
             for d in parse_list_devices(list_devices(binaries, env)):
                 if d.backend == "sycl":
                     devices.append(DeviceInfo(f"SYCL{g}", "sycl", g, d.description, d.total_mib, d.free_mib))
+    if not devices and backend == "vulkan":
+        devices = _vulkan_named_devices(binaries, gpus)
     if not devices:
         raise UnknownCard(f"llama.cpp reports no {backend} devices",
                           f"check the driver (`arcsplit doctor --backend {backend}`) or use --backend cpu")

@@ -19,7 +19,7 @@ from ..errors import BadInput
 from ..llama.childenv import clean_env
 from ..llama.detect import resolve
 from ..llama.features import binary_features
-from ..llama.devices import discover_rig, parse_gpus
+from ..llama.devices import discover_rig, host_budget, parse_gpus
 from ..llama.locate import find_llama
 from ..llama.mode import ModeDecision, choose_mode
 from ..llama.patches import SPIN_ENV
@@ -63,6 +63,8 @@ class ServeRequest:
     rpc_cache: bool = False  # rpc-servers keep big weight tensors on local disk: reloads after a crash read them
     output_layer: str = "auto"  # local: on llama-server's own card (hybrid); last/auto: llama.cpp's place
     cpu_memory_mib: int | None = None
+    moe_offload: int | None = None  # routed experts of the first N layers in host RAM; None: as few as fit
+    host_memory_mib: int | None = None  # what they may use there (default: available RAM less the CPU cards)
     llama_dir: str | None = None
     build: str | None = None  # a managed build's key (arcsplit llama which --all)
     extra_args: tuple[str, ...] = field(default=())
@@ -166,7 +168,8 @@ def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str) -> Plan:
     ubatch = req.ubatch if req.ubatch is not None else ROUTE_UBATCH.get(mode, 512)
     options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel, n_ubatch=ubatch, n_batch=max(2048, ubatch),
                           output_on_first=output_local(req, mode),
-                          flash_attn=backends.flash_attn_default(req.backend))
+                          flash_attn=backends.flash_attn_default(req.backend), moe_offload=req.moe_offload,
+                          host_budget=host_budget(rig, req.host_memory_mib))
     return make_plan(profile, rig, options, devices=plan_devices(mode, req.backend, [c.index for c in rig.cards]))
 
 
