@@ -16,8 +16,13 @@ if [ ! -f "$stamp" ]; then
     --no-binary llama-cpp-python "llama-cpp-python==0.3.36"
   rm -f .venv/.arcsplit-* && touch "$stamp"
 fi
-# ccache makes a rebuilt llama.cpp take seconds; optional, installed when we may.
-if ! command -v ccache >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  (apt-get update -qq && apt-get install -y -qq ccache) >/dev/null 2>&1 || true
+# Optional, installed when we may: ccache makes a rebuilt llama.cpp take seconds; chromium and its driver run
+# tests/test_webui.py (skipped without them).
+want=""
+command -v ccache >/dev/null 2>&1 || want="$want ccache"
+command -v chromedriver >/dev/null 2>&1 || want="$want chromium chromium-driver"
+if [ -n "$want" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  # shellcheck disable=SC2086
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $want) >/dev/null 2>&1 || true
 fi
 export PATH="$ROOT/.venv/bin:$PATH"

@@ -1,36 +1,40 @@
-"""``arcsplit demo``: the main job on its embedded default — the demo Gemma model on two CPU cards."""
+"""``arcsplit demo``: the main job on its embedded default — a demo model on two CPU cards.
+
+By default the chat demo model (SmolLM2 135M Instruct, with its chat template), so the printed chat request and
+the web UI get an answer; ``--base`` serves the tests' base model (Gemma 3 270M), which only continues text.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from ..demo import ensure_demo_model
-from ..llama.devices import discover_rig
-from ..rig import MiB
+from ..demo import CHAT_PACKAGE, DEMO_PACKAGE, chat_model_path, demo_model_path, ensure_chat_model, ensure_demo_model
 
 
 def _demo(args: argparse.Namespace) -> int:
-    model = ensure_demo_model()
-    try:
-        from .serve import serve_from_args
-    except ImportError:
-        rig = discover_rig("cpu", [0, 1], cpu_memory_mib=args.cpu_memory)
-        print(f"demo model: {model}")
-        for c in rig.cards:
-            print(f"card {c.index}: {c.device} {c.name} ({c.total_bytes // MiB} MiB budget)")
-        print("`arcsplit serve` is not built yet: the demo stops after building llama.cpp and listing the cards.")
-        return 0
+    from .serve import serve_from_args
+
     ns = argparse.Namespace(**vars(args))
-    ns.model = str(model)
+    path, package = (demo_model_path(), DEMO_PACKAGE) if args.base else (chat_model_path(), CHAT_PACKAGE)
+    if not path.exists():
+        print(f"arcsplit: installing the demo model from PyPI ({package}) …", file=sys.stderr)
+    ns.model = str(ensure_demo_model() if args.base else ensure_chat_model())
     ns.backend = "cpu"
     ns.gpus = "0,1"
-    return serve_from_args(ns, demo=True)
+    # A 135M model answers simple requests sensibly when it decodes greedily and rambles when it samples
+    # (llama.cpp's web UI takes the server's default), so the chat demo runs at temperature 0.
+    ns.extra = [] if args.base else ["--temp", "0"]
+    return serve_from_args(ns, demo="completion" if args.base else "chat")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="serve the demo model split across two CPU rpc-servers",
-                       description="Serve the demo model (Gemma 3 270M) split across two CPU rpc-servers "
-                                   "standing in for two cards; prints the URL and an example request.")
+    p = sub.add_parser("demo", help="serve a demo model split across two CPU rpc-servers",
+                       description="Serve a small chat model (SmolLM2 135M Instruct, from PyPI) split across two "
+                                   "CPU rpc-servers standing in for two cards; prints the URL and an example request.")
+    p.add_argument("--base", action="store_true",
+                   help="serve the base demo model (Gemma 3 270M) instead: text completion only, no chat")
     p.add_argument("--cpu-memory", type=int, default=1024, metavar="MiB", help="budget of each CPU card (default 1024)")
     p.add_argument("--port", type=int, default=8080, help="HTTP port of llama-server (default 8080)")
-    p.set_defaults(func=_demo)
+    p.add_argument("--metrics-port", type=int, metavar="P", help="also serve arcsplit's metrics on this port")
+    p.set_defaults(func=_demo, extra=[])

@@ -13,6 +13,7 @@ from ..llama.build import BuildConfig, build, managed_builds, sycl_flags
 from ..llama.locate import find_llama, server_build_info
 from ..llama.patches import build_patches, patches
 from ..llama.source import SDIST_VERSION
+from ..llama.webui import build_ui, ui_dir
 from . import print_json
 
 
@@ -26,16 +27,22 @@ def _build(args: argparse.Namespace) -> int:
         raise BadInput(f"--cmake-flag {bad[0]!r} is not a -DNAME=VALUE definition", "write it like -DGGML_CUDA_F16=ON")
     config = BuildConfig(args.backend, extra, patched=not args.no_patches)
     say_choice(choice)
-    bin_dir = build(config, jobs=args.jobs, force=args.force, source=Path(args.source) if args.source else None,
-                    progress=_print_progress)
+    source = Path(args.source) if args.source else None
+    bin_dir = build(config, jobs=args.jobs, force=args.force, source=source, progress=_print_progress)
     if sys.stderr.isatty():
         print(file=sys.stderr)  # end the last progress line
+    ui_missing = None if args.no_ui else build_ui(_print_progress, force=args.force, source=source)
     if args.json:
         print_json({"backend": args.backend, "bin_dir": str(bin_dir), "key": config.key,
                     "source": f"llama-cpp-python {SDIST_VERSION}",
-                    "patches": [p.name for p in patches()] if config.patched else []})
+                    "patches": [p.name for p in patches()] if config.patched else [],
+                    "ui": None if args.no_ui or ui_missing else str(ui_dir()), "ui_missing": ui_missing})
     else:
         print(f"llama.cpp ({args.backend}) ready in {bin_dir}")
+        if ui_missing:
+            print(f"web UI: not built: {ui_missing}; llama-server's / says how to get it", file=sys.stderr)
+        elif not args.no_ui:
+            print(f"web UI: {ui_dir()}")
     return 0
 
 
@@ -130,6 +137,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--no-patches", action="store_true",
                    help="build the stock llama.cpp tree, without arcsplit's patches (see docs/patches.md)")
     b.add_argument("--force", action="store_true", help="rebuild even if a finished build exists")
+    b.add_argument("--no-ui", action="store_true",
+                   help="skip llama.cpp's web UI (built once with npm when Node.js 20.19+ is installed)")
     b.add_argument("--json", action="store_true", help="machine-readable output")
     b.set_defaults(func=_build)
     w = lsub.add_parser("which", help="report the binaries arcsplit will run and their build",

@@ -20,6 +20,7 @@ import anyio
 
 from .._api import MODE_CHOICES, OUTPUT_LAYER_CHOICES, Client, ServeRequest, instance, prepare
 from ..errors import ArcsplitError, BadInput
+from ..llama import webui
 from ..rig import MiB
 from .devices import add_card_options
 from .llama import add_llama_dir
@@ -48,6 +49,14 @@ def _serve(args: argparse.Namespace) -> int:
         raise BadInput(f"--max-restarts {args.max_restarts} is negative", "give 0 or more failures to tolerate")
     if args.stall_timeout <= 0:
         raise BadInput(f"--stall-timeout {args.stall_timeout} must be positive", "give seconds, e.g. 120")
+    args.metrics = None  # the endpoint, bound first: a taken port is the only line
+    if args.metrics_port is not None:
+        if args.metrics_port == args.port:
+            raise BadInput(f"--metrics-port {args.metrics_port} is llama-server's --port",
+                           "give arcsplit's metrics a port of their own")
+        from ..telemetry.prometheus import MetricsEndpoint
+
+        args.metrics = MetricsEndpoint(args.host, args.metrics_port)
 
     prepared = prepare(request_from_args(args))
     for text in prepared.warnings:
@@ -58,6 +67,12 @@ def _serve(args: argparse.Namespace) -> int:
         return _serve_with_dashboard(prepared, args)
     for reason in prepared.decision.reasons:
         _say(f"mode {prepared.decision.mode}: {reason}")
+    note = chat_note(prepared.config.plan.model_path, args.extra)
+    if note:
+        _say(f"note: {note}")
+    if prepared.config.ui_dir == str(webui.FALLBACK_DIR):
+        why = webui.missing_reason(webui.root_of(Path(prepared.config.server_bin).parent))
+        _say(f"note: llama.cpp's web UI is not built ({why}); / shows how to get it")
     if prepared.config.mode in ("hybrid", "rpc"):
         from ..llama.patches import missing_note
 
@@ -67,9 +82,27 @@ def _serve(args: argparse.Namespace) -> int:
     return anyio.run(_run, prepared, args)
 
 
+def chat_note(model: str, extra: list[str]) -> str | None:
+    """What /v1/chat/completions will do with a model that carries no chat template (None when it has one).
+
+    llama-server then formats chat as ChatML without a word (common/chat.cpp), which a model not trained on it
+    answers with garbage, so the user hears it here."""
+    from ..model import read_header
+
+    if "tokenizer.chat_template" in read_header(model).metadata:
+        return None
+    if any(a.startswith("--chat-template") for a in extra):
+        return "the model has no chat template of its own; chat uses the one you gave (--chat-template)"
+    return ("the model has no chat template, so llama-server formats chat as ChatML, which this model may not "
+            "follow: use /v1/completions, or name a template with `-- --chat-template NAME`")
+
+
 def _instance(prepared: Any, args: argparse.Namespace, say: Any) -> Any:
+    """The instance, telling systemd about itself when run by it, and watched by the metrics endpoint if any."""
+    metrics = getattr(args, "metrics", None)
     return instance(prepared, max_restarts=args.max_restarts, stall_timeout=args.stall_timeout,
-                    bus=not args.no_bus or args.tui, bus_tcp=args.bus, say=say)
+                    bus=not args.no_bus or args.tui, bus_tcp=args.bus, systemd=True,
+                    watchers=(metrics.run,) if metrics else (), say=say)
 
 
 def _serve_with_dashboard(prepared: Any, args: argparse.Namespace) -> int:
@@ -99,13 +132,13 @@ def _serve_with_dashboard(prepared: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def serve_from_args(args: argparse.Namespace, demo: bool = False) -> int:
+def serve_from_args(args: argparse.Namespace, demo: str | None = None) -> int:
     """Entry for other commands (``arcsplit demo``) that fill in a serve Namespace themselves."""
     defaults = _defaults()
     for key, value in defaults.items():
         if not hasattr(args, key):
             setattr(args, key, value)
-    args.demo = demo
+    args.demo = demo  # "chat" or "completion": the example printed once it serves
     return _serve(args)
 
 
@@ -119,11 +152,13 @@ def _defaults() -> dict[str, Any]:
 
 async def _run(prepared: Any, args: argparse.Namespace) -> int:
     instance = _instance(prepared, args, _say)
+    metrics = getattr(args, "metrics", None)
     sup = instance.supervisor
     events = sup.subscribe(10_000)
     failure: BaseException | None = None
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_report, events, sup, args.json_events, getattr(args, "demo", False))
+        tg.start_soon(_report, events, sup, metrics.url if metrics else None, args.json_events,
+                      getattr(args, "demo", None))
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async def on_signal() -> None:
                 async for sig in signals:
@@ -142,7 +177,7 @@ async def _run(prepared: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _report(events: Any, sup: Any, as_json: bool, demo: bool = False) -> None:
+async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool, demo: str | None = None) -> None:
     """Progress and state changes on stderr (or every event as a JSON line on stdout with --json-events)."""
     last_pct = -10
     async for ev in events:
@@ -162,12 +197,13 @@ async def _report(events: Any, sup: Any, as_json: bool, demo: bool = False) -> N
             if state == "starting":
                 last_pct = -10
             elif state == "ready":
-                print(f"arcsplit: serving {sup.url} (mode {sup.config.mode}, {len(sup.config.plan.cards)} card(s))",
-                      flush=True)
+                metrics = f"; arcsplit metrics {metrics_url}" if metrics_url else ""
+                print(f"arcsplit: serving {sup.url} (mode {sup.config.mode}, {len(sup.config.plan.cards)} card(s))"
+                      f"{metrics}", flush=True)
                 for line in _buffer_table(ev.data.get("buffers") or {}):
                     _say(line)
                 if demo:
-                    _example(sup.url)
+                    _example(sup.url, demo)
             elif state == "backoff":
                 _say(f"group failed ({ev.data.get('error')}); restart {ev.data.get('failures')} in "
                      f"{ev.data.get('delay'):.1f} s")
@@ -187,12 +223,15 @@ def _buffer_table(buffers: dict[str, Any]) -> list[str]:
     return rows
 
 
-def _example(url: str) -> None:
-    # A plain completion: the 270M demo model continues text well but is too small to chat.
-    print("\ntry it (Ctrl-C stops everything):\n"
-          f"  curl -s {url}/v1/completions -H 'Content-Type: application/json' \\\n"
-          "    -d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 16, \"temperature\": 0}'\n",
-          flush=True)
+def _example(url: str, kind: str) -> None:
+    if kind == "chat":
+        request = (f"  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+                   "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Name the capital of France.\"}]}'\n"
+                   f"or open {url} in a browser")
+    else:  # a base model continues text but has no chat template
+        request = (f"  curl -s {url}/v1/completions -H 'Content-Type: application/json' \\\n"
+                   "    -d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 16, \"temperature\": 0}'")
+    print(f"\ntry it (Ctrl-C stops everything):\n{request}\n", flush=True)
 
 
 def _say(text: str) -> None:
@@ -292,6 +331,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="serve the bus over TCP with CURVE keys: events on PORT, control on PORT+1 "
                         "(default: private ipc:// sockets)")
     p.add_argument("--no-bus", action="store_true", help="do not open the control/event bus")
+    p.add_argument("--metrics-port", type=int, metavar="P",
+                   help="serve arcsplit's own metrics (cards, processes, restarts) for Prometheus on "
+                        "http://HOST:P/metrics (HOST is --host); llama-server's /metrics stays on --port")
     p.add_argument("--tui", action="store_true", help="run the dashboard in the foreground")
 
 

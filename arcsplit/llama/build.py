@@ -34,7 +34,7 @@ _COMMON = (
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_OPENSSL=OFF",
-    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",  # no UI download at build time; webui.py builds the UI beside the build
     "-DBUILD_SHARED_LIBS=ON",
     # Libraries sit beside the binaries and are found through $ORIGIN, so the build dir can be renamed.
     "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",

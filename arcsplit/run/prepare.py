@@ -23,6 +23,7 @@ from ..llama.devices import discover_rig, host_budget, parse_gpus
 from ..llama.locate import LlamaBinaries, find_llama
 from ..llama.mode import ModeDecision, choose_mode
 from ..llama.patches import SPIN_ENV
+from ..llama.webui import serve_dir
 from ..model import load_profile
 from ..planner import Plan, PlanOptions, make_plan
 from ..rig import Rig
@@ -256,7 +257,7 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
                          extra_args=tuple(req.extra_args), rpc_spin_us=rpc_spin_us(route, cores),
                          rpc_cache_dir=str(cache_dir() / "rpc-cache") if req.rpc_cache else None,
                          mode_env=tuple(sorted(decision.env.items())), forced_mode=req.mode != "auto",
-                         env_dropped=dropped,
+                         ui_dir=serve_dir(binaries.server.parent) if binaries else None, env_dropped=dropped,
                          server_features=binary_features(binaries.server) if binaries and foreign else None,
                          rpc_features=binary_features(binaries.rpc_server) if binaries and foreign else None)
     # The specs as the supervisor will build them (placeholder ports): a flag the route needs and this build lacks

@@ -94,6 +94,7 @@ class ServeConfig:
     forced_mode: bool = False
     secret_env: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # llama-server only; never recorded
     rpc_spin_us: int = 0  # > 0: every process of a hybrid/rpc group polls the RPC link this long before sleeping
+    ui_dir: str | None = None  # llama-server --path: the web UI (or the page on how to get it) at /
     env_dropped: tuple[Dropped, ...] = ()  # inherited variables changed for every child (llama/childenv.py)
     server_features: Features | None = None  # what a llama-server arcsplit did not build accepts; None: all
     rpc_features: Features | None = None  # the same for its rpc-server
@@ -167,6 +168,8 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
         argv += ["-t", str(threads)]  # llama-server computes the host card's layers; share cores evenly
     if SERVER_LOG_ARGS[0] not in config.extra_args:  # the user's own verbosity wins
         argv += list(SERVER_LOG_ARGS)
+    if config.ui_dir:
+        argv += ["--path", config.ui_dir]  # before the user's args: their own --path or --no-ui wins
     fitted, off = fit_args(argv, config.server_features, config.server_bin)
     specs.append(ProcessSpec(name=server.name, role="server", argv=fitted + tuple(config.extra_args),
                              env=tuple(sorted(env.items())), host=config.host, port=config.port, cards=server.cards,

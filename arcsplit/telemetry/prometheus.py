@@ -1,59 +1,159 @@
-"""arcsplit's own view as a Prometheus text exposition: per card, per process, restarts.
+"""arcsplit's own state for Prometheus, through ``prometheus_client``: the group, each process, each card.
 
-``render(status, telemetry)`` is pure; serving it (e.g. on a --metrics-port) is left to the caller.
+``families(status, telemetry)`` is pure (one ``status()`` and one telemetry sample in, metric families out);
+``render`` is their text exposition; ``MetricsEndpoint`` serves them on ``serve --metrics-port``.
+llama-server's own ``/metrics`` (tokens, requests) stays on the served URL; this is what only arcsplit knows.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterator
+
+import anyio
+from anyio.from_thread import BlockingPortal
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric,
+                                    StateSetMetricFamily)
+from prometheus_client.registry import Collector
+
+from ..errors import PortBusy
+
+# The states a group and a process go through (run/supervisor.py, run/child.py); a state not listed here
+# still shows, so a new one is never hidden.
+GROUP_STATES = ("new", "starting", "ready", "backoff", "stopping", "stopped")
+PROCESS_STATES = ("new", "starting", "ready", "stopping", "exited")
 
 
-def _labels(**kv: Any) -> str:
-    def esc(v: Any) -> str:
-        return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def _states(states: tuple[str, ...], current: str) -> dict[str, bool]:
+    return {s: s == current for s in (*states, *(() if current in states else (current,)))}
 
-    return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in kv.items()) + "}"
+
+def families(status: dict[str, Any], telemetry: dict[str, Any] | None = None) -> list[Metric]:
+    """The metric families of one status() (and the latest telemetry sample, when there is one)."""
+    out: list[Metric] = []
+    state = str(status.get("state") or "new")
+    info = InfoMetricFamily("arcsplit", "the served group", value={
+        "mode": str(status.get("mode") or ""), "backend": str(status.get("backend") or ""),
+        "url": str(status.get("url") or ""), "model": str((status.get("plan") or {}).get("model") or "")})
+    group = StateSetMetricFamily("arcsplit_group_state", "state of the serving group",
+                                 value=_states(GROUP_STATES, state))
+    ready = GaugeMetricFamily("arcsplit_group_ready", "1 while the group answers /health",
+                              value=1 if state == "ready" else 0)
+    failures = GaugeMetricFamily("arcsplit_group_failures", "consecutive failed starts of the group",
+                                 value=status.get("failures") or 0)
+    uptime = GaugeMetricFamily("arcsplit_group_uptime_seconds", "seconds since the group became ready (0 when not)",
+                               value=status.get("uptime") or 0)
+    generation = CounterMetricFamily("arcsplit_group_starts", "times the group was started",
+                                     value=status.get("generation") or 0)
+    out += [info, group, ready, failures, uptime, generation]
+    if status.get("last_error"):
+        out.append(InfoMetricFamily("arcsplit_last_failure", "why the group last failed",
+                                    value={"error": str(status["last_error"])}))
+
+    procs: dict[str, dict[str, Any]] = status.get("processes") or {}
+    pstate = StateSetMetricFamily("arcsplit_process_state", "state of each process", labels=["process", "role"])
+    up = GaugeMetricFamily("arcsplit_process_up", "1 while the process runs", labels=["process", "role"])
+    restarts = CounterMetricFamily("arcsplit_process_restarts", "restarts of the process", labels=["process"])
+    puptime = GaugeMetricFamily("arcsplit_process_uptime_seconds", "seconds the process has run",
+                                labels=["process"])
+    for name, p in procs.items():
+        role, current = str(p.get("role") or ""), str(p.get("state") or "new")
+        pstate.add_metric([name, role], _states(PROCESS_STATES, current))
+        up.add_metric([name, role], 1 if current in ("starting", "ready") else 0)
+        restarts.add_metric([name], p.get("restarts") or 0)
+        if p.get("uptime") is not None:
+            puptime.add_metric([name], p["uptime"])
+    tprocs = (telemetry or {}).get("processes") or {}
+    cpu = GaugeMetricFamily("arcsplit_process_cpu_percent", "CPU use, percent of one core", labels=["process"])
+    rss = GaugeMetricFamily("arcsplit_process_rss_bytes", "resident memory", labels=["process"])
+    for name, t in tprocs.items():
+        if t.get("cpu") is not None:
+            cpu.add_metric([name], t["cpu"])
+        if t.get("rss") is not None:
+            rss.add_metric([name], t["rss"])
+    out += [pstate, up, restarts, puptime, cpu, rss]
+
+    labels = ["card", "device"]
+    planned = GaugeMetricFamily("arcsplit_card_planned_bytes", "bytes the plan puts on the card", labels=labels)
+    for i, c in enumerate((status.get("plan") or {}).get("cards") or []):
+        total = (c.get("bytes") or {}).get("total")
+        if total is not None:
+            planned.add_metric([str(i), str(c.get("device") or "")], total)
+    out.append(planned)
+    rows = (telemetry or {}).get("cards") or []
+    for key, name, help_ in (("used", "card_used_bytes", "bytes our processes use on the card"),
+                             ("total", "card_total_bytes", "card memory (a CPU card: its budget)"),
+                             ("util", "card_utilisation_ratio", "busiest engine, 0-1"),
+                             ("temp", "card_temperature_celsius", "card temperature"),
+                             ("power", "card_power_watts", "card power")):
+        fam = GaugeMetricFamily(f"arcsplit_{name}", help_, labels=labels)
+        for c in rows:
+            if c.get(key) is not None:
+                fam.add_metric([str(c["pos"]), str(c.get("device") or "")], c[key])
+        out.append(fam)
+    return [m for m in out if m.samples]
+
+
+class _Source(Collector):
+    """Collects whatever ``read()`` returns at scrape time."""
+
+    def __init__(self, read: Callable[[], tuple[dict[str, Any], dict[str, Any] | None]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(*self._read())
+
+
+def _registry(read: Callable[[], tuple[dict[str, Any], dict[str, Any] | None]]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Source(read))
+    return registry
 
 
 def render(status: dict[str, Any], telemetry: dict[str, Any] | None = None) -> str:
-    lines: list[str] = []
+    """The Prometheus text exposition of one status() and telemetry sample."""
+    return generate_latest(_registry(lambda: (status, telemetry))).decode()
 
-    def metric(name: str, kind: str, help_: str, samples: Iterable[tuple[str, Any]]) -> None:
-        rows = [(labels, v) for labels, v in samples if v is not None]
-        if not rows:
-            return
-        lines.append(f"# HELP arcsplit_{name} {help_}")
-        lines.append(f"# TYPE arcsplit_{name} {kind}")
-        lines.extend(f"arcsplit_{name}{labels} {float(v):g}" for labels, v in rows)
 
-    procs = status.get("processes") or {}
-    plan_cards = (status.get("plan") or {}).get("cards") or []
-    metric("group_ready", "gauge", "1 when the serving group answers /health",
-           [(_labels(mode=status.get("mode", "")), 1 if status.get("state") == "ready" else 0)])
-    metric("group_failures", "gauge", "consecutive failures of the group", [("", status.get("failures"))])
-    metric("process_up", "gauge", "1 when the process is running",
-           [(_labels(process=n, role=p.get("role", "")), 1 if p.get("state") in ("ready", "starting") else 0)
-            for n, p in procs.items()])
-    metric("process_restarts_total", "counter", "restarts of the process",
-           [(_labels(process=n), p.get("restarts", 0)) for n, p in procs.items()])
-    metric("card_planned_bytes", "gauge", "bytes the plan puts on the card",
-           [(_labels(card=i, device=c.get("device", "")), (c.get("bytes") or {}).get("total"))
-            for i, c in enumerate(plan_cards)])
-    tel = telemetry or {}
-    cards = tel.get("cards") or []
-    metric("card_used_bytes", "gauge", "bytes our processes use on the card",
-           [(_labels(card=c["pos"], device=c.get("device", "")), c.get("used")) for c in cards])
-    metric("card_total_bytes", "gauge", "card memory",
-           [(_labels(card=c["pos"], device=c.get("device", "")), c.get("total")) for c in cards])
-    metric("card_utilisation_ratio", "gauge", "busiest engine, 0-1",
-           [(_labels(card=c["pos"], device=c.get("device", "")), c.get("util")) for c in cards])
-    metric("card_temperature_celsius", "gauge", "card temperature",
-           [(_labels(card=c["pos"], device=c.get("device", "")), c.get("temp")) for c in cards])
-    metric("card_power_watts", "gauge", "card power",
-           [(_labels(card=c["pos"], device=c.get("device", "")), c.get("power")) for c in cards])
-    tprocs = tel.get("processes") or {}
-    metric("process_cpu_percent", "gauge", "CPU use, percent of one core",
-           [(_labels(process=n), p.get("cpu")) for n, p in tprocs.items()])
-    metric("process_rss_bytes", "gauge", "resident memory",
-           [(_labels(process=n), p.get("rss")) for n, p in tprocs.items()])
-    return "\n".join(lines) + "\n"
+class MetricsEndpoint:
+    """``serve --metrics-port``: prometheus_client's HTTP server on its own thread, watching one run.
+
+    The port is bound in the constructor, so a taken port fails before any process starts. Each scrape reads
+    ``status()`` on the supervisor's event loop (through a portal: the supervisor is not thread-safe) and the
+    latest telemetry event, which ``run`` follows; until ``run`` starts, and after it ends, a scrape answers 500.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self._sup: Any = None
+        self._portal: BlockingPortal | None = None
+        self._telemetry: dict[str, Any] | None = None
+        try:
+            self._httpd, _thread = start_http_server(port, host, _registry(self._read))
+        except OSError as exc:
+            raise PortBusy(f"--metrics-port {port} on {host}: {exc.strerror or exc}",
+                           "stop what uses it or pass another --metrics-port") from None
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{self._httpd.server_port}/metrics"
+
+    def _read(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        portal, sup = self._portal, self._sup
+        if portal is None:
+            raise RuntimeError("arcsplit is starting or stopping")
+        return portal.call(sup.status), self._telemetry
+
+    async def run(self, sup: Any) -> None:
+        """A watcher of the run (run/instance.py): serve ``sup`` until cancelled, then close the port."""
+        try:
+            events = sup.subscribe(64)
+            async with BlockingPortal() as portal:
+                self._sup, self._portal = sup, portal
+                try:
+                    async for ev in events:
+                        if ev.kind == "telemetry" and "cards" in ev.data:
+                            self._telemetry = ev.data
+                finally:
+                    self._portal = None
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._httpd.shutdown)
+            self._httpd.server_close()
