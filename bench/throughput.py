@@ -61,6 +61,7 @@ import arcsplit  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama, server_build_info  # noqa: E402
 from arcsplit.llama.patches import rpc_link_polling, rpc_patches_switched  # noqa: E402
+from arcsplit.route import Route  # noqa: E402
 from arcsplit.run.prepare import rpc_spin_us  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
 
@@ -408,7 +409,8 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "arcsplit's llama.cpp patches switched off (ARCSPLIT_RPC_STOCK=1); `-last` keeps the output layer on "
              "the last card (llama.cpp's place, the default), `-local` puts it on llama-server's own card "
              "(`-ot ^output=CUDA0`); `-nospin` turns the link's polling off (ARCSPLIT_RPC_SPIN_US=0, patch 0005; "
-             f"the other RPC rows poll {rpc_spin_us(a.backend, os.cpu_count() or 1)} us, arcsplit's choice "
+             f"the other RPC rows poll {rpc_spin_us(Route.build('rpc', a.backend, a.gpu_list), os.cpu_count() or 1)} us, "
+             "arcsplit's choice "
              "here)." + (
                  " On CPU the planner leaves as few layers as it can on llama-server's own CPU card (layers not in "
                  "-ngl stay there)." if a.backend == "cpu" else ""), ""]

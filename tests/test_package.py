@@ -79,8 +79,10 @@ def test_installed_llama_which_finds_the_cached_build_and_its_patches(installed,
 
 def test_installed_plan_is_the_checkouts_plan(installed, demo_model):
     arcsplit, env, home = installed
-    # a fixed CPU budget: the default follows the machine's free memory, which moves between the two runs
-    argv = ("plan", demo_model, "--backend", "cpu", "--gpus", "0,1", "--cpu-memory", "1024", "--json")
+    # fixed CPU and host budgets and fixed ports: the defaults follow the machine's free memory and ports, which
+    # move between the two runs
+    argv = ("plan", demo_model, "--backend", "cpu", "--gpus", "0,1", "--cpu-memory", "1024", "--host-memory", "4096",
+            "--port", str(free_port()), "--rpc-ports", f"{free_port()},{free_port()}", "--json")
     theirs = json.loads(run(arcsplit, *argv, cwd=home, env=env))
     ours = json.loads(run(sys.executable, "-m", "arcsplit", *argv, cwd=home, env={**env, "PYTHONPATH": str(ROOT)}))
     assert theirs == ours and sum(theirs["tensor_split"]) > 0

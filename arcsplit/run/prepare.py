@@ -166,7 +166,7 @@ def _check(req: ServeRequest) -> list[int] | None:
     if req.ubatch is not None and req.ubatch < 1:
         raise BadInput(f"--ubatch {req.ubatch} must be at least 1", "give the micro-batch size in tokens")
     if req.parallel < 1:
-        raise BadInput(f"--parallel {req.parallel} must be at least 1", "give the number of parallel sequences")
+        raise BadInput(f"--parallel (--np) {req.parallel} must be at least 1", "give the number of parallel sequences")
     if req.output_layer not in OUTPUT_LAYER_CHOICES:
         raise BadInput(f"unknown --output-layer {req.output_layer!r}", f"use one of {', '.join(OUTPUT_LAYER_CHOICES)}")
     if req.threads is not None and req.threads < 1:
