@@ -154,7 +154,7 @@ def test_plan_shows_exactly_what_the_real_serve_starts_on_cpu(mode, gpus, demo_m
             "--threads", "1", "--port", str(port)]
     argv += ["--mode", mode] if mode != "auto" else []
     argv += ["--rpc-ports", ",".join(str(_free_port()) for _ in range(n_rpc))] if n_rpc else []
-    # --no-repack: llama-server's own CPU kernels for repacked Q4_K die with SIGILL on this machine's AMX CPU.
+    # Arguments after -- are part of the argv that plan shows and serve starts.
     plan = subprocess.run([sys.executable, "-m", "arcsplit", "plan", *argv, "--json", "--", "--no-repack"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert plan.returncode == 0, plan.stderr
