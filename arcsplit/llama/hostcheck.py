@@ -130,16 +130,19 @@ def parse_fdinfo(text: str) -> dict[str, str]:
     return out
 
 
-def _bytes(value: str) -> int:
-    n, _, unit = value.partition(" ")
-    scale = {"": 1, "KiB": 1024, "MiB": MiB, "GiB": GiB}.get(unit.strip(), 1)
-    return int(n) * scale if n.isdigit() else 0
+_UNITS = {"": 1, "B": 1, "KiB": 1024, "kB": 1024, "MiB": MiB, "GiB": GiB}
+
+
+def to_bytes(value: str) -> int:
+    """``23992 KiB`` / ``16 MiB`` / ``0`` -> bytes (drm-usage-stats: a number with an optional unit); 0 if unreadable."""
+    number, _, unit = value.partition(" ")
+    return int(number) * _UNITS.get(unit.strip(), 1) if number.isdigit() else 0
 
 
 def fdinfo_vram(info: Mapping[str, str]) -> int:
     """Device memory a DRM client holds: drm-resident-vram*/drm-total-vram* (xe, amdgpu), drm-memory-vram (older)."""
     for prefix in ("drm-resident-", "drm-total-", "drm-memory-"):
-        found = [_bytes(v) for k, v in info.items() if k.startswith(prefix) and "vram" in k[len(prefix):]]
+        found = [to_bytes(v) for k, v in info.items() if k.startswith(prefix) and "vram" in k[len(prefix):]]
         if found:
             return sum(found)
     return 0

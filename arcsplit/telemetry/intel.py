@@ -24,25 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..llama.hostcheck import parse_fdinfo, to_bytes
+
 INTEL_VENDOR = "0x8086"
-_UNITS = {"": 1, "B": 1, "KiB": 1024, "kB": 1024, "MiB": 1024**2, "GiB": 1024**3}
 _CARD_RE = re.compile(r"^card(\d+)$")
-
-
-def parse_fdinfo(text: str) -> dict[str, str]:
-    """The ``drm-*`` key/value pairs of one fdinfo file (other keys such as pos/flags are dropped)."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.startswith("drm-"):
-            out[key.strip()] = value.strip()
-    return out
-
-
-def to_bytes(value: str) -> int:
-    """``23992 KiB`` / ``16 MiB`` / ``0`` -> bytes (drm-usage-stats: a number with an optional unit)."""
-    number, _, unit = value.partition(" ")
-    return int(number) * _UNITS.get(unit.strip(), 1)
 
 
 def _int(value: str) -> int:
