@@ -37,6 +37,7 @@ from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.patches import rpc_link_polling  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
 from throughput import build_line  # noqa: E402
+from _report import write_report  # noqa: E402  (bench/ is sys.path[0] when run as a script)
 
 PROMPT = "Once upon a time"
 
@@ -110,10 +111,7 @@ def main(argv: list[str] | None = None) -> int:
               "show what a polling thread costs, which on a GPU group is spare host cores. Tokens/s on 2 shared "
               "cores is noise.", ""]
     text = "\n".join(lines)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(text, encoding="utf-8")
-    print(text)
-    print(f"wrote {a.out}")
+    write_report(a.out, text)
     return 0
 
 

@@ -33,6 +33,7 @@ from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.patches import rpc_patches_switched  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
 from throughput import build_line  # noqa: E402
+from _report import write_report  # noqa: E402  (bench/ is sys.path[0] when run as a script)
 
 PROMPT = "Once upon a time"
 LINE = re.compile(r"^\[(\w+)\](.*)$")
@@ -108,10 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", "Events, synchronisations and the dispatcher's own messages are not logged by the rpc-server, "
               "so they are not in these counts; neither are waits or GPU idle time (no GPU here).", ""]
     text = "\n".join(lines)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(text, encoding="utf-8")
-    print(text)
-    print(f"wrote {a.out}")
+    write_report(a.out, text)
     return 0
 
 

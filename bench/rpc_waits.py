@@ -36,6 +36,7 @@ from arcsplit.llama.locate import find_llama  # noqa: E402
 from arcsplit.llama.patches import build_patches  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
 from throughput import build_line  # noqa: E402
+from _report import write_report  # noqa: E402  (bench/ is sys.path[0] when run as a script)
 
 PROMPT = "Once upon a time"
 
@@ -120,10 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                        + (f", {totals[rows[2][2]]:.1f} polling" if a.spin_us else ""))
     lines += ["", "Result: " + "; ".join(summary) + ".", ""]
     text = "\n".join(lines)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(text, encoding="utf-8")
-    print(text)
-    print(f"wrote {a.out}")
+    write_report(a.out, text)
     return 0
 
 

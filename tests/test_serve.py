@@ -38,16 +38,11 @@ PROMPT = "The three primary colors are"
 def isolated_dirs(tmp_path_factory: pytest.TempPathFactory, llama_bins) -> Iterator[Path]:
     """Run dirs, state files and observed verdicts go to a temp dir, not the user's."""
     root = tmp_path_factory.mktemp("arcsplit-serve")
-    saved = {k: os.environ.get(k) for k in ("ARCSPLIT_STATE_DIR", "ARCSPLIT_CACHE_DIR", "ARCSPLIT_LLAMA_DIR")}
-    os.environ["ARCSPLIT_STATE_DIR"] = str(root / "state")
-    os.environ["ARCSPLIT_CACHE_DIR"] = str(root / "cache")
-    os.environ["ARCSPLIT_LLAMA_DIR"] = str(llama_bins.bin_dir)
-    yield root
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ARCSPLIT_STATE_DIR", str(root / "state"))
+        mp.setenv("ARCSPLIT_CACHE_DIR", str(root / "cache"))
+        mp.setenv("ARCSPLIT_LLAMA_DIR", str(llama_bins.bin_dir))
+        yield root
 
 
 def serve_args(model: Path, *extra: str, gpus: str = "0,1", mode: str = "auto") -> list[str]:

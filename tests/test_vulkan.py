@@ -134,7 +134,6 @@ def test_real_cli_says_what_this_machine_lacks(tmp_path):
 # --------------------------------------------------------------------------------------------------------------
 # The Vulkan tier: arcsplit's real Vulkan build of llama.cpp on lavapipe (scripts/test-vulkan builds it first).
 
-VK_ENV_KEYS = ("VK_ICD_FILENAMES", "XDG_RUNTIME_DIR", "ARCSPLIT_STATE_DIR", "ARCSPLIT_CACHE_DIR", "ARCSPLIT_LLAMA_DIR")
 PROMPT = "The three primary colors are"
 
 
@@ -169,16 +168,12 @@ def two_lavapipes(vulkan_bin, cpu_bin, demo_model, tmp_path_factory) -> Iterator
     for icd in icds:
         shutil.copy(manifest, icd)
     (root / "xdg").mkdir(mode=0o700)
-    saved = {k: os.environ.get(k) for k in VK_ENV_KEYS}
-    os.environ.update({"VK_ICD_FILENAMES": ":".join(map(str, icds)), "XDG_RUNTIME_DIR": str(root / "xdg"),
-                       "ARCSPLIT_STATE_DIR": str(root / "state"), "ARCSPLIT_CACHE_DIR": str(root / "cache")})
-    os.environ.pop("ARCSPLIT_LLAMA_DIR", None)
-    yield root
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in {"VK_ICD_FILENAMES": ":".join(map(str, icds)), "XDG_RUNTIME_DIR": str(root / "xdg"),
+                           "ARCSPLIT_STATE_DIR": str(root / "state"), "ARCSPLIT_CACHE_DIR": str(root / "cache")}.items():
+            mp.setenv(key, value)
+        mp.delenv("ARCSPLIT_LLAMA_DIR", raising=False)
+        yield root
 
 
 def _greedy(url: str, n: int = 8) -> list[int]:
