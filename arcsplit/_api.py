@@ -131,7 +131,7 @@ async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None
     """Serve ``model`` across ``gpus`` until the block ends; entered once llama-server answers /health 200.
 
     ``options`` are ServeRequest's fields: backend, mode, ctx, parallel, host, port, rpc_host, rpc_ports, threads,
-    cpu_memory_mib, llama_dir, build, output_layer, rpc_cache, ubatch, extra_args, stop_grace.
+    cpu_memory_mib, llama_dir, build, output_layer, rpc_cache, rpc_seed, ubatch, extra_args, stop_grace.
     """
     prepared = prepare(_request(model, gpus, options))
     for text in prepared.warnings:

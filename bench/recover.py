@@ -1,9 +1,12 @@
 """Kill one rpc-server of a serving group (SIGKILL) and measure how long until the group serves again.
 
-    python bench/recover.py [--backend cpu|cuda] [--gpus 0,1] [--model PATH] [--mode rpc|hybrid] [--repeat N]
+    python bench/recover.py [--backend cpu|cuda] [--gpus 0,1] [--model PATH | --synth-gb G] [--mode rpc|hybrid]
+                            [--repeat N] [--rpc-cache] [--no-rpc-seed]
 
 Prints: time from the kill to /health 200 with a new rpc-server, time to the first good completion, and
-whether the greedy tokens after recovery equal those before. Writes bench/results/recover_<backend>.md.
+whether the greedy tokens after recovery equal those before, and min/median/max over the kills. By default the
+new rpc-server reads the weights from the GGUF (patch 0006, when the build has it); ``--no-rpc-seed`` sends them
+over the socket as stock llama.cpp does. Writes bench/results/recover_<backend>[_<mode>_<weights>].md.
 """
 
 from __future__ import annotations
@@ -46,13 +49,22 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--cpu-memory", type=int, default=1024)
     ap.add_argument("--rpc-cache", action="store_true", help="serve with rpc-server -c (weights cached on disk)")
+    ap.add_argument("--no-rpc-seed", action="store_true", help="weights over the socket, not read from the GGUF")
+    ap.add_argument("--synth-gb", type=float, default=None,
+                    help="a synthetic F16 model of about this size (bench/time_to_ready.py writes it once)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    if a.synth_gb:
+        from time_to_ready import load_model
+
+        a.model = str(load_model(a.synth_gb))
     model = a.model or str(ensure_demo_model())
     rows = []
     with arcsplit.serve(model, gpus=a.gpus, backend=a.backend, mode=a.mode, ctx=a.ctx, port=free_port(),
                         cpu_memory_mib=a.cpu_memory if a.backend == "cpu" else None,
-                        threads=1 if a.backend == "cpu" else None, max_restarts=10, rpc_cache=a.rpc_cache) as server:
+                        threads=1 if a.backend == "cpu" else None, max_restarts=10, rpc_cache=a.rpc_cache,
+                        rpc_seed=not a.no_rpc_seed) as server:
+        seeded = any("Seeded cache from" in line for line in server.logs("rpc0", 500))  # the rpc-server says so
         before = greedy(server.url)
         for i in range(a.repeat):
             status = server.status()
@@ -75,6 +87,7 @@ def main() -> int:
                   f"same tokens: {after == before}", flush=True)
     med_ready = statistics.median(r[0] for r in rows)
     med_served = statistics.median(r[1] for r in rows)
+    weights = "seeded from the GGUF (patch 0006)" if seeded else "over the socket"
     try:  # an argv, never a shell
         smi = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
@@ -82,21 +95,26 @@ def main() -> int:
     gpu = smi.strip().replace("\n", "; ") or "none"
     text = "\n".join([
         f"# Recovery after SIGKILL of an rpc-server ({a.backend}, mode {a.mode}"
-        f"{', rpc-server -c' if a.rpc_cache else ''})",
+        f"{', rpc-server -c' if a.rpc_cache else ''}, weights {weights})",
         "",
         f"- machine: {platform.node()} ({os.cpu_count()} cores), GPUs: {gpu}",
-        f"- model: {model}",
+        f"- model: {model} ({Path(model).stat().st_size / 1e9:.2f} GB)",
         f"- command: `python bench/recover.py --backend {a.backend} --gpus {a.gpus} --mode {a.mode} "
-        f"--repeat {a.repeat}{' --rpc-cache' if a.rpc_cache else ''}`",
+        f"--repeat {a.repeat}{' --rpc-cache' if a.rpc_cache else ''}{' --no-rpc-seed' if a.no_rpc_seed else ''}"
+        f"{f' --synth-gb {a.synth_gb:g}' if a.synth_gb else ''}`",
         "",
         "| kill | ready again (s) | first completion (s) | same greedy tokens | new rpc-server pid |",
         "|---|---|---|---|---|",
         *[f"| {i + 1} | {r[0]:.2f} | {r[1]:.2f} | {r[2]} | {r[3]} |" for i, r in enumerate(rows)],
         "",
-        f"Median: ready again after {med_ready:.2f} s, serving after {med_served:.2f} s.",
+        f"Ready again after min / **median** / max {min(r[0] for r in rows):.2f} / **{med_ready:.2f}** / "
+        f"{max(r[0] for r in rows):.2f} s; serving after {min(r[1] for r in rows):.2f} / **{med_served:.2f}** / "
+        f"{max(r[1] for r in rows):.2f} s.",
         "",
     ])
-    out = Path(a.out or Path(__file__).parent / "results" / f"recover_{a.backend}.md")
+    default = f"recover_{a.backend}.md" if not a.synth_gb else \
+        f"recover_{a.backend}_{a.mode}_{'seed' if seeded else 'socket'}.md"
+    out = Path(a.out or Path(__file__).parent / "results" / default)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     print(text)

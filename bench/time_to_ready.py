@@ -7,6 +7,14 @@ rpc-server port to accept (else llama-server aborts), then polls /health every 5
 the Supervisor (exec shim, line buffering, probes, health poll). Runs alternate; medians are compared
 (target <= 1.05x). Also reports the full `arcsplit serve` command (Python start-up and planning included).
 Writes bench/results/time_to_ready.md. Needs ARCSPLIT_LLAMA_DIR or a managed CPU build.
+
+    python bench/time_to_ready.py --load [--runs 3] [--synth-gb 3] [--routes native,hybrid,rpc]
+
+``--load`` compares instead how long a group takes to load over RPC: native (one llama-server) against hybrid and
+all-RPC with the weights sent over the socket (``--no-rpc-seed``, stock llama.cpp's way) and read by the
+rpc-servers from the GGUF (patch 0006, arcsplit's default), each run a fresh group, greedy tokens checked against
+native. ``--synth-gb`` writes (once) a synthetic F16 Llama of that size under arcsplit's cache. Writes
+bench/results/load_time.md.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from arcsplit.cli.serve import build_config  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
 from arcsplit.run.specs import ROUTER_PORT_ENV, build_specs, n_rpc_servers  # noqa: E402
 from arcsplit.run.supervisor import Supervisor  # noqa: E402
+from _report import write_report  # noqa: E402
 
 
 def serve_argv(a: argparse.Namespace, port: int) -> list[str]:
@@ -104,6 +113,110 @@ def through_cli(a: argparse.Namespace) -> float:
     return dt
 
 
+def load_model(gb: float) -> Path:
+    """A synthetic F16 Llama of about ``gb`` GB (2048 wide, 32k vocabulary: big tensors 2-22 MiB), written once
+    under arcsplit's cache so every run and bench/recover.py load the same file."""
+    from arcsplit._dirs import cache_dir
+    from arcsplit.synth import write_llama
+
+    n_layer = max(2, round((gb * 1e9 - 262e6) / 90.2e6))  # 90.2 MB per layer, 262 MB of embeddings and output
+    path = cache_dir() / "models" / f"bench-llama-{n_layer}l-f16.gguf"
+    if not path.exists():
+        tmp = path.with_suffix(".partial.gguf")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_llama(tmp, n_layer=n_layer, n_embd=2048, n_head=16, n_head_kv=4, n_ff=5632, n_vocab=32000, ctx=4096,
+                    reuse_random=True)
+        tmp.rename(path)
+    return path
+
+
+GREEDY_PROMPT = "The three primary colors are"
+
+
+def ready_and_tokens(config, n_predict: int) -> tuple[float, list[int]]:
+    """Seconds until the Supervisor's group answers /health 200, then greedy tokens from it."""
+    async def main() -> tuple[float, list[int]]:
+        t0 = time.perf_counter()
+        async with Supervisor(config):
+            dt = time.perf_counter() - t0
+            async with httpx.AsyncClient(timeout=600) as client:
+                r = await client.post(f"{config.url}/completion", json={
+                    "prompt": GREEDY_PROMPT, "n_predict": n_predict, "temperature": 0, "top_k": 1,
+                    "cache_prompt": False, "return_tokens": True})
+                r.raise_for_status()
+                return dt, r.json()["tokens"]
+
+    return anyio.run(main)
+
+
+def load_bench(a: argparse.Namespace) -> int:
+    """--load: time to ready per route, weights over the socket vs read from the GGUF (patch 0006)."""
+    from arcsplit.run import weightcache
+    from arcsplit.run.prepare import prepare
+    from arcsplit.cli.serve import request_from_args
+
+    cases = [("native", "-")] + [(r, w) for r in a.routes.split(",") if r != "native" for w in ("socket", "seed")]
+
+    def config_of(route: str, weights: str):
+        gpus = a.gpus.split(",")[0] if route == "native" else a.gpus
+        argv = ["serve", a.model, "--backend", "cpu", "--gpus", gpus, "--mode", "single" if route == "native" else route,
+                "--ctx", str(a.ctx), "--threads", "1", "--port", str(free_port()), "--cpu-memory", str(a.cpu_memory)]
+        prepared = prepare(request_from_args(build_parser().parse_args(argv + (["--no-rpc-seed"] if weights == "socket" else []))))
+        if weights == "seed" and not prepared.config.rpc_seed:
+            raise SystemExit(f"{prepared.config.rpc_bin} cannot seed its cache (a build without patch "
+                             f"{weightcache.PATCH}); `arcsplit llama build` makes one")
+        return prepared.config
+
+    times: dict[tuple[str, str], list[float]] = {c: [] for c in cases}
+    same: dict[tuple[str, str], list[bool]] = {c: [] for c in cases}
+    first_seed: list[str] = []
+    for route, weights in cases:  # the first start of a seeded group indexes the file: timed once, apart
+        if weights == "seed":
+            config = config_of(route, weights)
+            index = weightcache.index_of(a.model, config.rpc_cache_dir)
+            if index is not None:
+                index.unlink(missing_ok=True)
+            dt, _ = ready_and_tokens(config, 1)
+            first_seed.append(f"{route} {dt:.2f} s")
+            print(f"{route} seed, index built on this start: {dt:.2f} s", flush=True)
+    for i in range(a.runs):
+        for k in range(len(cases)):  # rotate the order: whoever runs first after a teardown pays for it
+            case = cases[(i + k) % len(cases)]
+            dt, tokens = ready_and_tokens(config_of(*case), a.n_predict)
+            times[case].append(dt)
+            same[case].append(tokens)  # compared with native's below
+            print(f"run {i + 1}: {case[0]} {case[1]}: ready after {dt:.2f} s", flush=True)
+    ref = same[("native", "-")][0]
+    nat = statistics.median(times[("native", "-")])
+    rows = []
+    for case in cases:
+        xs = times[case]
+        ident = all(t == ref for t in same[case])
+        rows.append(f"| {case[0]} | {case[1]} | {min(xs):.2f} / **{statistics.median(xs):.2f}** / {max(xs):.2f} | "
+                    f"{statistics.median(xs) / nat:.2f}x | {'yes' if ident else '**no**'} |")
+    size = Path(a.model).stat().st_size / 1e9
+    text = f"""# Time to ready over RPC: weights over the socket vs read from the GGUF (patch 0006)
+
+Model `{Path(a.model).name}` ({size:.2f} GB, F16), backend cpu, native = mode single on one CPU card; hybrid and
+all-RPC on --gpus {a.gpus} (CPU cards, rpc-servers on loopback, -t 1), ctx {a.ctx}; {a.runs} runs, every case a fresh
+group per run, order rotated; {os.cpu_count()} cores shared with other work. Ready = the Supervisor's /health 200.
+The GGUF sits in the page cache in every run (so does native's), so "disk speed" here is page-cache speed.
+socket = `--no-rpc-seed` (stock llama.cpp: every weight through the socket); seed = arcsplit's default with a
+build carrying patch 0006 (`rpc-server -c --seed-cache <gguf>`, llama-server with GGML_RPC_FNV_INDEX).
+
+| route | weights | ready s, min / **median** / max | median / native | greedy tokens = native ({a.n_predict}) |
+|---|---|---|---|---|
+{chr(10).join(rows)}
+
+First start of a seeded group (the rpc-server indexes the file: FNV-1a over every tensor from 1 MiB, on all
+cores; later starts and restarts reuse the index): {'; '.join(first_seed)}.
+
+Command: `python bench/time_to_ready.py --load --runs {a.runs} --model {a.model} --gpus {a.gpus}`
+"""
+    write_report(ROOT / "bench" / "results" / "load_time.md", text)
+    return 0 if all(t == ref for ts in same.values() for t in ts) else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
@@ -111,7 +224,16 @@ def main() -> int:
     ap.add_argument("--gpus", default="0,1")
     ap.add_argument("--mode", default="rpc")
     ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--load", action="store_true", help="time to ready per route, weights over the socket vs seeded")
+    ap.add_argument("--routes", default="native,hybrid,rpc", help="--load: the routes (native always runs)")
+    ap.add_argument("--synth-gb", type=float, default=None, help="a synthetic F16 model of about this size")
+    ap.add_argument("--cpu-memory", type=int, default=8192, help="--load: MiB per CPU card")
+    ap.add_argument("--n-predict", type=int, default=4, help="--load: greedy tokens compared with native")
     a = ap.parse_args()
+    if a.synth_gb:
+        a.model = str(load_model(a.synth_gb))
+    if a.load:
+        return load_bench(a)
     if a.model is None:
         from arcsplit.demo import ensure_demo_model
 

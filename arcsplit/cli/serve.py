@@ -31,6 +31,7 @@ def request_from_args(args: argparse.Namespace) -> Any:
     return ServeRequest(model=args.model, gpus=args.gpus, backend=args.backend, mode=args.mode, ctx=args.ctx,
                         parallel=args.parallel, host=args.host, port=args.port, rpc_host=args.rpc_host,
                         rpc_ports=args.rpc_ports, threads=args.threads, ubatch=args.ubatch, rpc_cache=args.rpc_cache,
+                        rpc_seed=not args.no_rpc_seed,
                         cpu_memory_mib=args.cpu_memory, output_layer=args.output_layer,
                         moe_offload=args.moe_offload, host_memory_mib=args.host_memory,
                         llama_dir=args.llama_dir, build=args.build, extra_args=tuple(args.extra),
@@ -309,6 +310,9 @@ def add_group_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, metavar="N", help="threads per rpc-server (default: cores / cards)")
     p.add_argument("--rpc-cache", action="store_true",
                    help="rpc-servers cache weight tensors on local disk (rpc-server -c), so a restart reloads faster")
+    p.add_argument("--no-rpc-seed", action="store_true",
+                   help="send the weights to the rpc-servers over the socket, as stock llama.cpp does (default: with a "
+                        "build carrying patch 0006 they read them from the GGUF on this machine, no copy)")
     p.add_argument("--ubatch", type=int, metavar="N",
                    help="micro-batch size, -ub (default: 256 on hybrid/rpc routes, measured faster; else 512)")
     p.add_argument("--output-layer", choices=OUTPUT_LAYER_CHOICES, default="auto",

@@ -45,6 +45,7 @@ REQUIRED = ("-m", "--host", "--port", "--device", "-ngl", "-c", "-np", "-b", "-u
 RPC_OPTIONAL: dict[str, tuple[bool, str | None]] = {
     "-t": (True, "rpc-server thread count (its own default applies)"),
     "-c": (False, "--rpc-cache (this rpc-server has no local weight cache)"),
+    "--seed-cache": (True, "weights read from the local GGUF (they cross the socket instead; patch 0006)"),
 }
 RPC_REQUIRED = ("-H", "-p")
 

@@ -27,6 +27,7 @@ from ..llama.webui import serve_dir
 from ..model import load_profile
 from ..planner import Plan, PlanOptions, make_plan
 from ..rig import Rig
+from . import weightcache
 from .ports import check_free, check_host, free_port
 from ..route import MODES, OUTPUT_LAYER_CHOICES, Route
 from .specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, n_rpc_servers
@@ -53,6 +54,7 @@ class ServeRequest:
     cache_type: str = "f16"  # KV cache type for K and V (-ctk/-ctv)
     kv_unified: bool = True
     rpc_cache: bool = False  # rpc-servers keep big weight tensors on local disk: reloads after a crash read them
+    rpc_seed: bool = True  # rpc-servers read the weights from the GGUF, not the socket, where the build can (0006)
     output_layer: str = "auto"  # local: on llama-server's own card (hybrid); last/auto: llama.cpp's place
     cpu_memory_mib: int | None = None
     moe_offload: int | None = None  # routed experts of the first N layers in host RAM; None: as few as fit
@@ -249,17 +251,23 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     _, dropped = clean_env(req.backend, os.environ)
     cores = os.cpu_count() or 1
     route = Route.build(decision.mode, req.backend, [c.card.index for c in plan.cards])
+    rpc_features = binary_features(binaries.rpc_server) if binaries and foreign else None
+    seed = bool(req.rpc_seed and route.rpc and binaries
+                and weightcache.can_seed(binaries.rpc_server, rpc_features.flags if rpc_features else None))
+    rpc_cache = str(cache_dir() / "rpc-cache") if req.rpc_cache or seed else None
+    if rpc_cache and live:  # before the load: stale indexes and old copies go; at most one model's worth stays
+        weightcache.prune(rpc_cache, keep_copy_bytes=profile.file_bytes if req.rpc_cache else 0)
     config = ServeConfig(plan=plan, mode=decision.mode, backend=req.backend,
                          server_bin=str(binaries.server) if binaries else "llama-server",
                          rpc_bin=str(binaries.rpc_server) if binaries else "ggml-rpc-server",
                          host=req.host, port=req.port, rpc_host=req.rpc_host,
                          rpc_ports=tuple(rpc_ports) if rpc_ports else None, threads=req.threads, cores=cores,
                          extra_args=tuple(req.extra_args), rpc_spin_us=rpc_spin_us(route, cores),
-                         rpc_cache_dir=str(cache_dir() / "rpc-cache") if req.rpc_cache else None,
+                         rpc_cache_dir=rpc_cache, rpc_seed=(profile.shards or (plan.model_path,)) if seed else (),
                          mode_env=tuple(sorted(decision.env.items())), forced_mode=req.mode != "auto",
                          ui_dir=serve_dir(binaries.server.parent) if binaries else None, env_dropped=dropped,
                          server_features=binary_features(binaries.server) if binaries and foreign else None,
-                         rpc_features=binary_features(binaries.rpc_server) if binaries and foreign else None)
+                         rpc_features=rpc_features)
     # The specs as the supervisor will build them (placeholder ports): a flag the route needs and this build lacks
     # is an error now, before any process starts; what it can do without is said.
     specs = build_specs(config, [0] * n_rpc_servers(config))

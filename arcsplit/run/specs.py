@@ -16,6 +16,7 @@ from ..llama.features import RPC_OPTIONAL, RPC_REQUIRED, Features, fit_args
 from ..llama.patches import SPIN_ENV
 from ..planner import Plan
 from ..route import HOST_DEVICE, Route
+from .weightcache import INDEX_ENV, SEED_FLAG, store
 
 LOOPBACK = "127.0.0.1"
 # llama-server flags whose value is a secret, and the variable llama-server reads the same value from
@@ -88,6 +89,7 @@ class ServeConfig:
     rpc_ports: tuple[int, ...] | None = None  # the user's fixed ports, else free ones are picked
     threads: int | None = None  # rpc-server -t; None: cores // n_cards
     rpc_cache_dir: str | None = None  # rpc-server -c with LLAMA_CACHE here: a reload reads weights from disk
+    rpc_seed: tuple[str, ...] = ()  # with rpc_cache_dir: the GGUF files rpc-servers serve weights from (weightcache)
     cores: int = 1
     extra_args: tuple[str, ...] = ()
     mode_env: tuple[tuple[str, str], ...] = field(default=())  # from ModeDecision.env (workarounds)
@@ -151,6 +153,8 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
         if config.rpc_cache_dir:
             rpc_argv.append("-c")
             env["LLAMA_CACHE"] = config.rpc_cache_dir  # the server keeps tensors > 10 MiB under <this>/rpc
+            for gguf in config.rpc_seed:
+                rpc_argv += [SEED_FLAG, gguf]
         fitted_rpc, off = fit_args(rpc_argv, config.rpc_features, config.rpc_bin, RPC_OPTIONAL, RPC_REQUIRED)
         specs.append(ProcessSpec(name=proc.name, role="rpc", argv=fitted_rpc, env=tuple(sorted(env.items())),
                                  host=config.rpc_host, port=port, cards=proc.cards, devices=proc.devices,
@@ -159,6 +163,8 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
     server = route.server
     # LLAMA_SERVER_ROUTER_PORT opts into the router's child protocol: load progress on stdout, exit on stdin EOF.
     env = {**extra_env, **dict(server.env), **dict(config.secret_env), ROUTER_PORT_ENV: str(config.port)}
+    if config.rpc_seed and config.rpc_cache_dir and route.rpc:
+        env[INDEX_ENV] = str(store(config.rpc_cache_dir))  # the weights' hashes come from the rpc-servers' index
     argv: list[str] = [config.server_bin, "-m", plan.model_path, "--host", config.host, "--port", str(config.port),
                        "--metrics"]
     if route.rpc:
