@@ -118,7 +118,7 @@ case "${1:-all}" in
   abpatch) abpatch ;;
   pipeline)
     # everything in order of need; every phase writes under $OUT as it goes, so a cut-short run keeps its files
-    accuracy
+    [ -n "${SKIP_ACCURACY:-}" ] && build || accuracy
     MODEL=$MOE onecard
     MODEL=$DENSE REPS=${DENSE_REPS:-3} onecard
     abpatch
