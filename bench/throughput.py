@@ -124,16 +124,17 @@ def serve_mode(mode: str, backend: str, same_card: bool = False) -> tuple[str, b
 
 
 class _Twin(int):
-    """A card index that equals only itself: the same GPU named twice passes Route's one-card-once check
-    (which protects users) while every process still gets that GPU's number in its environment."""
+    """A card index that differs from its twins but equals the plain number: the same GPU named twice passes
+    Route's one-card-once check (which protects users), every process still gets that GPU's number in its
+    environment, and code that compares an index with a plain int still matches."""
 
     __hash__ = object.__hash__
 
     def __eq__(self, other: object) -> bool:
-        return self is other
+        return self is other if isinstance(other, _Twin) else int(self) == other
 
     def __ne__(self, other: object) -> bool:
-        return self is not other
+        return not self == other
 
 
 @contextlib.contextmanager
