@@ -11,7 +11,12 @@
 #   bash bench/gpu/session.sh abpatch   # each patch ALONE on the pinned tree vs the same build switched off,
 #        MoE on one GPU (incremental rebuilds of the CUDA build; run it last: it rebuilds that build's tree)
 #   bash bench/gpu/session.sh pipeline  # build, accuracy, onecard MoE, onecard dense, abpatch, in that order;
-#        meant to run detached (setsid) while short device calls collect $OUT
+#        meant to run detached (setsid) while short device calls collect $OUT, e.g. (2026-12-02):
+#          W=/root/w; cp -r .device/tree .device/whl .device/llama-src.tar.gz $W/   # once per machine
+#          (cd $W/tree && OUT=$W/res WORK=$W FILES=$W setsid nohup bash bench/gpu/session.sh pipeline \
+#             > $W/pipeline.log 2>&1 < /dev/null &)
+#          then each call waits on $W/pipeline.log and tars $W/res into $OUT. (.device/tree: a copy of the branch
+#          under test; a device call sends the session's own checkout, not a helper's worktree.)
 #   MODEL=moe bash bench/gpu/session.sh onecard  # ONE GPU: llama-server and rpc-servers share it (--same-card),
 #        RUNS independent runs (default 3) of MODES (default native,hybrid,hybrid-stock,rpc,rpc-stock);
 #        MODEL=moe: a 3.8 GiB F16 qwen3moe (16 layers, 32 experts, 4 used), MODEL=dense: the 7.2B F16 llama
