@@ -200,6 +200,19 @@ def v_fuzz(text: str) -> Verdict:
     return v_generic(text)
 
 
+def v_load(text: str) -> Verdict:
+    """load_time.md: the seeded routes' time to ready against native's (issue 19: hybrid <= 2x native)."""
+    ratio = {(r[0], r[1]): r[3] for r in table_rows(text) if len(r) >= 5 and r[1] in ("socket", "seed")}
+    same = all(r[4] == "yes" for r in table_rows(text) if len(r) >= 5 and r[1] in ("-", "socket", "seed"))
+    parts = [f"{route} {ratio[(route, 'socket')]} -> {ratio[(route, 'seed')]}" for route in ("hybrid", "rpc")
+             if (route, "socket") in ratio and (route, "seed") in ratio]
+    if not parts:
+        return v_generic(text)
+    ok = same and float(ratio.get(("hybrid", "seed"), "99x").rstrip("x")) <= 2.0
+    return Verdict("pass (CPU)" if ok else "FAIL", f"median / native, socket -> seeded: {'; '.join(parts)}; "
+                   f"greedy identical: {'yes' if same else 'NO'}")
+
+
 @dataclass(frozen=True)
 class Figure:
     title: str
@@ -221,6 +234,13 @@ FIGURES = [
            ("fit_context.md",), lambda t, f: v_fit_context(t)),
     Figure("4. Time to ready vs the same commands by hand", "at most 1.05x", ("time_to_ready.md",),
            lambda t, f: v_generic(t)),
+    Figure("4b. Load over RPC on one host: weights over the socket vs read from the GGUF (patch 0006)",
+           "hybrid ready within 2x native (issue 19; its figure is for a 14 GB model on a GPU)", ("load_time.md",),
+           lambda t, f: v_load(t)),
+    Figure("4c. Recovery after SIGKILL of an rpc-server, weights over the socket vs read from the GGUF (CPU)",
+           "<= 10 s on the 14 GB GPU model (issue 19); on CPU: measured",
+           ("recover_cpu_rpc_socket.md", "recover_cpu_rpc_seed.md", "recover_cpu_hybrid_socket.md",
+            "recover_cpu_hybrid_seed.md"), lambda t, f: Verdict("info", first_line_with(t, "Ready again after"))),
     Figure("5. Throughput per mode (prefill, decode, 4 streams)",
            "hybrid >= 0.75x prefill, >= 0.90x decode, >= 0.90x 4 streams of native, on 2 real GPUs",
            ("throughput_cuda.md", "throughput_cpu.md"),
