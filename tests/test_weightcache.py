@@ -20,6 +20,7 @@ from arcsplit import serve as serve_group
 from arcsplit.llama.patches import STOCK_ENV
 from arcsplit.run import supervisor, weightcache
 from arcsplit.run.ports import free_port
+from arcsplit.run.prepare import ServeRequest, prepare
 from arcsplit.run.specs import build_specs
 from arcsplit.synth import write_llama
 
@@ -189,5 +190,13 @@ def test_a_peer_with_the_patch_off_still_works(llama_bins, tmp_path, cache, monk
     assert tokens == plain
     if stock_side == "server":  # stock client, seeded server: hits for every weight above 10 MiB
         assert hits and max(sent) < 10 * MiB
-    else:  # stock server: no hit, the weights went through the socket
+    else:  # stock server: no hit, the weights went through the socket, and its -c cache kept copies of them
         assert not hits and max(sent) >= 10 * MiB
+        store = weightcache.store(cache)
+        copies = [p for p in store.iterdir() if p.suffix != ".fnvidx"]
+        assert copies
+        # the next group's preparation removes them (no --rpc-cache: no copy is kept) and says so
+        prepared = prepare(ServeRequest(model=str(model), gpus=[0, 1], backend="cpu", mode="hybrid",
+                                        llama_dir=str(llama_bins.bin_dir), port=free_port(), cpu_memory_mib=1024))
+        assert not any(p.exists() for p in copies) and [p.suffix for p in store.iterdir()] == [".fnvidx"]
+        assert any(f"{len(copies)} weight copies" in n for n in prepared.notes), prepared.notes

@@ -255,8 +255,9 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     seed = bool(req.rpc_seed and route.rpc and binaries
                 and weightcache.can_seed(binaries.rpc_server, rpc_features.flags if rpc_features else None))
     rpc_cache = str(cache_dir() / "rpc-cache") if req.rpc_cache or seed else None
+    pruned = None
     if rpc_cache and live:  # before the load: stale indexes and old copies go; at most one model's worth stays
-        weightcache.prune(rpc_cache, keep_copy_bytes=profile.file_bytes if req.rpc_cache else 0)
+        pruned = weightcache.prune(rpc_cache, keep_copy_bytes=profile.file_bytes if req.rpc_cache else 0)
     config = ServeConfig(plan=plan, mode=decision.mode, backend=req.backend,
                          server_bin=str(binaries.server) if binaries else "llama-server",
                          rpc_bin=str(binaries.rpc_server) if binaries else "ggml-rpc-server",
@@ -273,6 +274,9 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     specs = build_specs(config, [0] * n_rpc_servers(config))
     off = tuple(dict.fromkeys(o for spec in specs for o in spec.features_off))
     notes = [choice.reason, *choice.notes] if choice is not None else []
+    if pruned and pruned.freed_bytes:
+        notes.append(f"rpc weight cache: removed {pruned.indexes} stale index(es) and {pruned.copies} weight copies "
+                      f"({pruned.freed_bytes / 2**20:.0f} MiB) from {weightcache.store(rpc_cache)}")
     notes += [binaries.note] if binaries and binaries.note else []
     notes += [f"environment: {d.line()}" for d in dropped]
     if off:
