@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +18,7 @@ import httpx
 import pytest
 
 from arcsplit import serve as serve_group
+from arcsplit.errors import LlamaError
 from arcsplit.llama.patches import STOCK_ENV
 from arcsplit.run import supervisor, weightcache
 from arcsplit.run.ports import free_port
@@ -100,6 +102,22 @@ def test_prune_drops_stale_indexes_and_old_copies_and_keeps_the_rest(tmp_path):
 
 def test_prune_of_a_cache_that_does_not_exist_is_nothing(tmp_path):
     assert weightcache.prune(tmp_path / "none", 0) == weightcache.Pruned(0, 0, 0, 0)
+
+
+def test_indexing_before_the_group_starts_fails_with_the_fix_when_the_binary_cannot(tmp_path):
+    """A binary that does not index (here /bin/true: exits 0 and writes nothing, as an rpc-server without
+    --seed-only does after printing its usage) is one error naming the way out, not a group that hangs."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(64))
+    true = shutil.which("true")
+    if true is None:
+        pytest.skip("no `true` binary on PATH")
+    with pytest.raises(LlamaError, match="--no-rpc-seed"):
+        weightcache.ensure_index(true, str(tmp_path / "c"), [str(model)], dict(os.environ))
+    index = weightcache.index_of(model, tmp_path / "c")
+    index.parent.mkdir(parents=True)
+    index.write_text(f"ggml-rpc-fnv-index 1\n{model}\n")
+    assert weightcache.ensure_index(true, str(tmp_path / "c"), [str(model)], dict(os.environ)) is None
 
 
 # -- the real build ---------------------------------------------------------------------------------------------
@@ -200,3 +218,24 @@ def test_a_peer_with_the_patch_off_still_works(llama_bins, tmp_path, cache, monk
                                         llama_dir=str(llama_bins.bin_dir), port=free_port(), cpu_memory_mib=1024))
         assert not any(p.exists() for p in copies) and [p.suffix for p in store.iterdir()] == [".fnvidx"]
         assert any(f"{len(copies)} weight copies" in n for n in prepared.notes), prepared.notes
+
+
+@pytest.mark.slow
+def test_the_model_is_indexed_once_before_any_rpc_server_starts(llama_bins, tmp_path):
+    """rpc-server --seed-only writes the index and exits; a second call finds it. The hash of an entry is FNV-1a
+    64 of exactly the bytes at its offset (checked here independently, in Python, on the smallest entry)."""
+    model = _model(tmp_path)
+    root = tmp_path / "c"
+    assert weightcache.ensure_index(str(llama_bins.rpc_server), str(root), [str(model)], dict(os.environ)) is not None
+    lines = weightcache.index_of(model, root).read_text().splitlines()
+    assert lines[:2] == ["ggml-rpc-fnv-index 1", str(model)] and len(lines) > 2
+    entries = [(int(h, 16), int(off), int(n)) for h, off, n in (line.split() for line in lines[2:])]
+    assert all(n >= MiB for _, _, n in entries)
+    want, off, n = min(entries, key=lambda e: e[2])
+    h = 0xCBF29CE484222325
+    with model.open("rb") as fh:
+        fh.seek(off)
+        for byte in fh.read(n):
+            h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    assert h == want
+    assert weightcache.ensure_index(str(llama_bins.rpc_server), str(root), [str(model)], dict(os.environ)) is None

@@ -205,7 +205,7 @@ def prepare(req: ServeRequest) -> Prepared:
     forced = None if req.mode == "auto" else req.mode
     verdict, known = _runtime(req, rig, binaries)
     decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known)
-    return _prepared(req, binaries, profile, rig, decision, rpc_ports, choice)
+    return _prepared(req, binaries, profile, rig, decision, rpc_ports, choice, serving=True)
 
 
 def preview(req: ServeRequest, rig: Rig | None = None) -> Prepared:
@@ -239,8 +239,10 @@ def preview(req: ServeRequest, rig: Rig | None = None) -> Prepared:
 
 
 def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, rig: Rig, decision: ModeDecision,
-              rpc_ports: list[int] | None, choice: BackendChoice | None, live: bool = True) -> Prepared:
-    """The plan and the config of the chosen mode; the specs are built once so a missing flag fails here."""
+              rpc_ports: list[int] | None, choice: BackendChoice | None, live: bool = True,
+              serving: bool = False) -> Prepared:
+    """The plan and the config of the chosen mode; the specs are built once so a missing flag fails here.
+    ``serving``: a group starts next, so the rpc-servers' weight cache is pruned and the model indexed now."""
     plan = plan_for_mode(profile, rig, req, decision.mode, live)
     warnings = []
     if req.rpc_host != LOOPBACK:
@@ -256,7 +258,7 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
                 and weightcache.can_seed(binaries.rpc_server, rpc_features.flags if rpc_features else None))
     rpc_cache = str(cache_dir() / "rpc-cache") if req.rpc_cache or seed else None
     pruned = None
-    if rpc_cache and live:  # before the load: stale indexes and old copies go; at most one model's worth stays
+    if rpc_cache and serving:  # before the load: stale indexes and old copies go; at most one model's worth stays
         pruned = weightcache.prune(rpc_cache, keep_copy_bytes=profile.file_bytes if req.rpc_cache else 0)
     config = ServeConfig(plan=plan, mode=decision.mode, backend=req.backend,
                          server_bin=str(binaries.server) if binaries else "llama-server",
@@ -274,6 +276,13 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     specs = build_specs(config, [0] * n_rpc_servers(config))
     off = tuple(dict.fromkeys(o for spec in specs for o in spec.features_off))
     notes = [choice.reason, *choice.notes] if choice is not None else []
+    if serving and config.rpc_seed and config.rpc_cache_dir:  # hash a new model once, outside rpc-server start-up
+        rpc = specs[0]
+        env = {k: v for k, v in os.environ.items() if k not in rpc.env_unset} | rpc.env_dict
+        took = weightcache.ensure_index(config.rpc_bin, config.rpc_cache_dir, config.rpc_seed, env)
+        if took is not None:
+            notes.append(f"indexed {', '.join(Path(f).name for f in config.rpc_seed)} for the rpc-servers' weight "
+                         f"cache in {took:.1f} s (once per file version; docs/patches.md 0006)")
     if pruned and pruned.freed_bytes:
         notes.append(f"rpc weight cache: removed {pruned.indexes} stale index(es) and {pruned.copies} weight copies "
                       f"({pruned.freed_bytes / 2**20:.0f} MiB) from {weightcache.store(rpc_cache)}")

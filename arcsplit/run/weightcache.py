@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import LlamaError
 from ..llama.patches import build_patches
 
 PATCH = "0006-rpc-seed-cache-from-gguf"
@@ -120,3 +123,22 @@ def _index_target_unchanged(index: Path) -> bool:
     except (OSError, UnicodeDecodeError):
         return False
     return bool(gguf) and _identity(Path(gguf)) == index.name
+
+
+def ensure_index(rpc_bin: str, cache_root: str, files: Sequence[str], env: Mapping[str, str]) -> float | None:
+    """Index the model's files before any rpc-server starts (``--seed-only``), so that no rpc-server spends the
+    supervisor's start-up window hashing a big model. Seconds it took, None when every index was there already.
+    An rpc-server that finds an index missing anyway (pruned meanwhile) builds it itself."""
+    if all((i := index_of(f, cache_root)) is not None and i.exists() for f in files):
+        return None
+    argv = [rpc_bin, "--seed-only", "-c", *(x for f in files for x in (SEED_FLAG, f))]
+    t0 = time.monotonic()
+    run = subprocess.run(argv, env={**env, "LLAMA_CACHE": cache_root}, capture_output=True, text=True,
+                         check=False)
+    missing = [f for f in files if not ((i := index_of(f, cache_root)) is not None and i.exists())]
+    if missing:  # a build without --seed-only prints its usage and exits 0: the index decides
+        tail = (run.stderr or run.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise LlamaError(f"{rpc_bin} could not index {missing[0]} for the rpc-servers' weight cache "
+                            f"(exit {run.returncode}: {tail[0]})",
+                            "serve with --no-rpc-seed to send the weights over the socket instead")
+    return time.monotonic() - t0
