@@ -11,7 +11,9 @@ Sources (the pinned llama.cpp tree, vendored in llama-cpp-python 0.3.36):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Mapping
 
 from .errors import BadInput
 from .model import ModelProfile
@@ -236,3 +238,74 @@ def moe_compute_bytes(profile: ModelProfile, cs: ContextSizes, shape: ComputeSha
     e = profile.n_embd
     rows = K_MOE_FFN * profile.n_expert_used * profile.n_ff_exp + K_MOE_OUT * e * profile.n_expert_used + K_MOE_EMBD * e
     return _margin(profile, int(t * 4 * rows))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# compute from llama.cpp itself, and per backend
+
+def ctx_class(n_ctx: int) -> int:
+    """The context a measurement is taken at for ``n_ctx``: 4096, then 2^k and 1.5 * 2^k upwards (multiples of 256).
+
+    Compute buffers grow with the context (KQ mask, scores without flash attention) and never shrink, so one
+    measured at the top of the class bounds every context in it; half-octave classes keep the excess small.
+    """
+    c = 4096
+    while c < n_ctx:
+        c = c * 3 // 2 if c & (c - 1) == 0 else c // 3 * 4
+    return c
+
+
+@dataclass(frozen=True)
+class MeasuredCompute:
+    """Compute buffers llama.cpp reserved in its own dry run (llama-fit-params) for one model, build and set of
+    plan options: the planner takes these instead of the formulas for a card whose layer range was measured.
+
+    ``entries``: (context class, expert-offload layers, card position, first unit, end unit) -> bytes as
+    llama-fit-params reports them (it reserves ``n_ubatch`` rows of logits on the output card, where llama-server
+    reserves one per slot; ``measured_compute`` takes the difference off). ``backend``: what it ran on ("cpu":
+    CPU rpc-servers standing in for cards that are absent).
+    """
+
+    backend: str
+    entries: Mapping[tuple[int, ...], int] = field(default_factory=dict)
+
+
+def measured_compute(m: MeasuredCompute, profile: ModelProfile, cs: ContextSizes, card: int, first: int, end: int,
+                     has_output: bool, shape: ComputeShape, n_offload: int) -> int | None:
+    """Card ``card``'s measured compute for units [first, end) at the context of ``cs`` (None: not measured).
+
+    On the output card the logits rows llama-fit-params reserved beyond ``shape.n_outputs`` are taken off, as far
+    as the formulas say the logits are what sizes that buffer (they are, at 512 rows of a large vocabulary).
+    """
+    got = m.entries.get((ctx_class(cs.n_ctx), n_offload, card, first, end))
+    if got is None:
+        return None
+    if has_output and shape.n_outputs < shape.n_ubatch:
+        exact = replace(profile, compute_checked=True)
+        layers_end = min(end, profile.n_layer)
+        full = compute_bytes(exact, cs, first, layers_end, True, replace(shape, n_outputs=shape.n_ubatch))
+        got -= max(0, full - compute_bytes(exact, cs, first, layers_end, True, shape))
+    return max(0, got)
+
+
+@dataclass(frozen=True)
+class BackendCompute:
+    """One row of arcsplit/data/compute_backends.toml: the factor on this backend's compute, and its basis."""
+
+    backend: str
+    factor: float
+    measured: str  # "" when the factor is a safety margin, not a measurement
+
+
+@lru_cache(maxsize=None)
+def backend_compute(backend: str) -> BackendCompute:
+    """The compute factor of ``backend``; a backend the table does not list gets the largest factor in it."""
+    import tomllib
+    from importlib.resources import files
+
+    table = tomllib.loads(files("arcsplit").joinpath("data/compute_backends.toml").read_text(encoding="utf-8"))
+    row = table.get(backend)
+    if row is None:
+        worst = max(table.values(), key=lambda r: r["factor"])
+        return BackendCompute(backend, float(worst["factor"]), "")
+    return BackendCompute(backend, float(row["factor"]), str(row.get("measured", "")))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fitoracle import RpcServers, fit_print  # noqa: E402
+from arcsplit.llama.fitparams import RpcServers, fit_print  # noqa: E402
 from arcsplit.llama.locate import find_llama  # noqa: E402
 from arcsplit.model import load_profile  # noqa: E402
 from arcsplit.planner import PlanOptions, make_plan  # noqa: E402

@@ -8,7 +8,6 @@ the same question (n_outputs = n_ubatch).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,7 @@ from arcsplit.model import load_profile
 from arcsplit.planner import PlanOptions, plan_for_split
 from arcsplit.rig import Card
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from fitoracle import RpcServers, fit_print  # noqa: E402  (the oracle lives beside the benchmarks that use it)
+from arcsplit.llama.fitparams import RpcServers, fit_print
 
 MiB = 1024 * 1024
 pytestmark = pytest.mark.slow

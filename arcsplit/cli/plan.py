@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-type", choices=sorted(CACHE_TYPES), default="f16", help="KV cache type for K and V")
     p.add_argument("--no-kv-unified", dest="kv_unified", action="store_false",
                    help="one KV stream per slot instead of a shared one")
+    p.add_argument("--measure", action="store_true",
+                   help="take each card's compute buffer from llama.cpp's own dry run (llama-fit-params over CPU "
+                        "rpc-servers on 127.0.0.1; seconds) and cache it: later plans and serve with the same model "
+                        "and options use it without running anything")
     p.add_argument("--save", metavar="FILE", help="write the rig and this plan as a layout TOML")
     p.add_argument("--json", action="store_true", help="machine-readable output (Plan.to_dict, route, processes)")
     p.set_defaults(func=_plan, extra=[])
@@ -41,7 +46,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.layout and args.gpus:
         raise BadInput("--layout and --gpus both name cards", "pass one of them")
     rig = load_layout(args.layout) if args.layout else None
-    prepared = preview(request_from_args(args), rig)
+    prepared = preview(replace(request_from_args(args), measure=args.measure), rig)
     config, plan, profile = prepared.config, prepared.config.plan, prepared.profile
     if args.save:
         pinned = {"model": str(Path(profile.path).name), "n_ctx": plan.n_ctx, "n_parallel": args.parallel,

@@ -1,9 +1,9 @@
 """llama-fit-params as an oracle: what llama.cpp itself says a split needs per device, without loading weights.
 
-Runs ``llama-fit-params -fitp on`` against ggml-rpc-servers on 127.0.0.1 (the CPU build has no other devices)
-and parses its ``<dev> <model MiB> <context MiB> <compute MiB>`` lines. Used by bench/plan_accuracy.py,
-plan_speed.py, fit_context.py and tests/test_plan_accuracy.py to keep the planner honest; never by arcsplit itself,
-so it lives here, beside its users, not in the package.
+Runs ``llama-fit-params -fitp on`` against ggml-rpc-servers on 127.0.0.1 and parses its
+``<dev> <model MiB> <context MiB> <compute MiB>`` lines. ``arcsplit plan --measure`` takes each card's compute
+buffer from it (``measure_compute``; cached by llama/compute_cache.py); bench/plan_accuracy.py and the accuracy
+tests use it to keep the header-only formulas honest.
 """
 
 from __future__ import annotations
@@ -14,9 +14,13 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from arcsplit.errors import LlamaError
-from arcsplit.llama.locate import LlamaBinaries
+from ..errors import LlamaError
+from .locate import LlamaBinaries
+
+if TYPE_CHECKING:
+    from ..planner import Plan
 
 
 @dataclass(frozen=True)
@@ -104,3 +108,42 @@ def fit_print(binaries: LlamaBinaries, model: str | Path, rpc: RpcServers, args:
         tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
         raise LlamaError(f"llama-fit-params failed: {tail[0]}", "check the model and arguments")
     return rows, secs
+
+
+def measure_compute(binaries: LlamaBinaries, plan: "Plan", timeout: float = 300) -> dict[tuple[int, ...], int]:
+    """llama.cpp's own compute buffer of every offloaded card of ``plan``, from one ``llama-fit-params -fitp on`` dry
+    run at the top of the plan's context class (memory.ctx_class), each card an rpc-server of ``binaries`` on
+    127.0.0.1 (CPU devices standing in for the plan's cards). Keys as in memory.MeasuredCompute.entries.
+
+    llama-fit-params prints whole MiB, rounded down: one MiB more keeps each value an upper bound.
+    """
+    from ..errors import BadInput
+    from ..memory import ctx_class
+    from ..route import HOST_DEVICE
+
+    o = plan.options
+    if o.n_parallel > 1 and o.kv_unified:
+        raise BadInput("llama-fit-params cannot measure a unified KV cache over several slots (it has no "
+                       "--kv-unified)", "measure with --no-kv-unified, or plan without --measure")
+    cards = [(j, c) for j, c in enumerate(plan.cards) if c.device != HOST_DEVICE]
+    names = [f"RPC{i}" for i in range(len(cards))]
+    args = plan.llama_server_args(names)
+    drop = {"--kv-unified": 0, "--no-kv-unified": 0, "--fit": 1}
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        if args[i] in drop:
+            i += 1 + drop[args[i]]
+            continue
+        out.append(str(ctx_class(plan.n_ctx)) if i and args[i - 1] == "-c" else args[i])
+        i += 1
+    cls = ctx_class(plan.n_ctx)
+    with RpcServers(binaries, len(cards)) as rpc:
+        rows, _ = fit_print(binaries, plan.model_path, rpc, out, timeout)
+    got: dict[tuple[int, ...], int] = {}
+    for name, (j, c) in zip(names, cards):
+        row = rows.get(name)
+        if row is None:
+            raise LlamaError(f"llama-fit-params printed no line for {name}", "check the build and the model")
+        got[(cls, o.moe_offload or 0, j, c.first_layer, c.end_layer)] = (row.compute_mib + 1) * 1024 * 1024
+    return got
