@@ -93,6 +93,7 @@ class Plan:
     host_expert_bytes: int = 0  # routed-expert weights kept in host RAM (options.moe_offload layers)
     host_read_per_token: int = 0  # of those, what one decoded token reads: n_expert_used / n_expert of each layer
     ctx_limit: str = ""  # with --ctx max: what stopped the context from growing (a card's memory, or training)
+    card_ctx_max: tuple[int, ...] = ()  # with --ctx max: the largest context each card could hold on this split
 
     @property
     def offloaded(self) -> tuple[CardPlan, ...]:
@@ -175,6 +176,7 @@ class Plan:
             ],
             "llama_server_args": self.llama_server_args(),
             "ctx_limit": self.ctx_limit,
+            "card_ctx_max": list(self.card_ctx_max),
             "warnings": list(self.warnings),
         }
 
@@ -463,10 +465,11 @@ def make_plan(profile: Any, rig_or_cards: Any, options: PlanOptions | None = Non
         if train and ctx < min(train, 4096):
             warnings.append(f"only {ctx} tokens of context fit (training context {train})")
         limit = _ctx_limit(profile, solver, options, bounds, ctx, cap)
+        per_card = _card_ctx_max(profile, solver, options, bounds, ctx, cap)
 
     plan = _assemble(profile, solver, costs, cards, names, bounds, options, warnings)
     if options.n_ctx is None:
-        plan = replace(plan, ctx_limit=limit)
+        plan = replace(plan, ctx_limit=limit, card_ctx_max=per_card)
     if options.host_budget is not None and plan.host_expert_bytes and plan.host_bytes > options.host_budget:
         raise DoesNotFit(f"keeping the experts of {options.moe_offload} layers in host RAM needs {_fmt(plan.host_bytes)} "
                          f"there, but only {_fmt(options.host_budget)} is available",
@@ -486,6 +489,28 @@ def _ctx_limit(profile: Any, solver: "_Solver", options: PlanOptions, bounds: li
     short, j, kv, comp = max(over)
     return (f"{solver.names[j]}: {ctx + 256} tokens would need {_fmt(short)} more than it has "
             f"(KV/state {_fmt(kv)}, compute {_fmt(comp)} there)")
+
+
+def _card_ctx_max(profile: Any, solver: "_Solver", options: PlanOptions, bounds: list[int], ctx: int,
+                  cap: int) -> tuple[int, ...]:
+    """For each card, the largest context (a multiple of 256, at most ``cap``) its layers on this split would fit
+    in its budget: the smallest is the context --ctx max chose; the others say how much room each card has left."""
+    at: dict[int, _Costs] = {}
+
+    def fits(j: int, n: int) -> bool:
+        costs = at.get(n)
+        if costs is None:
+            costs = at[n] = _costs(profile, options, n * 256)
+        return solver.fits(costs, j, bounds[j], bounds[j + 1])
+
+    out = []
+    for j in range(len(solver.cards)):
+        lo, hi = ctx // 256, cap // 256
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(j, mid) else (lo, mid - 1)
+        out.append(lo * 256)
+    return tuple(out)
 
 
 def _moe_offload(profile: Any, cards: tuple[Card, ...], names: list[str], options: PlanOptions,

@@ -85,7 +85,8 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
     head = (f"{Path(plan.model_path).name}  ({plan.arch}, {plan.n_layer} layers + output)  "
             f"context {plan.n_ctx:,}  slots {o.n_parallel}  KV {o.cache_type_k}/{o.cache_type_v}  "
             f"ubatch {o.n_ubatch}")
-    cols = ["card", "device", "layers", "weights", "KV", "state", "compute", "total", "free", "free after", "largest"]
+    cols = ["card", "device", "layers", "weights", "KV", "state", "compute", "total", "free", "free after", "largest",
+            "compute from"]
     rows = []
     for c in plan.cards:
         end = min(c.end_layer, plan.n_layer)  # the output unit is shown as "+out" on the card that computes it
@@ -93,12 +94,13 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
         if c.has_output:
             layers = f"{layers} +out" if end > c.first_layer else "output"
         rows.append([c.card.name[:28], c.device, layers, _mib(c.weights), _mib(c.kv), _mib(c.state),
-                     _mib(c.compute), _mib(c.total), _mib(c.card.free_bytes), _mib(c.free_after), c.largest])
+                     _mib(c.compute), _mib(c.total), _mib(c.card.free_bytes), _mib(c.free_after), c.largest,
+                     c.compute_source or "-"])
     widths = [max(len(cols[i]), *(len(r[i]) for r in rows)) for i in range(len(cols))]
-    fmt = lambda r: "  ".join(v.ljust(widths[i]) if i < 3 or i == 10 else v.rjust(widths[i])  # noqa: E731
+    fmt = lambda r: "  ".join(v.ljust(widths[i]) if i < 3 or i >= 10 else v.rjust(widths[i])  # noqa: E731
                               for i, v in enumerate(r))
     lines = [head, "", fmt(cols).rstrip() + "   (MiB)", fmt(["-" * w for w in widths])]
-    lines += [fmt(r) for r in rows]
+    lines += [fmt(r).rstrip() for r in rows]
     lines.append(f"host (llama-server's CPU): {_mib(plan.host_bytes)} MiB (token embeddings, input buffers)")
     if plan.host_expert_bytes:
         n = plan.options.moe_offload or 0
@@ -106,6 +108,10 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
                      f"a decoded token reads about {_mib(plan.host_read_per_token)} MiB of them from host RAM")
     if plan.ctx_limit:
         lines.append(f"context {plan.n_ctx:,} is bounded by {plan.ctx_limit}")
+    if plan.card_ctx_max:
+        lines.append("context each card could hold on this split (--ctx max takes the smallest):")
+        for c, n in zip(plan.cards, plan.card_ctx_max):
+            lines.append(f"  {c.device:>14}: {n:,} tokens; largest term there: {c.largest}")
     lines += ["", "layer map:"]
     for c in plan.cards:
         marks = []

@@ -1,0 +1,149 @@
+"""Compute buffers from llama.cpp itself: ``plan --measure`` runs llama-fit-params' dry run once, caches each card's
+compute buffer, and every later plan with the same model file and options uses it without starting anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from arcsplit import memory, synth
+from arcsplit.llama import compute_cache, fitparams
+from arcsplit.model import load_profile
+from arcsplit.planner import PlanOptions, plan_for_split
+from arcsplit.rig import Card
+from arcsplit.run.prepare import ServeRequest, measure_plan, preview
+
+MiB = 1024 * 1024
+
+
+def _gh(tmp: Path) -> Path:
+    """granitehybrid (Mamba-2 + attention): a family the formulas were never checked on, so they add their margin."""
+    return synth.write_granitehybrid(tmp / "gh.gguf", n_layer=12, n_embd=1024, n_head=16, n_head_kv=4, n_ff=2816,
+                                     d_inner=2048, d_state=128, head_dim=64, n_vocab=32000, header_only=True)
+
+
+def _cards(n: int, backend: str = "cpu") -> list[Card]:
+    return [Card(backend, i, f"card{i}", 8192 * MiB, 8192 * MiB, 0) for i in range(n)]
+
+
+def test_context_classes_bound_every_context_in_them():
+    assert [memory.ctx_class(n) for n in (1, 4096, 4097, 6144, 6145, 8193, 40000)] == \
+        [4096, 4096, 6144, 6144, 8192, 12288, 49152]
+    for n in range(256, 300_000, 4864):
+        c = memory.ctx_class(n)
+        assert c >= n and c % 256 == 0 and c < 1.5 * n + 4096
+
+
+def test_a_measured_range_replaces_the_formula_and_says_so(tmp_path: Path):
+    prof = load_profile(_gh(tmp_path))
+    opts = PlanOptions(n_ctx=4096, n_outputs=1)
+    ts = [4, 9]
+    formula = plan_for_split(prof, _cards(2), opts, ts, ["RPC0", "RPC1"])
+    assert [c.compute_source for c in formula.cards] == ["formula +50%"] * 2
+    measured = memory.MeasuredCompute("cpu", {(4096, 0, 0, 0, 4): 40 * MiB})  # only the first card's range
+    plan = plan_for_split(prof, _cards(2), opts, ts, ["RPC0", "RPC1"], measured=measured)
+    assert plan.cards[0].compute == 40 * MiB and plan.cards[0].compute_source == "measured cpu"
+    assert plan.cards[1].compute == formula.cards[1].compute and plan.cards[1].compute_source == "formula +50%"
+    # another context class, or another split of that card: not measured, the formula again
+    other = plan_for_split(prof, _cards(2), PlanOptions(n_ctx=8192, n_outputs=1), ts, ["RPC0", "RPC1"],
+                           measured=measured)
+    assert other.cards[0].compute_source == "formula +50%"
+    assert plan_for_split(prof, _cards(2), opts, [5, 8], ["RPC0", "RPC1"],
+                          measured=measured).cards[0].compute_source == "formula +50%"
+
+
+def test_the_output_card_drops_the_logits_rows_llama_fit_params_reserves_beyond_the_slots(tmp_path: Path):
+    prof = load_profile(synth.write_llama(tmp_path / "l.gguf", n_layer=8, n_embd=1024, n_head=16, n_head_kv=4,
+                                          n_ff=2816, n_vocab=151936, header_only=True))
+    # llama-fit-params reserves n_ubatch logits rows on the output card, llama-server one per slot
+    raw = plan_for_split(prof, _cards(2), PlanOptions(n_ctx=4096, n_outputs=512), [3, 6], ["RPC0", "RPC1"]).cards[1]
+    one = plan_for_split(prof, _cards(2), PlanOptions(n_ctx=4096, n_outputs=1), [3, 6], ["RPC0", "RPC1"]).cards[1]
+    logits = 511 * prof.n_vocab * 4
+    assert raw.compute - one.compute >= 0.9 * logits  # a large vocabulary: the logits rows size that card
+    measured = memory.MeasuredCompute("cpu", {(4096, 0, 1, 3, 9): 400 * MiB})
+    got = plan_for_split(prof, _cards(2), PlanOptions(n_ctx=4096, n_outputs=1), [3, 6], ["RPC0", "RPC1"],
+                         measured=measured).cards[1]
+    assert got.compute_source == "measured cpu" and got.compute == 400 * MiB - (raw.compute - one.compute)
+
+
+def test_backends_without_measurements_keep_a_stated_margin(tmp_path: Path):
+    prof = load_profile(synth.write_llama(tmp_path / "l.gguf", n_layer=8, n_embd=1024, n_head=16, n_head_kv=4,
+                                          n_ff=2816, n_vocab=32000, header_only=True))
+    assert memory.backend_compute("cpu").factor == 1.0
+    sycl = memory.backend_compute("sycl")
+    assert sycl.factor > 1.0 and not sycl.measured  # never measured: a margin, and the table says so
+    assert memory.backend_compute("metal").factor == max(memory.backend_compute(b).factor
+                                                         for b in ("cpu", "cuda", "sycl", "vulkan"))
+    opts = PlanOptions(n_ctx=4096, n_outputs=512)  # the rows llama-fit-params reserves: its numbers as they are
+    cpu = plan_for_split(prof, _cards(2), opts, [4, 5], ["RPC0", "RPC1"])
+    on_sycl = plan_for_split(prof, _cards(2, "sycl"), opts, [4, 5], ["SYCL0", "SYCL1"])
+    for c, s in zip(cpu.cards, on_sycl.cards):
+        assert s.compute == int(c.compute * sycl.factor)
+        assert s.compute_source == f"formula {sycl.factor - 1:+.0%} sycl"
+    # a measurement on CPU devices standing in for absent Intel cards keeps the backend's factor
+    m = memory.MeasuredCompute("cpu", {(4096, 0, j, c.first_layer, c.end_layer): 50 * MiB
+                                       for j, c in enumerate(on_sycl.cards)})
+    again = plan_for_split(prof, _cards(2, "sycl"), opts, [4, 5], ["SYCL0", "SYCL1"], measured=m)
+    assert [c.compute for c in again.cards] == [int(50 * MiB * sycl.factor)] * 2
+    assert {c.compute_source for c in again.cards} == {f"measured cpu {sycl.factor - 1:+.0%} sycl"}
+
+
+def test_a_corrupt_cache_file_is_ignored_with_a_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache"))
+    prof = load_profile(_gh(tmp_path))
+    key = compute_cache.cache_key(prof, "cpu", "rpc", ["RPC0", "RPC1"], PlanOptions())
+    assert compute_cache.load(key) == (None, None)  # nothing measured: no warning either
+    stored = compute_cache.store(key, "cpu", {(4096, 0, 0, 0, 4): 7 * MiB})
+    assert compute_cache.load(key) == (stored, None) and key.path.parent == tmp_path / "cache" / "compute"
+    key.path.write_text('{"version": 1, "key": ', encoding="utf-8")
+    got, warning = compute_cache.load(key)
+    assert got is None and warning and "ignored compute cache" in warning and "--measure" in warning
+    # a different model file (same path, rewritten) is another key: its old measurement never applies
+    path = _gh(tmp_path)
+    assert compute_cache.cache_key(load_profile(path), "cpu", "rpc", ["RPC0", "RPC1"], PlanOptions()) != key
+
+
+@pytest.mark.slow
+def test_measure_once_then_plan_from_the_cache(llama_bins, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache"))
+    model = _gh(tmp_path)
+    req = ServeRequest(model=str(model), gpus="0,1", backend="cpu", mode="rpc", ctx=4096, cpu_memory_mib=4096,
+                       llama_dir=str(llama_bins.bin_dir))
+    before = preview(req).config.plan
+    assert [c.compute_source for c in before.offloaded] == ["formula +50%"] * 2
+
+    prepared = preview(req)
+    plan, runs = measure_plan(prepared.profile, prepared.rig, req, "rpc")
+    assert runs >= 1 and [c.compute_source for c in plan.offloaded] == ["measured cpu"] * 2
+    files = list((tmp_path / "cache" / "compute").glob("*.json"))
+    assert len(files) == 1 and files[0].stat().st_size < 4096
+
+    # llama.cpp's own numbers: each card's compute is what llama-fit-params reserves for that split (the output
+    # card less the logits rows beyond one slot), never below it otherwise, and under the +50% formula
+    ts = list(plan.tensor_split)
+    with fitparams.RpcServers(llama_bins, 2) as rpc:
+        rows, _ = fitparams.fit_print(llama_bins, model, rpc, ["-c", "4096", "-np", "1", "-ub", "256", "-fa", "on",
+                                                               "-ngl", str(sum(ts)), "-ts", ",".join(map(str, ts)),
+                                                               "--device", "RPC0,RPC1"])
+    for c, f in zip(plan.offloaded, before.offloaded):
+        fit = rows[c.device].compute_mib * MiB
+        assert c.compute < f.compute
+        if not c.has_output:
+            assert fit <= c.compute <= fit + MiB
+
+    # the second plan is the cache's: no process may start (the dry run's servers raise if asked)
+    def no_processes(*a, **k):
+        raise AssertionError("a cached plan started a process")
+
+    monkeypatch.setattr(fitparams.RpcServers, "__enter__", no_processes)
+    again, runs = measure_plan(prepared.profile, prepared.rig, req, "rpc")
+    assert runs == 0 and again.cards == plan.cards
+    served = preview(req)  # what serve plans with: the cached value, automatically
+    assert [c.compute_source for c in served.config.plan.offloaded] == ["measured cpu"] * 2
+    assert any("from the cache" in n for n in preview(ServeRequest(**{**req.__dict__, "measure": True})).notes)
+
+    files[0].write_text("not json", encoding="utf-8")
+    spoiled = preview(req).config.plan
+    assert [c.compute_source for c in spoiled.offloaded] == ["formula +50%"] * 2
+    assert any("ignored compute cache" in w for w in spoiled.warnings)
