@@ -131,8 +131,12 @@ K_MOE_OUT = 1.125  # ... and each used expert's n_embd-wide output before the we
 K_MOE_EMBD = 3.5
 K_ATTN_Q = 1.25  # the query projection (gated attention: query and gate) and its per-head copies
 K_ATTN_EMBD = 8.0
+K_FFN_UP = 1.0  # an FFN without a gate (up, ReLU^2 in place, down): one n_ff-wide row at a time
 K_FFN_GDN = K_FFN  # gated delta-net block (qwen3next, qwen35): qkv, conv and their outputs, three conv widths
-K_SSM = 9.5  # Mamba-2 mixer (mamba2, hybrids of it): in_proj (z, x, B, C, dt), conv and scan outputs
+K_SSM_X = 10.25  # Mamba-2 mixer (mamba2, hybrids of it), per d_inner: z, x, conv and scan outputs, gated norm
+K_SSM_BC = 3.25  # ... per element of its B and C groups (2 * n_group * d_state): in_proj, conv, scan inputs
+K_SSM_EMBD = 1.0
+K_RWKV = 22.5  # RWKV-7 time mix, per n_embd: r, k, v, the five LoRA-mixed inputs, WKV-7 output and state
 K_OUT_EMBD = 4.75  # the output layer on one of several devices: final norm, its input rows, logits staging
 K_OUT_EMBD_SOLO = 1.0  # the same on a lone device: the graph is one split, only the normed rows stay with the logits
 K_NOFA_EMBD = 4.0  # without flash attention, next to the KQ scores, Q and KQV (counted per head) and the residual
@@ -159,10 +163,16 @@ def layer_rows(profile: ModelProfile, il: int) -> float:
         width = profile.n_expert_used * profile.n_ff_exp + profile.n_ff_shexp
         rows = K_MOE_FFN * width + K_MOE_OUT * e * profile.n_expert_used + K_MOE_EMBD * e
     else:
-        rows = K_FFN * profile.n_ff[il] + K_EMBD * e
+        rows = (K_FFN if profile.ffn_gate else K_FFN_UP) * profile.n_ff[il] + K_EMBD * e
+    if profile.recurrent_kind == "rwkv":
+        return max(rows, K_RWKV * e)
     if profile.is_recurrent[il] and profile.n_embd_r:
         conv = profile.n_embd_r // max(1, profile.ssm_conv_kernel - 1)  # d_inner + 2 groups of state
-        rows = max(rows, (K_FFN_GDN if profile.recurrent_kind == "interval" else K_SSM) * conv + K_EMBD * e)
+        if profile.recurrent_kind == "interval":
+            rows = max(rows, K_FFN_GDN * conv + K_EMBD * e)
+        else:
+            x = profile.ssm_d_inner or conv
+            rows = max(rows, K_SSM_X * x + K_SSM_BC * (conv - x) + K_SSM_EMBD * e)
     if profile.has_kv[il] and profile.n_embd_q[il]:
         rows = max(rows, K_ATTN_Q * profile.n_embd_q[il] + K_ATTN_EMBD * e)
     return rows
@@ -216,8 +226,13 @@ def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int,
             ws += int(K_NOFA_OUT * e * t * 4)
         if shape.pipeline and profile.mla:
             out += int(K_MLA_OUT * e * t * 4)
-        if shape.pipeline and profile.recurrent_kind == "all":
-            out += ws  # Mamba: the last card of a pipeline keeps its last layer's scan buffers beside the logits
+        last = min(end, profile.n_layer_main) - 1
+        if shape.pipeline and profile.recurrent_kind != "interval" and last >= first and profile.is_recurrent[last]:
+            # Mamba-2 mixers, RWKV: the last card of a pipeline keeps its last layer's scan buffers beside the logits
+            keep = int(t * 4 * layer_rows(profile, last))
+            if profile.recurrent_kind == "rwkv":  # ... and only those: no staging rows, the split inputs apart
+                return _margin(profile, max(PIPELINE_COPIES * inputs + ws, shape.n_outputs * profile.n_vocab * 4 + keep))
+            out += keep
     if shape.pipeline:
         return _margin(profile, PIPELINE_COPIES * inputs + max(ws, out))
     return _margin(profile, max(inputs + ws, out))

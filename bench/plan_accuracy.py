@@ -66,6 +66,15 @@ def models(tmp: Path) -> list[tuple[str, Path]]:
             n_vocab=32000, header_only=True)),
         ("mamba2 (SSM)", synth.write_mamba2(tmp / "mamba2.gguf", n_layer=12, n_embd=1024, d_inner=2048, d_state=128,
                                            n_group=1, head_dim=64, n_vocab=32000, header_only=True)),
+        ("rwkv7 (RWKV)", synth.write_rwkv7(tmp / "rwkv7.gguf", n_layer=12, n_embd=1024, head_size=64, n_ff=4096,
+                                          n_vocab=32000, header_only=True)),
+        # Mamba-2, MLP and attention layers in Nemotron-H's pattern; 8 groups of B/C state like the real ones
+        ("nemotron_h (Mamba-2 + attention + MLP)", synth.write_nemotron_h(
+            tmp / "nemotron_h.gguf", pattern="M-M*-M-M-M*-", n_embd=1024, n_head=16, n_head_kv=4, head_dim=64,
+            n_ff=4096, d_inner=2048, d_state=128, n_group=8, n_vocab=32000, header_only=True)),
+        ("granitehybrid (Mamba-2 + attention)", synth.write_granitehybrid(
+            tmp / "granitehybrid.gguf", n_layer=12, n_embd=1024, n_head=16, n_head_kv=4, n_ff=2816, d_inner=2048,
+            d_state=128, head_dim=64, n_vocab=32000, header_only=True)),
     ]
     # the seeds' models at their real sizes (header only): Qwen3-Coder-Next, Qwen3.6-35B-A3B, Qwen3-30B-A3B Q4_K_M
     out += [(f"seed {name}", synth.write_seed(name, tmp / f"{name}.gguf")) for name in synth.SEEDS]
