@@ -55,7 +55,7 @@ def test_a_measured_range_replaces_the_formula_and_says_so(tmp_path: Path):
 
 def test_the_output_card_drops_the_logits_rows_llama_fit_params_reserves_beyond_the_slots(tmp_path: Path):
     prof = load_profile(synth.write_llama(tmp_path / "l.gguf", n_layer=8, n_embd=1024, n_head=16, n_head_kv=4,
-                                          n_ff=2816, n_vocab=151936, header_only=True))
+                                          n_ff=2816, n_vocab=65536, header_only=True))
     # llama-fit-params reserves n_ubatch logits rows on the output card, llama-server one per slot
     raw = plan_for_split(prof, _cards(2), PlanOptions(n_ctx=4096, n_outputs=512), [3, 6], ["RPC0", "RPC1"]).cards[1]
     one = plan_for_split(prof, _cards(2), PlanOptions(n_ctx=4096, n_outputs=1), [3, 6], ["RPC0", "RPC1"]).cards[1]
