@@ -105,6 +105,13 @@ def ok(err: int, fit_total: int) -> bool:
     return abs(err) <= max(0.02 * fit_total, 16 * MiB) and err >= -16 * MiB
 
 
+def verdict(r: dict) -> str:
+    """yes / NO for a checked family; an unchecked one plans with its margin: "margin" while never below."""
+    if r["ok"]:
+        return "yes"
+    return "margin" if not r["checked"] and r["err_mib"] >= -16 else "NO"
+
+
 def run(out_path: Path) -> list[dict]:
     bins = find_llama()
     rows = []
@@ -134,7 +141,7 @@ def run(out_path: Path) -> list[dict]:
                                          plan=(cp.weights / MiB, (cp.kv + cp.state) / MiB, cp.compute / MiB),
                                          fit=(f.model_mib, f.context_mib, f.compute_mib),
                                          err_mib=err / MiB, err_pct=100 * err / max(fit_total, 1),
-                                         ok=ok(err, fit_total)))
+                                         ok=ok(err, fit_total), checked=prof.compute_checked))
     lines = ["# Plan accuracy: arcsplit planner vs llama-fit-params -fitp on", "",
              "Per card: weights / KV+state / compute in MiB; error of the total. OK = within max(2 %, 16 MiB) "
              "and never below llama-fit-params by more than 16 MiB (issue 16).", "",
@@ -143,13 +150,19 @@ def run(out_path: Path) -> list[dict]:
     for r in rows:
         p, f = r["plan"], r["fit"]
         lines.append(f"| {r['model']} | {r['config']} | {r['device']} | {r['layers']} | {p[0]:.0f}/{p[1]:.0f}/{p[2]:.0f} | "
-                     f"{f[0]}/{f[1]}/{f[2]} | {r['err_mib']:+.1f} | {r['err_pct']:+.1f} | {'yes' if r['ok'] else 'NO'} |")
-    n_ok = sum(r["ok"] for r in rows)
-    lo = min(rows, key=lambda r: r["err_mib"])
-    hi = max(rows, key=lambda r: r["err_mib"])
-    lines += ["", f"{n_ok}/{len(rows)} cards within target. Most below llama-fit-params: {lo['err_mib']:+.1f} MiB "
-              f"({lo['model']}, {lo['config']}, {lo['device']}); most above: {hi['err_mib']:+.1f} MiB "
-              f"({hi['model']}, {hi['config']}, {hi['device']})."]
+                     f"{f[0]}/{f[1]}/{f[2]} | {r['err_mib']:+.1f} | {r['err_pct']:+.1f} | {verdict(r)} |")
+    checked = [r for r in rows if r["checked"]]
+    n_ok = sum(r["ok"] for r in checked)
+    lo = min(checked, key=lambda r: r["err_mib"])
+    hi = max(checked, key=lambda r: r["err_mib"])
+    margin = [r for r in rows if not r["checked"]]
+    lines += ["", f"{n_ok}/{len(checked)} cards of checked families within target. Most below llama-fit-params: "
+              f"{lo['err_mib']:+.1f} MiB ({lo['model']}, {lo['config']}, {lo['device']}); most above: "
+              f"{hi['err_mib']:+.1f} MiB ({hi['model']}, {hi['config']}, {hi['device']})."]
+    if margin:
+        lines += ["", f"Unchecked families ({', '.join(dict.fromkeys(r['model'] for r in margin))}): planned with the "
+                  f"+50 % compute margin, {sum(r['err_mib'] >= -16 for r in margin)}/{len(margin)} cards not below "
+                  f"llama-fit-params by more than 16 MiB (\"margin\": above it, the safe side, by design)."]
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
