@@ -96,8 +96,10 @@ def v_plan_accuracy(text: str) -> Verdict:
     if not oks:
         return Verdict("info", "no rows found")
     bad = oks.count("NO")
+    margin = sum(1 for r in table_rows(text) if r and r[-1] == "margin")
+    more = f"; {margin} cards of unchecked families above it with their +50 % margin" if margin else ""
     return Verdict("pass" if not bad else "FAIL", f"{len(oks) - bad}/{len(oks)} cards within max(2 %, 16 MiB), "
-                   "none below by more than 16 MiB")
+                   f"none below by more than 16 MiB{more}")
 
 
 def v_fit_context(text: str) -> Verdict:
