@@ -3,6 +3,10 @@ compute buffer, and every later plan with the same model file and options uses i
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -147,3 +151,26 @@ def test_measure_once_then_plan_from_the_cache(llama_bins, tmp_path: Path, monke
     spoiled = preview(req).config.plan
     assert [c.compute_source for c in spoiled.offloaded] == ["formula +50%"] * 2
     assert any("ignored compute cache" in w for w in spoiled.warnings)
+
+
+@pytest.mark.slow
+def test_the_cli_measures_once_and_says_where_each_cards_compute_comes_from(llama_bins, tmp_path: Path):
+    model = _gh(tmp_path)
+    env = {**os.environ, "ARCSPLIT_CACHE_DIR": str(tmp_path / "cache"), "ARCSPLIT_STATE_DIR": str(tmp_path / "state")}
+    base = [sys.executable, "-m", "arcsplit", "plan", str(model), "--backend", "cpu", "--gpus", "0,1", "--mode", "rpc",
+            "--ctx", "4096", "--cpu-memory", "4096", "--llama-dir", str(llama_bins.bin_dir)]
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*base, *extra], env=env, capture_output=True, text=True, timeout=300)
+
+    first = run("--measure")
+    assert first.returncode == 0, first.stderr
+    assert "llama-fit-params dry run(s) now, cached" in first.stderr
+    rows = [ln for ln in first.stdout.splitlines() if re.search(r"  RPC[01]  +\d", ln)]  # the table's card rows
+    assert len(rows) == 2 and all(ln.rstrip().endswith("measured cpu") for ln in rows), first.stdout
+    second = run()  # no --measure: the cache is used as it is, and nothing is run
+    assert second.returncode == 0 and "dry run" not in second.stderr
+    assert second.stdout.count("measured cpu") == 2
+    bad = run("--measure", "--parallel", "2")
+    assert bad.returncode == 2 and "--kv-unified" in bad.stderr and "Traceback" not in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) <= 2
