@@ -21,6 +21,7 @@ from .locate import LlamaBinaries
 
 if TYPE_CHECKING:
     from ..planner import Plan
+    from ..route import Route
 
 
 @dataclass(frozen=True)
@@ -47,19 +48,21 @@ def _free_port() -> int:
 
 
 class RpcServers:
-    """N CPU rpc-servers on 127.0.0.1 for the oracle; a context manager that stops exactly what it started."""
+    """N rpc-servers on 127.0.0.1 for the oracle; a context manager that stops exactly what it started.
 
-    def __init__(self, binaries: LlamaBinaries, n: int = 2) -> None:
-        self.binaries, self.n = binaries, n
+    ``envs``: each one's environment (the cards it may see, Route's visibility); default: this process's."""
+
+    def __init__(self, binaries: LlamaBinaries, n: int = 2, envs: list[dict[str, str]] | None = None) -> None:
+        self.binaries, self.n, self.envs = binaries, n, envs
         self.procs: list[subprocess.Popen[bytes]] = []
         self.endpoints: list[str] = []
 
     def __enter__(self) -> "RpcServers":
-        for _ in range(self.n):
+        for k in range(self.n):
             port = _free_port()
             proc = subprocess.Popen(
                 [str(self.binaries.rpc_server), "-H", "127.0.0.1", "-p", str(port)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.envs[k] if self.envs else None,
                 preexec_fn=lambda: signal.signal(signal.SIGPIPE, signal.SIG_IGN),
             )
             self.procs.append(proc)
@@ -95,13 +98,15 @@ class RpcServers:
 
 
 def fit_print(binaries: LlamaBinaries, model: str | Path, rpc: RpcServers, args: list[str],
-              timeout: float = 120) -> tuple[dict[str, FitRow], float]:
-    """Run ``llama-fit-params -fitp on`` over ``rpc``'s devices with ``args``; returns (rows, seconds)."""
+              timeout: float = 120, env: dict[str, str] | None = None) -> tuple[dict[str, FitRow], float]:
+    """Run ``llama-fit-params -fitp on`` over ``rpc``'s devices (and the ones ``env`` lets it see) with ``args``;
+    returns (rows, seconds)."""
     if binaries.fit_params is None:
         raise LlamaError("this llama.cpp build has no llama-fit-params", "rebuild with the llama-fit-params target")
-    cmd = [str(binaries.fit_params), "-m", str(model), "--rpc", ",".join(rpc.endpoints), "-fitp", "on", *args]
+    cmd = [str(binaries.fit_params), "-m", str(model), *(["--rpc", ",".join(rpc.endpoints)] if rpc.endpoints else []),
+           "-fitp", "on", *args]
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     secs = time.perf_counter() - t0
     rows = parse_fit_print(out.stdout)
     if out.returncode != 0 or not rows:
@@ -110,23 +115,36 @@ def fit_print(binaries: LlamaBinaries, model: str | Path, rpc: RpcServers, args:
     return rows, secs
 
 
-def measure_compute(binaries: LlamaBinaries, plan: "Plan", timeout: float = 300) -> dict[tuple[int, ...], int]:
+def measure_compute(binaries: LlamaBinaries, plan: "Plan", route: "Route | None" = None,
+                    timeout: float = 300) -> dict[tuple[int, ...], int]:
     """llama.cpp's own compute buffer of every offloaded card of ``plan``, from one ``llama-fit-params -fitp on`` dry
-    run at the top of the plan's context class (memory.ctx_class), each card an rpc-server of ``binaries`` on
-    127.0.0.1 (CPU devices standing in for the plan's cards). Keys as in memory.MeasuredCompute.entries.
+    run at the top of the plan's context class (memory.ctx_class). Keys as in memory.MeasuredCompute.entries.
 
+    ``route``: the plan's own Route, its cards present and ``binaries`` of its backend: each card where serve would
+    have it (rpc-servers with their visibility, the dry run with llama-server's). None: every card an rpc-server
+    of ``binaries`` (the CPU build: CPU devices standing in for cards that are absent).
     llama-fit-params prints whole MiB, rounded down: one MiB more keeps each value an upper bound.
     """
+    import os
+
     from ..errors import BadInput
     from ..memory import ctx_class
-    from ..route import HOST_DEVICE
+    from ..route import HOST_DEVICE, Route
+    from .childenv import clean_env
 
     o = plan.options
     if o.n_parallel > 1 and o.kv_unified:
         raise BadInput("llama-fit-params cannot measure a unified KV cache over several slots (it has no "
                        "--kv-unified)", "measure with --no-kv-unified, or plan without --measure")
     cards = [(j, c) for j, c in enumerate(plan.cards) if c.device != HOST_DEVICE]
-    names = [f"RPC{i}" for i in range(len(cards))]
+    if route is None:
+        route = Route.build("rpc", "cpu", list(range(len(cards))))
+        names = [f"RPC{i}" for i in range(len(cards))]
+    else:
+        names = [c.device for _, c in cards]
+    base, _ = clean_env(route.backend, os.environ)
+    rpcs = [p for p in route.processes if p.role == "rpc"]
+    server = next(p for p in route.processes if p.role == "server")
     args = plan.llama_server_args(names)
     drop = {"--kv-unified": 0, "--no-kv-unified": 0, "--fit": 1}
     out: list[str] = []
@@ -138,8 +156,8 @@ def measure_compute(binaries: LlamaBinaries, plan: "Plan", timeout: float = 300)
         out.append(str(ctx_class(plan.n_ctx)) if i and args[i - 1] == "-c" else args[i])
         i += 1
     cls = ctx_class(plan.n_ctx)
-    with RpcServers(binaries, len(cards)) as rpc:
-        rows, _ = fit_print(binaries, plan.model_path, rpc, out, timeout)
+    with RpcServers(binaries, len(rpcs), [{**base, **dict(p.env)} for p in rpcs]) as rpc:
+        rows, _ = fit_print(binaries, plan.model_path, rpc, out, timeout, env={**base, **dict(server.env)})
     got: dict[tuple[int, ...], int] = {}
     for name, (j, c) in zip(names, cards):
         row = rows.get(name)

@@ -174,20 +174,24 @@ def measure_plan(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: boo
     """``plan --measure``: plan, run llama.cpp's own dry run (llama-fit-params) for the cards whose compute is not
     measured yet, cache it, plan again, until every offloaded card is measured. Returns (plan, dry runs).
 
-    The dry run uses the CPU build's rpc-servers on 127.0.0.1 in place of the cards (measured "cpu"; a plan for
-    another backend multiplies it by that backend's factor, memory.backend_compute).
+    On this machine's cards (``live``) the dry run runs on them, with the backend's build and the mode's route, as
+    serve would place each card. For a layout of cards that are absent, the CPU build's rpc-servers on 127.0.0.1
+    stand in (measured "cpu"; a plan for another backend multiplies that by the backend's factor).
     """
     plan, key = _plan_and_key(profile, rig, req, mode, live)
-    cpu = find_llama(req.llama_dir if req.backend == "cpu" else None, backend="cpu",
-                     build=req.build if req.backend == "cpu" else None)
-    if cpu.fit_params is None:
-        raise ArcsplitError(f"the llama.cpp build in {cpu.bin_dir} has no llama-fit-params to measure with",
-                            "build one with `arcsplit llama build --backend cpu`, or plan without --measure")
+    native = req.backend == "cpu" or live
+    binaries = find_llama(req.llama_dir if native else None, backend=req.backend if native else "cpu",
+                          build=req.build if native else None)
+    if binaries.fit_params is None:
+        raise ArcsplitError(f"the llama.cpp build in {binaries.bin_dir} has no llama-fit-params to measure with",
+                            f"build one with `arcsplit llama build --backend {req.backend if native else 'cpu'}`, or "
+                            "plan without --measure")
+    route = Route.build(mode, req.backend, [c.index for c in rig.cards]) if native else None
     runs = 0
     for _ in range(MEASURE_ROUNDS):
         if all(c.compute_source.startswith("measured") for c in plan.offloaded if c.compute):
             break
-        compute_cache.store(key, "cpu", measure_compute(cpu, plan))
+        compute_cache.store(key, req.backend if native else "cpu", measure_compute(binaries, plan, route))
         runs += 1
         plan = plan_for_mode(profile, rig, req, mode, live)
     return plan, runs
