@@ -41,8 +41,8 @@ def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None,
     and output placement come from that mode's Route. ``backend`` "auto" picks what ``serve`` would on this
     machine (the cards and the builds present). ``moe_offload``: routed experts of the first N layers in host RAM;
     None (auto): as few as make the model fit, 0: never. Starts nothing and probes nothing, unless ``measure``:
-    then llama.cpp's own dry run sizes each card's compute buffer (CPU rpc-servers on 127.0.0.1, seconds) and
-    is cached for later plans and serve.
+    then llama.cpp's own dry run sizes each card's compute buffer (on the cards, or CPU rpc-servers on 127.0.0.1
+    standing in for a layout's; seconds) and is cached for later plans and serve.
     """
     req = ServeRequest(model=str(model), gpus=gpus, backend=backend, mode=mode, ctx=ctx, parallel=parallel,
                        ubatch=ubatch, cache_type=cache_type, cpu_memory_mib=cpu_memory_mib, llama_dir=llama_dir,

@@ -31,9 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-kv-unified", dest="kv_unified", action="store_false",
                    help="one KV stream per slot instead of a shared one")
     p.add_argument("--measure", action="store_true",
-                   help="take each card's compute buffer from llama.cpp's own dry run (llama-fit-params over CPU "
-                        "rpc-servers on 127.0.0.1; seconds) and cache it: later plans and serve with the same model "
-                        "and options use it without running anything")
+                   help="take each card's compute buffer from llama.cpp's own dry run (llama-fit-params on the "
+                        "cards as serve places them; for a --layout, CPU rpc-servers on 127.0.0.1 stand in; seconds) "
+                        "and cache it: later plans and serve with the same model and options use it without running "
+                        "anything")
     p.add_argument("--save", metavar="FILE", help="write the rig and this plan as a layout TOML")
     p.add_argument("--json", action="store_true", help="machine-readable output (Plan.to_dict, route, processes)")
     p.set_defaults(func=_plan, extra=[])

@@ -1,6 +1,7 @@
 """llama.cpp's own compute buffers, measured once per model file and plan options and kept as small JSON files.
 
-``arcsplit plan --measure`` fills it (llama/fitparams.measure_compute); every later plan and serve with the same
+``arcsplit plan --measure`` fills it (llama/fitparams.measure_compute: on the cards themselves when they are here,
+else on CPU rpc-servers standing in for them); every later plan and serve with the same
 model file (path, size, mtime, inode of every shard), backend, route and options reads it (memory.MeasuredCompute)
 and plans those cards with llama.cpp's numbers instead of the formulas. A file that does not parse is ignored with
 a warning: the formulas still bound the plan from above.
