@@ -174,3 +174,39 @@ def test_the_cli_measures_once_and_says_where_each_cards_compute_comes_from(llam
     bad = run("--measure", "--parallel", "2")
     assert bad.returncode == 2 and "--kv-unified" in bad.stderr and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) <= 2
+
+
+@pytest.mark.slow
+def test_measuring_makes_room_the_formulas_do_not_see(llama_bins, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The formulas are an upper bound (+50 % here, an unchecked family): where they say the model does not fit,
+    or stop --ctx max early, llama.cpp's own numbers decide."""
+    from arcsplit.errors import DoesNotFit
+
+    monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache"))
+    model = _gh(tmp_path)
+    req = ServeRequest(model=str(model), gpus="0,1", backend="cpu", mode="rpc", ctx=4096, cpu_memory_mib=258,
+                       llama_dir=str(llama_bins.bin_dir))
+    with pytest.raises(DoesNotFit):
+        preview(req)
+    fits = preview(ServeRequest(**{**req.__dict__, "measure": True})).config.plan
+    assert fits.n_ctx == 4096 and [c.compute_source for c in fits.offloaded] == ["measured cpu"] * 2
+    assert all(c.free_after >= 0 for c in fits.cards)
+
+    monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache2"))  # (the split above is measured there now)
+    roomier = ServeRequest(**{**req.__dict__, "ctx": None, "cpu_memory_mib": 265})
+    formula = preview(roomier).config.plan
+    assert formula.n_ctx < 4096 and formula.ctx_limit.startswith("RPC")
+    measured = preview(ServeRequest(**{**roomier.__dict__, "measure": True})).config.plan
+    assert measured.n_ctx == 4096 and measured.ctx_limit.startswith("the model's training context")
+
+    # a longer training context: each round measures the next context class on the same split while a card,
+    # not the training context, stops --ctx max, so the context grows past the class the formulas stopped in
+    long = synth.write_granitehybrid(tmp_path / "gh32.gguf", n_layer=12, n_embd=1024, n_head=16, n_head_kv=4,
+                                     n_ff=2816, d_inner=2048, d_state=128, head_dim=64, n_vocab=32000, ctx=32768,
+                                     header_only=True)
+    grow = ServeRequest(**{**roomier.__dict__, "model": str(long), "cpu_memory_mib": 300})
+    formula = preview(grow).config.plan
+    prepared = preview(grow)
+    measured, runs = measure_plan(prepared.profile, prepared.rig, grow, "rpc")
+    assert runs >= 2 and memory.ctx_class(measured.n_ctx) > memory.ctx_class(formula.n_ctx)
+    assert measured.n_ctx > formula.n_ctx and measured.ctx_limit.startswith("RPC")

@@ -167,7 +167,7 @@ def _plan_and_key(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: bo
     return (replace(plan, warnings=(*plan.warnings, trouble)) if trouble else plan), key
 
 
-MEASURE_ROUNDS = 3  # a measured card can change the split or context; each round measures what the last planned
+MEASURE_ROUNDS = 6  # a measured card can change the split or context; each round measures what the last planned
 
 
 def measure_plan(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: bool = True) -> tuple[Plan, int]:
@@ -177,8 +177,13 @@ def measure_plan(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: boo
     On this machine's cards (``live``) the dry run runs on them, with the backend's build and the mode's route, as
     serve would place each card. For a layout of cards that are absent, the CPU build's rpc-servers on 127.0.0.1
     stand in (measured "cpu"; a plan for another backend multiplies that by the backend's factor).
+    The formulas are an upper bound, so llama.cpp's numbers can only make room: where the formulas do not fit at
+    all, the split they would choose with twice the memory is measured first; with --ctx max, once every card is
+    measured and a card (not the training context) stops the context, the next context class is measured too.
     """
-    plan, key = _plan_and_key(profile, rig, req, mode, live)
+    from ..errors import DoesNotFit
+    from ..memory import ctx_class
+
     native = req.backend == "cpu" or live
     binaries = find_llama(req.llama_dir if native else None, backend=req.backend if native else "cpu",
                           build=req.build if native else None)
@@ -187,11 +192,25 @@ def measure_plan(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: boo
                             f"build one with `arcsplit llama build --backend {req.backend if native else 'cpu'}`, or "
                             "plan without --measure")
     route = Route.build(mode, req.backend, [c.index for c in rig.cards]) if native else None
+    try:
+        plan, key = _plan_and_key(profile, rig, req, mode, live)
+    except DoesNotFit:
+        roomy = Rig(tuple(replace(c, total_bytes=2 * c.total_bytes, free_bytes=2 * c.free_bytes) for c in rig.cards),
+                    rig.name)
+        plan, key = _plan_and_key(profile, roomy, replace(req, ctx=req.ctx or 4096), mode, live)
+    cap = (profile.n_ctx_train or 4096) * req.parallel
+    tried: set[tuple[int, tuple[int, ...]]] = set()
     runs = 0
     for _ in range(MEASURE_ROUNDS):
+        todo = plan
         if all(c.compute_source.startswith("measured") for c in plan.offloaded if c.compute):
-            break
-        compute_cache.store(key, req.backend if native else "cpu", measure_compute(binaries, plan, route))
+            bounded = req.ctx is None and plan.ctx_limit and not plan.ctx_limit.startswith("the model's training")
+            top = ctx_class(plan.n_ctx)
+            todo = replace(plan, n_ctx=ctx_class(top + 1))  # the same split one class up: does it make room?
+            if not bounded or top >= cap or plan.n_ctx + 256 <= top or (todo.n_ctx, plan.tensor_split) in tried:
+                break
+        tried.add((ctx_class(todo.n_ctx), todo.tensor_split))
+        compute_cache.store(key, req.backend if native else "cpu", measure_compute(binaries, todo, route))
         runs += 1
         plan = plan_for_mode(profile, rig, req, mode, live)
     return plan, runs
