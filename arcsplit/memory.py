@@ -305,22 +305,34 @@ def measured_compute(m: MeasuredCompute, profile: ModelProfile, cs: ContextSizes
 
 @dataclass(frozen=True)
 class BackendCompute:
-    """One row of arcsplit/data/compute_backends.toml: the factor on this backend's compute, and its basis."""
+    """One row of arcsplit/data/compute_backends.toml: what this backend's compute buffers need beyond the
+    CPU-calibrated formulas (a factor, then MiB on top), and what that rests on."""
 
     backend: str
     factor: float
-    measured: str  # "" when the factor is a safety margin, not a measurement
+    add_mib: int
+    measured: str  # "" when it is a safety margin, not a measurement
+
+    def apply(self, n: int) -> int:
+        return int(n * self.factor) + self.add_mib * MiB if n else 0
+
+    @property
+    def label(self) -> str:
+        """What the plan prints, e.g. "+25% +40 MiB sycl"; "" where the backend needs nothing beyond the formulas."""
+        parts = [f"{self.factor - 1:+.0%}"] if self.factor != 1.0 else []
+        parts += [f"+{self.add_mib} MiB"] if self.add_mib else []
+        return f"{' '.join(parts)} {self.backend}" if parts else ""
 
 
 @lru_cache(maxsize=None)
 def backend_compute(backend: str) -> BackendCompute:
-    """The compute factor of ``backend``; a backend the table does not list gets the largest factor in it."""
+    """``backend``'s row; a backend the table does not list gets the largest factor and addition in it."""
     import tomllib
     from importlib.resources import files
 
     table = tomllib.loads(files("arcsplit").joinpath("data/compute_backends.toml").read_text(encoding="utf-8"))
     row = table.get(backend)
     if row is None:
-        worst = max(table.values(), key=lambda r: r["factor"])
-        return BackendCompute(backend, float(worst["factor"]), "")
-    return BackendCompute(backend, float(row["factor"]), str(row.get("measured", "")))
+        return BackendCompute(backend, max(float(r["factor"]) for r in table.values()),
+                              max(int(r.get("add_mib", 0)) for r in table.values()), "")
+    return BackendCompute(backend, float(row["factor"]), int(row.get("add_mib", 0)), str(row.get("measured", "")))

@@ -56,7 +56,7 @@ class CardPlan:
     compute: int
     has_output: bool = False
     # where ``compute`` comes from: "measured cpu" (llama.cpp's own dry run, cached), "formula", "formula +50%"
-    # (an architecture the formulas were never checked on), "+25% sycl" (the backend's factor, memory.backend_compute)
+    # (an architecture the formulas were never checked on), then "+40 MiB cuda" (the backend's row, memory.backend_compute)
     compute_source: str = "formula"
 
     @property
@@ -286,25 +286,23 @@ class _Solver:
     def compute(self, costs: _Costs, j: int, a: int, b: int) -> tuple[int, str]:
         """(compute buffer, its source) of card j holding units [a, b): llama.cpp's own measurement where one was
         taken for exactly this range (arcsplit plan --measure), else the formulas, which add their margin on an
-        architecture they were not checked on; times the backend's factor unless measured on that backend."""
+        architecture they were not checked on; then what the backend needs beyond them (data/compute_backends.toml),
+        unless measured on that backend."""
         m = self.memory
         has_out = self.has_output(j, a, b)
-        backend = self.cards[j].backend
-        factor = m.backend_compute(backend).factor
+        backend = m.backend_compute(self.cards[j].backend)
         got = None
         if self.measured is not None:
             got = m.measured_compute(self.measured, self.profile, costs.cs, j, a, b, has_out, self._shape,
                                      self.options.moe_offload or 0)
         if got is not None:
             source = f"measured {self.measured.backend}"
-            if self.measured.backend == backend:
-                factor = 1.0
+            if self.measured.backend == backend.backend:
+                return got, source
         else:
             got = m.compute_bytes(self.profile, costs.cs, a, min(b, self.profile.n_layer), has_out, self._shape)
             source = "formula" if self.profile.compute_checked else f"formula +{m.UNCHECKED_COMPUTE_MARGIN:.0%}"
-        if factor != 1.0:
-            source += f" {factor - 1:+.0%} {backend}"
-        return int(got * factor), source
+        return backend.apply(got), f"{source} {backend.label}".rstrip()
 
     def ratio(self, costs: _Costs, j: int, a: int, b: int) -> float:
         """Card j's bytes for units [a, b) as a share of its budget (inf: cannot hold them at any share)."""

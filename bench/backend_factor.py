@@ -1,10 +1,10 @@
-"""The compute factor of one backend for arcsplit/data/compute_backends.toml, from an accuracy run on that backend.
+"""A backend's row for arcsplit/data/compute_backends.toml, from an accuracy run on that backend.
 
 Reads the per-card JSON that bench/plan_accuracy.py writes in its CUDA mode (bench/results/gpu/compute_cuda.json:
 rows with ``measured_compute_bytes``, llama.cpp's compute buffer on that backend, and ``formula_compute_bytes``, the
-planner's CPU-calibrated figure for the same card) and prints min/median/max of measured / formula. The factor to
-record is the max: the formulas times it stay at or above every card measured (the safe side); it never goes
-above 1.0 from here, a backend that needs more than the formulas keeps its margin until the formulas are fixed.
+planner's CPU-calibrated figure for the same card, before any backend row) and prints min/median/max of
+measured / formula and of measured - formula, then the smallest ``add_mib`` (with factor 1.0) and the smallest
+``factor`` (with add_mib 0) that leave no card more than 16 MiB below llama.cpp (issue 16's tolerance).
 
 Run: python bench/backend_factor.py bench/results/gpu/compute_cuda.json
 """
@@ -12,24 +12,28 @@ Run: python bench/backend_factor.py bench/results/gpu/compute_cuda.json
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
 
-
-def ratios(rows: list[dict]) -> list[float]:
-    return [r["measured_compute_bytes"] / r["formula_compute_bytes"] for r in rows if r.get("formula_compute_bytes")]
+MiB = 1024 * 1024
+TOLERANCE = 16 * MiB
 
 
 def main(path: Path) -> None:
     data = json.loads(path.read_text(encoding="utf-8"))
-    rows = data["rows"] if isinstance(data, dict) else data
-    got = ratios(rows)
-    if not got:
+    rows = [r for r in (data["rows"] if isinstance(data, dict) else data) if r.get("formula_compute_bytes")]
+    if not rows:
         sys.exit(f"{path}: no rows with a formula compute figure")
-    print(f"{len(got)} cards: measured / formula compute min {min(got):.3f} median {statistics.median(got):.3f} "
-          f"max {max(got):.3f}")
-    print(f"factor = {min(1.0, round(max(got) + 0.005, 2)):.2f}  (the max, rounded up; at most 1.0)")
+    ratio = [r["measured_compute_bytes"] / r["formula_compute_bytes"] for r in rows]
+    short = [(r["measured_compute_bytes"] - r["formula_compute_bytes"]) / MiB for r in rows]
+    print(f"{len(rows)} cards: measured / formula min {min(ratio):.3f} median {statistics.median(ratio):.3f} "
+          f"max {max(ratio):.3f}; measured - formula MiB min {min(short):+.1f} median {statistics.median(short):+.1f} "
+          f"max {max(short):+.1f}")
+    add = max(0, math.ceil(max(short) - TOLERANCE / MiB))
+    factor = max(1.0, max((r["measured_compute_bytes"] - TOLERANCE) / r["formula_compute_bytes"] for r in rows))
+    print(f"add_mib = {add}  (factor 1.0)   or   factor = {math.ceil(factor * 100) / 100:.2f}  (add_mib 0)")
 
 
 if __name__ == "__main__":
