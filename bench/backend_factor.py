@@ -2,9 +2,11 @@
 
 Reads the per-card JSON that bench/plan_accuracy.py writes in its CUDA mode (bench/results/gpu/compute_cuda.json:
 rows with ``measured_compute_bytes``, llama.cpp's compute buffer on that backend, and ``formula_compute_bytes``, the
-planner's CPU-calibrated figure for the same card, before any backend row) and prints min/median/max of
-measured / formula and of measured - formula, then the smallest ``add_mib`` (with factor 1.0) and the smallest
-``factor`` (with add_mib 0) that leave no card more than 16 MiB below llama.cpp (issue 16's tolerance).
+planner's figure for the same card) and prints min/median/max of measured / formula and of measured - formula, then
+the smallest ``add_mib`` (with factor 1.0) and the smallest ``factor`` (with add_mib 0) that leave no card more than
+16 MiB below llama.cpp (issue 16's tolerance). The planner's figure includes the backend's row as it was when the
+run was made (none before compute_backends.toml existed, as in the committed compute_cuda.json): a positive
+``add_mib`` printed from a newer run is what that row still lacks.
 
 Run: python bench/backend_factor.py bench/results/gpu/compute_cuda.json
 """
