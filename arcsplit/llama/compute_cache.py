@@ -4,7 +4,8 @@
 else on CPU rpc-servers standing in for them); every later plan and serve with the same
 model file (path, size, mtime, inode of every shard), backend, route and options reads it (memory.MeasuredCompute)
 and plans those cards with llama.cpp's numbers instead of the formulas. A file that does not parse is ignored with
-a warning: the formulas still bound the plan from above.
+a warning: the formulas still bound the plan from above. The llama.cpp build is not part of the key (arcsplit pins
+one tree); after building another tree, `plan --measure` again.
 """
 
 from __future__ import annotations
