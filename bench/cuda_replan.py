@@ -31,8 +31,8 @@ MiB = 1024 * 1024
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu"
 
 
-def main() -> None:
-    data = json.loads((RESULTS / "compute_cuda.json").read_text(encoding="utf-8"))
+def replan(data: dict) -> list[tuple[float, bool, dict]]:
+    """(planned - allocated MiB, within issue 16's target, the row) for every card the CUDA run measured."""
     rows = [r for r in data["rows"] if "error" not in r]
     configs = dict(pa.CUDA_CONFIGS)
     layouts = {name: devs for name, devs, _ in pa.CUDA_LAYOUTS}
@@ -50,6 +50,12 @@ def main() -> None:
             m = r["measured_mib"]
             real = (m["weights"] + m["context"] + m["compute"]) * MiB
             out.append(((cp.total - real) / MiB, pa.ok(cp.total - real, real), r))
+    return out
+
+
+def main() -> None:
+    data = json.loads((RESULTS / "compute_cuda.json").read_text(encoding="utf-8"))
+    out = replan(data)
     errs = [e for e, _, _ in out]
     under = [(e, r) for e, _, r in out if e < -16]
     worst = min(out, key=lambda x: x[0])

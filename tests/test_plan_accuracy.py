@@ -133,3 +133,19 @@ def test_new_writers_load_in_llama_server_within_the_plan(llama_bins, rpc, tmp_p
         assert cp.total >= real - 16 * MiB, (family, cp.device, cp.total / MiB, used[ep])
         if family == "rwkv7":
             assert cp.total - real <= max(0.02 * real, 16 * MiB), (cp.device, cp.total / MiB, used[ep])
+
+
+def test_no_card_of_the_cuda_ground_truth_is_planned_short() -> None:
+    """The H200 run's recorded allocations (bench/results/gpu/compute_cuda.json, llama-fit-params on CUDA), planned
+    again with today's formulas and the cuda row: none more than 16 MiB below what CUDA allocated."""
+    import json
+    import sys
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    sys.path.insert(0, str(bench))
+    from cuda_replan import replan
+
+    got = replan(json.loads((bench / "results" / "gpu" / "compute_cuda.json").read_text(encoding="utf-8")))
+    assert len(got) >= 300
+    short = [(round(e, 1), r["model"], r["layout"], r["config"], r["card"]) for e, _, r in got if e < -16]
+    assert not short, short
