@@ -176,7 +176,7 @@ def measure_plan(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: boo
 
     On this machine's cards (``live``) the dry run runs on them, with the backend's build and the mode's route, as
     serve would place each card. For a layout of cards that are absent, the CPU build's rpc-servers on 127.0.0.1
-    stand in (measured "cpu"; a plan for another backend multiplies that by the backend's factor).
+    stand in (measured "cpu"; a plan for another backend adds that backend's row, memory.backend_compute).
     The formulas are an upper bound, so llama.cpp's numbers can only make room: where the formulas do not fit at
     all, the split they would choose with twice the memory is measured first; with --ctx max, once every card is
     measured and a card (not the training context) stops the context, the next context class is measured too.
