@@ -262,7 +262,7 @@ def ctx_class(n_ctx: int) -> int:
     """The context a measurement is taken at for ``n_ctx``: 4096, then 2^k and 1.5 * 2^k upwards (multiples of 256).
 
     Compute buffers grow with the context (KQ mask, scores without flash attention) and never shrink, so one
-    measured at the top of the class bounds every context in it; half-octave classes keep the excess small.
+    measured at the top of the class bounds every context in it.
     """
     c = 4096
     while c < n_ctx:
@@ -270,12 +270,19 @@ def ctx_class(n_ctx: int) -> int:
     return c
 
 
+def ctx_class_below(top: int) -> int | None:
+    """The class point under ``top`` (None under 4096): a measurement there and one at ``top`` bound the class."""
+    if top <= 4096:
+        return None
+    return top // 3 * 2 if top & (top - 1) else top // 4 * 3
+
+
 @dataclass(frozen=True)
 class MeasuredCompute:
     """Compute buffers llama.cpp reserved in its own dry run (llama-fit-params) for one model, build and set of
     plan options: the planner takes these instead of the formulas for a card whose layer range was measured.
 
-    ``entries``: (context class, expert-offload layers, card position, first unit, end unit) -> bytes as
+    ``entries``: (context it was measured at, expert-offload layers, card position, first unit, end unit) -> bytes as
     llama-fit-params reports them (it reserves ``n_ubatch`` rows of logits on the output card, where llama-server
     reserves one per slot; ``measured_compute`` takes the difference off). ``backend``: what it ran on ("cpu":
     CPU rpc-servers standing in for cards that are absent).
@@ -289,12 +296,20 @@ def measured_compute(m: MeasuredCompute, profile: ModelProfile, cs: ContextSizes
                      has_output: bool, shape: ComputeShape, n_offload: int) -> int | None:
     """Card ``card``'s measured compute for units [first, end) at the context of ``cs`` (None: not measured).
 
+    Measured at the top of the context's class: that value, or, measured at the class point below too, the straight
+    line between the two. A compute buffer is the largest of terms that each grow linearly with the context (a
+    convex function), so the line between two measurements never runs under it.
     On the output card the logits rows llama-fit-params reserved beyond ``shape.n_outputs`` are taken off, as far
     as the formulas say the logits are what sizes that buffer (they are, at 512 rows of a large vocabulary).
     """
-    got = m.entries.get((ctx_class(cs.n_ctx), n_offload, card, first, end))
+    top = ctx_class(cs.n_ctx)
+    got = m.entries.get((top, n_offload, card, first, end))
     if got is None:
         return None
+    low = ctx_class_below(top)
+    below = m.entries.get((low, n_offload, card, first, end)) if low is not None else None
+    if below is not None and low is not None and low < cs.n_ctx < top:
+        got = below + -(-(got - below) * (cs.n_ctx - low) // (top - low))
     if has_output and shape.n_outputs < shape.n_ubatch:
         exact = replace(profile, compute_checked=True)
         layers_end = min(end, profile.n_layer)

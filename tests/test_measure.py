@@ -57,6 +57,19 @@ def test_a_measured_range_replaces_the_formula_and_says_so(tmp_path: Path):
                           measured=measured).cards[0].compute_source == "formula +50%"
 
 
+def test_inside_a_context_class_the_line_between_two_measurements_is_used(tmp_path: Path):
+    """Compute buffers grow linearly with the context in each of their terms; their largest is convex, so the line
+    between the measurements at the class's two ends never runs under it, and is far closer than the top alone."""
+    prof = load_profile(_gh(tmp_path))
+    opts = PlanOptions(n_ctx=5120, n_outputs=1)
+    top_only = memory.MeasuredCompute("cpu", {(6144, 0, 0, 0, 4): 60 * MiB})
+    both = memory.MeasuredCompute("cpu", {**top_only.entries, (4096, 0, 0, 0, 4): 40 * MiB})
+    card = lambda m: plan_for_split(prof, _cards(2), opts, [4, 9], ["RPC0", "RPC1"], measured=m).cards[0]  # noqa: E731
+    assert card(top_only).compute == 60 * MiB
+    assert card(both).compute == 50 * MiB and card(both).compute_source == "measured cpu"
+    assert memory.ctx_class_below(6144) == 4096 and memory.ctx_class_below(4096) is None
+
+
 def test_the_output_card_drops_the_logits_rows_llama_fit_params_reserves_beyond_the_slots(tmp_path: Path):
     prof = load_profile(synth.write_llama(tmp_path / "l.gguf", n_layer=8, n_embd=1024, n_head=16, n_head_kv=4,
                                           n_ff=2816, n_vocab=65536, header_only=True))

@@ -115,10 +115,11 @@ def fit_print(binaries: LlamaBinaries, model: str | Path, rpc: RpcServers, args:
     return rows, secs
 
 
-def measure_compute(binaries: LlamaBinaries, plan: "Plan", route: "Route | None" = None,
+def measure_compute(binaries: LlamaBinaries, plan: "Plan", route: "Route | None" = None, at: int | None = None,
                     timeout: float = 300) -> dict[tuple[int, ...], int]:
     """llama.cpp's own compute buffer of every offloaded card of ``plan``, from one ``llama-fit-params -fitp on`` dry
-    run at the top of the plan's context class (memory.ctx_class). Keys as in memory.MeasuredCompute.entries.
+    run at context ``at`` (default: the top of the plan's context class, memory.ctx_class). Keys as in
+    memory.MeasuredCompute.entries.
 
     ``route``: the plan's own Route, its cards present and ``binaries`` of its backend: each card where serve would
     have it (rpc-servers with their visibility, the dry run with llama-server's). None: every card an rpc-server
@@ -153,9 +154,9 @@ def measure_compute(binaries: LlamaBinaries, plan: "Plan", route: "Route | None"
         if args[i] in drop:
             i += 1 + drop[args[i]]
             continue
-        out.append(str(ctx_class(plan.n_ctx)) if i and args[i - 1] == "-c" else args[i])
+        out.append(str(at or ctx_class(plan.n_ctx)) if i and args[i - 1] == "-c" else args[i])
         i += 1
-    cls = ctx_class(plan.n_ctx)
+    cls = at or ctx_class(plan.n_ctx)
     with RpcServers(binaries, len(rpcs), [{**base, **dict(p.env)} for p in rpcs]) as rpc:
         rows, _ = fit_print(binaries, plan.model_path, rpc, out, timeout, env={**base, **dict(server.env)})
     got: dict[tuple[int, ...], int] = {}

@@ -182,7 +182,7 @@ def measure_plan(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: boo
     measured and a card (not the training context) stops the context, the next context class is measured too.
     """
     from ..errors import DoesNotFit
-    from ..memory import ctx_class
+    from ..memory import ctx_class, ctx_class_below
 
     native = req.backend == "cpu" or live
     binaries = find_llama(req.llama_dir if native else None, backend=req.backend if native else "cpu",
@@ -209,9 +209,13 @@ def measure_plan(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: boo
             todo = replace(plan, n_ctx=ctx_class(top + 1))  # the same split one class up: does it make room?
             if not bounded or top >= cap or plan.n_ctx + 256 <= top or (todo.n_ctx, plan.tensor_split) in tried:
                 break
-        tried.add((ctx_class(todo.n_ctx), todo.tensor_split))
-        compute_cache.store(key, req.backend if native else "cpu", measure_compute(binaries, todo, route))
-        runs += 1
+        top = ctx_class(todo.n_ctx)
+        low = ctx_class_below(top) if todo.n_ctx < top else None  # inside the class: the line between two points
+        for at in (top, low):
+            if at is not None and (at, todo.tensor_split) not in tried:
+                tried.add((at, todo.tensor_split))
+                compute_cache.store(key, req.backend if native else "cpu", measure_compute(binaries, todo, route, at))
+                runs += 1
         plan = plan_for_mode(profile, rig, req, mode, live)
     return plan, runs
 
