@@ -22,6 +22,7 @@ from .._api import MODE_CHOICES, OUTPUT_LAYER_CHOICES, Client, ServeRequest, ins
 from ..errors import ArcsplitError, BadInput
 from ..llama import webui
 from ..rig import MiB
+from . import say
 from .devices import add_card_options
 from .llama import add_llama_dir
 
@@ -60,25 +61,25 @@ def _serve(args: argparse.Namespace) -> int:
 
     prepared = prepare(request_from_args(args))
     for text in prepared.warnings:
-        _say(f"warning: {text}")
+        say(f"warning: {text}")
     for text in prepared.notes:
-        _say(text)
+        say(text)
     if args.tui:
         return _serve_with_dashboard(prepared, args)
     for reason in prepared.decision.reasons:
-        _say(f"mode {prepared.decision.mode}: {reason}")
+        say(f"mode {prepared.decision.mode}: {reason}")
     note = chat_note(prepared.config.plan.model_path, args.extra)
     if note:
-        _say(f"note: {note}")
+        say(f"note: {note}")
     if prepared.config.ui_dir == str(webui.FALLBACK_DIR):
         why = webui.missing_reason(webui.root_of(Path(prepared.config.server_bin).parent))
-        _say(f"note: llama.cpp's web UI is not built ({why}); / shows how to get it")
+        say(f"note: llama.cpp's web UI is not built ({why}); / shows how to get it")
     if prepared.config.mode in ("hybrid", "rpc"):
         from ..llama.patches import missing_note
 
         note = missing_note(Path(prepared.config.server_bin).parent)
         if note:
-            _say(f"note: {note}")
+            say(f"note: {note}")
     return anyio.run(_run, prepared, args)
 
 
@@ -162,7 +163,7 @@ async def _run(prepared: Any, args: argparse.Namespace) -> int:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async def on_signal() -> None:
                 async for sig in signals:
-                    _say(f"{signal.Signals(sig).name}: stopping llama-server, then the rpc-servers")
+                    say(f"{signal.Signals(sig).name}: stopping llama-server, then the rpc-servers")
                     sup.stop()
 
             tg.start_soon(on_signal)
@@ -189,9 +190,9 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
             pct = int(100 * float(ev.data.get("value", 0)))
             if pct >= last_pct + 10 or pct == 100:
                 last_pct = pct
-                _say(f"loading {ev.data.get('stage') or 'model'}: {pct}%")
+                say(f"loading {ev.data.get('stage') or 'model'}: {pct}%{_card_loads(ev.data.get('cards') or [])}")
         elif ev.kind == "state" and ev.data.get("state") == "ready" and ev.name != "server":
-            _say(f"{ev.name} ready on {ev.data.get('endpoint')} (pid {ev.data.get('pid')})")
+            say(f"{ev.name} ready on {ev.data.get('endpoint')} (pid {ev.data.get('pid')})")
         elif ev.kind == "group":
             state = ev.data.get("state")
             if state == "starting":
@@ -201,14 +202,21 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
                 print(f"arcsplit: serving {sup.url} (mode {sup.config.mode}, {len(sup.config.plan.cards)} card(s))"
                       f"{metrics}", flush=True)
                 for line in _buffer_table(ev.data.get("buffers") or {}):
-                    _say(line)
+                    say(line)
                 if demo:
                     _example(sup.url, demo)
             elif state == "backoff":
-                _say(f"group failed ({ev.data.get('error')}); restart {ev.data.get('failures')} in "
+                say(f"group failed ({ev.data.get('error')}); restart {ev.data.get('failures')} in "
                      f"{ev.data.get('delay'):.1f} s")
         elif ev.kind == "verdict":
-            _say(f"recorded: {ev.data.get('failed_mode')} fails here; now {ev.data.get('fallback')}")
+            say(f"recorded: {ev.data.get('failed_mode')} fails here; now {ev.data.get('fallback')}")
+
+
+def _card_loads(cards: list[dict[str, Any]]) -> str:
+    """" (card 0 35/35 MiB, card 1 60/199 MiB, host 0/170 MiB)" from a progress event's per-card bytes."""
+    parts = [f"{'host' if c['card'] is None else 'card ' + str(c['card'])} {c['done'] // MiB}/{c['total'] // MiB} MiB"
+             for c in cards]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _buffer_table(buffers: dict[str, Any]) -> list[str]:
@@ -232,10 +240,6 @@ def _example(url: str, kind: str) -> None:
         request = (f"  curl -s {url}/v1/completions -H 'Content-Type: application/json' \\\n"
                    "    -d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 16, \"temperature\": 0}'")
     print(f"\ntry it (Ctrl-C stops everything):\n{request}\n", flush=True)
-
-
-def _say(text: str) -> None:
-    print(f"arcsplit: {text}", file=sys.stderr, flush=True)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
