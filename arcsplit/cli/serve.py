@@ -152,7 +152,7 @@ def _defaults() -> dict[str, Any]:
 
 
 async def _run(prepared: Any, args: argparse.Namespace) -> int:
-    instance = _instance(prepared, args, _say)
+    instance = _instance(prepared, args, say)
     metrics = getattr(args, "metrics", None)
     sup = instance.supervisor
     events = sup.subscribe(10_000)
