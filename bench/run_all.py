@@ -3,9 +3,9 @@
     python bench/run_all.py [--full] [--assemble-only] [--skip NAME,...]
 
 Each figure the project claims gets a section: the figure, its target, pass/fail read from its results file, and
-that file's path. The long runs (soak, fuzz 100k) are never started here; their results files are included when
-present. A plot of throughput ratios goes to bench/results/throughput.png (matplotlib) or, without matplotlib,
-bench/results/throughput.svg (written directly). Needs ARCSPLIT_LLAMA_DIR or a managed CPU build.
+that file's path. The long runs (soak, fuzz 100k, loadtool) are never started here; their results files are
+included when present. A plot of throughput ratios goes to bench/results/throughput.png (matplotlib) or,
+without matplotlib, bench/results/throughput.svg (written directly). Needs ARCSPLIT_LLAMA_DIR or a managed CPU build.
 """
 
 from __future__ import annotations
@@ -209,7 +209,8 @@ def v_loadtool(text: str) -> Verdict:
     tok = {k: r[3].split(" / ")[1] for k, r in rows.items()}
     return Verdict("pass" if set(failed.values()) == {"0"} else "FAIL",
                    f"Locust: {failed['Locust']} failed, median {tok['Locust']} output tokens/s; bench/loadgen.py: "
-                   f"{failed['bench/loadgen.py']} failed, {tok['bench/loadgen.py']} tokens/s (same server, alternating)")
+                   f"{failed['bench/loadgen.py']} failed, {tok['bench/loadgen.py']} tokens/s "
+                   "(same server, alternating)")
 
 
 @dataclass(frozen=True)
