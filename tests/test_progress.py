@@ -70,6 +70,27 @@ def test_the_dashboard_header_shows_each_cards_load():
     assert "loading 50% (0: 25%, 1: 0%, host: 100%)" in render_header(state)
 
 
+def test_demo_builds_llama_cpp_first_only_when_there_is_none(tmp_path, monkeypatch):
+    """`arcsplit demo` on a machine without a build builds the managed CPU one (with the build's progress); with
+    binaries the user named, a wrong one is an error, not a reason to build others. (The build itself is recorded:
+    a real one takes minutes; test_builds.py and the CMake test above run real builds.)"""
+    from arcsplit.cli import demo, llama as cli_llama
+    from arcsplit.errors import LlamaError
+    from arcsplit.llama.build import BuildConfig
+
+    calls: list[str] = []
+    monkeypatch.setattr(cli_llama, "build_with_progress", lambda config, *a, **k: calls.append(config.key))
+    monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache"))  # no managed build in it
+    monkeypatch.delenv("ARCSPLIT_LLAMA_DIR", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no llama-server on PATH
+    demo._ensure_cpu_build()
+    assert calls == [BuildConfig("cpu").key]
+    monkeypatch.setenv("ARCSPLIT_LLAMA_DIR", str(tmp_path / "nowhere"))
+    with pytest.raises(LlamaError, match="ARCSPLIT_LLAMA_DIR"):
+        demo._ensure_cpu_build()
+    assert calls == [BuildConfig("cpu").key]
+
+
 def _monotone_cards(progresses: list[dict]) -> None:
     """Every card's loaded bytes never go down, never pass its size, and the last report has them all loaded."""
     assert progresses

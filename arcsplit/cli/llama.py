@@ -28,11 +28,7 @@ def _build(args: argparse.Namespace) -> int:
     config = BuildConfig(args.backend, extra, patched=not args.no_patches)
     say_choice(choice)
     source = Path(args.source) if args.source else None
-    show = _progress_printer()
-    bin_dir = build(config, jobs=args.jobs, force=args.force, source=source, progress=show)
-    if sys.stderr.isatty():
-        print(file=sys.stderr)  # end the last progress line
-    ui_missing = None if args.no_ui else build_ui(show, force=args.force, source=source)
+    bin_dir, ui_missing = build_with_progress(config, args.jobs, args.force, source, ui=not args.no_ui)
     if args.json:
         print_json({"backend": args.backend, "bin_dir": str(bin_dir), "key": config.key,
                     "source": f"llama-cpp-python {SDIST_VERSION}",
@@ -45,6 +41,17 @@ def _build(args: argparse.Namespace) -> int:
         elif not args.no_ui:
             print(f"web UI: {ui_dir()}")
     return 0
+
+
+def build_with_progress(config: BuildConfig, jobs: int | None = None, force: bool = False,
+                        source: Path | None = None, ui: bool = True) -> tuple[Path, str | None]:
+    """Build llama.cpp, then its web UI, with progress on stderr (`llama build`; `demo` on a machine without a
+    build). Returns the bin dir and why the UI is missing (None: built or not asked for)."""
+    show = _progress_printer()
+    bin_dir = build(config, jobs=jobs, force=force, source=source, progress=show)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)  # end the last progress line
+    return bin_dir, build_ui(show, force=force, source=source) if ui else None
 
 
 def _progress_printer() -> Callable[[str, int | None], None]:

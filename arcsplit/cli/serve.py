@@ -22,7 +22,7 @@ from .._api import MODE_CHOICES, OUTPUT_LAYER_CHOICES, Client, ServeRequest, ins
 from ..errors import ArcsplitError, BadInput
 from ..llama import webui
 from ..rig import MiB
-from . import say
+from . import say as _say
 from .devices import add_card_options
 from .llama import add_llama_dir
 
@@ -61,25 +61,25 @@ def _serve(args: argparse.Namespace) -> int:
 
     prepared = prepare(request_from_args(args))
     for text in prepared.warnings:
-        say(f"warning: {text}")
+        _say(f"warning: {text}")
     for text in prepared.notes:
-        say(text)
+        _say(text)
     if args.tui:
         return _serve_with_dashboard(prepared, args)
     for reason in prepared.decision.reasons:
-        say(f"mode {prepared.decision.mode}: {reason}")
+        _say(f"mode {prepared.decision.mode}: {reason}")
     note = chat_note(prepared.config.plan.model_path, args.extra)
     if note:
-        say(f"note: {note}")
+        _say(f"note: {note}")
     if prepared.config.ui_dir == str(webui.FALLBACK_DIR):
         why = webui.missing_reason(webui.root_of(Path(prepared.config.server_bin).parent))
-        say(f"note: llama.cpp's web UI is not built ({why}); / shows how to get it")
+        _say(f"note: llama.cpp's web UI is not built ({why}); / shows how to get it")
     if prepared.config.mode in ("hybrid", "rpc"):
         from ..llama.patches import missing_note
 
         note = missing_note(Path(prepared.config.server_bin).parent)
         if note:
-            say(f"note: {note}")
+            _say(f"note: {note}")
     return anyio.run(_run, prepared, args)
 
 
@@ -152,7 +152,7 @@ def _defaults() -> dict[str, Any]:
 
 
 async def _run(prepared: Any, args: argparse.Namespace) -> int:
-    instance = _instance(prepared, args, say)
+    instance = _instance(prepared, args, _say)
     metrics = getattr(args, "metrics", None)
     sup = instance.supervisor
     events = sup.subscribe(10_000)
@@ -163,7 +163,7 @@ async def _run(prepared: Any, args: argparse.Namespace) -> int:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async def on_signal() -> None:
                 async for sig in signals:
-                    say(f"{signal.Signals(sig).name}: stopping llama-server, then the rpc-servers")
+                    _say(f"{signal.Signals(sig).name}: stopping llama-server, then the rpc-servers")
                     sup.stop()
 
             tg.start_soon(on_signal)
@@ -190,9 +190,9 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
             pct = int(100 * float(ev.data.get("value", 0)))
             if pct >= last_pct + 10 or pct == 100:
                 last_pct = pct
-                say(f"loading {ev.data.get('stage') or 'model'}: {pct}%{_card_loads(ev.data.get('cards') or [])}")
+                _say(f"loading {ev.data.get('stage') or 'model'}: {pct}%{_card_loads(ev.data.get('cards') or [])}")
         elif ev.kind == "state" and ev.data.get("state") == "ready" and ev.name != "server":
-            say(f"{ev.name} ready on {ev.data.get('endpoint')} (pid {ev.data.get('pid')})")
+            _say(f"{ev.name} ready on {ev.data.get('endpoint')} (pid {ev.data.get('pid')})")
         elif ev.kind == "group":
             state = ev.data.get("state")
             if state == "starting":
@@ -202,18 +202,18 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
                 print(f"arcsplit: serving {sup.url} (mode {sup.config.mode}, {len(sup.config.plan.cards)} card(s))"
                       f"{metrics}", flush=True)
                 for line in _buffer_table(ev.data.get("buffers") or {}):
-                    say(line)
+                    _say(line)
                 if demo:
                     _example(sup.url, demo)
             elif state == "backoff":
-                say(f"group failed ({ev.data.get('error')}); restart {ev.data.get('failures')} in "
+                _say(f"group failed ({ev.data.get('error')}); restart {ev.data.get('failures')} in "
                      f"{ev.data.get('delay'):.1f} s")
         elif ev.kind == "verdict":
-            say(f"recorded: {ev.data.get('failed_mode')} fails here; now {ev.data.get('fallback')}")
+            _say(f"recorded: {ev.data.get('failed_mode')} fails here; now {ev.data.get('fallback')}")
 
 
 def _card_loads(cards: list[dict[str, Any]]) -> str:
-    """" (card 0 35/35 MiB, card 1 60/199 MiB, host 0/170 MiB)" from a progress event's per-card bytes."""
+    """" (card 0 35/35 MiB, card 1 37/199 MiB, host 170/170 MiB)" from a progress event's per-card bytes."""
     parts = [f"{'host' if c['card'] is None else 'card ' + str(c['card'])} {c['done'] // MiB}/{c['total'] // MiB} MiB"
              for c in cards]
     return f" ({', '.join(parts)})" if parts else ""
