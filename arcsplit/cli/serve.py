@@ -59,7 +59,7 @@ def _serve(args: argparse.Namespace) -> int:
 
         args.metrics = MetricsEndpoint(args.host, args.metrics_port)
 
-    prepared = prepare(request_from_args(args))
+    prepared = prepare(request_from_args(args), progress=_say)
     for text in prepared.warnings:
         _say(f"warning: {text}")
     for text in prepared.notes:
