@@ -20,6 +20,7 @@ import argparse
 import csv
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -77,11 +78,13 @@ def run_locust(exe: Path, url: str, users: int, seconds: int, max_tokens: int, t
     return results, {"whole": rows["chat: whole stream"], "headers": rows["chat: headers"]}
 
 
-def figures(results: list[Result]) -> dict[str, Any]:
+def figures(results: list[Result], client_cpu: float) -> dict[str, Any]:
     """loadgen's summary plus rates over the requests' own span (first start to last end): a tool's start-up and
-    drain (Locust's process, its --stop-timeout) do not count against it."""
+    drain (Locust's process, its --stop-timeout) do not count against it. ``client_cpu``: the tool's own CPU
+    seconds for the round, which on 2 shared cores is taken from the server."""
     s = summarize(results)
     seconds = max(r.end for r in results) - min(r.start for r in results) if results else 1.0
+    s["client_cpu_ms"] = 1000 * client_cpu / max(1, len(results))
     ok = [r for r in results if r.outcome == "ok"]
     ttfts = sorted(r.ttft for r in ok if r.ttft is not None)
     return {**s, "req_s": s["ok"] / seconds, "tok_s": s["tokens"] / seconds,
@@ -115,9 +118,13 @@ def main() -> int:
         for rnd in range(args.rounds):
             gen = LoadGen(served.url, concurrency=args.concurrency, max_requests=10**7, max_seconds=args.seconds,
                           timeout=args.timeout, max_tokens=args.max_tokens)
-            rows["bench/loadgen.py"].append(figures(anyio.run(gen.run)))
+            cpu = time.process_time()  # this process runs loadgen; serve is a child that has not exited
+            res = anyio.run(gen.run)
+            rows["bench/loadgen.py"].append(figures(res, time.process_time() - cpu))
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)  # counts exited children: the Locust run
             res, row = run_locust(exe, served.url, args.concurrency, args.seconds, args.max_tokens, args.timeout, work)
-            rows["Locust"].append(figures(res))
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            rows["Locust"].append(figures(res, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime))
             locust_rows.append(row)
             print(f"round {rnd + 1}: loadgen {rows['bench/loadgen.py'][-1]['tok_s']:.1f} tok/s, "
                   f"locust {rows['Locust'][-1]['tok_s']:.1f} tok/s", flush=True)
@@ -146,14 +153,15 @@ def main() -> int:
         "round's requests, first start to last end.",
         "",
         "| tool | requests ok (failed) per round | requests/s | output tokens/s | latency p50 s | latency p95 s "
-        "| time to first token p50 s |",
-        "|---|---|---|---|---|---|---|",
+        "| time to first token p50 s | client CPU ms per request |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for tool, rs in rows.items():
         failed = sum(r["errors"] + r["timeouts"] for r in rs)
         lines.append(f"| {tool} | {mmm([r['ok'] for r in rs], '{:.0f}')} ({failed}) | {mmm([r['req_s'] for r in rs])} "
                      f"| {mmm([r['tok_s'] for r in rs], '{:.1f}')} | {mmm([r['p50_s'] or 0 for r in rs])} "
-                     f"| {mmm([r['p95_s'] or 0 for r in rs])} | {mmm([r['ttft_p50'] or 0 for r in rs], '{:.3f}')} |")
+                     f"| {mmm([r['p95_s'] or 0 for r in rs])} | {mmm([r['ttft_p50'] or 0 for r in rs], '{:.3f}')} "
+                     f"| {mmm([r['client_cpu_ms'] for r in rs], '{:.0f}')} |")
     lines += [
         "",
         "Locust's own table per round (its CSV, times in ms; its histogram rounds them). \"whole stream\" is the "

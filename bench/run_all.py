@@ -202,7 +202,7 @@ def v_fuzz(text: str) -> Verdict:
 
 def v_loadtool(text: str) -> Verdict:
     """Locust's row against loadgen's: every request answered, and the median output tokens/s of each."""
-    rows = {r[0]: r for r in table_rows(text) if len(r) == 7 and r[0] in ("Locust", "bench/loadgen.py")}
+    rows = {r[0]: r for r in table_rows(text) if len(r) >= 7 and r[0] in ("Locust", "bench/loadgen.py")}
     if set(rows) != {"Locust", "bench/loadgen.py"}:
         return Verdict("missing", "no Locust and loadgen rows in the file")
     failed = {k: r[1].rsplit("(", 1)[-1].rstrip(")") for k, r in rows.items()}
