@@ -164,6 +164,10 @@ def main() -> int:
                      f"| {mmm([r['client_cpu_ms'] for r in rs], '{:.0f}')} |")
     lines += [
         "",
+        "The two tools differ by less than the rounds differ among themselves (2 cores shared with other work); "
+        "one known difference: loadgen opens a new connection per request (`max_keepalive_connections=0`), "
+        "Locust keeps its connections.",
+        "",
         "Locust's own table per round (its CSV, times in ms; its histogram rounds them). \"whole stream\" is the "
         "completion to [DONE], fired by the locustfile; \"headers\" is Locust's own timing of a `stream=True` "
         "call, which ends when llama-server sends the response headers (before the first token), so it is not "
