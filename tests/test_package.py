@@ -62,11 +62,11 @@ def outside_env(home: Path, private: tuple[str, ...]) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def pipx_installed(dist, tmp_path_factory) -> tuple[Path, dict[str, str], Path]:
     """`pipx install <wheel>` with pipx from PyPI (the test extra), its home and bin dir in tmp; the installed
-    arcsplit keeps the user's cache, so it finds the managed llama.cpp build there as a user's would."""
+    arcsplit keeps the user's cache, so it finds the managed llama.cpp build there as a user's would (or the
+    binaries $ARCSPLIT_LLAMA_DIR names, when the suite runs with it)."""
     home = tmp_path_factory.mktemp("pipxuser")
     env = outside_env(home, ("STATE", "RUNTIME"))
     env.update(PIPX_HOME=str(home / "pipx"), PIPX_BIN_DIR=str(home / "bin"), PIPX_MAN_DIR=str(home / "man"))
-    env.pop("ARCSPLIT_LLAMA_DIR", None)
     wheel = next(dist.glob("arcsplit-*.whl"))
     run(sys.executable, "-m", "pipx", "install", "--python", sys.executable, wheel, cwd=home, env=env)
     return home / "bin" / "arcsplit", env, home
@@ -131,9 +131,9 @@ def test_pipx_installed_arcsplit_plans_and_serves_from_the_default_cache(pipx_in
     venv_python = Path(os.path.realpath(arcsplit)).parent / "python"
     where = run(venv_python, "-c", "import arcsplit; print(arcsplit.__file__)", cwd=home, env=env)
     assert where.startswith(str(home / "pipx")), where  # pipx's own venv, not the checkout
-    if not os.environ.get("ARCSPLIT_LLAMA_DIR"):  # the managed build, found by its key in the user's cache
-        which = json.loads(run(arcsplit, "llama", "which", "--backend", "cpu", "--json", cwd=home, env=env))
-        assert which["bin_dir"] == str(llama_bins.bin_dir), which
+    # the managed build, found by its key in the user's cache (or $ARCSPLIT_LLAMA_DIR's, as the suite's)
+    which = json.loads(run(arcsplit, "llama", "which", "--backend", "cpu", "--json", cwd=home, env=env))
+    assert which["bin_dir"] == str(llama_bins.bin_dir), which
     plan = json.loads(run(arcsplit, "plan", demo_model, "--backend", "cpu", "--gpus", "0,1", "--cpu-memory", "1024",
                           "--json", cwd=home, env=env))
     assert len(plan["cards"]) == 2 and all(n > 0 for n in plan["tensor_split"])
