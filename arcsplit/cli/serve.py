@@ -213,7 +213,7 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
 
 
 def _card_loads(cards: list[dict[str, Any]]) -> str:
-    """" (card 0 35/35 MiB, card 1 37/199 MiB, host 170/170 MiB)" from a progress event's per-card bytes."""
+    """The "(card 0 35/35 MiB, card 1 28/56 MiB, host 28/28 MiB)" of a load line, from a progress event."""
     parts = [f"{'host' if c['card'] is None else 'card ' + str(c['card'])} {c['done'] // MiB}/{c['total'] // MiB} MiB"
              for c in cards]
     return f" ({', '.join(parts)})" if parts else ""

@@ -79,7 +79,7 @@ def parse_buffer_line(line: str) -> BufferLine | None:
 
 
 def parse_load_mode(line: str) -> str | None:
-    """"mmap", "none", "dio", ... from llama-server's "loading model tensors" line, else None."""
+    """The load mode ("mmap", "none", "dio", ...) of llama-server's "loading model tensors" line, else None."""
     m = _LOAD_MODE.search(line)
     return m.group("mode") if m else None
 
