@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import os
 import shlex
+import shutil
 import socket
 import statistics
 import subprocess
@@ -218,8 +219,9 @@ def main(argv: list[str] | None = None) -> int:
 
         a.model = str(ensure_chat_model())
     prompts = [int(x) for x in a.prompts.split(",") if x.strip()]
-    plan, rows = run(a.model, prompts, a.tokens, a.reps, a.cpu_memory,
-                     Path(tempfile.mkdtemp(prefix="link_bytes-")) / "llama-server.log")
+    logs = Path(tempfile.mkdtemp(prefix="link_bytes-"))  # kept only when llama-server does not come up
+    plan, rows = run(a.model, prompts, a.tokens, a.reps, a.cpu_memory, logs / "llama-server.log")
+    shutil.rmtree(logs, ignore_errors=True)
     lines = ["# Link bytes: the plan's model against what crosses each rpc-server's socket", "",
              f"- Build: {build_line(None, 'cpu')}",
              f"- Machine: {cpu_model()} ({os.cpu_count()} cores)",
