@@ -18,7 +18,7 @@ from arcsplit.llama.build import CONFIG_FILE, build_rpc_proto
 from arcsplit.llama.mode import choose_mode
 from arcsplit.llama.source import RPC_HEADER, rpc_proto
 from arcsplit.model import load_profile
-from arcsplit.planner import DEFAULT_LINK_GBIT, PlanOptions, make_plan
+from arcsplit.planner import DEFAULT_LINK_GBIT, PlanOptions, make_plan, plan_for_split
 from arcsplit.rig import Card, Host, Rig, dump_layout, load_layout
 from arcsplit.route import Route
 from arcsplit.run.specs import ServeConfig, build_specs, card_of_buffer, n_links
@@ -205,6 +205,17 @@ def test_tied_output_stays_last_with_a_warning_and_its_logits_are_counted(tied) 
     assert link.logits_bytes == tied.n_vocab * 4
     assert link.token_bytes == tied.n_embd * 4 + 2 * 2048 + tied.n_vocab * 4
     assert link.round_trips == 1  # the logits read; the activations going there are queued
+
+
+def test_a_card_with_only_the_output_layer_gets_output_rows_only(tied) -> None:
+    rig = Rig((_card(0), _card(0, "b")), hosts=(B,))
+    plan = plan_for_split(tied, rig, PlanOptions(n_ctx=2048, n_ubatch=256), [tied.n_layer, 1],
+                          devices=["SYCL0", "RPC0"])
+    (link,) = plan.links
+    # the last layer (here) keeps the output rows: in mid-prompt ubatches nothing goes to b at all
+    assert (link.act_crossings, link.out_crossings, link.gets, link.out_gets) == (0, 1, 0, 1)
+    assert link.masks == (0, 0) and link.ubatch_bytes == 0 and link.prefill_tps_full is None
+    assert link.token_bytes == tied.n_embd * 4 + tied.n_vocab * 4
 
 
 def test_explicit_last_keeps_the_output_remote_and_says_so(untied) -> None:
