@@ -244,8 +244,8 @@ def _link_warnings(profile: Any, cards: tuple["CardPlan", ...], links: tuple[Lin
         full, start = lc.prefill_tps_full, lc.prefill_tps_start
         if full is not None and full < PREFILL_DOMINATES_TPS:
             assumed = "given" if lc.gbit_given else "assumed; set bandwidth_gbit in its [[hosts]] entry"
-            out.append(f"prefill over the {lc.link} link to {lc.host} would dominate: at {lc.gbit:g} Gbit/s ({assumed}) "
-                       f"it carries about {full:,.0f} prompt tokens/s over a prompt that fills the {lc.n_ctx:,}-token "
+            out.append(f"prefill over the {lc.link} link to {lc.host} would dominate: at {lc.gbit:g} Gbit/s "
+                       f"({assumed}) it carries about {full:,.0f} prompt tokens/s over a prompt that fills the {lc.n_ctx:,}-token "
                        f"context ({start or 0:,.0f} at its start; the attention masks grow with the context: a "
                        f"smaller --ctx helps)")
     last = cards[-1]

@@ -133,7 +133,8 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
         layers = f"{c.first_layer}-{end - 1}" if end > c.first_layer else "-"
         if c.has_output:
             layers = f"{layers} +out" if end > c.first_layer else "output"
-        rows.append([(f"{c.card.host}/" if c.card.host else "") + c.card.name[:28], c.device, layers, _mib(c.weights), _mib(c.kv), _mib(c.state),
+        name = (f"{c.card.host}/" if c.card.host else "") + c.card.name[:28]  # another host's card: b/<name>
+        rows.append([name, c.device, layers, _mib(c.weights), _mib(c.kv), _mib(c.state),
                      _mib(c.compute), _mib(c.total), _mib(c.card.free_bytes), _mib(c.free_after), c.largest])
     widths = [max(len(cols[i]), *(len(r[i]) for r in rows)) for i in range(len(cols))]
     fmt = lambda r: "  ".join(v.ljust(widths[i]) if i < 3 or i == 10 else v.rjust(widths[i])  # noqa: E731
