@@ -121,8 +121,8 @@ def _ports(ports: Sequence[int] | str | None) -> list[int] | None:
     return ports
 
 
-def _runtime(req: ServeRequest, rig: Rig, binaries: Any, probe: bool | None = None
-             ) -> tuple[Any, dict[str, bool] | None]:
+def _runtime(req: ServeRequest, rig: Rig, binaries: Any, probe: bool | None = None,
+             progress: Callable[[str], None] = lambda line: None) -> tuple[Any, dict[str, bool] | None]:
     """The verdict and what is known to work here. Only a multi-card Intel run in auto mode needs it: the
     versions, then (unless ``probe`` is False) the probe of one multi-device context (run once, cached per
     NEO/kernel/build/cards)."""
@@ -131,7 +131,7 @@ def _runtime(req: ServeRequest, rig: Rig, binaries: Any, probe: bool | None = No
         return None, observed or None
     from ..llama.runtime import check_runtime
 
-    report = check_runtime("sycl", [c.index for c in rig.cards], binaries, probe=probe)
+    report = check_runtime("sycl", [c.index for c in rig.cards], binaries, probe=probe, progress=progress)
     known = {p.mode: p.ok for p in report.probes}
     known.update(observed)  # a load that failed here since the probe outranks it
     return report.verdict, known or None
@@ -183,8 +183,9 @@ def _gpus(req: ServeRequest) -> list[int] | None:
     return parse_gpus(req.gpus) if isinstance(req.gpus, str) or req.gpus is None else parse_gpus(list(req.gpus))
 
 
-def prepare(req: ServeRequest) -> Prepared:
-    """Check everything, pick the backend and the mode, plan: no process is started here."""
+def prepare(req: ServeRequest, progress: Callable[[str], None] = lambda line: None) -> Prepared:
+    """Check everything, pick the backend and the mode, plan: no process is started but the runtime probe (a
+    multi-card Intel rig in auto mode, once per runtime), which ``progress`` hears about."""
     backend, choice = resolve(req.backend, req.llama_dir)
     req = replace(req, backend=backend)
     rpc_ports = _check(req)
@@ -201,7 +202,7 @@ def prepare(req: ServeRequest) -> Prepared:
     profile = load_profile(model)
     rig = discover_rig(req.backend, gpus, binaries if req.backend != "cpu" else None, req.cpu_memory_mib)
     forced = None if req.mode == "auto" else req.mode
-    verdict, known = _runtime(req, rig, binaries)
+    verdict, known = _runtime(req, rig, binaries, progress=progress)
     decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known)
     return _prepared(req, binaries, profile, rig, decision, rpc_ports, choice)
 
