@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .rig import Card
+from .rig import Card, Host
 from .route import HOST_DEVICE  # llama-server's own CPU: layers planned there are simply not offloaded
 
 OUTPUT_TENSORS = r"^output"
@@ -33,7 +33,9 @@ class PlanOptions:
     # The output layer (final norm + output matrix) on the first card instead of the last. In a hybrid group the
     # first card is llama-server's own, so the logits (n_vocab floats a row) are made where they are read and only
     # the final hidden rows (n_embd floats) cross the RPC link. llama.cpp puts it on the last card; ``-ot`` moves it.
-    output_on_first: bool = False
+    # None (auto, when the last card is on another host): the first card unless the model ties its output to the
+    # token embeddings, which -ot cannot move (then the last, with a warning); the plan holds the answer.
+    output_on_first: bool | None = False
     # MoE expert offload: the routed experts of the first ``moe_offload`` layers stay in llama-server's host RAM
     # (``--n-cpu-moe N``); attention, norms, router and shared experts stay on the cards. None: the fewest layers
     # that make the model fit (0 when it fits as it is). ``host_budget``: bytes of host RAM the plan may use there
@@ -55,6 +57,9 @@ class CardPlan:
     state: int
     compute: int
     has_output: bool = False
+    # where ``compute`` comes from: "measured cpu" (llama.cpp's own dry run, cached), "formula", "formula +50%"
+    # (an architecture the formulas were never checked on), then "+40 MiB cuda" (the backend's row, memory.backend_compute)
+    compute_source: str = "formula"
 
     @property
     def n_layers(self) -> int:
@@ -75,6 +80,186 @@ class CardPlan:
         return max(terms, key=terms.__getitem__)
 
 
+# What a link to another host is assumed to carry when its [[hosts]] entry gives no bandwidth_gbit: a gigabit LAN.
+# An ssh forward also encrypts: one stream of OpenSSH's AES-GCM or ChaCha20 moves a few Gbit/s per core, so past
+# that the forward's CPU, not the wire, is the limit (no measurement of it here).
+DEFAULT_LINK_GBIT = 1.0
+# Prefill over a link is called dominant below this many tokens/s: one modern GPU prefills a mid-size model at a
+# few thousand tokens/s, so below it the link, not the cards, sets the prompt speed. An assumption, not measured.
+PREFILL_DOMINATES_TPS = 1000.0
+
+
+MASK_START = 256  # KV cells of the attention mask at an empty context (llama.cpp pads n_kv to 256)
+
+
+@dataclass(frozen=True)
+class LinkCost:
+    """The traffic between this machine and one other host, from the plan's layer order. llama.cpp's RPC relays
+    everything through llama-server: an activation leaving a card there is read back here (a blocking get: one
+    round trip) and sent on to the next card (queued, no wait), also between two cards of that same host. Each
+    card there with attention layers also gets the attention mask of every ubatch (n_kv x 2 bytes per token with
+    flash attention, 4 without; one mask per kind, full and sliding-window), which grows with the context in use:
+    the byte counts below are at a full context, the worst case. Measured against the rpc-servers' own logs in
+    bench/results/link_bytes.md."""
+
+    host: str
+    link: str  # "ssh" | "direct"
+    gbit: float  # bandwidth assumed for the estimates
+    gbit_given: bool  # from the host's bandwidth_gbit (else DEFAULT_LINK_GBIT)
+    rpc_servers: int  # each gets one graph_compute per ubatch (sent, not waited for)
+    act_bytes: int  # one token's activations crossing once: n_embd x 4 bytes
+    act_crossings: int  # how often every token's activations cross this link (both directions)
+    out_crossings: int  # crossings of output rows only (after the last layer picked them): 0 rows in mid-prompt
+    logits_bytes: int  # per output row when the output layer is over there (n_vocab x 4), else 0
+    masks: tuple[int, int]  # that host's cards with full-attention layers, with sliding-window ones (a mask each)
+    mask_elem: int  # bytes per mask cell: 2 with flash attention (f16), else 4
+    kv_cells: int  # KV cells of a full context (per stream)
+    swa_cells: int  # of the sliding-window cache
+    gets: int  # blocking gets per ubatch
+    out_gets: int  # more of them in a ubatch with output rows (a decoded token; a prompt's last ubatch)
+    n_ubatch: int
+    n_ctx: int
+
+    def mask_at(self, cells: int) -> int:
+        """Attention-mask bytes per token for that host's cards when ``cells`` KV cells are in use."""
+        full, swa = self.masks
+        return self.mask_elem * (full * min(cells, self.kv_cells) + swa * min(cells, self.swa_cells))
+
+    @property
+    def mask_bytes(self) -> int:
+        """At a full context."""
+        return self.mask_at(self.kv_cells)
+
+    @property
+    def round_trips(self) -> int:
+        """Blocking exchanges per decoded token."""
+        return self.gets + self.out_gets
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes over the link per decoded token at a full context."""
+        return self.act_bytes * (self.act_crossings + self.out_crossings) + self.mask_bytes + self.logits_bytes
+
+    @property
+    def ubatch_bytes(self) -> int:
+        """Bytes over the link per prefill ubatch at a full context (a prompt's last row of output on top)."""
+        return (self.act_bytes * self.act_crossings + self.mask_bytes) * self.n_ubatch
+
+    def _ms(self, n: float) -> float:
+        return n * 8 / (self.gbit * 1e9) * 1e3
+
+    @property
+    def token_ms(self) -> float:
+        """Transfer time of a decoded token's bytes at the assumed bandwidth (round-trip latency not included)."""
+        return self._ms(self.token_bytes)
+
+    @property
+    def ubatch_ms(self) -> float:
+        return self._ms(self.ubatch_bytes)
+
+    def prefill_tps(self, mask: float) -> float | None:
+        """The most prompt tokens/s this link carries with ``mask`` bytes of mask per token (None: nothing crosses)."""
+        per_token = self.act_bytes * self.act_crossings + mask
+        return self.gbit * 1e9 / 8 / per_token if per_token else None
+
+    @property
+    def prefill_tps_start(self) -> float | None:
+        """At an empty context (llama.cpp pads the cells in use to 256)."""
+        return self.prefill_tps(self.mask_at(MASK_START))
+
+    @property
+    def prefill_tps_full(self) -> float | None:
+        """Averaged over a prompt that fills the context (the mask grows from 256 cells to all of them)."""
+        return self.prefill_tps((self.mask_at(MASK_START) + self.mask_bytes) / 2)
+
+    def to_dict(self) -> dict[str, Any]:
+        start, full = self.prefill_tps_start, self.prefill_tps_full
+        return {"host": self.host, "link": self.link, "gbit": self.gbit, "gbit_given": self.gbit_given,
+                "rpc_servers": self.rpc_servers, "n_ctx": self.n_ctx,
+                "token": {"bytes": self.token_bytes,
+                          "activation_bytes": self.act_bytes * (self.act_crossings + self.out_crossings),
+                          "mask_bytes": self.mask_bytes, "logits_bytes": self.logits_bytes,
+                          "round_trips": self.round_trips, "ms": round(self.token_ms, 3)},
+                "ubatch": {"tokens": self.n_ubatch, "bytes": self.ubatch_bytes, "round_trips": self.gets,
+                           "graph_computes": self.rpc_servers, "ms": round(self.ubatch_ms, 3)},
+                "prefill_tps_max": {"empty_context": round(start) if start else None,
+                                    "full_prompt": round(full) if full else None}}
+
+
+def _masks(profile: Any, card: "CardPlan") -> tuple[int, int]:
+    """The attention masks a card gets each ubatch: (full, sliding-window), 1 when it holds such a layer."""
+    layers = range(card.first_layer, min(card.end_layer, profile.n_layer))
+    full = any(profile.has_kv[il] and not profile.is_swa[il] for il in layers)
+    swa = any(profile.has_kv[il] and profile.is_swa[il] for il in layers)
+    return int(full), int(swa)
+
+
+def link_costs(profile: Any, cards: tuple["CardPlan", ...], hosts: tuple[Host, ...], options: "PlanOptions",
+               cs: Any) -> tuple[LinkCost, ...]:
+    """Per other host, what crosses its link: the layer path starts at llama-server (token embeddings) and visits each
+    card holding layers in order; the last layer keeps only the output rows, which go on to the output layer's card
+    when that is another one (the first, with -ot); llama-server reads the logits there. Each card over there gets
+    its attention masks."""
+    remote = list(dict.fromkeys(c.card.host for c in cards if c.card.host))
+    if not remote:
+        return ()
+    n_layer = profile.n_layer
+    layered = [c for c in cards if min(c.end_layer, n_layer) > c.first_layer]
+    out = next((c for c in cards if c.has_output), cards[-1])
+    crossings = {h: [0, 0] for h in remote}  # every row, output rows only
+    gets = {h: [0, 0] for h in remote}
+    hosts_in_order = [c.card.host for c in layered]
+    hops = [(a, b, 0) for a, b in zip(["", *hosts_in_order], hosts_in_order)]
+    if layered and out is not layered[-1]:
+        hops.append((layered[-1].card.host, out.card.host, 1))
+    for a, b, rows in hops:
+        if a:
+            crossings[a][rows] += 1
+            gets[a][rows] += 1
+        if b:
+            crossings[b][rows] += 1
+    logits_at = out.card.host
+    if logits_at:
+        gets[logits_at][1] += 1
+    elem = 2 if options.flash_attn else 4  # llama-graph.cpp build_attn_inp_kq_mask: f16 with flash attention
+    by_name = {h.name: h for h in hosts}
+    found = []
+    for name in remote:
+        h = by_name.get(name)
+        gbit = h.bandwidth_gbit if h is not None and h.bandwidth_gbit else DEFAULT_LINK_GBIT
+        mine = [_masks(profile, c) for c in cards if c.card.host == name]
+        found.append(LinkCost(host=name, link=h.link if h is not None else "ssh", gbit=float(gbit),
+                              gbit_given=bool(h is not None and h.bandwidth_gbit), rpc_servers=len(mine),
+                              act_bytes=profile.n_embd * 4, act_crossings=crossings[name][0],
+                              out_crossings=crossings[name][1],
+                              logits_bytes=profile.n_vocab * 4 if logits_at == name else 0,
+                              masks=(sum(f for f, _ in mine), sum(w for _, w in mine)), mask_elem=elem,
+                              kv_cells=cs.kv_size, swa_cells=cs.swa_size,
+                              gets=gets[name][0], out_gets=gets[name][1], n_ubatch=options.n_ubatch,
+                              n_ctx=cs.n_ctx))
+    return tuple(found)
+
+
+def _link_warnings(profile: Any, cards: tuple["CardPlan", ...], links: tuple[LinkCost, ...]) -> list[str]:
+    """Prefill the link would dominate, and an output layer left on another host."""
+    out = []
+    for lc in links:
+        full, start = lc.prefill_tps_full, lc.prefill_tps_start
+        if full is not None and full < PREFILL_DOMINATES_TPS:
+            assumed = "given" if lc.gbit_given else "assumed; set bandwidth_gbit in its [[hosts]] entry"
+            out.append(f"prefill over the {lc.link} link to {lc.host} would dominate: at {lc.gbit:g} Gbit/s "
+                       f"({assumed}) it carries about {full:,.0f} prompt tokens/s over a prompt that fills the {lc.n_ctx:,}-token "
+                       f"context ({start or 0:,.0f} at its start; the attention masks grow with the context: a "
+                       f"smaller --ctx helps)")
+    last = cards[-1]
+    if last.has_output and last.card.host and not cards[0].card.host and len(cards) > 1:
+        why = ("the model ties it to the token embeddings, which -ot cannot move" if profile.tied_output
+               else "--output-layer last")
+        out.append(f"the output layer stays on host {last.card.host} ({why}): every decoded token's logits "
+                   f"({profile.n_vocab * 4 / 1024:,.0f} KiB) cross the link")
+    return out
+
+
 @dataclass(frozen=True)
 class Plan:
     """Where every layer lives and what each card must hold; cards are in llama.cpp's device order."""
@@ -90,6 +275,8 @@ class Plan:
     host_expert_bytes: int = 0  # routed-expert weights kept in host RAM (options.moe_offload layers)
     host_read_per_token: int = 0  # of those, what one decoded token reads: n_expert_used / n_expert of each layer
     ctx_limit: str = ""  # with --ctx max: what stopped the context from growing (a card's memory, or training)
+    card_ctx_max: tuple[int, ...] = ()  # with --ctx max: the largest context each card could hold on this split
+    links: tuple[LinkCost, ...] = ()  # one per other host the cards are on (rig.Host), in layer order
 
     @property
     def offloaded(self) -> tuple[CardPlan, ...]:
@@ -153,6 +340,7 @@ class Plan:
                     "index": c.card.index,
                     "name": c.card.name,
                     "pci": c.card.pci,
+                    "host": c.card.host,
                     "layers": [c.first_layer, c.end_layer],
                     "has_output": c.has_output,
                     "free": c.card.free_bytes,
@@ -164,6 +352,7 @@ class Plan:
                         "compute": c.compute,
                         "total": c.total,
                     },
+                    "compute_source": c.compute_source,
                     "free_after": c.free_after,
                     "largest": c.largest,
                 }
@@ -171,6 +360,8 @@ class Plan:
             ],
             "llama_server_args": self.llama_server_args(),
             "ctx_limit": self.ctx_limit,
+            "card_ctx_max": list(self.card_ctx_max),
+            "links": [lc.to_dict() for lc in self.links],
             "warnings": list(self.warnings),
         }
 
@@ -224,10 +415,12 @@ _INF = float("inf")
 
 
 class _Solver:
-    def __init__(self, profile: Any, cards: tuple[Card, ...], names: list[str], options: PlanOptions) -> None:
+    def __init__(self, profile: Any, cards: tuple[Card, ...], names: list[str], options: PlanOptions,
+                 measured: Any = None) -> None:
         from . import memory
 
         self.memory = memory
+        self.measured = measured
         self.profile = profile
         self.cards = cards
         self.names = names
@@ -271,9 +464,30 @@ class _Solver:
             extra += self.profile.host_bytes
         else:
             busy = b > a or has_out
-            comp = self.memory.compute_bytes(self.profile, costs.cs, a, end, has_out, self._shape) if busy else 0
+            comp = self.compute(costs, j, a, b)[0] if busy else 0
         (wa, ka, sa), (wb, kb, sb) = costs.prefix[a], costs.prefix[b]
         return (wb - wa + extra, kb - ka, sb - sa, comp)
+
+    def compute(self, costs: _Costs, j: int, a: int, b: int) -> tuple[int, str]:
+        """(compute buffer, its source) of card j holding units [a, b): llama.cpp's own measurement where one was
+        taken for exactly this range (arcsplit plan --measure), else the formulas, which add their margin on an
+        architecture they were not checked on; then what the backend needs beyond them (data/compute_backends.toml),
+        unless measured on that backend."""
+        m = self.memory
+        has_out = self.has_output(j, a, b)
+        backend = m.backend_compute(self.cards[j].backend)
+        got = None
+        if self.measured is not None:
+            got = m.measured_compute(self.measured, self.profile, costs.cs, j, a, b, has_out, self._shape,
+                                     self.options.moe_offload or 0)
+        if got is not None:
+            source = f"measured {self.measured.backend}"
+            if self.measured.backend == backend.backend:
+                return got, source
+        else:
+            got = m.compute_bytes(self.profile, costs.cs, a, min(b, self.profile.n_layer), has_out, self._shape)
+            source = "formula" if self.profile.compute_checked else f"formula +{m.UNCHECKED_COMPUTE_MARGIN:.0%}"
+        return backend.apply(got), f"{source} {backend.label}".rstrip()
 
     def ratio(self, costs: _Costs, j: int, a: int, b: int) -> float:
         """Card j's bytes for units [a, b) as a share of its budget (inf: cannot hold them at any share)."""
@@ -347,6 +561,12 @@ class _Solver:
         return bounds
 
 
+def _hosts(rig_or_cards: Any) -> tuple[Host, ...]:
+    from .rig import Rig
+
+    return rig_or_cards.hosts if isinstance(rig_or_cards, Rig) else ()
+
+
 def _as_cards(rig_or_cards: Any) -> tuple[Card, ...]:
     from .rig import Rig
 
@@ -367,12 +587,14 @@ def _bad(problem: str, fix: str) -> Exception:
 
 
 def make_plan(profile: Any, rig_or_cards: Any, options: PlanOptions | None = None,
-              devices: list[str] | None = None) -> Plan:
+              devices: list[str] | None = None, measured: Any = None) -> Plan:
     """Place every layer (output layer on the last card) so that each card keeps its margin free.
 
     ``devices`` names the cards as llama-server will see them (RPC0, SYCL1, ...); a card named ``HOST_DEVICE`` is
     llama-server's own CPU and may only come first. With ``options.n_ctx=None`` the largest context that fits
-    (up to the training context) is chosen. Raises DoesNotFit with the shortfall and what would make it fit.
+    (up to the training context) is chosen. ``measured`` (memory.MeasuredCompute): llama.cpp's own compute buffers
+    for these options, used where a card's layer range was measured. Raises DoesNotFit with the shortfall and what
+    would make it fit.
     """
     from . import memory
     from .errors import DoesNotFit
@@ -389,8 +611,8 @@ def make_plan(profile: Any, rig_or_cards: Any, options: PlanOptions | None = Non
     if options.n_ubatch < 1 or options.n_batch < 1:
         raise _bad("batch sizes must be positive", "pass --ubatch N with N > 0")
     memory.check_cache_types(profile, options.cache_type_k, options.cache_type_v, options.flash_attn)
-    options = _moe_offload(profile, cards, names, _output_placement(profile, cards, options))
-    solver = _Solver(profile, cards, names, options)
+    options = _moe_offload(profile, cards, names, _output_placement(profile, cards, options), measured)
+    solver = _Solver(profile, cards, names, options, measured)
     warnings = _model_warnings(profile)
 
     train = profile.n_ctx_train or 0
@@ -432,10 +654,11 @@ def make_plan(profile: Any, rig_or_cards: Any, options: PlanOptions | None = Non
         if train and ctx < min(train, 4096):
             warnings.append(f"only {ctx} tokens of context fit (training context {train})")
         limit = _ctx_limit(profile, solver, options, bounds, ctx, cap)
+        per_card = _card_ctx_max(profile, solver, options, bounds, ctx, cap)
 
-    plan = _assemble(profile, solver, costs, cards, names, bounds, options, warnings)
+    plan = _assemble(profile, solver, costs, cards, names, bounds, options, warnings, _hosts(rig_or_cards))
     if options.n_ctx is None:
-        plan = replace(plan, ctx_limit=limit)
+        plan = replace(plan, ctx_limit=limit, card_ctx_max=per_card)
     if options.host_budget is not None and plan.host_expert_bytes and plan.host_bytes > options.host_budget:
         raise DoesNotFit(f"keeping the experts of {options.moe_offload} layers in host RAM needs {_fmt(plan.host_bytes)} "
                          f"there, but only {_fmt(options.host_budget)} is available",
@@ -457,7 +680,30 @@ def _ctx_limit(profile: Any, solver: "_Solver", options: PlanOptions, bounds: li
             f"(KV/state {_fmt(kv)}, compute {_fmt(comp)} there)")
 
 
-def _moe_offload(profile: Any, cards: tuple[Card, ...], names: list[str], options: PlanOptions) -> PlanOptions:
+def _card_ctx_max(profile: Any, solver: "_Solver", options: PlanOptions, bounds: list[int], ctx: int,
+                  cap: int) -> tuple[int, ...]:
+    """For each card, the largest context (a multiple of 256, at most ``cap``) its layers on this split would fit
+    in its budget: the smallest is the context --ctx max chose; the others say how much room each card has left."""
+    at: dict[int, _Costs] = {}
+
+    def fits(j: int, n: int) -> bool:
+        costs = at.get(n)
+        if costs is None:
+            costs = at[n] = _costs(profile, options, n * 256)
+        return solver.fits(costs, j, bounds[j], bounds[j + 1])
+
+    out = []
+    for j in range(len(solver.cards)):
+        lo, hi = ctx // 256, cap // 256
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(j, mid) else (lo, mid - 1)
+        out.append(lo * 256)
+    return tuple(out)
+
+
+def _moe_offload(profile: Any, cards: tuple[Card, ...], names: list[str], options: PlanOptions,
+                 measured: Any = None) -> PlanOptions:
     """Resolve ``moe_offload=None`` (auto) to the fewest leading layers whose routed experts must leave the cards
     for the model to fit at the asked context (or 4096 tokens with --ctx max); check a given count."""
 
@@ -477,7 +723,7 @@ def _moe_offload(profile: Any, cards: tuple[Card, ...], names: list[str], option
 
     def fits(k: int) -> bool:
         o = replace(options, moe_offload=k)
-        return _Solver(profile, cards, names, o).split(_costs(profile, o, probe)) is not None
+        return _Solver(profile, cards, names, o, measured).split(_costs(profile, o, probe)) is not None
 
     if fits(0):
         return replace(options, moe_offload=0)
@@ -494,16 +740,18 @@ def _moe_offload(profile: Any, cards: tuple[Card, ...], names: list[str], option
 
 
 def _assemble(profile: Any, solver: "_Solver", costs: _Costs, cards: tuple[Card, ...], names: list[str],
-              bounds: list[int], options: PlanOptions, warnings: list[str]) -> Plan:
-    """The Plan for layer boundaries ``bounds``: each card's bytes from the solver, the host's share."""
+              bounds: list[int], options: PlanOptions, warnings: list[str], hosts: tuple[Host, ...] = ()) -> Plan:
+    """The Plan for layer boundaries ``bounds``: each card's bytes from the solver, the host's share, and what
+    crosses the link to each other host."""
     from . import memory
 
     plans = []
     for j, card in enumerate(cards):
         a, b = bounds[j], bounds[j + 1]
         w, k, s, c = solver.card_bytes(costs, j, a, b)
+        source = "formula" if solver.host and j == 0 else solver.compute(costs, j, a, b)[1] if c else ""
         plans.append(CardPlan(card=card, device=names[j], first_layer=a, end_layer=b, weights=w, kv=k, state=s,
-                              compute=c, has_output=solver.has_output(j, a, b)))
+                              compute=c, has_output=solver.has_output(j, a, b), compute_source=source))
     host = profile.host_bytes
     if not solver.host:
         host += memory.host_compute_bytes(profile, costs.cs, solver.shape())
@@ -512,19 +760,24 @@ def _assemble(profile: Any, solver: "_Solver", costs: _Costs, cards: tuple[Card,
     if n_off:
         host += experts + memory.moe_compute_bytes(profile, costs.cs, solver.shape())
     share = profile.n_expert_used / profile.n_expert if profile.n_expert else 0.0
+    links = link_costs(profile, tuple(plans), hosts, options, costs.cs)
     return Plan(model_path=profile.path, arch=profile.arch, n_layer=profile.n_layer, n_ctx=costs.cs.n_ctx,
                 options=options if options.n_ctx == costs.cs.n_ctx else _with_ctx(options, costs.cs.n_ctx),
-                cards=tuple(plans), host_bytes=host, warnings=tuple(warnings), host_expert_bytes=experts,
-                host_read_per_token=int(experts * share))
+                cards=tuple(plans), host_bytes=host,
+                warnings=(*warnings, *_link_warnings(profile, tuple(plans), links)), host_expert_bytes=experts,
+                host_read_per_token=int(experts * share), links=links)
 
 
 def _output_placement(profile: Any, cards: tuple[Card, ...], options: PlanOptions) -> PlanOptions:
-    """``output_on_first`` only where it means something (two cards or more) and where ``-ot`` can do it."""
+    """``output_on_first`` only where it means something (two cards or more) and where ``-ot`` can do it; auto
+    (None) resolved."""
 
-    if not options.output_on_first:
+    if options.output_on_first is False:
         return options
     if len(cards) < 2:
         return replace(options, output_on_first=False)
+    if options.output_on_first is None:
+        return replace(options, output_on_first=not profile.tied_output)
     if profile.tied_output:
         raise _bad(f"{profile.arch} model ties its output to the token embeddings, so its output layer cannot be "
                    "moved to the first card", "use --output-layer last (or auto)")
@@ -576,7 +829,7 @@ def _why(profile: Any, solver: _Solver, options: PlanOptions, ctx: int) -> tuple
 
 
 def plan_for_split(profile: Any, rig_or_cards: Any, options: PlanOptions, tensor_split: list[int],
-                   devices: list[str] | None = None) -> Plan:
+                   devices: list[str] | None = None, measured: Any = None) -> Plan:
     """The bytes per card of a given split (integer layer counts summing to n_layer+1), fitting or not.
 
     Used to check a pinned layout and to compare against llama-fit-params for the same -ts.
@@ -592,13 +845,14 @@ def plan_for_split(profile: Any, rig_or_cards: Any, options: PlanOptions, tensor
         raise _bad(f"tensor split {tensor_split} must give {len(cards)} non-negative counts summing to "
                    f"{profile.n_layer + 1}", "fix the split or let arcsplit plan it")
     memory.check_cache_types(profile, options.cache_type_k, options.cache_type_v, options.flash_attn)
-    options = _moe_offload(profile, cards, names, _output_placement(profile, cards, options))
-    solver = _Solver(profile, cards, names, options)
+    options = _moe_offload(profile, cards, names, _output_placement(profile, cards, options), measured)
+    solver = _Solver(profile, cards, names, options, measured)
     costs = _costs(profile, options, n_ctx)
     bounds = [0]
     for n in tensor_split:
         bounds.append(bounds[-1] + n)
-    return _assemble(profile, solver, costs, cards, names, bounds, options, _model_warnings(profile))
+    return _assemble(profile, solver, costs, cards, names, bounds, options, _model_warnings(profile),
+                     _hosts(rig_or_cards))
 
 
 def _model_warnings(profile: Any) -> list[str]:

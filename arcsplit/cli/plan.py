@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import BadInput
+from ..hosts import node_argv
 from ..memory import CACHE_TYPES
-from ..planner import Plan
+from ..planner import LinkCost, Plan
 from ..rig import Rig, load_layout, save_layout
 from ..route import HOST_DEVICE
 from . import print_json
@@ -29,6 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-type", choices=sorted(CACHE_TYPES), default="f16", help="KV cache type for K and V")
     p.add_argument("--no-kv-unified", dest="kv_unified", action="store_false",
                    help="one KV stream per slot instead of a shared one")
+    p.add_argument("--measure", action="store_true",
+                   help="take each card's compute buffer from llama.cpp's own dry run (llama-fit-params on the "
+                        "cards as serve places them; for a --layout, CPU rpc-servers on 127.0.0.1 stand in; seconds) "
+                        "and cache it: later plans and serve with the same model and options use it without running "
+                        "anything")
     p.add_argument("--save", metavar="FILE", help="write the rig and this plan as a layout TOML")
     p.add_argument("--json", action="store_true", help="machine-readable output (Plan.to_dict, route, processes)")
     p.set_defaults(func=_plan, extra=[])
@@ -41,28 +48,43 @@ def _plan(args: argparse.Namespace) -> int:
     if args.layout and args.gpus:
         raise BadInput("--layout and --gpus both name cards", "pass one of them")
     rig = load_layout(args.layout) if args.layout else None
-    prepared = preview(request_from_args(args), rig)
+    prepared = preview(replace(request_from_args(args), measure=args.measure), rig)
     config, plan, profile = prepared.config, prepared.config.plan, prepared.profile
     if args.save:
         pinned = {"model": str(Path(profile.path).name), "n_ctx": plan.n_ctx, "n_parallel": args.parallel,
                   "cache_type": args.cache_type, "tensor_split": list(plan.tensor_split),
                   "devices": [c.device for c in plan.cards]}
-        save_layout(args.save, Rig(cards=prepared.rig.cards, name=prepared.rig.name), pinned)
+        save_layout(args.save, Rig(cards=prepared.rig.cards, name=prepared.rig.name, hosts=prepared.rig.hosts), pinned)
     specs = planned_specs(prepared)
     for line in (*prepared.warnings, *prepared.notes):  # which backend auto picked, and why; stdout stays the plan
         print(f"arcsplit: {line}", file=sys.stderr, flush=True)
     secret = dict(config.secret_env)
     processes: list[dict[str, Any]] = [{"name": s.name, "role": s.role, "cards": list(s.cards), "argv": list(s.argv),
-                  "env": {k: v for k, v in s.env if k not in secret}, "unset": list(s.env_unset)} for s in specs]
+                  "env": {k: v for k, v in s.env if k not in secret}, "unset": list(s.env_unset), "node": s.node,
+                  "connect": s.dial if s.role == "rpc" else None} for s in specs]
+    used = [h for h in prepared.rig.hosts if any(c.card.host == h.name for c in plan.cards)]
+    hosts: list[dict[str, Any]] = [{"name": h.name, "ssh": h.ssh, "link": h.link, "address": h.address,
+                                     "node_argv": node_argv(h)} for h in used]
     if args.json:
         print_json({**plan.to_dict(), "mode": config.mode, "reasons": list(prepared.decision.reasons),
-                    "route": config.route.to_dict(), "processes": processes})
+                    "route": config.route.to_dict(), "processes": processes, "hosts": hosts})
         return 0
     print(render(plan, profile.n_layer_nextn))
     print(f"\nmode {config.mode}: {'; '.join(prepared.decision.reasons)}")
+    if hosts:
+        print("this machine:")
     for proc in processes:
-        env = " ".join(f"{k}={v}" for k, v in proc["env"].items())
-        print(f"{proc['name']:>7}: {env + ' ' if env else ''}{' '.join(proc['argv'])}")
+        if not proc["node"]:
+            print(_process_line(proc))
+    for h in hosts:
+        print(f"host {h['name']} (ssh {h['ssh']}, link {h['link']}{' to ' + h['address'] if h['address'] else ''}):")
+        print(f"{'node':>9}: {' '.join(h['node_argv'])}")
+        for proc in processes:
+            if proc["node"] == h["name"] and proc["role"] == "rpc":
+                print(_process_line(proc) + "   (started there by the node)")
+        for proc in processes:
+            if proc["node"] == h["name"] and proc["role"] == "link":
+                print(_process_line(proc) + "   (runs here)")
     if not config.rpc_ports and len(processes) > 1:
         print("(rpc ports: free ones now; serve picks its own unless --rpc-ports fixes them)")
     if args.save:
@@ -70,8 +92,38 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _process_line(proc: dict[str, Any]) -> str:
+    env = " ".join(f"{k}={v}" for k, v in proc["env"].items())
+    return f"{proc['name']:>9}: {env + ' ' if env else ''}{' '.join(proc['argv'])}"
+
+
 def _mib(n: int) -> str:
     return f"{n / MiB:,.0f}"
+
+
+def _size(n: int) -> str:
+    return f"{n / MiB:,.1f} MiB" if n >= MiB else f"{n / 1024:,.1f} KiB"
+
+
+def _link_lines(links: tuple[LinkCost, ...]) -> list[str]:
+    """What crosses each link to another host, per decoded token and per prefill ubatch."""
+    lines = ["", f"links, at a full context of {links[0].n_ctx:,} tokens (llama.cpp's RPC relays every hop between "
+                 "cards through llama-server, here):"]
+    for lc in links:
+        parts = [f"activations {_size(lc.act_bytes * (lc.act_crossings + lc.out_crossings))}",
+                 f"attention masks {_size(lc.mask_bytes)}"]
+        parts += [f"logits {_size(lc.logits_bytes)}"] if lc.logits_bytes else []
+        lines.append(f"  {lc.host} ({lc.link}, {lc.gbit:g} Gbit/s {'given' if lc.gbit_given else 'assumed'}, "
+                     f"{lc.rpc_servers} rpc-server(s)):")
+        lines.append(f"    per decoded token: {_size(lc.token_bytes)} ({', '.join(parts)}), {lc.round_trips} round "
+                     f"trip(s), {lc.token_ms:.2f} ms")
+        lines.append(f"    per prefill ubatch of {lc.n_ubatch}: {_size(lc.ubatch_bytes)}, {lc.gets} round trip(s) "
+                     f"+ {lc.rpc_servers} graph_compute(s), {lc.ubatch_ms:.1f} ms")
+        start, full = lc.prefill_tps_start, lc.prefill_tps_full
+        if start and full:
+            lines.append(f"    prefill at most {start:,.0f} tokens/s at an empty context, about {full:,.0f} over a "
+                         "prompt that fills the context")
+    return lines
 
 
 def render(plan: Plan, n_nextn: int = 0) -> str:
@@ -80,20 +132,23 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
     head = (f"{Path(plan.model_path).name}  ({plan.arch}, {plan.n_layer} layers + output)  "
             f"context {plan.n_ctx:,}  slots {o.n_parallel}  KV {o.cache_type_k}/{o.cache_type_v}  "
             f"ubatch {o.n_ubatch}")
-    cols = ["card", "device", "layers", "weights", "KV", "state", "compute", "total", "free", "free after", "largest"]
+    cols = ["card", "device", "layers", "weights", "KV", "state", "compute", "total", "free", "free after", "largest",
+            "compute from"]
     rows = []
     for c in plan.cards:
         end = min(c.end_layer, plan.n_layer)  # the output unit is shown as "+out" on the card that computes it
         layers = f"{c.first_layer}-{end - 1}" if end > c.first_layer else "-"
         if c.has_output:
             layers = f"{layers} +out" if end > c.first_layer else "output"
-        rows.append([c.card.name[:28], c.device, layers, _mib(c.weights), _mib(c.kv), _mib(c.state),
-                     _mib(c.compute), _mib(c.total), _mib(c.card.free_bytes), _mib(c.free_after), c.largest])
+        name = (f"{c.card.host}/" if c.card.host else "") + c.card.name[:28]  # another host's card: b/<name>
+        rows.append([name, c.device, layers, _mib(c.weights), _mib(c.kv), _mib(c.state),
+                     _mib(c.compute), _mib(c.total), _mib(c.card.free_bytes), _mib(c.free_after), c.largest,
+                     c.compute_source or "-"])
     widths = [max(len(cols[i]), *(len(r[i]) for r in rows)) for i in range(len(cols))]
-    fmt = lambda r: "  ".join(v.ljust(widths[i]) if i < 3 or i == 10 else v.rjust(widths[i])  # noqa: E731
+    fmt = lambda r: "  ".join(v.ljust(widths[i]) if i < 3 or i >= 10 else v.rjust(widths[i])  # noqa: E731
                               for i, v in enumerate(r))
     lines = [head, "", fmt(cols).rstrip() + "   (MiB)", fmt(["-" * w for w in widths])]
-    lines += [fmt(r) for r in rows]
+    lines += [fmt(r).rstrip() for r in rows]
     lines.append(f"host (llama-server's CPU): {_mib(plan.host_bytes)} MiB (token embeddings, input buffers)")
     if plan.host_expert_bytes:
         n = plan.options.moe_offload or 0
@@ -101,6 +156,12 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
                      f"a decoded token reads about {_mib(plan.host_read_per_token)} MiB of them from host RAM")
     if plan.ctx_limit:
         lines.append(f"context {plan.n_ctx:,} is bounded by {plan.ctx_limit}")
+    if plan.card_ctx_max:
+        lines.append("context each card could hold on this split (--ctx max takes the smallest):")
+        for c, n in zip(plan.cards, plan.card_ctx_max):
+            lines.append(f"  {c.device:>14}: {n:,} tokens; largest term there: {c.largest}")
+    if plan.links:
+        lines += _link_lines(plan.links)
     lines += ["", "layer map:"]
     for c in plan.cards:
         marks = []
@@ -109,6 +170,7 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
         if c.has_output:
             marks.append("[out]")
         where = "not offloaded" if c.device == HOST_DEVICE else c.device
+        where += f" ({c.card.host})" if c.card.host else ""
         lines.append(f"  {where:>14}: {' '.join(marks) if marks else '(none)'}")
     for w in plan.warnings:
         lines.append(f"warning: {w}")

@@ -16,9 +16,11 @@ from typing import Any, Callable, Sequence
 from .. import backends
 from .._dirs import cache_dir
 from ..errors import ArcsplitError, BadInput
+from ..llama import compute_cache
 from ..llama.childenv import clean_env
 from ..llama.detect import BackendChoice, resolve
 from ..llama.features import binary_features
+from ..llama.fitparams import measure_compute
 from ..llama.devices import discover_rig, host_budget, parse_gpus
 from ..llama.locate import LlamaBinaries, find_llama
 from ..llama.mode import ModeDecision, choose_mode
@@ -30,7 +32,7 @@ from ..rig import Rig
 from . import weightcache
 from .ports import check_free, check_host, free_port
 from ..route import MODES, OUTPUT_LAYER_CHOICES, Route
-from .specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, n_rpc_servers
+from .specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, n_links, n_rpc_servers
 
 MODE_CHOICES = ("auto", *MODES)
 
@@ -63,6 +65,7 @@ class ServeRequest:
     build: str | None = None  # a managed build's key (arcsplit llama which --all)
     extra_args: tuple[str, ...] = field(default=())
     stop_grace: float | None = None  # SIGTERM -> SIGKILL seconds; None: the backend's (backends.py stop_grace_s)
+    measure: bool = False  # run llama.cpp's dry run for each card's compute buffer now and cache it (plan --measure)
 
 
 @dataclass(frozen=True)
@@ -123,8 +126,8 @@ def _ports(ports: Sequence[int] | str | None) -> list[int] | None:
     return ports
 
 
-def _runtime(req: ServeRequest, rig: Rig, binaries: Any, probe: bool | None = None
-             ) -> tuple[Any, dict[str, bool] | None]:
+def _runtime(req: ServeRequest, rig: Rig, binaries: Any, probe: bool | None = None,
+             progress: Callable[[str], None] = lambda line: None) -> tuple[Any, dict[str, bool] | None]:
     """The verdict and what is known to work here. Only a multi-card Intel run in auto mode needs it: the
     versions, then (unless ``probe`` is False) the probe of one multi-device context (run once, cached per
     NEO/kernel/build/cards)."""
@@ -133,7 +136,7 @@ def _runtime(req: ServeRequest, rig: Rig, binaries: Any, probe: bool | None = No
         return None, observed or None
     from ..llama.runtime import check_runtime
 
-    report = check_runtime("sycl", [c.index for c in rig.cards], binaries, probe=probe)
+    report = check_runtime("sycl", [c.index for c in rig.cards], binaries, probe=probe, progress=progress)
     known = {p.mode: p.ok for p in report.probes}
     known.update(observed)  # a load that failed here since the probe outranks it
     return report.verdict, known or None
@@ -146,15 +149,77 @@ def rpc_spin_us(route: Route, cores: int, environ: Any = os.environ) -> int:
 
 def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: bool = True) -> Plan:
     """The plan of ``mode``: device names and the default ubatch from its Route. ``live``: this machine's rig
-    (its host RAM bounds expert offload), not a layout's."""
-    route = Route.build(mode, req.backend, [c.index for c in rig.cards])
+    (its host RAM bounds expert offload), not a layout's. Compute buffers measured before for the same model
+    file, route and options (``plan --measure``, llama/compute_cache.py) replace the formulas where they apply."""
+    return _plan_and_key(profile, rig, req, mode, live)[0]
+
+
+def _plan_and_key(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: bool
+                  ) -> tuple[Plan, compute_cache.CacheKey]:
+    route = Route.build(mode, req.backend, [c.index for c in rig.cards], [c.host for c in rig.cards])
     ubatch = req.ubatch if req.ubatch is not None else route.ubatch
     options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel, n_ubatch=ubatch, n_batch=max(2048, ubatch),
                           kv_unified=req.kv_unified, cache_type_k=req.cache_type, cache_type_v=req.cache_type,
                           output_on_first=route.output_local(req.output_layer),
                           flash_attn=backends.flash_attn_default(req.backend, req.cache_type),
                           moe_offload=req.moe_offload, host_budget=host_budget(rig, req.host_memory_mib, live=live))
-    return make_plan(profile, rig, options, devices=route.devices)
+    key = compute_cache.cache_key(profile, req.backend, mode, route.devices, options)
+    measured, trouble = compute_cache.load(key)
+    plan = make_plan(profile, rig, options, devices=route.devices, measured=measured)
+    return (replace(plan, warnings=(*plan.warnings, trouble)) if trouble else plan), key
+
+
+MEASURE_ROUNDS = 6  # a measured card can change the split or context; each round measures what the last planned
+
+
+def measure_plan(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: bool = True) -> tuple[Plan, int]:
+    """``plan --measure``: plan, run llama.cpp's own dry run (llama-fit-params) for the cards whose compute is not
+    measured yet, cache it, plan again, until every offloaded card is measured. Returns (plan, dry runs).
+
+    On this machine's cards (``live``) the dry run runs on them, with the backend's build and the mode's route, as
+    serve would place each card. For a layout of cards that are absent, the CPU build's rpc-servers on 127.0.0.1
+    stand in (measured "cpu"; a plan for another backend adds that backend's row, memory.backend_compute).
+    The formulas are an upper bound, so llama.cpp's numbers can only make room: where the formulas do not fit at
+    all, the split they would choose with twice the memory is measured first; with --ctx max, once every card is
+    measured and a card (not the training context) stops the context, the next context class is measured too.
+    """
+    from ..errors import DoesNotFit
+    from ..memory import ctx_class, ctx_class_below
+
+    native = req.backend == "cpu" or live
+    binaries = find_llama(req.llama_dir if native else None, backend=req.backend if native else "cpu",
+                          build=req.build if native else None)
+    if binaries.fit_params is None:
+        raise ArcsplitError(f"the llama.cpp build in {binaries.bin_dir} has no llama-fit-params to measure with",
+                            f"build one with `arcsplit llama build --backend {req.backend if native else 'cpu'}`, or "
+                            "plan without --measure")
+    route = Route.build(mode, req.backend, [c.index for c in rig.cards]) if native else None
+    try:
+        plan, key = _plan_and_key(profile, rig, req, mode, live)
+    except DoesNotFit:
+        roomy = Rig(tuple(replace(c, total_bytes=2 * c.total_bytes, free_bytes=2 * c.free_bytes) for c in rig.cards),
+                    rig.name)
+        plan, key = _plan_and_key(profile, roomy, replace(req, ctx=req.ctx or 4096), mode, live)
+    cap = (profile.n_ctx_train or 4096) * req.parallel
+    tried: set[tuple[int, tuple[int, ...]]] = set()
+    runs = 0
+    for _ in range(MEASURE_ROUNDS):
+        todo = plan
+        if all(c.compute_source.startswith("measured") for c in plan.offloaded if c.compute):
+            bounded = req.ctx is None and plan.ctx_limit and not plan.ctx_limit.startswith("the model's training")
+            top = ctx_class(plan.n_ctx)
+            todo = replace(plan, n_ctx=ctx_class(top + 1))  # the same split one class up: does it make room?
+            if not bounded or top >= cap or plan.n_ctx + 256 <= top or (todo.n_ctx, plan.tensor_split) in tried:
+                break
+        top = ctx_class(todo.n_ctx)
+        low = ctx_class_below(top) if todo.n_ctx < top else None  # inside the class: the line between two points
+        for at in (top, low):
+            if at is not None and (at, todo.tensor_split) not in tried:
+                tried.add((at, todo.tensor_split))
+                compute_cache.store(key, req.backend if native else "cpu", measure_compute(binaries, todo, route, at))
+                runs += 1
+        plan = plan_for_mode(profile, rig, req, mode, live)
+    return plan, runs
 
 
 def _check(req: ServeRequest) -> list[int] | None:
@@ -185,8 +250,9 @@ def _gpus(req: ServeRequest) -> list[int] | None:
     return parse_gpus(req.gpus) if isinstance(req.gpus, str) or req.gpus is None else parse_gpus(list(req.gpus))
 
 
-def prepare(req: ServeRequest) -> Prepared:
-    """Check everything, pick the backend and the mode, plan: no process is started here."""
+def prepare(req: ServeRequest, progress: Callable[[str], None] = lambda line: None) -> Prepared:
+    """Check everything, pick the backend and the mode, plan: no process is started but the runtime probe (a
+    multi-card Intel rig in auto mode, once per runtime), which ``progress`` hears about."""
     backend, choice = resolve(req.backend, req.llama_dir)
     req = replace(req, backend=backend)
     rpc_ports = _check(req)
@@ -203,7 +269,7 @@ def prepare(req: ServeRequest) -> Prepared:
     profile = load_profile(model)
     rig = discover_rig(req.backend, gpus, binaries if req.backend != "cpu" else None, req.cpu_memory_mib)
     forced = None if req.mode == "auto" else req.mode
-    verdict, known = _runtime(req, rig, binaries)
+    verdict, known = _runtime(req, rig, binaries, progress=progress)
     decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known)
     return _prepared(req, binaries, profile, rig, decision, rpc_ports, choice, serving=True)
 
@@ -234,7 +300,8 @@ def preview(req: ServeRequest, rig: Rig | None = None) -> Prepared:
         rig = discover_rig(req.backend, _gpus(req), binaries if req.backend != "cpu" else None, req.cpu_memory_mib)
     forced = None if req.mode == "auto" else req.mode
     verdict, known = (None, None) if layout else _runtime(req, rig, binaries, probe=False)
-    decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known)
+    decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known,
+                           n_remote=sum(1 for c in rig.cards if c.host))
     return _prepared(req, binaries, profile, rig, decision, rpc_ports, choice, live=not layout)
 
 
@@ -243,7 +310,13 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
               serving: bool = False) -> Prepared:
     """The plan and the config of the chosen mode; the specs are built once so a missing flag fails here.
     ``serving``: a group starts next, so the rpc-servers' weight cache is pruned and the model indexed now."""
-    plan = plan_for_mode(profile, rig, req, decision.mode, live)
+    notes: list[str] = []
+    if req.measure:
+        plan, runs = measure_plan(profile, rig, req, decision.mode, live)
+        notes.append(f"compute buffers: {runs} llama-fit-params dry run(s) now, cached" if runs else
+                     "compute buffers: measured before, from the cache")
+    else:
+        plan = plan_for_mode(profile, rig, req, decision.mode, live)
     warnings = []
     if req.rpc_host != LOOPBACK:
         warnings.append(f"rpc-servers listen on {req.rpc_host}; the RPC protocol has no authentication, so anyone "
@@ -252,9 +325,11 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     foreign = binaries is not None and binaries.found_by in ("--llama-dir", "ARCSPLIT_LLAMA_DIR", "PATH")
     _, dropped = clean_env(req.backend, os.environ)
     cores = os.cpu_count() or 1
-    route = Route.build(decision.mode, req.backend, [c.card.index for c in plan.cards])
+    route = Route.build(decision.mode, req.backend, [c.card.index for c in plan.cards],
+                        [c.card.host for c in plan.cards])
     rpc_features = binary_features(binaries.rpc_server) if binaries and foreign else None
-    seed = bool(req.rpc_seed and route.rpc and binaries
+    # rpc-servers on this machine (not a layout's other hosts) read the weights from the GGUF here (patch 0006)
+    seed = bool(req.rpc_seed and any(not p.host for p in route.rpc) and binaries
                 and weightcache.can_seed(binaries.rpc_server, rpc_features.flags if rpc_features else None))
     rpc_cache = str(cache_dir() / "rpc-cache") if req.rpc_cache or seed else None
     pruned = None
@@ -270,14 +345,14 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
                          mode_env=tuple(sorted(decision.env.items())), forced_mode=req.mode != "auto",
                          ui_dir=serve_dir(binaries.server.parent) if binaries else None, env_dropped=dropped,
                          server_features=binary_features(binaries.server) if binaries and foreign else None,
-                         rpc_features=rpc_features)
+                         rpc_features=rpc_features, hosts=rig.hosts)
     # The specs as the supervisor will build them (placeholder ports): a flag the route needs and this build lacks
     # is an error now, before any process starts; what it can do without is said.
-    specs = build_specs(config, [0] * n_rpc_servers(config))
+    specs = build_specs(config, [0] * n_rpc_servers(config), [0] * n_links(config))
     off = tuple(dict.fromkeys(o for spec in specs for o in spec.features_off))
-    notes = [choice.reason, *choice.notes] if choice is not None else []
+    notes = ([choice.reason, *choice.notes] if choice is not None else []) + notes
     if serving and config.rpc_seed and config.rpc_cache_dir:  # hash a new model once, outside rpc-server start-up
-        rpc = specs[0]
+        rpc = next(s for s in specs if s.role == "rpc" and not s.node)
         env = {k: v for k, v in os.environ.items() if k not in rpc.env_unset} | rpc.env_dict
         took = weightcache.ensure_index(config.rpc_bin, config.rpc_cache_dir, config.rpc_seed, env)
         if took is not None:
@@ -296,13 +371,13 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
 
 def planned_specs(prepared: Prepared) -> tuple[ProcessSpec, ...]:
     """The processes ``serve`` would start for this request: with the user's --rpc-ports, else ports free now
-    (serve picks its own then)."""
+    (serve picks its own then; another host's are free ports here, for show: its node picks them there)."""
     config = prepared.config
     ports = list(config.rpc_ports or ())
-    while len(ports) < n_rpc_servers(config):
-        port = free_port(config.rpc_host)
+    while len(ports) < n_rpc_servers(config) + n_links(config):
+        port = free_port(config.rpc_host if len(ports) < n_rpc_servers(config) else LOOPBACK)
         ports += [port] if port not in ports else []
-    return build_specs(config, ports)
+    return build_specs(config, ports[:n_rpc_servers(config)], ports[n_rpc_servers(config):])
 
 
 def hybrid_fallback(prepared: Prepared, say: Callable[[str], None] | None = None
