@@ -159,9 +159,11 @@ def load_bench(a: argparse.Namespace) -> int:
 
     def config_of(route: str, weights: str):
         gpus = a.gpus.split(",")[0] if route == "native" else a.gpus
-        argv = ["serve", a.model, "--backend", "cpu", "--gpus", gpus, "--mode", "single" if route == "native" else route,
-                "--ctx", str(a.ctx), "--threads", "1", "--port", str(free_port()), "--cpu-memory", str(a.cpu_memory)]
-        prepared = prepare(request_from_args(build_parser().parse_args(argv + (["--no-rpc-seed"] if weights == "socket" else []))))
+        argv = ["serve", a.model, "--backend", "cpu", "--gpus", gpus, "--mode",
+                "single" if route == "native" else route, "--ctx", str(a.ctx), "--threads", "1",
+                "--port", str(free_port()), "--cpu-memory", str(a.cpu_memory)]
+        argv += ["--no-rpc-seed"] if weights == "socket" else []
+        prepared = prepare(request_from_args(build_parser().parse_args(argv)))
         if weights == "seed" and not prepared.config.rpc_seed:
             raise SystemExit(f"{prepared.config.rpc_bin} cannot seed its cache (a build without patch "
                              f"{weightcache.PATCH}); `arcsplit llama build` makes one")

@@ -26,6 +26,7 @@ from arcsplit.run.prepare import ServeRequest, prepare
 from arcsplit.run.specs import build_specs
 from arcsplit.synth import write_llama
 
+from test_hosts_plan import _config as _hosts_config, untied  # noqa: F401 (a fixture)
 from test_specs import config, flag, specs_for
 
 MiB = 1024 * 1024
@@ -47,6 +48,17 @@ def test_a_seeded_group_serves_weights_from_the_gguf_and_a_restart_does_too():
     argv = list(specs_for(shards)[0].argv)
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--seed-cache"] == ["/m-00001.gguf", "/m-00002.gguf"]
 
+
+
+def test_only_rpc_servers_on_this_machine_seed(untied):  # noqa: F811 (the fixture)
+    """A layout's rpc-server on another host has no GGUF of this machine: it keeps its node's plain -c cache."""
+    config = replace(_hosts_config(untied), rpc_seed=("/models/m.gguf",))
+    specs = build_specs(config, [50052, 50053, 50054], [41000])
+    local = [s for s in specs if s.role == "rpc" and not s.node]
+    remote = [s for s in specs if s.role == "rpc" and s.node]
+    assert local and remote
+    assert all(flag(list(s.argv), "--seed-cache") == "/models/m.gguf" for s in local)
+    assert all("--seed-cache" not in s.argv and "-c" in s.argv for s in remote)
 
 def test_a_build_without_the_patch_does_not_seed(tmp_path):
     bin_dir = tmp_path / "bin"
