@@ -1,10 +1,11 @@
 """The rpc-servers' weight cache on this host: seeded from the GGUF itself (patch 0006), bounded and cleaned.
 
-arcsplit starts every rpc-server on the machine that holds the GGUF, so with a build carrying patch 0006 each
-rpc-server gets ``-c --seed-cache <model>``: it indexes the file's tensors by the FNV-1a hash that llama.cpp's
-``SET_TENSOR_HASH`` carries (once per file, in parallel; the index is a few KB) and answers that command from
-the file, and llama-server gets ``GGML_RPC_FNV_INDEX`` so it takes the hashes from the same index instead of
-reading and hashing the weights. The weights then never cross the socket, and the cache holds no copy of them.
+An rpc-server arcsplit starts on this machine (not a layout's other hosts) sits beside the GGUF, so with a build
+carrying patch 0006 it gets ``-c --seed-cache <model>``: the file's tensors are indexed by the FNV-1a hash that
+llama.cpp's ``SET_TENSOR_HASH`` carries (once per file version, in parallel, by ``rpc-server --seed-only`` before
+the group starts; the index is a few KB) and the rpc-server answers that command from the file, while llama-server
+gets ``GGML_RPC_FNV_INDEX`` so it takes the hashes from the same index instead of reading and hashing the weights.
+The weights then never cross the socket, and the cache holds no copy of them.
 
 What can still grow is llama.cpp's own cache: a full copy of every big tensor an rpc-server received without a
 hit (``--rpc-cache`` on a build without 0006, or a file the index does not cover). :func:`prune` bounds it.
