@@ -47,7 +47,7 @@ def _plan(args: argparse.Namespace) -> int:
         pinned = {"model": str(Path(profile.path).name), "n_ctx": plan.n_ctx, "n_parallel": args.parallel,
                   "cache_type": args.cache_type, "tensor_split": list(plan.tensor_split),
                   "devices": [c.device for c in plan.cards]}
-        save_layout(args.save, Rig(cards=prepared.rig.cards, name=prepared.rig.name), pinned)
+        save_layout(args.save, Rig(cards=prepared.rig.cards, name=prepared.rig.name, hosts=prepared.rig.hosts), pinned)
     specs = planned_specs(prepared)
     for line in (*prepared.warnings, *prepared.notes):  # which backend auto picked, and why; stdout stays the plan
         print(f"arcsplit: {line}", file=sys.stderr, flush=True)
