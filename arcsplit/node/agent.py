@@ -162,7 +162,8 @@ class Agent:
             elif op == "ports":
                 self.emit({"ev": "ports", "ports": self._ports(msg)})
             elif op == "start":
-                spec = msg.get("spec") if isinstance(msg.get("spec"), dict) else {}
+                raw_spec = msg.get("spec")
+                spec: dict[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
                 name = str(spec.get("name", ""))
                 await self._start(tg, spec)
             elif op == "stop":
