@@ -182,14 +182,14 @@ def _link_warnings(profile: Any, cards: tuple["CardPlan", ...], links: tuple[Lin
         if tps is not None and tps < PREFILL_DOMINATES_TPS:
             assumed = "given" if lc.gbit_given else "assumed; set bandwidth_gbit in its [[hosts]] entry"
             out.append(f"prefill over the {lc.link} link to {lc.host} would dominate: at {lc.gbit:g} Gbit/s ({assumed}) "
-                       f"it carries at most {tps:,.0f} prompt tokens/s ({_fmt(lc.ubatch_bytes)} per ubatch of "
-                       f"{lc.n_ubatch}, {lc.ubatch_ms:.1f} ms)")
+                       f"it carries at most {tps:,.0f} prompt tokens/s ({lc.ubatch_bytes / _MiB:,.1f} MiB per ubatch "
+                       f"of {lc.n_ubatch}, {lc.ubatch_ms:.1f} ms)")
     last = cards[-1]
     if last.has_output and last.card.host and not cards[0].card.host and len(cards) > 1:
         why = ("the model ties it to the token embeddings, which -ot cannot move" if profile.tied_output
                else "--output-layer last")
         out.append(f"the output layer stays on host {last.card.host} ({why}): every decoded token's logits "
-                   f"({_fmt(profile.n_vocab * 4)}) cross the link")
+                   f"({profile.n_vocab * 4 / 1024:,.0f} KiB) cross the link")
     return out
 
 
