@@ -18,7 +18,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
-import ipaddress
 import os
 import re
 import shlex
@@ -92,23 +91,44 @@ def _delete_namespace(ns: str) -> None:
 
 
 def sweep_stale() -> list[str]:
-    """Delete namespaces of ours whose creating test process no longer exists (it was SIGKILLed)."""
+    """Delete namespaces of ours whose creating test process no longer exists (it was SIGKILLed), and the
+    safety-net routes no live namespace of ours uses any more."""
     gone = []
-    for ns in namespaces():
-        m = re.fullmatch(rf"{PREFIX}(\d+)-.+", ns)
-        if m and not psutil.pid_exists(int(m.group(1))):
-            _delete_namespace(ns)
-            gone.append(ns)
+    with _lock():
+        for ns in namespaces():
+            m = re.fullmatch(rf"{PREFIX}(\d+)-.+", ns)
+            if m and not psutil.pid_exists(int(m.group(1))):
+                _delete_namespace(ns)
+                gone.append(ns)
+        held = _subnets_with_addresses()
+        for n in _unreachable_routes() - held:
+            ip("route", "del", "unreachable", f"{SUBNET}.{n}.0/30", "metric", "1000", check=False)
     return gone
 
 
-def _subnets_in_use() -> set[int]:
+@contextlib.contextmanager
+def _lock() -> Iterator[None]:
+    with open(LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _subnets_with_addresses() -> set[int]:
     used = set()
     for ns in [None, *namespaces()]:
         args = ["-n", ns] if ns else []
         for m in re.finditer(rf"inet {re.escape(SUBNET)}\.(\d+)\.", ip(*args, "-o", "-4", "addr", check=False).stdout):
             used.add(int(m.group(1)))
     return used
+
+
+def _unreachable_routes() -> set[int]:
+    out = ip("route", "show", "type", "unreachable", check=False).stdout
+    return {int(m.group(1)) for m in re.finditer(rf"{re.escape(SUBNET)}\.(\d+)\.0/30", out)}
+
+
+def _subnets_in_use() -> set[int]:
+    return _subnets_with_addresses() | _unreachable_routes()
 
 
 @dataclass(frozen=True)
@@ -173,8 +193,7 @@ class NetHarness:
         return self
 
     def _add_host(self, name: str) -> None:
-        with open(LOCK, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with _lock():
             n = next(i for i in range(10, 250) if i not in _subnets_in_use())
             tag = f"{os.getpid() % 100000}{name}"[-9:]
             h = RemoteHost(name, f"{PREFIX}{os.getpid()}-{name}", f"arcs{tag}a", f"arcs{tag}b",
@@ -187,6 +206,8 @@ class NetHarness:
             ip("-n", h.ns, "addr", "add", f"{h.addr}/30", "dev", h.peer)
             ip("link", "set", h.veth, "up")
             ip("-n", h.ns, "link", "set", h.peer, "up")
+            # Never out of this machine: were the veth gone, 10.77.N.x must fail here, not follow the default route.
+            ip("route", "add", "unreachable", f"{SUBNET}.{n}.0/30", "metric", "1000")
         h.dir.mkdir(mode=0o700)
         h.state_dir.mkdir(mode=0o700)
         keygen(h.dir / "ssh_host_ed25519_key", f"arcsplit-test-host-{name}")
@@ -251,6 +272,7 @@ class NetHarness:
         for h in self.hosts.values():
             _delete_namespace(h.ns)
             ip("link", "del", h.veth, check=False)  # normally gone with the namespace
+            ip("route", "del", "unreachable", f"{h.addr.rsplit('.', 1)[0]}.0/30", "metric", "1000", check=False)
         if self in _live:
             _live.remove(self)
 
@@ -297,11 +319,10 @@ class NetHarness:
         return rows
 
     def link(self, name: str, up: bool) -> None:
-        """Take the veth link to ``name`` down (both ends) or bring it back."""
+        """Cut the link to ``name`` (its end of the veth goes down: packets vanish silently, as in a partition;
+        this side keeps its route, marked linkdown) or bring it back."""
         h = self.hosts[name]
-        state = "up" if up else "down"
-        ip("link", "set", h.veth, state)
-        ip("-n", h.ns, "link", "set", h.peer, state)
+        ip("-n", h.ns, "link", "set", h.peer, "up" if up else "down")
 
     def layout(self, path: Path, cards: list[tuple[str, int]], *, link: str = "ssh", name: str = "test rig",
                arcsplit: dict[str, Path] | None = None) -> Path:
@@ -394,16 +415,3 @@ def _install_handlers() -> None:
 
         with contextlib.suppress(ValueError):  # not the main thread
             signal.signal(sig, handler)
-
-
-@contextlib.contextmanager
-def harness(root: Path, hosts: tuple[str, ...] = ("b",), llama_dir: Path | None = None) -> Iterator[NetHarness]:
-    with NetHarness(root, hosts, llama_dir) as net:
-        yield net
-
-
-def unused_address() -> str:
-    """An address of our subnet that no namespace holds (for the unreachable-host case)."""
-    used = _subnets_in_use()
-    n = next(i for i in range(250, 10, -1) if i not in used)
-    return str(ipaddress.ip_address(f"{SUBNET}.{n}.2"))

@@ -6,6 +6,7 @@ StrictHostKeyChecking refuses a host key that does not match; nothing of the bed
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
 import struct
 import subprocess
@@ -14,10 +15,11 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _netns import NetHarness, namespaces, ns_pids, unavailable  # noqa: E402
+from _netns import NetHarness, namespaces, ns_pids, sweep_stale, unavailable  # noqa: E402
 
 from arcsplit.llama.locate import LlamaBinaries  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
@@ -149,7 +151,41 @@ def test_close_leaves_no_namespace_veth_or_process(tmp_path: Path, llama_bins: L
     for h in harness.hosts.values():
         assert h.ns not in namespaces()
         assert h.veth not in links and h.peer not in links
-    import psutil
-
     for pid in [sleeper, *sshd]:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+CHILD = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from _netns import NetHarness
+net = NetHarness(Path({root!r}), ("b",)).start()
+print(net.host("b").ns, net.host("b").veth, net.sshd["b"].pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
+def test_a_killed_test_session_leaves_nothing_behind(tmp_path: Path, sig: signal.Signals) -> None:
+    """SIGTERM/SIGINT: the session's own handlers clean up; SIGKILL: the next harness start sweeps it."""
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    code = CHILD.format(tests=str(Path(__file__).parent), root=str(tmp_path / "net"))
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        ns, veth, sshd = child.stdout.readline().split()
+        assert ns in namespaces()
+        child.send_signal(sig)
+        child.wait(30)
+    finally:
+        child.kill()
+        child.wait(10)
+    if sig == signal.SIGKILL:
+        assert ns in namespaces()  # nothing could run in the killed process ...
+        assert ns in sweep_stale()  # ... the next session's start removes it
+    assert ns not in namespaces()
+    assert veth not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert not psutil.pid_exists(int(sshd)) or psutil.Process(int(sshd)).status() == psutil.STATUS_ZOMBIE
