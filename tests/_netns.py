@@ -305,6 +305,21 @@ class NetHarness:
         execs into sshd, so its pid is the Popen's)."""
         return [p for p in ns_pids(self.hosts[name].ns) if p != self.sshd[name].pid]
 
+    def processes(self, name: str = "b", exe: str | None = None) -> list[psutil.Process]:
+        """Live processes in the host's namespace (sshd's listener left out); ``exe``: only that binary's."""
+        out = []
+        for pid in self.pids(name):
+            try:
+                p = psutil.Process(pid)
+                if p.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                cmd = p.cmdline()
+            except psutil.Error:
+                continue
+            if exe is None or (cmd and Path(cmd[0]).name == exe):
+                out.append(p)
+        return out
+
     def listening(self, name: str = "b") -> list[tuple[str, int, str]]:
         """TCP listeners inside the host's namespace: (address, port, process name)."""
         out = subprocess.run(self.ns_argv(name, ["ss", "-H", "-ltnp"]), capture_output=True, text=True,
