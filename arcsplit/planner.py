@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .rig import Card
+from .rig import Card, Host
 from .route import HOST_DEVICE  # llama-server's own CPU: layers planned there are simply not offloaded
 
 OUTPUT_TENSORS = r"^output"
@@ -33,7 +33,9 @@ class PlanOptions:
     # The output layer (final norm + output matrix) on the first card instead of the last. In a hybrid group the
     # first card is llama-server's own, so the logits (n_vocab floats a row) are made where they are read and only
     # the final hidden rows (n_embd floats) cross the RPC link. llama.cpp puts it on the last card; ``-ot`` moves it.
-    output_on_first: bool = False
+    # None (auto, when the last card is on another host): the first card unless the model ties its output to the
+    # token embeddings, which -ot cannot move (then the last, with a warning); the plan holds the answer.
+    output_on_first: bool | None = False
     # MoE expert offload: the routed experts of the first ``moe_offload`` layers stay in llama-server's host RAM
     # (``--n-cpu-moe N``); attention, norms, router and shared experts stay on the cards. None: the fewest layers
     # that make the model fit (0 when it fits as it is). ``host_budget``: bytes of host RAM the plan may use there
@@ -75,6 +77,122 @@ class CardPlan:
         return max(terms, key=terms.__getitem__)
 
 
+# What a link to another host is assumed to carry when its [[hosts]] entry gives no bandwidth_gbit: a gigabit LAN.
+# An ssh forward also encrypts: one stream of OpenSSH's AES-GCM or ChaCha20 moves a few Gbit/s per core, so past
+# that the forward's CPU, not the wire, is the limit (no measurement of it here).
+DEFAULT_LINK_GBIT = 1.0
+# Prefill over a link is called dominant below this many tokens/s: one modern GPU prefills a mid-size model at a
+# few thousand tokens/s, so below it the link, not the cards, sets the prompt speed. An assumption, not measured.
+PREFILL_DOMINATES_TPS = 1000.0
+
+
+@dataclass(frozen=True)
+class LinkCost:
+    """The traffic between this machine and one other host, from the plan's layer order. llama.cpp's RPC relays
+    everything through llama-server: an activation leaving a card there is read back here (a blocking get: one
+    round trip) and sent on to the next card (queued, no wait), also between two cards of that same host."""
+
+    host: str
+    link: str  # "ssh" | "direct"
+    gbit: float  # bandwidth assumed for the estimates
+    gbit_given: bool  # from the host's bandwidth_gbit (else DEFAULT_LINK_GBIT)
+    rpc_servers: int  # each gets one graph_compute per ubatch (sent, not waited for)
+    act_bytes: int  # one token's activations crossing once: n_embd x 4 bytes
+    act_crossings: int  # how often a token's activations cross this link (both directions)
+    logits_bytes: int  # per decoded token when the output layer is over there (n_vocab x 4), else 0
+    round_trips: int  # blocking gets per ubatch (a decoded token is one ubatch)
+    n_ubatch: int
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes over the link per decoded token."""
+        return self.act_bytes * self.act_crossings + self.logits_bytes
+
+    @property
+    def ubatch_bytes(self) -> int:
+        """Bytes over the link per prefill ubatch (activations; a prompt's last row of logits comes on top)."""
+        return self.act_bytes * self.act_crossings * self.n_ubatch
+
+    @property
+    def token_ms(self) -> float:
+        """Transfer time of a decoded token's bytes at the assumed bandwidth (round-trip latency not included)."""
+        return self.token_bytes * 8 / (self.gbit * 1e9) * 1e3
+
+    @property
+    def ubatch_ms(self) -> float:
+        return self.ubatch_bytes * 8 / (self.gbit * 1e9) * 1e3
+
+    @property
+    def prefill_tps(self) -> float | None:
+        """The most prompt tokens/s this link can carry (None: no activations cross it)."""
+        per_token = self.act_bytes * self.act_crossings
+        return self.gbit * 1e9 / 8 / per_token if per_token else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "link": self.link, "gbit": self.gbit, "gbit_given": self.gbit_given,
+                "rpc_servers": self.rpc_servers, "token": {"bytes": self.token_bytes, "round_trips": self.round_trips,
+                                                            "ms": round(self.token_ms, 3)},
+                "ubatch": {"tokens": self.n_ubatch, "bytes": self.ubatch_bytes, "round_trips": self.round_trips,
+                           "graph_computes": self.rpc_servers, "ms": round(self.ubatch_ms, 3)},
+                "logits_bytes": self.logits_bytes,
+                "prefill_tps_max": round(self.prefill_tps) if self.prefill_tps else None}
+
+
+def link_costs(profile: Any, cards: tuple["CardPlan", ...], hosts: tuple[Host, ...], n_ubatch: int
+               ) -> tuple[LinkCost, ...]:
+    """Per other host, what crosses its link: the layer path starts at llama-server (token embeddings), visits each
+    card in order (the output layer on the first card comes back at the end), and llama-server reads the logits."""
+    remote = list(dict.fromkeys(c.card.host for c in cards if c.card.host))
+    if not remote:
+        return ()
+    stops = [""] + [c.card.host for c in cards if c.n_layers > 0]
+    out = next((c for c in cards if c.has_output), cards[-1])
+    if out is cards[0] and len(cards) > 1:
+        stops.append(out.card.host)  # -ot: the final rows come back to the first card
+    crossings = dict.fromkeys(remote, 0)
+    gets = dict.fromkeys(remote, 0)
+    for a, b in zip(stops, stops[1:]):
+        if a:
+            crossings[a] += 1
+            gets[a] += 1
+        if b:
+            crossings[b] += 1
+    logits_at = stops[-1]
+    if logits_at:
+        gets[logits_at] += 1
+    by_name = {h.name: h for h in hosts}
+    found = []
+    for name in remote:
+        h = by_name.get(name)
+        gbit = h.bandwidth_gbit if h is not None and h.bandwidth_gbit else DEFAULT_LINK_GBIT
+        found.append(LinkCost(host=name, link=h.link if h is not None else "ssh", gbit=float(gbit),
+                              gbit_given=bool(h is not None and h.bandwidth_gbit),
+                              rpc_servers=sum(1 for c in cards if c.card.host == name), act_bytes=profile.n_embd * 4,
+                              act_crossings=crossings[name],
+                              logits_bytes=profile.n_vocab * 4 if logits_at == name else 0,
+                              round_trips=gets[name], n_ubatch=n_ubatch))
+    return tuple(found)
+
+
+def _link_warnings(profile: Any, cards: tuple["CardPlan", ...], links: tuple[LinkCost, ...]) -> list[str]:
+    """Prefill the link would dominate, and an output layer left on another host."""
+    out = []
+    for lc in links:
+        tps = lc.prefill_tps
+        if tps is not None and tps < PREFILL_DOMINATES_TPS:
+            assumed = "given" if lc.gbit_given else "assumed; set bandwidth_gbit in its [[hosts]] entry"
+            out.append(f"prefill over the {lc.link} link to {lc.host} would dominate: at {lc.gbit:g} Gbit/s ({assumed}) "
+                       f"it carries at most {tps:,.0f} prompt tokens/s ({lc.ubatch_bytes / _MiB:,.1f} MiB per ubatch "
+                       f"of {lc.n_ubatch}, {lc.ubatch_ms:.1f} ms)")
+    last = cards[-1]
+    if last.has_output and last.card.host and not cards[0].card.host and len(cards) > 1:
+        why = ("the model ties it to the token embeddings, which -ot cannot move" if profile.tied_output
+               else "--output-layer last")
+        out.append(f"the output layer stays on host {last.card.host} ({why}): every decoded token's logits "
+                   f"({profile.n_vocab * 4 / 1024:,.0f} KiB) cross the link")
+    return out
+
+
 @dataclass(frozen=True)
 class Plan:
     """Where every layer lives and what each card must hold; cards are in llama.cpp's device order."""
@@ -90,6 +208,7 @@ class Plan:
     host_expert_bytes: int = 0  # routed-expert weights kept in host RAM (options.moe_offload layers)
     host_read_per_token: int = 0  # of those, what one decoded token reads: n_expert_used / n_expert of each layer
     ctx_limit: str = ""  # with --ctx max: what stopped the context from growing (a card's memory, or training)
+    links: tuple[LinkCost, ...] = ()  # one per other host the cards are on (rig.Host), in layer order
 
     @property
     def offloaded(self) -> tuple[CardPlan, ...]:
@@ -153,6 +272,7 @@ class Plan:
                     "index": c.card.index,
                     "name": c.card.name,
                     "pci": c.card.pci,
+                    "host": c.card.host,
                     "layers": [c.first_layer, c.end_layer],
                     "has_output": c.has_output,
                     "free": c.card.free_bytes,
@@ -171,6 +291,7 @@ class Plan:
             ],
             "llama_server_args": self.llama_server_args(),
             "ctx_limit": self.ctx_limit,
+            "links": [lc.to_dict() for lc in self.links],
             "warnings": list(self.warnings),
         }
 
@@ -347,6 +468,12 @@ class _Solver:
         return bounds
 
 
+def _hosts(rig_or_cards: Any) -> tuple[Host, ...]:
+    from .rig import Rig
+
+    return rig_or_cards.hosts if isinstance(rig_or_cards, Rig) else ()
+
+
 def _as_cards(rig_or_cards: Any) -> tuple[Card, ...]:
     from .rig import Rig
 
@@ -433,7 +560,7 @@ def make_plan(profile: Any, rig_or_cards: Any, options: PlanOptions | None = Non
             warnings.append(f"only {ctx} tokens of context fit (training context {train})")
         limit = _ctx_limit(profile, solver, options, bounds, ctx, cap)
 
-    plan = _assemble(profile, solver, costs, cards, names, bounds, options, warnings)
+    plan = _assemble(profile, solver, costs, cards, names, bounds, options, warnings, _hosts(rig_or_cards))
     if options.n_ctx is None:
         plan = replace(plan, ctx_limit=limit)
     if options.host_budget is not None and plan.host_expert_bytes and plan.host_bytes > options.host_budget:
@@ -494,8 +621,9 @@ def _moe_offload(profile: Any, cards: tuple[Card, ...], names: list[str], option
 
 
 def _assemble(profile: Any, solver: "_Solver", costs: _Costs, cards: tuple[Card, ...], names: list[str],
-              bounds: list[int], options: PlanOptions, warnings: list[str]) -> Plan:
-    """The Plan for layer boundaries ``bounds``: each card's bytes from the solver, the host's share."""
+              bounds: list[int], options: PlanOptions, warnings: list[str], hosts: tuple[Host, ...] = ()) -> Plan:
+    """The Plan for layer boundaries ``bounds``: each card's bytes from the solver, the host's share, and what
+    crosses the link to each other host."""
     from . import memory
 
     plans = []
@@ -512,19 +640,24 @@ def _assemble(profile: Any, solver: "_Solver", costs: _Costs, cards: tuple[Card,
     if n_off:
         host += experts + memory.moe_compute_bytes(profile, costs.cs, solver.shape())
     share = profile.n_expert_used / profile.n_expert if profile.n_expert else 0.0
+    links = link_costs(profile, tuple(plans), hosts, options.n_ubatch)
     return Plan(model_path=profile.path, arch=profile.arch, n_layer=profile.n_layer, n_ctx=costs.cs.n_ctx,
                 options=options if options.n_ctx == costs.cs.n_ctx else _with_ctx(options, costs.cs.n_ctx),
-                cards=tuple(plans), host_bytes=host, warnings=tuple(warnings), host_expert_bytes=experts,
-                host_read_per_token=int(experts * share))
+                cards=tuple(plans), host_bytes=host,
+                warnings=(*warnings, *_link_warnings(profile, tuple(plans), links)), host_expert_bytes=experts,
+                host_read_per_token=int(experts * share), links=links)
 
 
 def _output_placement(profile: Any, cards: tuple[Card, ...], options: PlanOptions) -> PlanOptions:
-    """``output_on_first`` only where it means something (two cards or more) and where ``-ot`` can do it."""
+    """``output_on_first`` only where it means something (two cards or more) and where ``-ot`` can do it; auto
+    (None) resolved."""
 
-    if not options.output_on_first:
+    if options.output_on_first is False:
         return options
     if len(cards) < 2:
         return replace(options, output_on_first=False)
+    if options.output_on_first is None:
+        return replace(options, output_on_first=not profile.tied_output)
     if profile.tied_output:
         raise _bad(f"{profile.arch} model ties its output to the token embeddings, so its output layer cannot be "
                    "moved to the first card", "use --output-layer last (or auto)")
@@ -598,7 +731,8 @@ def plan_for_split(profile: Any, rig_or_cards: Any, options: PlanOptions, tensor
     bounds = [0]
     for n in tensor_split:
         bounds.append(bounds[-1] + n)
-    return _assemble(profile, solver, costs, cards, names, bounds, options, _model_warnings(profile))
+    return _assemble(profile, solver, costs, cards, names, bounds, options, _model_warnings(profile),
+                     _hosts(rig_or_cards))
 
 
 def _model_warnings(profile: Any) -> list[str]:

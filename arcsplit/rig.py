@@ -11,10 +11,23 @@ A layout (``layouts/*.toml``) describes a rig you may not have::
     margin_mib = 1024         # optional, kept free by the planner
 
 An optional ``[plan]`` table pins a plan (``n_ctx``, ``tensor_split``, ...); it is kept as a dict.
+
+Cards may live on other machines (docs/multihost.md): a ``[[hosts]]`` table names each one and how it is reached,
+and a card's ``host = "b"`` puts it there (default: the main host, the machine running ``arcsplit serve``)::
+
+    [[hosts]]
+    name = "b"
+    ssh = "user@b"            # the ssh destination (a Host alias of ssh_config works too)
+    link = "ssh"              # or "direct" with address = "10.0.0.2": rpc-servers bind that address instead
+
+The planner's layer order is the rig's card order, so each host's cards are kept together: the main host's
+first, then each host's in [[hosts]] order.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +58,7 @@ class Card:
     margin_bytes: int = -1
     pci: str | None = None
     driver: str | None = None
+    host: str = ""  # the layout host that has this card; "" is the main host
 
     def __post_init__(self) -> None:
         backends.get(self.backend)  # an unknown name is a one-line error
@@ -66,17 +80,96 @@ class Card:
         return max(0, self.free_bytes - self.margin_bytes)
 
 
+LINKS = ("ssh", "direct")
+_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,31}")
+
+
+@dataclass(frozen=True)
+class Host:
+    """Another machine that holds cards: reached over OpenSSH, where ``arcsplit node --stdio`` runs its
+    rpc-servers. ``link``: how llama-server reaches them - "ssh" through an ``ssh -L`` forward (they bind
+    127.0.0.1 there), "direct" straight to ``address`` (a LAN/VPN address of that host; faster, and anyone who
+    can reach that address can drive the rpc-servers, since the RPC protocol has no authentication)."""
+
+    name: str
+    ssh: str
+    link: str = "ssh"
+    address: str | None = None
+    ssh_config: str | None = None  # ssh -F FILE
+    arcsplit: str = "arcsplit"  # the command that runs arcsplit there
+    bandwidth_gbit: float | None = None  # the link's bandwidth for the plan's cost estimate; None: the link's default
+
+    def __post_init__(self) -> None:
+        where = f"host {self.name!r}"
+        if not isinstance(self.name, str) or not _HOST_NAME.fullmatch(self.name) or self.name == "local":
+            raise BadInput(f"host name {self.name!r} is not usable",
+                           "name it with letters, digits, '.', '_' or '-' (up to 32, not 'local')")
+        if not isinstance(self.ssh, str) or not self.ssh or self.ssh.startswith("-") or any(c.isspace() for c in self.ssh):
+            raise BadInput(f"{where}: ssh = {self.ssh!r} is not an ssh destination",
+                           'write ssh = "user@machine" (or a Host alias of your ssh_config)')
+        if self.link not in LINKS:
+            raise BadInput(f"{where}: link = {self.link!r} is unknown", f"use one of {', '.join(LINKS)}")
+        if self.link == "direct":
+            if not self.address:
+                raise BadInput(f"{where}: link = \"direct\" needs an address",
+                               "add address = \"<that host's LAN or VPN address>\", or use link = \"ssh\"")
+            try:
+                ip = ipaddress.ip_address(self.address)
+            except ValueError:
+                raise BadInput(f"{where}: address {self.address!r} is not an IP address",
+                               "give the host's address on the link as an IP, e.g. 10.0.0.2") from None
+            if ip.is_unspecified or ip.is_loopback:
+                raise BadInput(f"{where}: address {self.address} would expose the rpc-servers on every interface"
+                               if ip.is_unspecified else f"{where}: address {self.address} is a loopback address, "
+                               "which llama-server would dial on its own machine",
+                               "give the one address of that host that this machine reaches it by")
+        elif self.address is not None:
+            raise BadInput(f"{where}: address is only used with link = \"direct\"",
+                           "remove address, or set link = \"direct\"")
+        if not isinstance(self.arcsplit, str) or not self.arcsplit.strip():
+            raise BadInput(f"{where}: arcsplit = {self.arcsplit!r} is empty", 'write arcsplit = "arcsplit" or its path')
+        if self.bandwidth_gbit is not None and (isinstance(self.bandwidth_gbit, bool) or
+                                                not isinstance(self.bandwidth_gbit, (int, float)) or
+                                                self.bandwidth_gbit <= 0):
+            raise BadInput(f"{where}: bandwidth_gbit = {self.bandwidth_gbit!r} must be a positive number",
+                           "give the link's bandwidth in Gbit/s, e.g. 10")
+
+
 @dataclass(frozen=True)
 class Rig:
-    """The cards a model is split across, in the order the user gave them."""
+    """The cards a model is split across: each host's cards together, the main host's first (layer order)."""
 
     cards: tuple[Card, ...]
     name: str | None = None
     pinned_plan: dict[str, Any] = field(default_factory=dict, compare=False)
+    hosts: tuple[Host, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.cards:
             raise BadInput("the rig has no cards", "list at least one card")
+        names = [h.name for h in self.hosts]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise BadInput(f"host {twice[0]!r} is named twice", "give each [[hosts]] entry its own name")
+        for card in self.cards:
+            if card.host and card.host not in names:
+                raise BadInput(f"card {card.index} ({card.name}) names host {card.host!r}, which is not in [[hosts]]",
+                               f"add a [[hosts]] entry named {card.host!r}, or use one of: "
+                               f"{', '.join(names) or 'none (leave host out for this machine)'}")
+        order = {"": 0, **{n: i + 1 for i, n in enumerate(names)}}
+        object.__setattr__(self, "cards", tuple(sorted(self.cards, key=lambda c: order[c.host])))  # stable
+
+    def host(self, name: str) -> Host:
+        """The [[hosts]] entry called ``name``."""
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise BadInput(f"no host {name!r} in the layout", f"use one of: {', '.join(h.name for h in self.hosts) or 'none'}")
+
+    @property
+    def remote(self) -> bool:
+        """Whether any card lives on another machine."""
+        return any(c.host for c in self.cards)
 
 
 def load_layout(path: str | Path) -> Rig:
@@ -97,16 +190,54 @@ def load_layout(path: str | Path) -> Rig:
     raw_cards = data.get("cards")
     if not isinstance(raw_cards, list) or not raw_cards:
         raise BadInput(f"layout {p} has no [[cards]]", "add one [[cards]] table per card")
-    cards = []
-    for i, raw in enumerate(raw_cards):
-        if not isinstance(raw, dict):
-            raise BadInput(f"layout {p}: cards[{i}] is not a table", "write each card as [[cards]]")
-        cards.append(_card_from_toml(p, i, raw))
-    pinned = data.get("plan", {})
-    if not isinstance(pinned, dict):
-        raise BadInput(f"layout {p}: [plan] is not a table", "write it as a [plan] table")
-    name = data.get("name")
-    return Rig(cards=tuple(cards), name=str(name) if name is not None else p.stem, pinned_plan=pinned)
+    raw_hosts = data.get("hosts", [])
+    if not isinstance(raw_hosts, list) or not all(isinstance(h, dict) for h in raw_hosts):
+        raise BadInput(f"layout {p}: hosts is not a list of tables", "write each host as [[hosts]]")
+    try:
+        hosts = tuple(_host_from_toml(p, i, raw) for i, raw in enumerate(raw_hosts))
+        cards = []
+        per_host: dict[str, int] = {}
+        for i, raw in enumerate(raw_cards):
+            if not isinstance(raw, dict):
+                raise BadInput(f"cards[{i}] is not a table", "write each card as [[cards]]")
+            host = raw.get("host", "")
+            if not isinstance(host, str):
+                raise BadInput(f"cards[{i}].host is not a host name", 'write host = "<a [[hosts]] name>"')
+            cards.append(_card_from_toml(p, i, raw, per_host.get(host, 0), host))
+            per_host[host] = per_host.get(host, 0) + 1
+        pinned = data.get("plan", {})
+        if not isinstance(pinned, dict):
+            raise BadInput("[plan] is not a table", "write it as a [plan] table")
+        name = data.get("name")
+        return Rig(cards=tuple(cards), name=str(name) if name is not None else p.stem, pinned_plan=pinned,
+                   hosts=hosts)
+    except BadInput as exc:
+        if exc.problem.startswith(f"layout {p}"):
+            raise
+        raise BadInput(f"layout {p}: {exc.problem}", exc.fix) from None
+
+
+_HOST_KEYS: dict[str, type | tuple[type, ...]] = {"name": str, "ssh": str, "link": str, "address": str,
+              "ssh_config": str, "arcsplit": str,
+              "bandwidth_gbit": (int, float)}
+
+
+def _host_from_toml(p: Path, i: int, raw: dict[str, Any]) -> Host:
+    """One [[hosts]] table; an unknown key is refused (a misspelt ``adress`` must not silently mean none)."""
+    for key, value in raw.items():
+        if key not in _HOST_KEYS:
+            raise BadInput(f"hosts[{i}] has an unknown key {key!r}", f"use only {', '.join(_HOST_KEYS)}")
+        if isinstance(value, bool) or not isinstance(value, _HOST_KEYS[key]):
+            raise BadInput(f"hosts[{i}].{key} has the wrong type", f"see docs/multihost.md for {key}")
+    for key in ("name", "ssh"):
+        if key not in raw:
+            raise BadInput(f"hosts[{i}] has no {key}", 'give each host name = "..." and ssh = "user@machine"')
+    config = raw.get("ssh_config")
+    if config is not None:
+        path = Path(config).expanduser()
+        config = str(path if path.is_absolute() else (p.parent / path).absolute())  # relative to the layout
+    return Host(name=raw["name"], ssh=raw["ssh"], link=raw.get("link", "ssh"), address=raw.get("address"),
+                ssh_config=config, arcsplit=raw.get("arcsplit", "arcsplit"), bandwidth_gbit=raw.get("bandwidth_gbit"))
 
 
 def _mib(p: Path, i: int, raw: dict[str, Any], key: str, default: float | None) -> int:
@@ -120,25 +251,27 @@ def _mib(p: Path, i: int, raw: dict[str, Any], key: str, default: float | None) 
     return int(value * MiB)
 
 
-def _card_from_toml(p: Path, i: int, raw: dict[str, Any]) -> Card:
+def _card_from_toml(p: Path, i: int, raw: dict[str, Any], nth: int, host: str) -> Card:
+    """Card ``i`` of the file, the ``nth`` of its host: its default index there."""
     backend = str(raw.get("backend", "")).lower()
     if backend not in backends.NAMES:
         raise BadInput(f"layout {p}: cards[{i}].backend {raw.get('backend')!r} is unknown", f"use one of {', '.join(backends.NAMES)}")
     total = _mib(p, i, raw, "memory_mib", None)
     free = _mib(p, i, raw, "free_mib", total / MiB)
     margin = _mib(p, i, raw, "margin_mib", default_margin(backend) / MiB)
-    index = raw.get("index", i)
+    index = raw.get("index", nth)
     if isinstance(index, bool) or not isinstance(index, int) or index < 0:
         raise BadInput(f"layout {p}: cards[{i}].index must be a non-negative integer", "write index = 0, 1, ...")
     return Card(
         backend=backend,
         index=index,
-        name=str(raw.get("name", f"{backend} card {i}")),
+        name=str(raw.get("name", f"{backend} card {nth}")),
         total_bytes=total,
         free_bytes=free,
         margin_bytes=margin,
         pci=raw.get("pci"),
         driver=raw.get("driver"),
+        host=host,
     )
 
 
@@ -156,8 +289,17 @@ def _toml_value(value: Any) -> str:
 def dump_layout(rig: Rig, plan: dict[str, Any] | None = None) -> str:
     """Render a rig (and optionally a pinned plan) as layout TOML that load_layout reads back."""
     lines = [f"name = {_toml_value(rig.name or 'my rig')}", ""]
+    for h in rig.hosts:
+        lines.append("[[hosts]]")
+        for key in _HOST_KEYS:
+            value = getattr(h, key)
+            if value is not None and not (key == "link" and value == "ssh") and not (key == "arcsplit" and value == "arcsplit"):
+                lines.append(f"{key} = {_toml_value(value)}")
+        lines.append("")
     for card in rig.cards:
         lines.append("[[cards]]")
+        if card.host:
+            lines.append(f"host = {_toml_value(card.host)}")
         lines.append(f"backend = {_toml_value(card.backend)}")
         lines.append(f"index = {card.index}")
         lines.append(f"name = {_toml_value(card.name)}")

@@ -11,6 +11,11 @@ and ``arcsplit plan``. Nothing else derives it.
 
 The group is zero or more rpc-servers (one per card that llama-server does not hold itself) plus one llama-server.
 What each process may see is set here per backend, because llama.cpp opens every device it can see.
+
+Cards on other machines (``hosts``: the layout host of each position, "" for this one) each get an rpc-server of
+their own on that host, also where one process could hold several cards of a backend (CUDA, Vulkan); the mode's
+rule applies to this machine's cards only. rpc-servers are named rpc0.. in --rpc order: this machine's first, then
+the other hosts' in layer order.
 """
 
 from __future__ import annotations
@@ -47,10 +52,11 @@ class RouteCard:
     """One card of the route, at its position in --gpus (and plan) order."""
 
     position: int
-    index: int  # the backend's card index (--gpus value)
+    index: int  # the backend's card index (--gpus value) on its host
     holder: str  # the process that holds it: "server" or "rpcK"
     device: str  # its name in the plan and in llama-server ("SYCL0", "RPC1"; HOST_DEVICE: llama-server's CPU)
     env: Env  # the visibility environment of its holder
+    host: str = ""  # the layout host it is on; "" is this machine
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,7 @@ class RouteProcess:
     cards: tuple[int, ...]  # positions it holds
     devices: tuple[str, ...]  # the llama-server device name of each of those cards
     env: Env  # visibility environment (what it may see of the backend's cards)
+    host: str = ""  # the layout host it runs on; "" is this machine
 
 
 @dataclass(frozen=True)
@@ -74,16 +81,32 @@ class Route:
     processes: tuple[RouteProcess, ...]  # rpc-servers in --rpc order, then llama-server
 
     @classmethod
-    def build(cls, mode: str, backend: str, indices: Sequence[int]) -> "Route":
-        """The route of ``mode`` over the cards ``indices`` (in --gpus order) of ``backend``."""
+    def build(cls, mode: str, backend: str, indices: Sequence[int], hosts: Sequence[str] | None = None) -> "Route":
+        """The route of ``mode`` over the cards ``indices`` (in --gpus order) of ``backend``; ``hosts``: the layout
+        host of each card ("" this machine; None: all here). Each host's cards must be together, this machine's
+        first, as Rig keeps them."""
         be = backends.get(backend)
         if mode not in MODES:
             raise BadInput(f"unknown mode {mode!r}", f"use one of {', '.join(MODES)}")
         n = len(indices)
         if n < 1:
             raise BadInput("no cards to run on", "pass --gpus with at least one card")
-        if len(set(indices)) != n:
+        where = tuple(hosts) if hosts is not None else ("",) * n
+        if len(where) != n:
+            raise BadInput(f"{len(where)} hosts for {n} cards", "give one host per card")
+        if len(set(zip(where, indices))) != n:
             raise BadInput(f"card list {list(indices)} names a card twice", "list each card once")
+        runs = [h for k, h in enumerate(where) if k == 0 or where[k - 1] != h]
+        if len(set(runs)) != len(runs) or ("" in runs and runs[0] != ""):
+            raise BadInput("a host's cards are not next to each other in layer order",
+                           "list this machine's cards first, then each host's cards together")
+        here = [p for p in range(n) if not where[p]]
+        if mode == "single" and len(here) != n:
+            raise BadInput("mode single runs one card on this machine, but cards on other hosts are in the layout",
+                           "use --mode hybrid or rpc (or auto)")
+        if mode in ("multi", "multi+workaround", "hybrid") and not here:
+            raise BadInput(f"mode {mode} needs a card on this machine for llama-server, but every card is on "
+                           f"another host", "use --mode rpc (or auto)")
         if mode == "single" and n != 1:
             raise BadInput(f"mode single needs one card, there are {n}", "pick --mode auto")
         if backend == "cpu" and mode in ("multi", "multi+workaround"):
@@ -92,8 +115,9 @@ class Route:
             raise BadInput(f"mode {mode} needs at least 2 cards", "pass --gpus with 2+ cards, or drop --mode")
         if mode == "multi+workaround" and backend != "sycl":
             raise BadInput("the multi+workaround mode exists only for sycl", "use --mode multi")
-        # Positions llama-server holds itself; every other card gets its own rpc-server, in --gpus order.
-        local = list(range(n)) if mode in ("single", "multi", "multi+workaround") else [0] if mode == "hybrid" else []
+        # Positions llama-server holds itself (of this machine's cards); every other card gets its own rpc-server,
+        # in --gpus order.
+        local = here if mode in ("single", "multi", "multi+workaround") else here[:1] if mode == "hybrid" else []
         remote = [p for p in range(n) if p not in local]
         if backend == "cpu":
             # CPU cards: llama-server's own CPU is a card only in hybrid (it keeps the first layers); in single mode
@@ -106,13 +130,13 @@ class Route:
         rpcs = []
         for k, p in enumerate(remote):
             env = tuple(sorted(be.visibility([indices[p]]).items()))
-            rpcs.append(RouteProcess(f"rpc{k}", "rpc", (p,), (f"RPC{k}",), env))
+            rpcs.append(RouteProcess(f"rpc{k}", "rpc", (p,), (f"RPC{k}",), env, where[p]))
         server = RouteProcess(SERVER, "server", tuple(local), tuple(local_names[p] for p in local), server_env)
         processes = (*rpcs, server)
         cards: list[RouteCard] = []
         for p in range(n):
             proc = next(q for q in processes if p in q.cards)
-            cards.append(RouteCard(p, indices[p], proc.name, proc.devices[proc.cards.index(p)], proc.env))
+            cards.append(RouteCard(p, indices[p], proc.name, proc.devices[proc.cards.index(p)], proc.env, where[p]))
         return cls(mode, backend, tuple(cards), processes)
 
     # -- what the planner and llama-server's argv take from it ---------------------------------------------
@@ -160,22 +184,37 @@ class Route:
                                "set ARCSPLIT_RPC_SPIN_US to a whole number (0 turns polling off)") from None
         return RPC_SPIN_US if self.backend != "cpu" and cores >= RPC_SPIN_MIN_CORES else 0
 
-    def output_local(self, choice: str = "auto") -> bool:
-        """Whether the output layer goes on llama-server's own card. Only a hybrid group has one next to
-        rpc-servers; there the logits (n_vocab floats a row) then never cross the RPC link. auto keeps llama.cpp's
-        place (the last card): on 2x H200 with a 32k vocabulary, local measured the same within noise
-        (bench/RESULTS.md), so it is an opt-in for models with big vocabularies (not measured here)."""
+    def output_local(self, choice: str = "auto") -> bool | None:
+        """Whether the output layer goes on the first card (PlanOptions.output_on_first). In a hybrid group that is
+        llama-server's own card; there the logits (n_vocab floats a row) then never cross the RPC link. On one
+        machine auto keeps llama.cpp's place (the last card): on 2x H200 with a 32k vocabulary, local measured the
+        same within noise (bench/RESULTS.md), so it is an opt-in for models with big vocabularies (not measured
+        here). When the last card is on another host and the first is here, the logits would cross the network
+        every token: local and auto both move it here; auto answers None, "here unless the model ties its output
+        to the token embeddings" (which -ot cannot move; the planner keeps it last and says so)."""
         if choice not in OUTPUT_LAYER_CHOICES:
             raise BadInput(f"unknown --output-layer {choice!r}", f"use one of {', '.join(OUTPUT_LAYER_CHOICES)}")
+        if choice != "last" and self.cross_host_output:
+            return None if choice == "auto" else True
         return choice == "local" and self.mode == "hybrid"
+
+    @property
+    def cross_host_output(self) -> bool:
+        """The last card (llama.cpp's place for the output layer) is on another host, the first on this one."""
+        return not self.cards[0].host and bool(self.cards[-1].host)
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """The other hosts this route has cards on, in layer order."""
+        return tuple(dict.fromkeys(c.host for c in self.cards if c.host))
 
     def to_dict(self) -> dict[str, Any]:
         """The ``route`` of status() and ``plan --json``."""
         return {"mode": self.mode, "backend": self.backend,
                 "cards": [{"position": c.position, "index": c.index, "holder": c.holder, "device": c.device,
-                           "env": dict(c.env)} for c in self.cards],
+                           "env": dict(c.env), "host": c.host} for c in self.cards],
                 "processes": [{"name": p.name, "role": p.role, "cards": list(p.cards), "devices": list(p.devices),
-                               "env": dict(p.env)} for p in self.processes]}
+                               "env": dict(p.env), "host": p.host} for p in self.processes]}
 
 
 def holders(status: Mapping[str, Any]) -> list[str]:

@@ -1,6 +1,6 @@
 """The house's import graph, read from the source (no import runs): data flows one way, surfaces use the API.
 
-Layers, bottom up: the pure core (model, planner, memory, rig, synth, backends) -> llama/ (llama.cpp's binaries)
+Layers, bottom up: the pure core (model, planner, memory, rig, synth, backends, route, hosts) -> llama/ (llama.cpp's binaries)
 -> run/ (processes and sockets) -> telemetry/ -> the surfaces (cli/, tui/, _api.py, inproc.py). A module may
 import its own layer and the ones below, never one above; the CLI reaches run/ only through the public API.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "arcsplit"
-PURE = {"model", "planner", "memory", "rig", "synth", "errors", "_dirs", "backends", "redact", "route"}
+PURE = {"model", "planner", "memory", "rig", "synth", "errors", "_dirs", "backends", "redact", "route", "hosts"}
 RANK = {**{m: 0 for m in PURE}, "llama": 1, "demo": 1, "run": 2, "telemetry": 3, "cli": 4, "tui": 4, "_api": 4,
         "inproc": 4, "__main__": 4, "report": 4}
 

@@ -20,6 +20,7 @@ EXPECTED = {
     "4x-arc-pro-b60.toml": [24480] * 4,
     "2x-h200.toml": [143771, 143771],
     "cpu-demo.toml": [2048, 2048],
+    "two-hosts-2x-b70.toml": [32656] * 4,
 }
 
 

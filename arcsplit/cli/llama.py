@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import BadInput
 from ..llama.detect import CHOICES, resolve
-from ..llama.build import BuildConfig, build, managed_builds, sycl_flags
+from ..llama.build import BuildConfig, build, build_rpc_proto, managed_builds, sycl_flags
 from ..llama.locate import find_llama, server_build_info
 from ..llama.patches import build_patches, patches
 from ..llama.source import SDIST_VERSION
@@ -64,6 +64,7 @@ def which_data(llama_dir: str | None, backend: str, build: str | None = None) ->
         "bin_dir": str(bins.bin_dir),
         "build_number": info.build_number,
         "commit": info.commit,
+        "rpc_proto": build_rpc_proto(bins.bin_dir),  # what another host's build must match (arcsplit/hosts.py)
         "compiler": info.compiler,
         "target": info.target,
         "rpc_server_name": bins.rpc_server.name,
@@ -84,6 +85,7 @@ def _which(args: argparse.Namespace) -> int:
         for label, key in (("llama-cli", "cli"), ("llama-bench", "bench"), ("fit-params", "fit_params")):
             print(f"{label:<14} {data[key] or '(missing)'}")
         print(f"build          {data['build_number']} ({data['commit']}), {data['compiler']} for {data['target']}")
+        print(f"RPC protocol   {data['rpc_proto'] or 'unknown'}")
         applied = data["patches"]
         print(f"arcsplit patches {', '.join(applied) if applied else ('none' if applied == [] else 'unknown')}")
         print(f"found by       {data['found_by']}")

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadInput
+from ..hosts import node_argv
 from ..memory import CACHE_TYPES
-from ..planner import Plan
+from ..planner import LinkCost, Plan
 from ..rig import Rig, load_layout, save_layout
 from ..route import HOST_DEVICE
 from . import print_json
@@ -47,22 +48,37 @@ def _plan(args: argparse.Namespace) -> int:
         pinned = {"model": str(Path(profile.path).name), "n_ctx": plan.n_ctx, "n_parallel": args.parallel,
                   "cache_type": args.cache_type, "tensor_split": list(plan.tensor_split),
                   "devices": [c.device for c in plan.cards]}
-        save_layout(args.save, Rig(cards=prepared.rig.cards, name=prepared.rig.name), pinned)
+        save_layout(args.save, Rig(cards=prepared.rig.cards, name=prepared.rig.name, hosts=prepared.rig.hosts), pinned)
     specs = planned_specs(prepared)
     for line in (*prepared.warnings, *prepared.notes):  # which backend auto picked, and why; stdout stays the plan
         print(f"arcsplit: {line}", file=sys.stderr, flush=True)
     secret = dict(config.secret_env)
     processes: list[dict[str, Any]] = [{"name": s.name, "role": s.role, "cards": list(s.cards), "argv": list(s.argv),
-                  "env": {k: v for k, v in s.env if k not in secret}, "unset": list(s.env_unset)} for s in specs]
+                  "env": {k: v for k, v in s.env if k not in secret}, "unset": list(s.env_unset), "node": s.node,
+                  "connect": s.dial if s.role == "rpc" else None} for s in specs]
+    used = [h for h in prepared.rig.hosts if any(c.card.host == h.name for c in plan.cards)]
+    hosts: list[dict[str, Any]] = [{"name": h.name, "ssh": h.ssh, "link": h.link, "address": h.address,
+                                     "node_argv": node_argv(h)} for h in used]
     if args.json:
         print_json({**plan.to_dict(), "mode": config.mode, "reasons": list(prepared.decision.reasons),
-                    "route": config.route.to_dict(), "processes": processes})
+                    "route": config.route.to_dict(), "processes": processes, "hosts": hosts})
         return 0
     print(render(plan, profile.n_layer_nextn))
     print(f"\nmode {config.mode}: {'; '.join(prepared.decision.reasons)}")
+    if hosts:
+        print("this machine:")
     for proc in processes:
-        env = " ".join(f"{k}={v}" for k, v in proc["env"].items())
-        print(f"{proc['name']:>7}: {env + ' ' if env else ''}{' '.join(proc['argv'])}")
+        if not proc["node"]:
+            print(_process_line(proc))
+    for h in hosts:
+        print(f"host {h['name']} (ssh {h['ssh']}, link {h['link']}{' to ' + h['address'] if h['address'] else ''}):")
+        print(f"{'node':>9}: {' '.join(h['node_argv'])}")
+        for proc in processes:
+            if proc["node"] == h["name"] and proc["role"] == "rpc":
+                print(_process_line(proc) + "   (started there by the node)")
+        for proc in processes:
+            if proc["node"] == h["name"] and proc["role"] == "link":
+                print(_process_line(proc) + "   (runs here)")
     if not config.rpc_ports and len(processes) > 1:
         print("(rpc ports: free ones now; serve picks its own unless --rpc-ports fixes them)")
     if args.save:
@@ -70,8 +86,31 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _process_line(proc: dict[str, Any]) -> str:
+    env = " ".join(f"{k}={v}" for k, v in proc["env"].items())
+    return f"{proc['name']:>9}: {env + ' ' if env else ''}{' '.join(proc['argv'])}"
+
+
 def _mib(n: int) -> str:
     return f"{n / MiB:,.0f}"
+
+
+def _size(n: int) -> str:
+    return f"{n / MiB:,.1f} MiB" if n >= MiB else f"{n / 1024:,.1f} KiB"
+
+
+def _link_lines(links: tuple[LinkCost, ...]) -> list[str]:
+    """What crosses each link to another host, per decoded token and per prefill ubatch."""
+    lines = ["", "links (llama.cpp's RPC relays every hop between cards through llama-server, here):"]
+    for lc in links:
+        bw = f"{lc.gbit:g} Gbit/s {'given' if lc.gbit_given else 'assumed'}"
+        tps = f"; prefill at most {lc.prefill_tps:,.0f} tokens/s" if lc.prefill_tps else ""
+        logits = f" (logits {_size(lc.logits_bytes)})" if lc.logits_bytes else ""
+        lines.append(f"  {lc.host} ({lc.link}, {bw}): per decoded token {_size(lc.token_bytes)}{logits}, "
+                     f"{lc.round_trips} round trip(s), {lc.token_ms:.2f} ms; per prefill ubatch of {lc.n_ubatch}: "
+                     f"{_size(lc.ubatch_bytes)}, {lc.round_trips} round trip(s) + {lc.rpc_servers} graph_compute(s), "
+                     f"{lc.ubatch_ms:.1f} ms{tps}")
+    return lines
 
 
 def render(plan: Plan, n_nextn: int = 0) -> str:
@@ -87,7 +126,7 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
         layers = f"{c.first_layer}-{end - 1}" if end > c.first_layer else "-"
         if c.has_output:
             layers = f"{layers} +out" if end > c.first_layer else "output"
-        rows.append([c.card.name[:28], c.device, layers, _mib(c.weights), _mib(c.kv), _mib(c.state),
+        rows.append([(f"{c.card.host}/" if c.card.host else "") + c.card.name[:28], c.device, layers, _mib(c.weights), _mib(c.kv), _mib(c.state),
                      _mib(c.compute), _mib(c.total), _mib(c.card.free_bytes), _mib(c.free_after), c.largest])
     widths = [max(len(cols[i]), *(len(r[i]) for r in rows)) for i in range(len(cols))]
     fmt = lambda r: "  ".join(v.ljust(widths[i]) if i < 3 or i == 10 else v.rjust(widths[i])  # noqa: E731
@@ -101,6 +140,8 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
                      f"a decoded token reads about {_mib(plan.host_read_per_token)} MiB of them from host RAM")
     if plan.ctx_limit:
         lines.append(f"context {plan.n_ctx:,} is bounded by {plan.ctx_limit}")
+    if plan.links:
+        lines += _link_lines(plan.links)
     lines += ["", "layer map:"]
     for c in plan.cards:
         marks = []
@@ -109,6 +150,7 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
         if c.has_output:
             marks.append("[out]")
         where = "not offloaded" if c.device == HOST_DEVICE else c.device
+        where += f" ({c.card.host})" if c.card.host else ""
         lines.append(f"  {where:>14}: {' '.join(marks) if marks else '(none)'}")
     for w in plan.warnings:
         lines.append(f"warning: {w}")

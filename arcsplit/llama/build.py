@@ -24,7 +24,7 @@ from .. import backends
 from ..errors import BadInput, BuildError
 from . import patches
 from .facts import LIB_DIRS
-from .source import SDIST_VERSION, extract_source, fetch_sdist, llama_root, source_commit
+from .source import SDIST_VERSION, extract_source, fetch_sdist, llama_root, rpc_proto, source_commit
 
 TARGETS = ("llama-server", "ggml-rpc-server", "llama-cli", "llama-bench", "llama-fit-params")
 
@@ -145,6 +145,23 @@ def _read_config(bin_dir: Path) -> BuildConfig | None:
         return BuildConfig(str(data["backend"]), tuple(str(f) for f in data["extra_flags"]), bool(data["patched"]))
     except (OSError, ValueError, KeyError, TypeError, BadInput):
         return None
+
+
+def build_rpc_proto(bin_dir: Path) -> str | None:
+    """The RPC protocol version of the build in ``bin_dir``: recorded by the managed build, else read from the tree it
+    was built from - the cache's extracted tree for a managed build made before the record (the same pinned source;
+    arcsplit's patches leave the protocol alone), or the checkout around a ``build/bin`` of the user's own. None when
+    neither is there (a packaged build): the inventory check then compares the commit only."""
+    try:
+        recorded = json.loads((bin_dir / CONFIG_FILE).read_text(encoding="utf-8")).get("rpc_proto")
+        if recorded:
+            return str(recorded)
+    except (OSError, ValueError, AttributeError):
+        pass
+    root = llama_root()
+    trees = [root / "src", root / "src-stock"] if bin_dir.resolve().is_relative_to(root.resolve()) else []
+    trees += [bin_dir.parent.parent, bin_dir.parent.parent.parent]
+    return next((v for v in map(rpc_proto, trees) if v), None)
 
 
 def sycl_flags(device_arch: str | None) -> tuple[str, ...]:
@@ -411,7 +428,8 @@ def _build_locked(config: BuildConfig, jobs: int | None, force: bool,
     (partial / "bin" / patches.MARKER).write_text(
         (src / patches.MARKER).read_text() if config.patched else "stock\n")
     (partial / "bin" / CONFIG_FILE).write_text(json.dumps(
-        {"backend": config.backend, "extra_flags": list(config.extra_flags), "patched": config.patched}))
+        {"backend": config.backend, "extra_flags": list(config.extra_flags), "patched": config.patched,
+         "rpc_proto": rpc_proto(src)}))
     shutil.rmtree(config.build_dir, ignore_errors=True)
     partial.rename(config.build_dir)
     with log.open("a") as fh:

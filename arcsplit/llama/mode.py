@@ -6,7 +6,7 @@ on 2x H200 (bench/results/throughput_cuda.md): native 1.0 > native+workaround > 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Protocol
 
 from .. import backends
@@ -57,11 +57,15 @@ def _probe_map(probe_results: Iterable[ProbeLike] | Mapping[str, bool] | None) -
 
 
 def choose_mode(backend: str, n_cards: int, forced: str | None = None, verdict: Verdict | None = None,
-                probe_results: Iterable[ProbeLike] | Mapping[str, bool] | None = None) -> ModeDecision:
-    """The fastest mode that works here; ``forced`` (--mode) wins but a known failure is stated."""
+                probe_results: Iterable[ProbeLike] | Mapping[str, bool] | None = None,
+                n_remote: int = 0) -> ModeDecision:
+    """The fastest mode that works here; ``forced`` (--mode) wins but a known failure is stated. ``n_remote`` of the
+    cards are on other hosts: each is an rpc-server there, and the choice is about this machine's cards."""
     backends.get(backend)  # an unknown name is a one-line error
     if n_cards < 1:
         raise BadInput("no cards to run on", "pass --gpus with at least one card")
+    if n_remote:
+        return _across_hosts(backend, n_cards - n_remote, n_remote, forced, verdict, probe_results)
     if forced is not None and forced not in MODES:
         raise BadInput(f"unknown mode {forced!r}", f"use one of {', '.join(MODES)}")
     probes = _probe_map(probe_results)
@@ -133,3 +137,22 @@ def choose_mode(backend: str, n_cards: int, forced: str | None = None, verdict: 
         reasons.append(f"skipped {mode}: {why}")
     reasons.append("no mode worked in the probe; rpc is the last resort - see `arcsplit doctor` for remedies")
     return ModeDecision("rpc", {}, tuple(reasons), False)
+
+
+def _across_hosts(backend: str, n_here: int, n_remote: int, forced: str | None, verdict: Verdict | None,
+                  probe_results: Iterable[ProbeLike] | Mapping[str, bool] | None) -> ModeDecision:
+    """A layout with cards on other hosts: those are rpc-servers there whatever the mode; the mode is this
+    machine's."""
+    there = f"the {n_remote} card(s) on other hosts: one rpc-server each there"
+    if forced == "single":
+        raise BadInput("--mode single runs one card on this machine, but the layout has cards on other hosts",
+                       "use --mode hybrid or rpc, or drop --mode")
+    if n_here == 0:
+        if forced in ("multi", "multi+workaround", "hybrid"):
+            raise BadInput(f"--mode {forced} needs a card on this machine for llama-server, but every card is on "
+                           "another host", "use --mode rpc, or drop --mode")
+        return ModeDecision("rpc", {}, (f"every card is on another host: {there}",))
+    if n_here == 1 and backend != "cpu" and forced is None:
+        return ModeDecision("hybrid", {}, (f"one card here: llama-server holds it; {there}",))
+    decision = choose_mode(backend, max(n_here, 2), forced, verdict, probe_results)
+    return replace(decision, reasons=(*decision.reasons, there))

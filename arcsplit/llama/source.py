@@ -6,6 +6,7 @@ Building the servers and the Python bindings from the same sdist keeps one llama
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import subprocess
 import sys
@@ -51,6 +52,22 @@ def source_commit(src: Path) -> str | None:
     except OSError:
         return None
     return None if text in ("", "unknown") else text
+
+
+RPC_HEADER = "ggml/include/ggml-rpc.h"
+_RPC_PROTO = re.compile(r"#define\s+RPC_PROTO_(MAJOR|MINOR|PATCH)_VERSION\s+(\d+)")
+
+
+def rpc_proto(src: Path) -> str | None:
+    """The RPC protocol version ("7.0.0") of a llama.cpp tree, from ggml-rpc.h; None without one. rpc-servers and
+    llama-server of another major version refuse each other at the first call (ggml-rpc.cpp's HELLO)."""
+    try:
+        found = dict(_RPC_PROTO.findall((src / RPC_HEADER).read_text(encoding="utf-8", errors="replace")))
+    except OSError:
+        return None
+    if set(found) != {"MAJOR", "MINOR", "PATCH"}:
+        return None
+    return f"{found['MAJOR']}.{found['MINOR']}.{found['PATCH']}"
 
 
 def fetch_sdist(log: Path) -> Path:

@@ -72,7 +72,8 @@ class MemberStatus(MemberSnapshot):
     """One entry of Status.processes."""
 
     restarts: int
-    role: str
+    role: str  # "rpc" | "link" (an ssh forward to a host's rpc-server) | "server"
+    host: str  # the layout host it runs on ("" this machine); a link: the host it reaches
 
 
 class Status(TypedDict):

@@ -29,7 +29,7 @@ from ..planner import Plan, PlanOptions, make_plan
 from ..rig import Rig
 from .ports import check_free, check_host, free_port
 from ..route import MODES, OUTPUT_LAYER_CHOICES, Route
-from .specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, n_rpc_servers
+from .specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, n_links, n_rpc_servers
 
 MODE_CHOICES = ("auto", *MODES)
 
@@ -145,7 +145,7 @@ def rpc_spin_us(route: Route, cores: int, environ: Any = os.environ) -> int:
 def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: bool = True) -> Plan:
     """The plan of ``mode``: device names and the default ubatch from its Route. ``live``: this machine's rig
     (its host RAM bounds expert offload), not a layout's."""
-    route = Route.build(mode, req.backend, [c.index for c in rig.cards])
+    route = Route.build(mode, req.backend, [c.index for c in rig.cards], [c.host for c in rig.cards])
     ubatch = req.ubatch if req.ubatch is not None else route.ubatch
     options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel, n_ubatch=ubatch, n_batch=max(2048, ubatch),
                           kv_unified=req.kv_unified, cache_type_k=req.cache_type, cache_type_v=req.cache_type,
@@ -232,7 +232,8 @@ def preview(req: ServeRequest, rig: Rig | None = None) -> Prepared:
         rig = discover_rig(req.backend, _gpus(req), binaries if req.backend != "cpu" else None, req.cpu_memory_mib)
     forced = None if req.mode == "auto" else req.mode
     verdict, known = (None, None) if layout else _runtime(req, rig, binaries, probe=False)
-    decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known)
+    decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known,
+                           n_remote=sum(1 for c in rig.cards if c.host))
     return _prepared(req, binaries, profile, rig, decision, rpc_ports, choice, live=not layout)
 
 
@@ -248,7 +249,7 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     foreign = binaries is not None and binaries.found_by in ("--llama-dir", "ARCSPLIT_LLAMA_DIR", "PATH")
     _, dropped = clean_env(req.backend, os.environ)
     cores = os.cpu_count() or 1
-    route = Route.build(decision.mode, req.backend, [c.card.index for c in plan.cards])
+    route = Route.build(decision.mode, req.backend, [c.card.index for c in plan.cards], [c.card.host for c in plan.cards])
     config = ServeConfig(plan=plan, mode=decision.mode, backend=req.backend,
                          server_bin=str(binaries.server) if binaries else "llama-server",
                          rpc_bin=str(binaries.rpc_server) if binaries else "ggml-rpc-server",
@@ -259,10 +260,11 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
                          mode_env=tuple(sorted(decision.env.items())), forced_mode=req.mode != "auto",
                          ui_dir=serve_dir(binaries.server.parent) if binaries else None, env_dropped=dropped,
                          server_features=binary_features(binaries.server) if binaries and foreign else None,
-                         rpc_features=binary_features(binaries.rpc_server) if binaries and foreign else None)
+                         rpc_features=binary_features(binaries.rpc_server) if binaries and foreign else None,
+                         hosts=rig.hosts)
     # The specs as the supervisor will build them (placeholder ports): a flag the route needs and this build lacks
     # is an error now, before any process starts; what it can do without is said.
-    specs = build_specs(config, [0] * n_rpc_servers(config))
+    specs = build_specs(config, [0] * n_rpc_servers(config), [0] * n_links(config))
     off = tuple(dict.fromkeys(o for spec in specs for o in spec.features_off))
     notes = [choice.reason, *choice.notes] if choice is not None else []
     notes += [binaries.note] if binaries and binaries.note else []
@@ -275,13 +277,13 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
 
 def planned_specs(prepared: Prepared) -> tuple[ProcessSpec, ...]:
     """The processes ``serve`` would start for this request: with the user's --rpc-ports, else ports free now
-    (serve picks its own then)."""
+    (serve picks its own then; another host's are free ports here, for show: its node picks them there)."""
     config = prepared.config
     ports = list(config.rpc_ports or ())
-    while len(ports) < n_rpc_servers(config):
-        port = free_port(config.rpc_host)
+    while len(ports) < n_rpc_servers(config) + n_links(config):
+        port = free_port(config.rpc_host if len(ports) < n_rpc_servers(config) else LOOPBACK)
         ports += [port] if port not in ports else []
-    return build_specs(config, ports)
+    return build_specs(config, ports[:n_rpc_servers(config)], ports[n_rpc_servers(config):])
 
 
 def hybrid_fallback(prepared: Prepared, say: Callable[[str], None] | None = None

@@ -3,6 +3,11 @@
 Which process holds which card and what it may see is the Route's (arcsplit/route.py); this module adds the
 binaries, ports, threads, the plan's placement flags and the user's extra args, and returns the argv exactly
 as it is started.
+
+A card on another host (docs/multihost.md) is an rpc-server started there by the node agent (``node`` names the
+host). Over a link = "ssh" it binds 127.0.0.1 there and llama-server dials the local end of an ``ssh -L`` forward,
+itself a member of the group (role "link"); over a link = "direct" it binds the host's named address and
+llama-server dials that. Secrets only ever reach llama-server, which runs here.
 """
 
 from __future__ import annotations
@@ -11,10 +16,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..errors import BadInput
+from ..hosts import forward_argv
 from ..llama.childenv import Dropped, overlay
 from ..llama.features import RPC_OPTIONAL, RPC_REQUIRED, Features, fit_args
 from ..llama.patches import SPIN_ENV
 from ..planner import Plan
+from ..rig import Host
 from ..route import HOST_DEVICE, Route
 
 LOOPBACK = "127.0.0.1"
@@ -51,11 +58,11 @@ def split_secrets(args: Sequence[str]) -> tuple[tuple[str, ...], tuple[tuple[str
 class ProcessSpec:
     """One process to run: what to exec, with which environment, and what it serves."""
 
-    name: str  # "rpc0", "rpc1", ..., "server"
-    role: str  # "rpc" | "server"
+    name: str  # "rpc0", "rpc1", ..., "rpc0-link", ..., "server"
+    role: str  # "rpc" | "link" | "server"
     argv: tuple[str, ...]
-    env: tuple[tuple[str, str], ...]  # set on top of the supervisor's environment
-    host: str
+    env: tuple[tuple[str, str], ...]  # set on top of the supervisor's environment (the node's, on another host)
+    host: str  # the address it listens on, on the machine that runs it
     port: int
     cards: tuple[int, ...]  # positions in plan.cards this process holds
     devices: tuple[str, ...] = ()  # llama-server's name for each of those cards (RPC0, SYCL0, CPU, ...)
@@ -63,10 +70,17 @@ class ProcessSpec:
     keep_stdin: bool = False  # llama-server in the router's child protocol: told to exit on stdin
     env_unset: tuple[str, ...] = ()  # removed from the supervisor's environment (llama/childenv.py)
     features_off: tuple[str, ...] = ()  # what this binary lacks, so arcsplit left out (llama/features.py)
+    node: str = ""  # the layout host that runs it ("" this machine); a link: the host it forwards to
+    connect: str = ""  # what llama-server dials for this rpc-server when not ``endpoint`` (an ssh forward's end)
 
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def dial(self) -> str:
+        """The --rpc entry of an rpc-server: where llama-server reaches it from this machine."""
+        return self.connect or self.endpoint
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -98,6 +112,8 @@ class ServeConfig:
     env_dropped: tuple[Dropped, ...] = ()  # inherited variables changed for every child (llama/childenv.py)
     server_features: Features | None = None  # what a llama-server arcsplit did not build accepts; None: all
     rpc_features: Features | None = None  # the same for its rpc-server
+    hosts: tuple[Host, ...] = ()  # the layout's other machines (the plan's cards name them)
+    node_bins: tuple[tuple[str, str], ...] = ()  # host -> its rpc-server binary (from its node's hello)
 
     def __post_init__(self) -> None:
         public, secrets = split_secrets(self.extra_args)
@@ -112,7 +128,16 @@ class ServeConfig:
     @property
     def route(self) -> Route:
         """Who holds which card: from the mode, the backend and the plan's cards (in --gpus order)."""
-        return Route.build(self.mode, self.backend, [c.card.index for c in self.plan.cards])
+        return Route.build(self.mode, self.backend, [c.card.index for c in self.plan.cards],
+                           [c.card.host for c in self.plan.cards])
+
+    def host_named(self, name: str) -> Host:
+        """The layout host a card names; a plan naming one the config lacks is a one-line error."""
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise BadInput(f"the plan puts cards on host {name!r}, which the configuration does not describe",
+                       "serve with the layout that names it (--layout)")
 
     @property
     def url(self) -> str:
@@ -124,17 +149,27 @@ def n_rpc_servers(config: ServeConfig) -> int:
     return len(config.route.rpc)
 
 
+def n_links(config: ServeConfig) -> int:
+    """ssh forwards the group runs: one per rpc-server on a host reached over link = "ssh"."""
+    return sum(1 for p in config.route.rpc if p.host and config.host_named(p.host).link == "ssh")
+
+
 def rpc_threads(config: ServeConfig) -> int:
     if config.threads is not None:
         return max(1, config.threads)
     return max(1, config.cores // max(1, len(config.plan.cards)))
 
 
-def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessSpec, ...]:
-    """The rpc-servers (in --rpc order) then llama-server: complete argv and environment, nothing added later."""
+def build_specs(config: ServeConfig, rpc_ports: Sequence[int], link_ports: Sequence[int] = ()
+                ) -> tuple[ProcessSpec, ...]:
+    """The rpc-servers (in --rpc order), their ssh links, then llama-server: complete argv and environment, nothing
+    added later. ``rpc_ports``: one per rpc-server, on the host that runs it; ``link_ports``: one per ssh link,
+    the local end of its forward here."""
     plan, route = config.plan, config.route
     if len(rpc_ports) != len(route.rpc):
         raise BadInput(f"{len(rpc_ports)} ports for {len(route.rpc)} rpc-servers", "pass one port per rpc-server")
+    if len(link_ports) != n_links(config):
+        raise BadInput(f"{len(link_ports)} link ports for {n_links(config)} ssh links", "pass one port per link")
     if [c.device for c in plan.cards] != route.devices:
         raise BadInput(f"the plan names its cards {[c.device for c in plan.cards]}, mode {route.mode} runs them as "
                        f"{route.devices}", "plan with the same mode (arcsplit plan --mode)")
@@ -145,16 +180,39 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
     threads = rpc_threads(config)
 
     specs: list[ProcessSpec] = []
+    links: list[ProcessSpec] = []
+    free_links = list(link_ports)
+    node_bins = dict(config.node_bins)
     for proc, port in zip(route.rpc, rpc_ports):
         env = {**extra_env, **dict(proc.env)}
-        rpc_argv = [config.rpc_bin, "-H", config.rpc_host, "-p", str(port), "-t", str(threads)]
-        if config.rpc_cache_dir:
+        remote = config.host_named(proc.host) if proc.host else None
+        if remote is None:
+            binary, bind = config.rpc_bin, config.rpc_host
+        else:  # the node resolves a bare name to its managed build
+            binary = node_bins.get(remote.name, "ggml-rpc-server")
+            bind = remote.address if remote.link == "direct" and remote.address else LOOPBACK
+        rpc_argv = [binary, "-H", bind, "-p", str(port), "-t", str(threads)]
+        if config.rpc_cache_dir and remote is None:
             rpc_argv.append("-c")
             env["LLAMA_CACHE"] = config.rpc_cache_dir  # the server keeps tensors > 10 MiB under <this>/rpc
-        fitted_rpc, off = fit_args(rpc_argv, config.rpc_features, config.rpc_bin, RPC_OPTIONAL, RPC_REQUIRED)
+        elif remote is not None:
+            # Always cached there: a restart reloads weights from that host's disk, not over the link. The cache
+            # is the node's (rpc-server's default under that user's cache dir), so no path of this machine.
+            rpc_argv.append("-c")
+        fitted_rpc, off = fit_args(rpc_argv, config.rpc_features, binary, RPC_OPTIONAL, RPC_REQUIRED)
+        connect = ""
+        if remote is not None and remote.link == "ssh":
+            local = free_links.pop(0)
+            connect = f"{LOOPBACK}:{local}"
+            links.append(ProcessSpec(name=f"{proc.name}-link", role="link",
+                                     argv=tuple(forward_argv(remote, local, port, bind)), env=(), host=LOOPBACK,
+                                     port=local, cards=(), ignore_sigpipe=True, env_unset=unset, node=remote.name))
         specs.append(ProcessSpec(name=proc.name, role="rpc", argv=fitted_rpc, env=tuple(sorted(env.items())),
-                                 host=config.rpc_host, port=port, cards=proc.cards, devices=proc.devices,
-                                 ignore_sigpipe=True, env_unset=unset, features_off=off))
+                                 host=bind, port=port, cards=proc.cards, devices=proc.devices,
+                                 ignore_sigpipe=True, env_unset=unset, features_off=off, node=proc.host,
+                                 connect=connect))
+    rpc_specs = list(specs)
+    specs += links
 
     server = route.server
     # LLAMA_SERVER_ROUTER_PORT opts into the router's child protocol: load progress on stdout, exit on stdin EOF.
@@ -162,7 +220,7 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int]) -> tuple[ProcessS
     argv: list[str] = [config.server_bin, "-m", plan.model_path, "--host", config.host, "--port", str(config.port),
                        "--metrics"]
     if route.rpc:
-        argv += ["--rpc", ",".join(f"{config.rpc_host}:{p}" for p in rpc_ports)]  # before --device
+        argv += ["--rpc", ",".join(s.dial for s in rpc_specs)]  # before --device
     argv += plan.llama_server_args(devices=route.server_devices)
     if config.backend == "cpu" and route.rpc:
         argv += ["-t", str(threads)]  # llama-server computes the host card's layers; share cores evenly
@@ -182,7 +240,7 @@ def card_of_buffer(specs: Sequence[ProcessSpec], host_position: int | None) -> C
     table: dict[str, int] = {}
     for s in specs:
         if s.role == "rpc":
-            table[s.endpoint] = s.cards[0]  # RPC0[host:port]: names repeat across restarts, endpoints don't
+            table[s.dial] = s.cards[0]  # RPC0[host:port]: names repeat across restarts, endpoints don't
         else:
             table.update((d, pos) for d, pos in zip(s.devices, s.cards) if d != HOST_DEVICE)
 
