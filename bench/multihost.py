@@ -63,11 +63,11 @@ class Run:
 def served(a: argparse.Namespace, net: NetHarness, tmp: Path, link: str | None, extra: tuple[str, ...] = (),
            parallel: int = STREAMS) -> Served:
     n = len(list(tmp.glob("served-*")))
-    layout = None if link is None else net.layout(tmp / f"layout-{n}.toml", [("", a.card_mib), ("b", a.card_mib)],
-                                                  link=link, name=f"two hosts, {link}")
+    cards = [("", a.cards[0]), ("" if link is None else "b", a.cards[1])]
+    layout = net.layout(tmp / f"layout-{n}.toml", cards, link=link or "ssh", name=link or "one host")
     base = tmp / f"served-{n}"
     base.mkdir()
-    return Served(Path(a.model), ctx=a.ctx, parallel=parallel, cpu_memory=a.card_mib, layout=layout, base=base,
+    return Served(Path(a.model), ctx=a.ctx, parallel=parallel, layout=layout, base=base,
                   extra_serve=("--mode", "rpc", "--threads", str(a.threads), *extra))
 
 
@@ -164,8 +164,8 @@ def report(a: argparse.Namespace, runs: dict[str, list[Run]], rec: dict[tuple[st
              f"- Build: {build}", f"- Machine: {mach}. **Both \"hosts\" share this one machine**: host b is a network "
              "namespace joined by a veth pair, so ssh, sshd and both rpc-servers compete with llama.cpp for the same "
              "cores, and the link has no wire or NIC; these are the costs of the route and its processes, not of a LAN.",
-             f"- Model: `{Path(a.model).name}`; mode rpc on two CPU cards of {a.card_mib} MiB (one rpc-server each; "
-             f"on two hosts one here, one on b), ctx {a.ctx}, -np {STREAMS}, threads {a.threads} per process.",
+             f"- Model: `{Path(a.model).name}`; mode rpc on two CPU cards of {a.cards[0]} and {a.cards[1]} MiB (a "
+             "layout; one rpc-server each; on two hosts the second card is on b), ctx {a.ctx}, -np {STREAMS}, threads {a.threads} per process.",
              f"- Command: `{cmdline}`",
              f"- {a.runs} runs, every configuration a fresh `arcsplit serve` per run (order rotated); per run the "
              f"median of {a.reps} repetitions after a warm-up: prefill = 512-token prompt, decode = n_predict "
@@ -222,13 +222,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-predict", type=int, default=32)
     ap.add_argument("--kills", type=int, default=3, help="SIGKILLs per recovery row (0: no recovery rows)")
     ap.add_argument("--ctx", type=int, default=2048)
-    ap.add_argument("--card-mib", type=int, default=1024)
+    ap.add_argument("--cards", default="300,1024",
+                    help="the two cards' MiB (first here, second on b; default 300,1024: the demo model's layers "
+                         "split about half and half, the output on the second card)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "multihost.md"))
     a = ap.parse_args(argv)
     if min(a.runs, a.reps, a.n_predict) < 1 or a.kills < 0:
         ap.error("--runs, --reps and --n-predict must be at least 1, --kills at least 0")
+    sizes = [x for x in a.cards.split(",") if x.strip().isdigit() and int(x) > 0]
+    if len(sizes) != 2 or len(a.cards.split(",")) != 2:
+        ap.error(f"--cards {a.cards!r} is not two sizes in MiB (write it like 300,1024)")
+    a.cards = [int(x) for x in sizes]
     why = unavailable()
     if why:
         raise SystemExit(f"multihost: cannot make a second host here: {why}")

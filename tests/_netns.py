@@ -341,9 +341,9 @@ class NetHarness:
 
     def layout(self, path: Path, cards: list[tuple[str, int]], *, link: str = "ssh", name: str = "test rig",
                arcsplit: dict[str, Path] | None = None) -> Path:
-        """A layout (issue 15's TOML) with this harness's hosts; ``cards``: (host name or "", memory MiB)."""
+        """A layout (issue 15's TOML) with the hosts its cards name; ``cards``: (host name or "", memory MiB)."""
         lines = [f'name = "{name}"', ""]
-        for h in self.hosts.values():
+        for h in (h for h in self.hosts.values() if any(c == h.name for c, _ in cards)):
             lines += ["[[hosts]]", f'name = "{h.name}"', f'ssh = "{h.name}"', f'ssh_config = "{self.ssh_config}"',
                       f'arcsplit = "{(arcsplit or {}).get(h.name, h.arcsplit)}"', f'link = "{link}"']
             if link == "direct":
