@@ -170,7 +170,8 @@ def test_an_unreachable_host_is_one_line_with_ssh_s_reason(tmp_path, demo_model,
         with running(cfg, launcher=launcher(llama_bins, cfg.hosts, node=lambda h: refused),
                      policy=RestartPolicy(base_delay=0.1, max_delay=0.1, max_failures=1)):
             pass
-    assert "node agent on b exited: ssh: connect to host b.invalid port 22: Connection refused" in str(err.value)
+    assert str(err.value).startswith("node agent on b exited: ssh: connect to host b.invalid port 22: Connection "
+                                     "refused; check that `ssh b.invalid arcsplit --version` works")
     assert "\n" not in str(err.value) and not agents() and not rpc_servers()
 
 

@@ -256,7 +256,7 @@ class Child:
     def snapshot(self) -> MemberSnapshot:
         return {"state": self.state, "pid": self.pid, "port": self.spec.port, "endpoint": self.spec.endpoint,
                 "returncode": self.returncode, "uptime": self.uptime(), "argv": list(self.spec.argv),
-                "paused": self.paused}
+                "paused": self.paused, "host": self.spec.node}
 
 
 def describe_exit(rc: int | None) -> str:

@@ -31,6 +31,7 @@ class MemberSnapshot(TypedDict):
     uptime: float | None
     argv: list[str]
     paused: bool
+    host: str  # the layout host it runs on ("" this machine; a link: the host it reaches); its pid is there
 
 
 class GroupData(TypedDict, total=False):
@@ -73,7 +74,6 @@ class MemberStatus(MemberSnapshot):
 
     restarts: int
     role: str  # "rpc" | "link" (an ssh forward to a host's rpc-server) | "server"
-    host: str  # the layout host it runs on ("" this machine); a link: the host it reaches
 
 
 class Status(TypedDict):

@@ -23,7 +23,9 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from ..errors import ArcsplitError, BadInput, RunError
-from ..hosts import node_argv
+from ..hosts import check_inventory, node_argv
+from ..llama.build import build_rpc_proto
+from ..llama.locate import LlamaBinaries, server_build_info
 from ..node import PROTO
 from ..rig import Host
 from .child import Child, describe_exit
@@ -49,6 +51,18 @@ class Transport:
 
     node: Callable[[Host], Sequence[str]] = node_argv
     link: Callable[[ProcessSpec], Sequence[str]] = field(default=lambda spec: spec.argv)
+
+
+def ssh_fix(host: Host, why: str) -> str:
+    """What to do about a session that ended before its hello, from ssh's own words."""
+    if "Host key verification failed" in why or "IDENTIFICATION HAS CHANGED" in why:
+        return (f"arcsplit only connects to known host keys: check {host.ssh}'s key and add it to known_hosts "
+                f"(ssh-keyscan prints it), or fix the entry that changed")
+    if "Permission denied" in why:
+        return f"install a key for {host.ssh} (ssh-copy-id): arcsplit never asks for a password (BatchMode)"
+    if "not found" in why or "No such file" in why:
+        return f'install arcsplit on {host.name}, or set arcsplit = "/path/to/arcsplit" in its [[hosts]] table'
+    return f"check that `ssh {host.ssh} {host.arcsplit} --version` works from here without a prompt"
 
 
 class NodeSession:
@@ -98,8 +112,8 @@ class NodeSession:
                 await self._reply.wait()
             answer = self._answer
         if answer is None:
-            raise RunError(f"{self.where} ({self.host.ssh}): {self.dead or f'no {ev} within {timeout:.0f} s'}",
-                           "check that `ssh " + self.host.ssh + " " + self.host.arcsplit + " --version` works")
+            why = self.dead or f"{self.where} ({self.host.ssh}) sent no {ev} within {timeout:.0f} s"
+            raise RunError(why, ssh_fix(self.host, why))
         if answer.get("ev") == "error":
             raise RunError(f"{self.where}: {answer.get('message')}")
         return answer
@@ -278,7 +292,27 @@ class RemoteMember:
         end = self.exited_at or time.time()
         return {"state": self.state, "pid": self.pid, "port": self.spec.port, "endpoint": self.spec.endpoint,
                 "returncode": self.returncode, "uptime": (end - self.started_at) if self.started_at else None,
-                "argv": list(self.spec.argv), "paused": self.paused}
+                "argv": list(self.spec.argv), "paused": self.paused, "host": self.spec.node}
+
+
+def same_build(server_bin: str) -> Callable[[Host, Mapping[str, Any]], None]:
+    """The hello check: the host has a build, of this machine's llama.cpp commit and RPC protocol
+    (hosts.check_inventory). This machine's side is read once, at the first hello."""
+    here: dict[str, Any] = {}
+
+    def check(host: Host, hello: Mapping[str, Any]) -> None:
+        llama = hello.get("llama") or {}
+        if not llama.get("rpc_bin"):
+            raise BadInput(f"host {host.name} ({host.ssh}) has no llama.cpp build: {llama.get('error')}",
+                           f"run `{host.arcsplit} llama build` there")
+        if not here:
+            exe = Path(server_bin)
+            info = server_build_info(LlamaBinaries(server=exe, rpc_server=exe, cli=None, bench=None, fit_params=None,
+                                                   found_by="config"))
+            here.update(commit=info.commit, rpc_proto=build_rpc_proto(exe.parent))
+        check_inventory(here, llama, host)
+
+    return check
 
 
 class NodeLauncher:

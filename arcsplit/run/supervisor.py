@@ -34,7 +34,7 @@ from .child import describe_exit
 from .launch import Launcher, LocalLauncher, Member
 from .events import Event, EventBus, EventKind, MemberSnapshot, MemberStatus, Status
 from .ports import free_port, is_free
-from .remote import NodeLauncher, runs_remote
+from .remote import NodeLauncher, runs_remote, same_build
 from .states import GROUP_TRANSITIONS, GroupState, MemberState, advance
 from .rundir import RunDir, supervisor_identity, sweep
 from .specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, card_of_buffer, n_links
@@ -62,9 +62,9 @@ class Timeouts:
 
 
 class _StartFailed(Exception):
-    def __init__(self, who: str, message: str, kind: str | None = None) -> None:
+    def __init__(self, who: str, message: str, kind: str | None = None, error: ArcsplitError | None = None) -> None:
         super().__init__(message)
-        self.who, self.message, self.kind = who, message, kind
+        self.who, self.message, self.kind, self.error = who, message, kind, error
 
 
 Fallback = Callable[[ServeConfig, str], "ServeConfig | None"]
@@ -78,7 +78,8 @@ class Supervisor:
                  sweep_leftovers: bool = True, decision: dict[str, Any] | None = None,
                  launcher: Launcher | None = None) -> None:
         self.config = config
-        self.launcher: Launcher = launcher or (NodeLauncher(config.hosts) if config.hosts else LocalLauncher())
+        self.launcher: Launcher = launcher or (NodeLauncher(config.hosts, check=same_build(config.server_bin))
+                                               if config.hosts else LocalLauncher())
         self.decision = decision or {"mode": config.mode, "reasons": []}  # why this mode, for status()
         self.policy = policy
         self.timeouts = timeouts
@@ -149,9 +150,8 @@ class Supervisor:
             child = self._children.get(spec.name)
             snap: MemberSnapshot = child.snapshot() if child else {
                 "state": MemberState.NEW, "pid": None, "port": spec.port, "endpoint": spec.endpoint,
-                "returncode": None, "uptime": None, "argv": list(spec.argv), "paused": False}
-            procs[spec.name] = {**snap, "restarts": self._restarts.get(spec.name, 0), "role": spec.role,
-                                "host": spec.node}
+                "returncode": None, "uptime": None, "argv": list(spec.argv), "paused": False, "host": spec.node}
+            procs[spec.name] = {**snap, "restarts": self._restarts.get(spec.name, 0), "role": spec.role}
         return {
             "state": self._group_state,
             "mode": self.config.mode,
@@ -261,7 +261,7 @@ class Supervisor:
                         self._failures = 0
                         continue
                 if failure and failure.kind == "fatal":
-                    raise RunError(failure.message, f"logs: {self.run_dir.path}")
+                    raise failure.error or RunError(failure.message, f"logs: {self.run_dir.path}")
                 if self._failures > self.policy.max_failures:
                     raise RunError(f"gave up after {self._failures} failures in a row: {self._last_error}",
                                    f"logs: {self.run_dir.path}")
@@ -426,10 +426,11 @@ class Supervisor:
         assert self.run_dir is not None
         try:
             await self.launcher.open(tg, self.run_dir.path.name, hosts)
-        except BadInput as exc:  # another build there: retrying changes nothing
-            raise _StartFailed("group", str(exc), "fatal") from None
-        except ArcsplitError as exc:  # unreachable now: retried with backoff
-            raise _StartFailed("group", str(exc)) from None
+        except ArcsplitError as exc:
+            # Another build there: retrying changes nothing. Unreachable at the first start: most likely the layout
+            # or ssh setup (the error says which), so the user hears it now; once the group has run, it is retried.
+            fatal = isinstance(exc, BadInput) or self._ready_event.is_set() is False
+            raise _StartFailed("group", str(exc), "fatal" if fatal else None, exc if fatal else None) from None
 
     async def _start_group(self, tg: TaskGroup) -> None:
         self._set_group(GroupState.STARTING, {"generation": self._generation})
