@@ -258,6 +258,11 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     if req.rpc_host != LOOPBACK:
         warnings.append(f"rpc-servers listen on {req.rpc_host}; the RPC protocol has no authentication, so anyone "
                         f"who can reach it can run code on them - keep it on a trusted network")
+    for h in rig.hosts:
+        if h.link == "direct" and any(c.card.host == h.name for c in plan.cards):
+            warnings.append(f"host {h.name}: link = \"direct\": its rpc-servers listen on {h.address}, and the RPC "
+                            "protocol has no authentication, so anyone who can reach that address can run code "
+                            "on them - use a private link or a VPN only (link = \"ssh\" keeps them on loopback)")
     # A build arcsplit did not make is asked once what it accepts (llama/features.py).
     foreign = binaries is not None and binaries.found_by in ("--llama-dir", "ARCSPLIT_LLAMA_DIR", "PATH")
     _, dropped = clean_env(req.backend, os.environ)

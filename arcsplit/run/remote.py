@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from ..errors import ArcsplitError, BadInput, RunError
+from ..errors import ArcsplitError, BadInput, HostError
 from ..hosts import check_inventory, node_argv
 from ..llama.build import build_rpc_proto
 from ..llama.locate import LlamaBinaries, server_build_info
@@ -99,8 +99,12 @@ class NodeSession:
         self.hello = answer
         return answer
 
-    async def ports(self, n: int, bind: str) -> list[int]:
-        answer = await self.request({"op": "ports", "n": n, "bind": bind}, "ports", 30.0)
+    async def ports(self, n: int, bind: str, want: Sequence[int] = ()) -> list[int]:
+        """``n`` free ports there, or HostError when one of ``want`` (the user's) is taken."""
+        msg: dict[str, Any] = {"op": "ports", "n": n, "bind": bind}
+        if want:
+            msg["want"] = list(want)
+        answer = await self.request(msg, "ports", 30.0)
         return [int(p) for p in answer["ports"]]
 
     async def request(self, msg: Mapping[str, Any], ev: str, timeout: float) -> dict[str, Any]:
@@ -113,9 +117,9 @@ class NodeSession:
             answer = self._answer
         if answer is None:
             why = self.dead or f"{self.where} ({self.host.ssh}) sent no {ev} within {timeout:.0f} s"
-            raise RunError(why, ssh_fix(self.host, why))
+            raise HostError(why, ssh_fix(self.host, why))
         if answer.get("ev") == "error":
-            raise RunError(f"{self.where}: {answer.get('message')}")
+            raise HostError(f"{self.where}: {answer.get('message')}")
         return answer
 
     async def send(self, msg: Mapping[str, Any]) -> bool:
@@ -354,9 +358,9 @@ class NodeLauncher:
             await self.close()
             raise next((e for e in errors if isinstance(e, BadInput)), errors[0])
 
-    async def ports(self, node: str, n: int, bind: str) -> list[int]:
-        """``n`` free ports on host ``node``, as its agent sees them."""
-        return await self.sessions[node].ports(n, bind)
+    async def ports(self, node: str, n: int, bind: str, want: Sequence[int] = ()) -> list[int]:
+        """``n`` free ports on host ``node``, as its agent sees them (``want``: these, checked free there)."""
+        return await self.sessions[node].ports(n, bind, want)
 
     async def close(self) -> None:
         sessions, self.sessions = list(self.sessions.values()), {}

@@ -398,14 +398,11 @@ class Supervisor:
             where = [i for i, proc in enumerate(procs) if proc.host == host]
             h = config.host_named(host)
             bind = h.address if h.link == "direct" and h.address else LOOPBACK
-            if fixed:
-                got = [fixed[i] for i in where]
-            else:
-                assert isinstance(self.launcher, NodeLauncher)
-                try:
-                    got = await self.launcher.ports(host, len(where), bind)
-                except ArcsplitError as exc:
-                    raise _StartFailed(host, str(exc)) from None
+            assert isinstance(self.launcher, NodeLauncher)
+            try:
+                got = await self.launcher.ports(host, len(where), bind, [fixed[i] for i in where] if fixed else ())
+            except ArcsplitError as exc:  # a port the user named is taken there: retrying changes nothing
+                raise _StartFailed(host, str(exc), "fatal" if fixed else None, exc if fixed else None) from None
             for i, p in zip(where, got):
                 ports[i] = p
         links = []
@@ -429,7 +426,7 @@ class Supervisor:
         except ArcsplitError as exc:
             # Another build there: retrying changes nothing. Unreachable at the first start: most likely the layout
             # or ssh setup (the error says which), so the user hears it now; once the group has run, it is retried.
-            fatal = isinstance(exc, BadInput) or self._ready_event.is_set() is False
+            fatal = isinstance(exc, BadInput) or not self._ready_event.is_set()
             raise _StartFailed("group", str(exc), "fatal" if fatal else None, exc if fatal else None) from None
 
     async def _start_group(self, tg: TaskGroup) -> None:
