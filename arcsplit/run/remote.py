@@ -168,7 +168,7 @@ class NodeSession:
             self.members[name].event(msg)
 
     def _on_exit(self, child: Child) -> None:
-        why = self.notes[-1] if self.notes else describe_exit(child.returncode)
+        why = self.notes[-1].rstrip(".") if self.notes else describe_exit(child.returncode)
         self.dead = f"{self.where} exited: {why}"
         self._reply.set()  # a pending request ends with the reason
         for m in self.members.values():
