@@ -358,6 +358,11 @@ class NodeLauncher:
             await self.close()
             raise next((e for e in errors if isinstance(e, BadInput)), errors[0])
 
+    def node_bins(self) -> tuple[tuple[str, str], ...]:
+        """Each open host's rpc-server binary from its hello (ServeConfig.node_bins): the argv shows the real path."""
+        return tuple(sorted((name, str(s.hello["llama"]["rpc_bin"])) for name, s in self.sessions.items()
+                            if s.hello and (s.hello.get("llama") or {}).get("rpc_bin")))
+
     async def ports(self, node: str, n: int, bind: str, want: Sequence[int] = ()) -> list[int]:
         """``n`` free ports on host ``node``, as its agent sees them (``want``: these, checked free there)."""
         return await self.sessions[node].ports(n, bind, want)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 import anyio
@@ -428,6 +428,9 @@ class Supervisor:
             # or ssh setup (the error says which), so the user hears it now; once the group has run, it is retried.
             fatal = isinstance(exc, BadInput) or not self._ready_event.is_set()
             raise _StartFailed("group", str(exc), "fatal" if fatal else None, exc if fatal else None) from None
+        bins = self.launcher.node_bins()
+        if bins != self.config.node_bins:
+            self.config = replace(self.config, node_bins=bins)
 
     async def _start_group(self, tg: TaskGroup) -> None:
         self._set_group(GroupState.STARTING, {"generation": self._generation})
