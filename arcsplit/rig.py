@@ -166,11 +166,6 @@ class Rig:
                 return h
         raise BadInput(f"no host {name!r} in the layout", f"use one of: {', '.join(h.name for h in self.hosts) or 'none'}")
 
-    @property
-    def remote(self) -> bool:
-        """Whether any card lives on another machine."""
-        return any(c.host for c in self.cards)
-
 
 def load_layout(path: str | Path) -> Rig:
     """Read a layout TOML file; every mistake becomes a one-line BadInput."""

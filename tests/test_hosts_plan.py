@@ -136,7 +136,7 @@ def test_route_across_hosts_gives_every_remote_card_its_own_rpc_server() -> None
     assert [c["host"] for c in d["cards"]] == ["", "", "b", "b"] and d["processes"][0]["host"] == "b"
     hybrid = Route.build("hybrid", "sycl", [0, 1, 0], ["", "", "b"])
     assert [(p.name, p.host) for p in hybrid.rpc] == [("rpc0", ""), ("rpc1", "b")]  # this machine's first
-    assert Route.build("rpc", "cpu", [0, 0], ["b", "c"]).hosts == ("b", "c")
+    assert [p.host for p in Route.build("rpc", "cpu", [0, 0], ["b", "c"]).rpc] == ["b", "c"]
     one_host = Route.build("hybrid", "sycl", [0, 1])
     assert all(p.host == "" for p in one_host.processes) and one_host.to_dict()["cards"][0]["host"] == ""
 
@@ -186,7 +186,10 @@ def test_auto_output_layer_comes_home_when_the_last_card_is_remote(untied) -> No
     # activations go to b, from RPC1 through llama-server to RPC2, and back: 4 crossings, 2 blocking gets.
     act = untied.n_embd * 4
     assert (link.host, link.act_crossings, link.round_trips, link.logits_bytes) == ("b", 4, 2, 0)
-    assert link.token_bytes == 4 * act and link.ubatch_bytes == 4 * act * 256 and link.rpc_servers == 2
+    # both cards on b hold attention layers: each gets the f16 mask (flash attention) of every ubatch, n_kv wide
+    assert link.masks == (2, 0) and link.mask_bytes == 2 * 2 * 2048 and link.mask_at(256) == 2 * 2 * 256
+    assert link.token_bytes == 4 * act + link.mask_bytes and link.rpc_servers == 2
+    assert link.ubatch_bytes == (4 * act + link.mask_bytes) * 256
     assert link.gbit == DEFAULT_LINK_GBIT and not link.gbit_given
     one_host = make_plan(untied, Rig((_card(0), _card(1))), PlanOptions(n_ctx=2048))
     assert one_host.cards[-1].has_output and not one_host.links  # one machine: unchanged, no link
@@ -197,7 +200,8 @@ def test_tied_output_stays_last_with_a_warning_and_its_logits_are_counted(tied) 
     assert plan.cards[-1].has_output and not plan.options.output_on_first
     assert any("the output layer stays on host b" in w and "ties it" in w for w in plan.warnings)
     (link,) = plan.links
-    assert link.logits_bytes == tied.n_vocab * 4 and link.token_bytes == tied.n_embd * 4 + tied.n_vocab * 4
+    assert link.logits_bytes == tied.n_vocab * 4
+    assert link.token_bytes == tied.n_embd * 4 + 2 * 2048 + tied.n_vocab * 4
     assert link.round_trips == 1  # the logits read; the activations going there are queued
 
 
@@ -211,7 +215,10 @@ def test_prefill_warning_follows_the_links_bandwidth(untied) -> None:
     slow = Host("b", "me@b", bandwidth_gbit=0.01)
     _, plan = _plan(untied, ["", "b"], hosts=(slow,))
     (link,) = plan.links
-    assert link.gbit == 0.01 and link.gbit_given and link.prefill_tps is not None and link.prefill_tps < 1000
+    assert link.gbit == 0.01 and link.gbit_given
+    full, start = link.prefill_tps_full, link.prefill_tps_start
+    assert full is not None and start is not None and full < start < 1000  # the masks grow with the context
+    assert full == pytest.approx(0.01e9 / 8 / (link.act_bytes * link.act_crossings + (2 * 256 + 2 * 2048) / 2))
     assert any("prefill over the ssh link to b would dominate" in w and "0.01 Gbit/s (given)" in w
                for w in plan.warnings)
     _, fast = _plan(untied, ["", "b"])
@@ -341,7 +348,7 @@ def test_plan_cli_groups_processes_by_host_with_links_and_costs(tmp_path: Path, 
     assert [h["name"] for h in d["hosts"]] == ["b", "c"]
     assert d["hosts"][0]["node_argv"][-1] == "arcsplit node --stdio"
     assert [lc["host"] for lc in d["links"]] == ["b", "c"]
-    assert d["links"][1]["logits_bytes"] == 262144 * 4  # Gemma 3 ties its output: it stays on c's card
+    assert d["links"][1]["token"]["logits_bytes"] == 262144 * 4  # Gemma 3 ties its output: it stays on c's card
 
     assert main(base) == 0
     text = capsys.readouterr().out
@@ -349,7 +356,7 @@ def test_plan_cli_groups_processes_by_host_with_links_and_costs(tmp_path: Path, 
     assert "host c (ssh me@c, link direct to 10.77.0.3):" in text
     b_part = text.split("host b (")[1].split("host c (")[0]
     assert "node: ssh" in b_part and "rpc1-link: ssh" in b_part and "(started there by the node)" in b_part
-    assert "links (llama.cpp's RPC relays" in text and "  b (ssh, 1 Gbit/s assumed): per decoded token" in text
+    assert "links, at a full context of 2,048 tokens" in text and "  b (ssh, 1 Gbit/s assumed, 2 rpc-server(s)):" in text
 
 
 def test_plan_save_keeps_the_hosts(tmp_path: Path, demo_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
