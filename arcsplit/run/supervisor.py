@@ -394,7 +394,7 @@ class Supervisor:
             else:
                 ports[i] = fresh()
             taken.add(ports[i])
-        for host in config.route.hosts:
+        for host in _hosts(config):
             where = [i for i, proc in enumerate(procs) if proc.host == host]
             h = config.host_named(host)
             bind = h.address if h.link == "direct" and h.address else LOOPBACK
@@ -414,7 +414,7 @@ class Supervisor:
 
     async def _open_hosts(self, tg: TaskGroup) -> None:
         """One agent session per host this generation (hello + inventory check) before any port is picked."""
-        hosts = self.config.route.hosts
+        hosts = _hosts(self.config)
         if not hosts:
             return
         if not isinstance(self.launcher, NodeLauncher):
@@ -620,6 +620,11 @@ class Supervisor:
             self.run_dir.write_state(state)
         except OSError:
             pass
+
+
+def _hosts(config: ServeConfig) -> tuple[str, ...]:
+    """The other hosts the group has rpc-servers on, in --rpc order."""
+    return tuple(dict.fromkeys(p.host for p in config.route.rpc if p.host))
 
 
 def _where(spec: ProcessSpec) -> str:
