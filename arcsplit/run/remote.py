@@ -58,6 +58,8 @@ def ssh_fix(host: Host, why: str) -> str:
     if "Host key verification failed" in why or "IDENTIFICATION HAS CHANGED" in why:
         return (f"arcsplit only connects to known host keys: check {host.ssh}'s key and add it to known_hosts "
                 f"(ssh-keyscan prints it), or fix the entry that changed")
+    if "cannot start" in why:  # the transport itself (ssh) is missing here
+        return "install the OpenSSH client (ssh) on this machine"
     if "Permission denied" in why:
         return f"install a key for {host.ssh} (ssh-copy-id): arcsplit never asks for a password (BatchMode)"
     if "not found" in why or "No such file" in why:
@@ -92,7 +94,7 @@ class NodeSession:
         return f"node agent on {self.host.name}"
 
     async def open(self, tg: TaskGroup) -> dict[str, Any]:
-        """Start the transport, say hello; the hello's inventory, or RunError with the reason it never came."""
+        """Start the transport, say hello; the hello's inventory, or HostError with the reason it never came."""
         await tg.start(self._child.run)
         tg.start_soon(self._keepalive)
         answer = await self.request({"op": "hello", "run": self.run_id, "proto": PROTO}, "hello", HELLO_TIMEOUT)
