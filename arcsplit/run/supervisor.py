@@ -106,6 +106,7 @@ class Supervisor:
         self._ready_event = anyio.Event()
         self._progress: dict[str, Any] = {}
         self._buffers: list[logs.BufferLine] = []
+        self._load_mmap = True  # llama-server's load mode: the order its buffers fill in (logs.load_progress)
         self._last_error: str | None = None
         self._unhealthy: str | None = None
 
@@ -284,6 +285,7 @@ class Supervisor:
         self._wake = anyio.Event()
         self._restart_requested = False
         self._buffers = []
+        self._load_mmap = True
         self._progress = {}
         self._ready_at = None
         self._unhealthy = None
@@ -530,7 +532,7 @@ class Supervisor:
                     raise _StartFailed("server", f"llama-server made no progress for {stall:.0f} s while loading" + _tail(child))
                 await anyio.sleep(0.05)
         child.state = MemberState.READY
-        self._progress["value"] = 1.0
+        self._progress.update(value=1.0, cards=self._card_loads(1.0))
         self._publish_state(child)
 
     # -- output and exits -----------------------------------------------------------------------------------
@@ -546,12 +548,26 @@ class Supervisor:
                 return
             payload = state.get("payload") or {}
             if state.get("state") == "loading" and "value" in payload:
-                self._progress = {"stage": payload.get("current"), "value": float(payload["value"])}
+                value = float(payload["value"])
+                self._progress = {"stage": payload.get("current"), "value": value, "cards": self._card_loads(value)}
                 self._publish("progress", child.spec.name, dict(self._progress))
             return
         b = logs.parse_buffer_line(line)
         if b is not None:
             self._buffers.append(b)
+        elif (mode := logs.parse_load_mode(line)) is not None:
+            self._load_mmap = logs.load_mode_mmaps(mode)
+
+    def _card_loads(self, value: float) -> list[dict[str, Any]]:
+        """Model bytes loaded per plan card at load fraction ``value`` (events.CardLoad), host memory last."""
+        card_of = card_of_buffer(self._specs, self.config.route.host_position)
+        per: dict[int | None, tuple[int, int]] = {}
+        for key, (done, total) in logs.load_progress(self._buffers, value, self._load_mmap).items():
+            pos = card_of(key)
+            d, t = per.get(pos, (0, 0))
+            per[pos] = (d + done, t + total)
+        order = sorted(per, key=lambda pos: (pos is None, pos or 0))
+        return [{"card": pos, "done": per[pos][0], "total": per[pos][1]} for pos in order]
 
     def _on_exit(self, child: Member) -> None:
         self._publish_state(child)
