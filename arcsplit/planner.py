@@ -105,13 +105,15 @@ class LinkCost:
     gbit_given: bool  # from the host's bandwidth_gbit (else DEFAULT_LINK_GBIT)
     rpc_servers: int  # each gets one graph_compute per ubatch (sent, not waited for)
     act_bytes: int  # one token's activations crossing once: n_embd x 4 bytes
-    act_crossings: int  # how often a token's activations cross this link (both directions)
-    logits_bytes: int  # per decoded token when the output layer is over there (n_vocab x 4), else 0
+    act_crossings: int  # how often every token's activations cross this link (both directions)
+    out_crossings: int  # crossings of output rows only (after the last layer picked them): 0 rows in mid-prompt
+    logits_bytes: int  # per output row when the output layer is over there (n_vocab x 4), else 0
     masks: tuple[int, int]  # that host's cards with full-attention layers, with sliding-window ones (a mask each)
     mask_elem: int  # bytes per mask cell: 2 with flash attention (f16), else 4
     kv_cells: int  # KV cells of a full context (per stream)
     swa_cells: int  # of the sliding-window cache
-    round_trips: int  # blocking gets per ubatch (a decoded token is one ubatch)
+    gets: int  # blocking gets per ubatch
+    out_gets: int  # more of them in a ubatch with output rows (a decoded token; a prompt's last ubatch)
     n_ubatch: int
     n_ctx: int
 
@@ -126,13 +128,18 @@ class LinkCost:
         return self.mask_at(self.kv_cells)
 
     @property
+    def round_trips(self) -> int:
+        """Blocking exchanges per decoded token."""
+        return self.gets + self.out_gets
+
+    @property
     def token_bytes(self) -> int:
         """Bytes over the link per decoded token at a full context."""
-        return self.act_bytes * self.act_crossings + self.mask_bytes + self.logits_bytes
+        return self.act_bytes * (self.act_crossings + self.out_crossings) + self.mask_bytes + self.logits_bytes
 
     @property
     def ubatch_bytes(self) -> int:
-        """Bytes over the link per prefill ubatch at a full context (a prompt's last row of logits on top)."""
+        """Bytes over the link per prefill ubatch at a full context (a prompt's last row of output on top)."""
         return (self.act_bytes * self.act_crossings + self.mask_bytes) * self.n_ubatch
 
     def _ms(self, n: float) -> float:
@@ -166,10 +173,11 @@ class LinkCost:
         start, full = self.prefill_tps_start, self.prefill_tps_full
         return {"host": self.host, "link": self.link, "gbit": self.gbit, "gbit_given": self.gbit_given,
                 "rpc_servers": self.rpc_servers, "n_ctx": self.n_ctx,
-                "token": {"bytes": self.token_bytes, "activation_bytes": self.act_bytes * self.act_crossings,
+                "token": {"bytes": self.token_bytes,
+                          "activation_bytes": self.act_bytes * (self.act_crossings + self.out_crossings),
                           "mask_bytes": self.mask_bytes, "logits_bytes": self.logits_bytes,
                           "round_trips": self.round_trips, "ms": round(self.token_ms, 3)},
-                "ubatch": {"tokens": self.n_ubatch, "bytes": self.ubatch_bytes, "round_trips": self.round_trips,
+                "ubatch": {"tokens": self.n_ubatch, "bytes": self.ubatch_bytes, "round_trips": self.gets,
                            "graph_computes": self.rpc_servers, "ms": round(self.ubatch_ms, 3)},
                 "prefill_tps_max": {"empty_context": round(start) if start else None,
                                     "full_prompt": round(full) if full else None}}
@@ -185,27 +193,31 @@ def _masks(profile: Any, card: "CardPlan") -> tuple[int, int]:
 
 def link_costs(profile: Any, cards: tuple["CardPlan", ...], hosts: tuple[Host, ...], options: "PlanOptions",
                cs: Any) -> tuple[LinkCost, ...]:
-    """Per other host, what crosses its link: the layer path starts at llama-server (token embeddings), visits each
-    card in order (the output layer on the first card comes back at the end), and llama-server reads the logits;
-    each card there gets its attention masks."""
+    """Per other host, what crosses its link: the layer path starts at llama-server (token embeddings) and visits each
+    card holding layers in order; the last layer keeps only the output rows, which go on to the output layer's card
+    when that is another one (the first, with -ot); llama-server reads the logits there. Each card over there gets
+    its attention masks."""
     remote = list(dict.fromkeys(c.card.host for c in cards if c.card.host))
     if not remote:
         return ()
-    stops = [""] + [c.card.host for c in cards if c.n_layers > 0]
+    n_layer = profile.n_layer
+    layered = [c for c in cards if min(c.end_layer, n_layer) > c.first_layer]
     out = next((c for c in cards if c.has_output), cards[-1])
-    if out is cards[0] and len(cards) > 1:
-        stops.append(out.card.host)  # -ot: the final rows come back to the first card
-    crossings = dict.fromkeys(remote, 0)
-    gets = dict.fromkeys(remote, 0)
-    for a, b in zip(stops, stops[1:]):
+    crossings = {h: [0, 0] for h in remote}  # every row, output rows only
+    gets = {h: [0, 0] for h in remote}
+    hosts_in_order = [c.card.host for c in layered]
+    hops = [(a, b, 0) for a, b in zip(["", *hosts_in_order], hosts_in_order)]
+    if layered and out is not layered[-1]:
+        hops.append((layered[-1].card.host, out.card.host, 1))
+    for a, b, rows in hops:
         if a:
-            crossings[a] += 1
-            gets[a] += 1
+            crossings[a][rows] += 1
+            gets[a][rows] += 1
         if b:
-            crossings[b] += 1
-    logits_at = stops[-1]
+            crossings[b][rows] += 1
+    logits_at = out.card.host
     if logits_at:
-        gets[logits_at] += 1
+        gets[logits_at][1] += 1
     elem = 2 if options.flash_attn else 4  # llama-graph.cpp build_attn_inp_kq_mask: f16 with flash attention
     by_name = {h.name: h for h in hosts}
     found = []
@@ -215,11 +227,13 @@ def link_costs(profile: Any, cards: tuple["CardPlan", ...], hosts: tuple[Host, .
         mine = [_masks(profile, c) for c in cards if c.card.host == name]
         found.append(LinkCost(host=name, link=h.link if h is not None else "ssh", gbit=float(gbit),
                               gbit_given=bool(h is not None and h.bandwidth_gbit), rpc_servers=len(mine),
-                              act_bytes=profile.n_embd * 4, act_crossings=crossings[name],
+                              act_bytes=profile.n_embd * 4, act_crossings=crossings[name][0],
+                              out_crossings=crossings[name][1],
                               logits_bytes=profile.n_vocab * 4 if logits_at == name else 0,
                               masks=(sum(f for f, _ in mine), sum(w for _, w in mine)), mask_elem=elem,
                               kv_cells=cs.kv_size, swa_cells=cs.swa_size,
-                              round_trips=gets[name], n_ubatch=options.n_ubatch, n_ctx=cs.n_ctx))
+                              gets=gets[name][0], out_gets=gets[name][1], n_ubatch=options.n_ubatch,
+                              n_ctx=cs.n_ctx))
     return tuple(found)
 
 
@@ -230,8 +244,8 @@ def _link_warnings(profile: Any, cards: tuple["CardPlan", ...], links: tuple[Lin
         full, start = lc.prefill_tps_full, lc.prefill_tps_start
         if full is not None and full < PREFILL_DOMINATES_TPS:
             assumed = "given" if lc.gbit_given else "assumed; set bandwidth_gbit in its [[hosts]] entry"
-            out.append(f"prefill over the {lc.link} link to {lc.host} would dominate: at {lc.gbit:g} Gbit/s ({assumed}) "
-                       f"it carries about {full:,.0f} prompt tokens/s over a prompt that fills the {lc.n_ctx:,}-token "
+            out.append(f"prefill over the {lc.link} link to {lc.host} would dominate: at {lc.gbit:g} Gbit/s "
+                       f"({assumed}) it carries about {full:,.0f} prompt tokens/s over a prompt that fills the {lc.n_ctx:,}-token "
                        f"context ({start or 0:,.0f} at its start; the attention masks grow with the context: a "
                        f"smaller --ctx helps)")
     last = cards[-1]

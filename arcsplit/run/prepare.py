@@ -269,7 +269,8 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     foreign = binaries is not None and binaries.found_by in ("--llama-dir", "ARCSPLIT_LLAMA_DIR", "PATH")
     _, dropped = clean_env(req.backend, os.environ)
     cores = os.cpu_count() or 1
-    route = Route.build(decision.mode, req.backend, [c.card.index for c in plan.cards], [c.card.host for c in plan.cards])
+    route = Route.build(decision.mode, req.backend, [c.card.index for c in plan.cards],
+                        [c.card.host for c in plan.cards])
     config = ServeConfig(plan=plan, mode=decision.mode, backend=req.backend,
                          server_bin=str(binaries.server) if binaries else "llama-server",
                          rpc_bin=str(binaries.rpc_server) if binaries else "ggml-rpc-server",
