@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import itertools
 import os
 import re
 import shlex
@@ -28,7 +29,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import psutil
 
@@ -39,6 +40,7 @@ SSH_PORT = 2222
 LOCK = Path("/tmp/arcsplit-netns.lock")  # one subnet chooser at a time across test sessions
 
 _live: list["NetHarness"] = []
+_seq = itertools.count()
 
 
 def unavailable() -> str | None:
@@ -195,8 +197,9 @@ class NetHarness:
     def _add_host(self, name: str) -> None:
         with _lock():
             n = next(i for i in range(10, 250) if i not in _subnets_in_use())
-            tag = f"{os.getpid() % 100000}{name}"[-9:]
-            h = RemoteHost(name, f"{PREFIX}{os.getpid()}-{name}", f"arcs{tag}a", f"arcs{tag}b",
+            seq = next(_seq)  # several harnesses in one process (a test beside a fixture) get names of their own
+            tag = f"{os.getpid() % 100000}{seq}{name}"[-9:]
+            h = RemoteHost(name, f"{PREFIX}{os.getpid()}-{seq}{name}", f"arcs{tag}a", f"arcs{tag}b",
                            f"{SUBNET}.{n}.1", f"{SUBNET}.{n}.2", SSH_PORT, self.root / f"host-{name}")
             self.hosts[name] = h
             ip("netns", "add", h.ns)
@@ -366,9 +369,9 @@ def keygen(path: Path, comment: str) -> None:
                    stdin=subprocess.DEVNULL, capture_output=True)
 
 
-def ssh_config_text(hosts: object, key: Path, known_hosts: Path) -> str:
+def ssh_config_text(hosts: Iterable[RemoteHost], key: Path, known_hosts: Path) -> str:
     blocks = []
-    for h in hosts:  # type: ignore[attr-defined]
+    for h in hosts:
         blocks.append("\n".join([
             f"Host {h.name}",
             f"  HostName {h.addr}",
