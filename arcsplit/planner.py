@@ -86,11 +86,18 @@ DEFAULT_LINK_GBIT = 1.0
 PREFILL_DOMINATES_TPS = 1000.0
 
 
+MASK_START = 256  # KV cells of the attention mask at an empty context (llama.cpp pads n_kv to 256)
+
+
 @dataclass(frozen=True)
 class LinkCost:
     """The traffic between this machine and one other host, from the plan's layer order. llama.cpp's RPC relays
     everything through llama-server: an activation leaving a card there is read back here (a blocking get: one
-    round trip) and sent on to the next card (queued, no wait), also between two cards of that same host."""
+    round trip) and sent on to the next card (queued, no wait), also between two cards of that same host. Each
+    card there with attention layers also gets the attention mask of every ubatch (n_kv x 2 bytes per token with
+    flash attention, 4 without; one mask per kind, full and sliding-window), which grows with the context in use:
+    the byte counts below are at a full context, the worst case. Measured against the rpc-servers' own logs in
+    bench/results/link_bytes.md."""
 
     host: str
     link: str  # "ssh" | "direct"
@@ -98,79 +105,135 @@ class LinkCost:
     gbit_given: bool  # from the host's bandwidth_gbit (else DEFAULT_LINK_GBIT)
     rpc_servers: int  # each gets one graph_compute per ubatch (sent, not waited for)
     act_bytes: int  # one token's activations crossing once: n_embd x 4 bytes
-    act_crossings: int  # how often a token's activations cross this link (both directions)
-    logits_bytes: int  # per decoded token when the output layer is over there (n_vocab x 4), else 0
-    round_trips: int  # blocking gets per ubatch (a decoded token is one ubatch)
+    act_crossings: int  # how often every token's activations cross this link (both directions)
+    out_crossings: int  # crossings of output rows only (after the last layer picked them): 0 rows in mid-prompt
+    logits_bytes: int  # per output row when the output layer is over there (n_vocab x 4), else 0
+    masks: tuple[int, int]  # that host's cards with full-attention layers, with sliding-window ones (a mask each)
+    mask_elem: int  # bytes per mask cell: 2 with flash attention (f16), else 4
+    kv_cells: int  # KV cells of a full context (per stream)
+    swa_cells: int  # of the sliding-window cache
+    gets: int  # blocking gets per ubatch
+    out_gets: int  # more of them in a ubatch with output rows (a decoded token; a prompt's last ubatch)
     n_ubatch: int
+    n_ctx: int
+
+    def mask_at(self, cells: int) -> int:
+        """Attention-mask bytes per token for that host's cards when ``cells`` KV cells are in use."""
+        full, swa = self.masks
+        return self.mask_elem * (full * min(cells, self.kv_cells) + swa * min(cells, self.swa_cells))
+
+    @property
+    def mask_bytes(self) -> int:
+        """At a full context."""
+        return self.mask_at(self.kv_cells)
+
+    @property
+    def round_trips(self) -> int:
+        """Blocking exchanges per decoded token."""
+        return self.gets + self.out_gets
 
     @property
     def token_bytes(self) -> int:
-        """Bytes over the link per decoded token."""
-        return self.act_bytes * self.act_crossings + self.logits_bytes
+        """Bytes over the link per decoded token at a full context."""
+        return self.act_bytes * (self.act_crossings + self.out_crossings) + self.mask_bytes + self.logits_bytes
 
     @property
     def ubatch_bytes(self) -> int:
-        """Bytes over the link per prefill ubatch (activations; a prompt's last row of logits comes on top)."""
-        return self.act_bytes * self.act_crossings * self.n_ubatch
+        """Bytes over the link per prefill ubatch at a full context (a prompt's last row of output on top)."""
+        return (self.act_bytes * self.act_crossings + self.mask_bytes) * self.n_ubatch
+
+    def _ms(self, n: float) -> float:
+        return n * 8 / (self.gbit * 1e9) * 1e3
 
     @property
     def token_ms(self) -> float:
         """Transfer time of a decoded token's bytes at the assumed bandwidth (round-trip latency not included)."""
-        return self.token_bytes * 8 / (self.gbit * 1e9) * 1e3
+        return self._ms(self.token_bytes)
 
     @property
     def ubatch_ms(self) -> float:
-        return self.ubatch_bytes * 8 / (self.gbit * 1e9) * 1e3
+        return self._ms(self.ubatch_bytes)
 
-    @property
-    def prefill_tps(self) -> float | None:
-        """The most prompt tokens/s this link can carry (None: no activations cross it)."""
-        per_token = self.act_bytes * self.act_crossings
+    def prefill_tps(self, mask: float) -> float | None:
+        """The most prompt tokens/s this link carries with ``mask`` bytes of mask per token (None: nothing crosses)."""
+        per_token = self.act_bytes * self.act_crossings + mask
         return self.gbit * 1e9 / 8 / per_token if per_token else None
 
+    @property
+    def prefill_tps_start(self) -> float | None:
+        """At an empty context (llama.cpp pads the cells in use to 256)."""
+        return self.prefill_tps(self.mask_at(MASK_START))
+
+    @property
+    def prefill_tps_full(self) -> float | None:
+        """Averaged over a prompt that fills the context (the mask grows from 256 cells to all of them)."""
+        return self.prefill_tps((self.mask_at(MASK_START) + self.mask_bytes) / 2)
+
     def to_dict(self) -> dict[str, Any]:
+        start, full = self.prefill_tps_start, self.prefill_tps_full
         return {"host": self.host, "link": self.link, "gbit": self.gbit, "gbit_given": self.gbit_given,
-                "rpc_servers": self.rpc_servers, "token": {"bytes": self.token_bytes, "round_trips": self.round_trips,
-                                                            "ms": round(self.token_ms, 3)},
-                "ubatch": {"tokens": self.n_ubatch, "bytes": self.ubatch_bytes, "round_trips": self.round_trips,
+                "rpc_servers": self.rpc_servers, "n_ctx": self.n_ctx,
+                "token": {"bytes": self.token_bytes,
+                          "activation_bytes": self.act_bytes * (self.act_crossings + self.out_crossings),
+                          "mask_bytes": self.mask_bytes, "logits_bytes": self.logits_bytes,
+                          "round_trips": self.round_trips, "ms": round(self.token_ms, 3)},
+                "ubatch": {"tokens": self.n_ubatch, "bytes": self.ubatch_bytes, "round_trips": self.gets,
                            "graph_computes": self.rpc_servers, "ms": round(self.ubatch_ms, 3)},
-                "logits_bytes": self.logits_bytes,
-                "prefill_tps_max": round(self.prefill_tps) if self.prefill_tps else None}
+                "prefill_tps_max": {"empty_context": round(start) if start else None,
+                                    "full_prompt": round(full) if full else None}}
 
 
-def link_costs(profile: Any, cards: tuple["CardPlan", ...], hosts: tuple[Host, ...], n_ubatch: int
-               ) -> tuple[LinkCost, ...]:
-    """Per other host, what crosses its link: the layer path starts at llama-server (token embeddings), visits each
-    card in order (the output layer on the first card comes back at the end), and llama-server reads the logits."""
+def _masks(profile: Any, card: "CardPlan") -> tuple[int, int]:
+    """The attention masks a card gets each ubatch: (full, sliding-window), 1 when it holds such a layer."""
+    layers = range(card.first_layer, min(card.end_layer, profile.n_layer))
+    full = any(profile.has_kv[il] and not profile.is_swa[il] for il in layers)
+    swa = any(profile.has_kv[il] and profile.is_swa[il] for il in layers)
+    return int(full), int(swa)
+
+
+def link_costs(profile: Any, cards: tuple["CardPlan", ...], hosts: tuple[Host, ...], options: "PlanOptions",
+               cs: Any) -> tuple[LinkCost, ...]:
+    """Per other host, what crosses its link: the layer path starts at llama-server (token embeddings) and visits each
+    card holding layers in order; the last layer keeps only the output rows, which go on to the output layer's card
+    when that is another one (the first, with -ot); llama-server reads the logits there. Each card over there gets
+    its attention masks."""
     remote = list(dict.fromkeys(c.card.host for c in cards if c.card.host))
     if not remote:
         return ()
-    stops = [""] + [c.card.host for c in cards if c.n_layers > 0]
+    n_layer = profile.n_layer
+    layered = [c for c in cards if min(c.end_layer, n_layer) > c.first_layer]
     out = next((c for c in cards if c.has_output), cards[-1])
-    if out is cards[0] and len(cards) > 1:
-        stops.append(out.card.host)  # -ot: the final rows come back to the first card
-    crossings = dict.fromkeys(remote, 0)
-    gets = dict.fromkeys(remote, 0)
-    for a, b in zip(stops, stops[1:]):
+    crossings = {h: [0, 0] for h in remote}  # every row, output rows only
+    gets = {h: [0, 0] for h in remote}
+    hosts_in_order = [c.card.host for c in layered]
+    hops = [(a, b, 0) for a, b in zip(["", *hosts_in_order], hosts_in_order)]
+    if layered and out is not layered[-1]:
+        hops.append((layered[-1].card.host, out.card.host, 1))
+    for a, b, rows in hops:
         if a:
-            crossings[a] += 1
-            gets[a] += 1
+            crossings[a][rows] += 1
+            gets[a][rows] += 1
         if b:
-            crossings[b] += 1
-    logits_at = stops[-1]
+            crossings[b][rows] += 1
+    logits_at = out.card.host
     if logits_at:
-        gets[logits_at] += 1
+        gets[logits_at][1] += 1
+    elem = 2 if options.flash_attn else 4  # llama-graph.cpp build_attn_inp_kq_mask: f16 with flash attention
     by_name = {h.name: h for h in hosts}
     found = []
     for name in remote:
         h = by_name.get(name)
         gbit = h.bandwidth_gbit if h is not None and h.bandwidth_gbit else DEFAULT_LINK_GBIT
+        mine = [_masks(profile, c) for c in cards if c.card.host == name]
         found.append(LinkCost(host=name, link=h.link if h is not None else "ssh", gbit=float(gbit),
-                              gbit_given=bool(h is not None and h.bandwidth_gbit),
-                              rpc_servers=sum(1 for c in cards if c.card.host == name), act_bytes=profile.n_embd * 4,
-                              act_crossings=crossings[name],
+                              gbit_given=bool(h is not None and h.bandwidth_gbit), rpc_servers=len(mine),
+                              act_bytes=profile.n_embd * 4, act_crossings=crossings[name][0],
+                              out_crossings=crossings[name][1],
                               logits_bytes=profile.n_vocab * 4 if logits_at == name else 0,
-                              round_trips=gets[name], n_ubatch=n_ubatch))
+                              masks=(sum(f for f, _ in mine), sum(w for _, w in mine)), mask_elem=elem,
+                              kv_cells=cs.kv_size, swa_cells=cs.swa_size,
+                              gets=gets[name][0], out_gets=gets[name][1], n_ubatch=options.n_ubatch,
+                              n_ctx=cs.n_ctx))
     return tuple(found)
 
 
@@ -178,12 +241,13 @@ def _link_warnings(profile: Any, cards: tuple["CardPlan", ...], links: tuple[Lin
     """Prefill the link would dominate, and an output layer left on another host."""
     out = []
     for lc in links:
-        tps = lc.prefill_tps
-        if tps is not None and tps < PREFILL_DOMINATES_TPS:
+        full, start = lc.prefill_tps_full, lc.prefill_tps_start
+        if full is not None and full < PREFILL_DOMINATES_TPS:
             assumed = "given" if lc.gbit_given else "assumed; set bandwidth_gbit in its [[hosts]] entry"
-            out.append(f"prefill over the {lc.link} link to {lc.host} would dominate: at {lc.gbit:g} Gbit/s ({assumed}) "
-                       f"it carries at most {tps:,.0f} prompt tokens/s ({lc.ubatch_bytes / _MiB:,.1f} MiB per ubatch "
-                       f"of {lc.n_ubatch}, {lc.ubatch_ms:.1f} ms)")
+            out.append(f"prefill over the {lc.link} link to {lc.host} would dominate: at {lc.gbit:g} Gbit/s "
+                       f"({assumed}) it carries about {full:,.0f} prompt tokens/s over a prompt that fills the {lc.n_ctx:,}-token "
+                       f"context ({start or 0:,.0f} at its start; the attention masks grow with the context: a "
+                       f"smaller --ctx helps)")
     last = cards[-1]
     if last.has_output and last.card.host and not cards[0].card.host and len(cards) > 1:
         why = ("the model ties it to the token embeddings, which -ot cannot move" if profile.tied_output
@@ -640,7 +704,7 @@ def _assemble(profile: Any, solver: "_Solver", costs: _Costs, cards: tuple[Card,
     if n_off:
         host += experts + memory.moe_compute_bytes(profile, costs.cs, solver.shape())
     share = profile.n_expert_used / profile.n_expert if profile.n_expert else 0.0
-    links = link_costs(profile, tuple(plans), hosts, options.n_ubatch)
+    links = link_costs(profile, tuple(plans), hosts, options, costs.cs)
     return Plan(model_path=profile.path, arch=profile.arch, n_layer=profile.n_layer, n_ctx=costs.cs.n_ctx,
                 options=options if options.n_ctx == costs.cs.n_ctx else _with_ctx(options, costs.cs.n_ctx),
                 cards=tuple(plans), host_bytes=host,

@@ -104,7 +104,8 @@ class Host:
         if not isinstance(self.name, str) or not _HOST_NAME.fullmatch(self.name) or self.name == "local":
             raise BadInput(f"host name {self.name!r} is not usable",
                            "name it with letters, digits, '.', '_' or '-' (up to 32, not 'local')")
-        if not isinstance(self.ssh, str) or not self.ssh or self.ssh.startswith("-") or any(c.isspace() for c in self.ssh):
+        if (not isinstance(self.ssh, str) or not self.ssh or self.ssh.startswith("-")
+                or any(c.isspace() for c in self.ssh)):
             raise BadInput(f"{where}: ssh = {self.ssh!r} is not an ssh destination",
                            'write ssh = "user@machine" (or a Host alias of your ssh_config)')
         if self.link not in LINKS:
@@ -164,12 +165,8 @@ class Rig:
         for h in self.hosts:
             if h.name == name:
                 return h
-        raise BadInput(f"no host {name!r} in the layout", f"use one of: {', '.join(h.name for h in self.hosts) or 'none'}")
-
-    @property
-    def remote(self) -> bool:
-        """Whether any card lives on another machine."""
-        return any(c.host for c in self.cards)
+        raise BadInput(f"no host {name!r} in the layout",
+                       f"use one of: {', '.join(h.name for h in self.hosts) or 'none'}")
 
 
 def load_layout(path: str | Path) -> Rig:
@@ -293,7 +290,7 @@ def dump_layout(rig: Rig, plan: dict[str, Any] | None = None) -> str:
         lines.append("[[hosts]]")
         for key in _HOST_KEYS:
             value = getattr(h, key)
-            if value is not None and not (key == "link" and value == "ssh") and not (key == "arcsplit" and value == "arcsplit"):
+            if value is not None and (key, value) not in (("link", "ssh"), ("arcsplit", "arcsplit")):  # the defaults
                 lines.append(f"{key} = {_toml_value(value)}")
         lines.append("")
     for card in rig.cards:

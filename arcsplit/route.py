@@ -203,11 +203,6 @@ class Route:
         """The last card (llama.cpp's place for the output layer) is on another host, the first on this one."""
         return not self.cards[0].host and bool(self.cards[-1].host)
 
-    @property
-    def hosts(self) -> tuple[str, ...]:
-        """The other hosts this route has cards on, in layer order."""
-        return tuple(dict.fromkeys(c.host for c in self.cards if c.host))
-
     def to_dict(self) -> dict[str, Any]:
         """The ``route`` of status() and ``plan --json``."""
         return {"mode": self.mode, "backend": self.backend,

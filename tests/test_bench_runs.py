@@ -63,6 +63,25 @@ def test_same_card_rig_gives_one_gpu_to_every_card_of_a_route(monkeypatch):
     assert seen == [[3], [3]]
 
 
+def test_same_card_routes_start_every_process_on_the_one_gpu():
+    """The shared rig must get through Route's one-card-once check (a plain [3, 3] is refused, which cost a device
+    call on 2026-12-02) and still give every rpc-server and llama-server GPU 3 alone."""
+    from arcsplit.errors import BadInput
+    from arcsplit.rig import Card
+    from arcsplit.route import Route
+
+    with pytest.raises(BadInput, match="twice"):
+        Route.build("rpc", "cuda", [3, 3])  # users are still protected
+    twins = [throughput._Twin(3), throughput._Twin(3)]
+    assert Card("cuda", twins[0], "H200", 1 << 30, 1 << 30).index == 3
+    hybrid = Route.build("hybrid", "cuda", twins)
+    assert {p.name: (p.devices, dict(p.env)["CUDA_VISIBLE_DEVICES"]) for p in hybrid.processes} == {
+        "rpc0": (("RPC0",), "3"), "server": (("CUDA0",), "3")}
+    rpc = Route.build("rpc", "cuda", twins)
+    assert {p.name: (p.devices, dict(p.env)["CUDA_VISIBLE_DEVICES"]) for p in rpc.processes} == {
+        "rpc0": (("RPC0",), "3"), "rpc1": (("RPC1",), "3"), "server": ((), "")}
+
+
 def test_same_card_needs_one_gpu_card():
     assert throughput.serve_mode("native", "cuda", same_card=True) == ("single", True)
     with pytest.raises(SystemExit):

@@ -181,12 +181,16 @@ def test_the_library_build_prints_nothing_the_cli_does(capsys):
     # library code does not print: `build()` reports progress to the callback it is given; the CLI prints
     import inspect
 
-    from arcsplit.cli.llama import _print_progress
+    from arcsplit.cli.llama import _progress_printer
     from arcsplit.llama.build import build
 
     quiet = inspect.signature(build).parameters["progress"].default
     quiet("fetch", None)
     quiet("compile", 50)
     assert capsys.readouterr() == ("", "")
-    _print_progress("fetch", None)
+    show = _progress_printer()
+    show("fetch", None)
     assert capsys.readouterr().err == "arcsplit: fetch …\n"
+    for pct in (0, 3, 9, 10, 15, 37, 99, 100, 100):  # not a terminal (capsys): a line per 10 %, 100 once
+        show("compile", pct)
+    assert capsys.readouterr().err.splitlines() == [f"arcsplit: compile {p}%" for p in (0, 10, 37, 99, 100)]

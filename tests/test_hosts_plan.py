@@ -18,7 +18,7 @@ from arcsplit.llama.build import CONFIG_FILE, build_rpc_proto
 from arcsplit.llama.mode import choose_mode
 from arcsplit.llama.source import RPC_HEADER, rpc_proto
 from arcsplit.model import load_profile
-from arcsplit.planner import DEFAULT_LINK_GBIT, PlanOptions, make_plan
+from arcsplit.planner import DEFAULT_LINK_GBIT, PlanOptions, make_plan, plan_for_split
 from arcsplit.rig import Card, Host, Rig, dump_layout, load_layout
 from arcsplit.route import Route
 from arcsplit.run.specs import ServeConfig, build_specs, card_of_buffer, n_links
@@ -136,7 +136,7 @@ def test_route_across_hosts_gives_every_remote_card_its_own_rpc_server() -> None
     assert [c["host"] for c in d["cards"]] == ["", "", "b", "b"] and d["processes"][0]["host"] == "b"
     hybrid = Route.build("hybrid", "sycl", [0, 1, 0], ["", "", "b"])
     assert [(p.name, p.host) for p in hybrid.rpc] == [("rpc0", ""), ("rpc1", "b")]  # this machine's first
-    assert Route.build("rpc", "cpu", [0, 0], ["b", "c"]).hosts == ("b", "c")
+    assert [p.host for p in Route.build("rpc", "cpu", [0, 0], ["b", "c"]).rpc] == ["b", "c"]
     one_host = Route.build("hybrid", "sycl", [0, 1])
     assert all(p.host == "" for p in one_host.processes) and one_host.to_dict()["cards"][0]["host"] == ""
 
@@ -182,11 +182,16 @@ def test_auto_output_layer_comes_home_when_the_last_card_is_remote(untied) -> No
     args = plan.llama_server_args(devices=["SYCL0", "RPC0", "RPC1", "RPC2"])
     assert args[args.index("-ot") + 1] == "^output=SYCL0"
     (link,) = plan.links
-    # llama-server -> SYCL0 -> RPC0 (here) -> RPC1 (b) -> RPC2 (b) -> back to SYCL0 for the output layer: the
-    # activations go to b, from RPC1 through llama-server to RPC2, and back: 4 crossings, 2 blocking gets.
+    # llama-server -> SYCL0 -> RPC0 (here) -> RPC1 (b) -> RPC2 (b) -> back to SYCL0 for the output layer: every
+    # token's activations go to b and from RPC1 through llama-server to RPC2 (3 crossings, 1 blocking get); the
+    # last layer keeps the output rows only, which come back (1 crossing, 1 get; none in mid-prompt ubatches).
     act = untied.n_embd * 4
-    assert (link.host, link.act_crossings, link.round_trips, link.logits_bytes) == ("b", 4, 2, 0)
-    assert link.token_bytes == 4 * act and link.ubatch_bytes == 4 * act * 256 and link.rpc_servers == 2
+    assert (link.host, link.act_crossings, link.out_crossings, link.logits_bytes) == ("b", 3, 1, 0)
+    assert (link.gets, link.out_gets, link.round_trips) == (1, 1, 2)
+    # both cards on b hold attention layers: each gets the f16 mask (flash attention) of every ubatch, n_kv wide
+    assert link.masks == (2, 0) and link.mask_bytes == 2 * 2 * 2048 and link.mask_at(256) == 2 * 2 * 256
+    assert link.token_bytes == 4 * act + link.mask_bytes and link.rpc_servers == 2
+    assert link.ubatch_bytes == (3 * act + link.mask_bytes) * 256
     assert link.gbit == DEFAULT_LINK_GBIT and not link.gbit_given
     one_host = make_plan(untied, Rig((_card(0), _card(1))), PlanOptions(n_ctx=2048))
     assert one_host.cards[-1].has_output and not one_host.links  # one machine: unchanged, no link
@@ -197,8 +202,20 @@ def test_tied_output_stays_last_with_a_warning_and_its_logits_are_counted(tied) 
     assert plan.cards[-1].has_output and not plan.options.output_on_first
     assert any("the output layer stays on host b" in w and "ties it" in w for w in plan.warnings)
     (link,) = plan.links
-    assert link.logits_bytes == tied.n_vocab * 4 and link.token_bytes == tied.n_embd * 4 + tied.n_vocab * 4
+    assert link.logits_bytes == tied.n_vocab * 4
+    assert link.token_bytes == tied.n_embd * 4 + 2 * 2048 + tied.n_vocab * 4
     assert link.round_trips == 1  # the logits read; the activations going there are queued
+
+
+def test_a_card_with_only_the_output_layer_gets_output_rows_only(tied) -> None:
+    rig = Rig((_card(0), _card(0, "b")), hosts=(B,))
+    plan = plan_for_split(tied, rig, PlanOptions(n_ctx=2048, n_ubatch=256), [tied.n_layer, 1],
+                          devices=["SYCL0", "RPC0"])
+    (link,) = plan.links
+    # the last layer (here) keeps the output rows: in mid-prompt ubatches nothing goes to b at all
+    assert (link.act_crossings, link.out_crossings, link.gets, link.out_gets) == (0, 1, 0, 1)
+    assert link.masks == (0, 0) and link.ubatch_bytes == 0 and link.prefill_tps_full is None
+    assert link.token_bytes == tied.n_embd * 4 + tied.n_vocab * 4
 
 
 def test_explicit_last_keeps_the_output_remote_and_says_so(untied) -> None:
@@ -211,7 +228,10 @@ def test_prefill_warning_follows_the_links_bandwidth(untied) -> None:
     slow = Host("b", "me@b", bandwidth_gbit=0.01)
     _, plan = _plan(untied, ["", "b"], hosts=(slow,))
     (link,) = plan.links
-    assert link.gbit == 0.01 and link.gbit_given and link.prefill_tps is not None and link.prefill_tps < 1000
+    assert link.gbit == 0.01 and link.gbit_given
+    full, start = link.prefill_tps_full, link.prefill_tps_start
+    assert full is not None and start is not None and full < start < 1000  # the masks grow with the context
+    assert full == pytest.approx(0.01e9 / 8 / (link.act_bytes * link.act_crossings + (2 * 256 + 2 * 2048) / 2))
     assert any("prefill over the ssh link to b would dominate" in w and "0.01 Gbit/s (given)" in w
                for w in plan.warnings)
     _, fast = _plan(untied, ["", "b"])
@@ -341,7 +361,7 @@ def test_plan_cli_groups_processes_by_host_with_links_and_costs(tmp_path: Path, 
     assert [h["name"] for h in d["hosts"]] == ["b", "c"]
     assert d["hosts"][0]["node_argv"][-1] == "arcsplit node --stdio"
     assert [lc["host"] for lc in d["links"]] == ["b", "c"]
-    assert d["links"][1]["logits_bytes"] == 262144 * 4  # Gemma 3 ties its output: it stays on c's card
+    assert d["links"][1]["token"]["logits_bytes"] == 262144 * 4  # Gemma 3 ties its output: it stays on c's card
 
     assert main(base) == 0
     text = capsys.readouterr().out
@@ -349,7 +369,7 @@ def test_plan_cli_groups_processes_by_host_with_links_and_costs(tmp_path: Path, 
     assert "host c (ssh me@c, link direct to 10.77.0.3):" in text
     b_part = text.split("host b (")[1].split("host c (")[0]
     assert "node: ssh" in b_part and "rpc1-link: ssh" in b_part and "(started there by the node)" in b_part
-    assert "links (llama.cpp's RPC relays" in text and "  b (ssh, 1 Gbit/s assumed): per decoded token" in text
+    assert "links, at a full context of 2,048 tokens" in text and "  b (ssh, 1 Gbit/s assumed, 2 rpc-server(s)):" in text
 
 
 def test_plan_save_keeps_the_hosts(tmp_path: Path, demo_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -359,3 +379,28 @@ def test_plan_save_keeps_the_hosts(tmp_path: Path, demo_model: Path, capsys: pyt
     capsys.readouterr()
     rig = load_layout(saved)
     assert [h.name for h in rig.hosts] == ["b", "c"] and [c.host for c in rig.cards] == ["", "b", "b", "c"]
+
+
+@pytest.mark.slow
+def test_link_model_against_real_rpc_traffic(llama_bins, tmp_path: Path) -> None:
+    """bench/link_bytes.py on the real CPU build: the blocking exchanges through each rpc-server's socket are the
+    plan's round trips, and the model's bytes are a lower bound of what crosses (headers and graphs on top)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "link_bytes.md"
+    env = {**os.environ, "ARCSPLIT_LLAMA_DIR": str(llama_bins.bin_dir)}
+    proc = subprocess.run([sys.executable, str(root / "bench" / "link_bytes.py"), "--prompts", "40,300", "--tokens",
+                           "4", "--reps", "1", "--out", str(out)], capture_output=True, text=True, timeout=600,
+                          cwd=root, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = re.findall(r"^\| (rpc\d) \| (\d+) \| \d+ \| ([\d,]+) / .*? \| ([\d,]+) \| .*? \| (\d+) \| (\d+) \|$",
+                      out.read_text(), re.MULTILINE)
+    assert len(rows) == 4, out.read_text()
+    for name, _prompt, measured, predicted, replies, trips in rows:
+        assert replies == trips, (name, replies, trips)
+        m, p = int(measured.replace(",", "")), int(predicted.replace(",", ""))
+        assert p <= m < 4 * p, (name, m, p)

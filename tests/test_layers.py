@@ -1,8 +1,8 @@
 """The house's import graph, read from the source (no import runs): data flows one way, surfaces use the API.
 
-Layers, bottom up: the pure core (model, planner, memory, rig, synth, backends, route, hosts) -> llama/ (llama.cpp's binaries)
--> run/ (processes and sockets) -> telemetry/ -> the surfaces (cli/, tui/, _api.py, inproc.py). A module may
-import its own layer and the ones below, never one above; the CLI reaches run/ only through the public API.
+Layers, bottom up: the pure core (model, planner, memory, rig, synth, backends, route, hosts) -> llama/ (llama.cpp's
+binaries) -> run/ (processes and sockets) -> telemetry/ -> the surfaces (cli/, tui/, _api.py, inproc.py). A module
+may import its own layer and the ones below, never one above; the CLI reaches run/ only through the public API.
 """
 
 from __future__ import annotations

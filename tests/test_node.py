@@ -19,6 +19,7 @@ import pytest
 
 from arcsplit.errors import BadInput
 from arcsplit.node.agent import check_rpc_argv
+from arcsplit.run.ports import free_port
 
 
 class Agent:
@@ -195,6 +196,26 @@ def test_refused_argv_starts_nothing(agents, tmp_path):
     assert not any(m["ev"] == "started" for m in a.seen)
     assert {p.pid for p in psutil.Process(a.proc.pid).children(recursive=True)} == before
     assert not (tmp_path / "owned").exists()
+
+
+@pytest.mark.slow
+def test_a_busy_port_there_is_refused_not_reported_ready(agents):
+    import socket
+
+    a = agents()
+    a.hello("run-busy")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy = holder.getsockname()[1]
+        a.send(op="ports", n=1, bind="127.0.0.1", want=[busy])
+        assert f"port {busy} on 127.0.0.1 is already in use" in a.wait("error", "")["message"]
+        a.send(op="ports", n=1, bind="127.0.0.1", want=[free_port()])
+        assert len(a.wait("ports")["ports"]) == 1
+        # a start there: the bind would fail and the ready probe would reach the holder instead
+        a.send(op="start", spec={"name": "rpc0", "argv": ["ggml-rpc-server", "-p", str(busy)]})
+        assert "already in use" in a.wait("error", "rpc0")["message"]
+    assert not any(m["ev"] in ("started", "ready") for m in a.seen)
 
 
 @pytest.mark.slow

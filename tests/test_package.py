@@ -1,6 +1,7 @@
 """arcsplit installed the way Python tools are: `python -m build` makes the sdist and, from the unpacked sdist,
-the wheel; the wheel goes into a fresh venv outside the checkout, which then plans, finds the cached llama.cpp
-build (the same build key: patches and data are packaged) and serves the demo model."""
+the wheel; the wheel goes into a fresh venv outside the checkout (pip) and into pipx's own venv (`pipx install`,
+the README's user path), which then plan, find the cached llama.cpp build (the same build key: patches and data
+are packaged) and serve the demo model."""
 
 from __future__ import annotations
 
@@ -43,12 +44,32 @@ def installed(dist, tmp_path_factory, llama_bins) -> tuple[Path, dict[str, str],
     run(sys.executable, "-m", "venv", venv, cwd=home)
     wheel = next(dist.glob("arcsplit-*.whl"))
     run(venv / "bin" / "python", "-m", "pip", "install", "--quiet", wheel, cwd=home)
+    env = outside_env(home, ("STATE", "RUNTIME", "CACHE"))
+    env["ARCSPLIT_LLAMA_DIR"] = str(llama_bins.bin_dir)
+    return venv / "bin" / "arcsplit", env, home
+
+
+def outside_env(home: Path, private: tuple[str, ...]) -> dict[str, str]:
+    """This process's environment without the checkout (PYTHONPATH, the venv, PATH entries inside it), with the
+    named ARCSPLIT_*_DIR under ``home``."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(str(ROOT)))
-    env["ARCSPLIT_LLAMA_DIR"] = str(llama_bins.bin_dir)
-    for key in ("STATE", "RUNTIME", "CACHE"):
+    for key in private:
         env[f"ARCSPLIT_{key}_DIR"] = str(home / key.lower())
-    return venv / "bin" / "arcsplit", env, home
+    return env
+
+
+@pytest.fixture(scope="module")
+def pipx_installed(dist, tmp_path_factory) -> tuple[Path, dict[str, str], Path]:
+    """`pipx install <wheel>` with pipx from PyPI (the test extra), its home and bin dir in tmp; the installed
+    arcsplit keeps the user's cache, so it finds the managed llama.cpp build there as a user's would (or the
+    binaries $ARCSPLIT_LLAMA_DIR names, when the suite runs with it)."""
+    home = tmp_path_factory.mktemp("pipxuser")
+    env = outside_env(home, ("STATE", "RUNTIME"))
+    env.update(PIPX_HOME=str(home / "pipx"), PIPX_BIN_DIR=str(home / "bin"), PIPX_MAN_DIR=str(home / "man"))
+    wheel = next(dist.glob("arcsplit-*.whl"))
+    run(sys.executable, "-m", "pipx", "install", "--python", sys.executable, wheel, cwd=home, env=env)
+    return home / "bin" / "arcsplit", env, home
 
 
 def test_sdist_carries_the_package_data(dist):
@@ -99,6 +120,30 @@ def test_installed_serve_answers_and_stops(installed, demo_model):
         r = httpx.post(f"http://127.0.0.1:{port}/completion",
                        json={"prompt": "The capital of France is", "n_predict": 4, "temperature": 0}, timeout=60)
         assert r.status_code == 200 and r.json()["tokens_predicted"] > 0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+
+
+def test_pipx_installed_arcsplit_plans_and_serves_from_the_default_cache(pipx_installed, llama_bins, demo_model):
+    arcsplit, env, home = pipx_installed
+    assert run(arcsplit, "--version", cwd=home, env=env).strip() == "arcsplit 0.1.0"
+    venv_python = Path(os.path.realpath(arcsplit)).parent / "python"
+    where = run(venv_python, "-c", "import arcsplit; print(arcsplit.__file__)", cwd=home, env=env)
+    assert where.startswith(str(home / "pipx")), where  # pipx's own venv, not the checkout
+    # the managed build, found by its key in the user's cache (or $ARCSPLIT_LLAMA_DIR's, as the suite's)
+    which = json.loads(run(arcsplit, "llama", "which", "--backend", "cpu", "--json", cwd=home, env=env))
+    assert which["bin_dir"] == str(llama_bins.bin_dir), which
+    plan = json.loads(run(arcsplit, "plan", demo_model, "--backend", "cpu", "--gpus", "0,1", "--cpu-memory", "1024",
+                          "--json", cwd=home, env=env))
+    assert len(plan["cards"]) == 2 and all(n > 0 for n in plan["tensor_split"])
+    port = free_port()
+    proc = subprocess.Popen([str(arcsplit), "serve", str(demo_model), "--backend", "cpu", "--gpus", "0,1",
+                             "--ctx", "1024", "--threads", "1", "--port", str(port)],
+                            cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert "serving" in proc.stdout.readline()
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10, trust_env=False).status_code == 200
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0

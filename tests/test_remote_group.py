@@ -17,7 +17,7 @@ import psutil
 import pytest
 from anyio.from_thread import start_blocking_portal
 
-from arcsplit.errors import RunError
+from arcsplit.errors import BadInput, HostError
 from arcsplit.hosts import check_inventory
 from arcsplit.llama.locate import server_build_info
 from arcsplit.rig import Host, load_layout
@@ -143,6 +143,7 @@ def test_two_hosts_serve_the_tokens_of_one_host_and_leave_nothing(tmp_path, demo
         rpc = psutil.Process(procs["rpc0"]["pid"])  # the pid the agent reported is its rpc-server
         assert Path(rpc.cmdline()[0]).name == "ggml-rpc-server" and "127.0.0.1" in rpc.cmdline()
         assert any("node" in a.cmdline() for a in rpc.parents())
+        assert Path(procs["rpc0"]["argv"][0]).resolve() == llama_bins.rpc_server.resolve()  # the path its hello named
         server_argv = procs["server"]["argv"]
         assert server_argv[server_argv.index("--rpc") + 1] == f"127.0.0.1:{procs['rpc0-link']['port']}"
         assert procs["rpc0"]["port"] != procs["rpc0-link"]["port"]
@@ -166,7 +167,7 @@ def test_an_unreachable_host_is_one_line_with_ssh_s_reason(tmp_path, demo_model,
     refused = [sys.executable, "-c", "import sys; sys.stderr.write('ssh: connect to host b.invalid port 22: "
                "Connection refused\\n'); sys.exit(255)"]
     cfg = config(tmp_path, demo_model, TWO_HOSTS)
-    with pytest.raises(RunError) as err:
+    with pytest.raises(HostError) as err:
         with running(cfg, launcher=launcher(llama_bins, cfg.hosts, node=lambda h: refused),
                      policy=RestartPolicy(base_delay=0.1, max_delay=0.1, max_failures=1)):
             pass
@@ -180,7 +181,7 @@ def test_another_build_there_is_refused_before_anything_starts(tmp_path, demo_mo
         check_inventory({"commit": "0123abc"}, hello["llama"], host)
 
     cfg = config(tmp_path, demo_model, TWO_HOSTS)
-    with pytest.raises(RunError, match="host b runs another llama.cpp build: llama.cpp commit .* here"):
+    with pytest.raises(BadInput, match="host b runs another llama.cpp build: llama.cpp commit .* here"):
         with running(cfg, launcher=launcher(llama_bins, cfg.hosts, check=other)):
             pass
     assert not agents() and not rpc_servers()

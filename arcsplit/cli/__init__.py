@@ -49,6 +49,11 @@ def _version() -> str:
         return "arcsplit (not installed)"
 
 
+def say(text: str) -> None:
+    """A progress or notice line on stderr: stdout stays the command's output (its --json)."""
+    print(f"arcsplit: {text}", file=sys.stderr, flush=True)
+
+
 def print_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=2, sort_keys=False, default=str)
     sys.stdout.write("\n")

@@ -7,14 +7,34 @@ the web UI get an answer; ``--base`` serves the tests' base model (Gemma 3 270M)
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 
 from ..demo import CHAT_PACKAGE, DEMO_PACKAGE, chat_model_path, demo_model_path, ensure_chat_model, ensure_demo_model
+from ..errors import LlamaError
+from ..llama.build import BuildConfig, managed_builds
+from ..llama.locate import find_llama
+from . import say
+
+
+def _ensure_cpu_build() -> None:
+    """The demo sets itself up: with no llama.cpp to be found, it builds the managed CPU one first, with progress."""
+    try:
+        find_llama(backend="cpu")
+    except LlamaError:
+        if os.environ.get("ARCSPLIT_LLAMA_DIR") or shutil.which("llama-server") or managed_builds("cpu"):
+            raise  # binaries the user named or has are wrong: building others would hide it
+        from .llama import build_with_progress
+
+        say("no llama.cpp build yet: building the CPU backend once (about 5-6 minutes on 2 cores) …")
+        build_with_progress(BuildConfig("cpu"))
 
 
 def _demo(args: argparse.Namespace) -> int:
     from .serve import serve_from_args
 
+    _ensure_cpu_build()
     ns = argparse.Namespace(**vars(args))
     path, package = (demo_model_path(), DEMO_PACKAGE) if args.base else (chat_model_path(), CHAT_PACKAGE)
     if not path.exists():

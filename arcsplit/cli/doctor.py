@@ -22,7 +22,7 @@ from ..llama.patches import build_patches
 from ..llama.mode import MODES, NEO_WORKAROUND_ENV
 from ..llama.probe import DEFAULT_TIMEOUT_S, ProbeResult
 from ..llama.runtime import RuntimeReport, check_runtime
-from . import print_json
+from . import print_json, say
 from .llama import add_llama_dir
 
 _STATUS = {"good": "known good", "bad": "KNOWN BAD", "unknown": "unknown"}
@@ -115,7 +115,7 @@ def _vulkan_route(args: argparse.Namespace, report: RuntimeReport, offline: bool
     if offline or args.no_probe:
         return "built", None
     vr = check_runtime("vulkan", list(report.gpus), vk, reprobe=args.reprobe, probe=True, timeout=args.timeout,
-                       sysfs_root=detect.SYSFS_ROOT)
+                       sysfs_root=detect.SYSFS_ROOT, progress=say)
     multi = next((p for p in vr.probes if p.mode == "multi"), None)
     return ("built" if multi is None else "works" if multi.ok else "fails"), multi
 
@@ -171,7 +171,7 @@ def diagnose(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     report = check_runtime(backend, gpus_used, binaries, reprobe=args.reprobe,
                            probe=False if args.no_probe else (True if args.reprobe else None), forced=args.mode,
                            sycl_ls_file=args.sycl_ls, kernel=args.kernel, kernel_config=args.kernel_config,
-                           timeout=args.timeout, cards=labels, sysfs_root=detect.SYSFS_ROOT)
+                           timeout=args.timeout, cards=labels, sysfs_root=detect.SYSFS_ROOT, progress=say)
     offline = args.sycl_ls or args.kernel or args.kernel_config  # another machine's files: this host is not it
     vulkan, vulkan_probe = _vulkan_route(args, report, bool(offline))
     fixes = remedies(report, vulkan)

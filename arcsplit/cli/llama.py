@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import BadInput
 from ..llama.detect import CHOICES, resolve
@@ -28,10 +28,7 @@ def _build(args: argparse.Namespace) -> int:
     config = BuildConfig(args.backend, extra, patched=not args.no_patches)
     say_choice(choice)
     source = Path(args.source) if args.source else None
-    bin_dir = build(config, jobs=args.jobs, force=args.force, source=source, progress=_print_progress)
-    if sys.stderr.isatty():
-        print(file=sys.stderr)  # end the last progress line
-    ui_missing = None if args.no_ui else build_ui(_print_progress, force=args.force, source=source)
+    bin_dir, ui_missing = build_with_progress(config, args.jobs, args.force, source, ui=not args.no_ui)
     if args.json:
         print_json({"backend": args.backend, "bin_dir": str(bin_dir), "key": config.key,
                     "source": f"llama-cpp-python {SDIST_VERSION}",
@@ -46,12 +43,32 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_progress(step: str, pct: int | None) -> None:
-    """A build's steps on stderr; on a terminal, the compile percentage on one rewritten line."""
-    if pct is None:
-        print(f"arcsplit: {step} …", file=sys.stderr, flush=True)
-    elif sys.stderr.isatty():
-        print(f"\r  {step}: {pct:3d}%", end="", file=sys.stderr, flush=True)
+def build_with_progress(config: BuildConfig, jobs: int | None = None, force: bool = False,
+                        source: Path | None = None, ui: bool = True) -> tuple[Path, str | None]:
+    """Build llama.cpp, then its web UI, with progress on stderr (`llama build`; `demo` on a machine without a
+    build). Returns the bin dir and why the UI is missing (None: built or not asked for)."""
+    show = _progress_printer()
+    bin_dir = build(config, jobs=jobs, force=force, source=source, progress=show)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)  # end the last progress line
+    return bin_dir, build_ui(show, force=force, source=source) if ui else None
+
+
+def _progress_printer() -> Callable[[str, int | None], None]:
+    """A build's steps on stderr; the compile percentage on one rewritten line on a terminal, else a line per
+    10 % (a log, CI, `scripts/demo` piped) so a build of several minutes never looks stuck."""
+    last: dict[str, int] = {}
+
+    def show(step: str, pct: int | None) -> None:
+        if pct is None:
+            print(f"arcsplit: {step} …", file=sys.stderr, flush=True)
+        elif sys.stderr.isatty():
+            print(f"\r  {step}: {pct:3d}%", end="", file=sys.stderr, flush=True)
+        elif pct >= last.get(step, -10) + 10 or (pct == 100 and last.get(step) != 100):
+            last[step] = pct
+            print(f"arcsplit: {step} {pct}%", file=sys.stderr, flush=True)
+
+    return show
 
 
 def which_data(llama_dir: str | None, backend: str, build: str | None = None) -> dict[str, Any]:

@@ -101,15 +101,22 @@ def _size(n: int) -> str:
 
 def _link_lines(links: tuple[LinkCost, ...]) -> list[str]:
     """What crosses each link to another host, per decoded token and per prefill ubatch."""
-    lines = ["", "links (llama.cpp's RPC relays every hop between cards through llama-server, here):"]
+    lines = ["", f"links, at a full context of {links[0].n_ctx:,} tokens (llama.cpp's RPC relays every hop between "
+                 "cards through llama-server, here):"]
     for lc in links:
-        bw = f"{lc.gbit:g} Gbit/s {'given' if lc.gbit_given else 'assumed'}"
-        tps = f"; prefill at most {lc.prefill_tps:,.0f} tokens/s" if lc.prefill_tps else ""
-        logits = f" (logits {_size(lc.logits_bytes)})" if lc.logits_bytes else ""
-        lines.append(f"  {lc.host} ({lc.link}, {bw}): per decoded token {_size(lc.token_bytes)}{logits}, "
-                     f"{lc.round_trips} round trip(s), {lc.token_ms:.2f} ms; per prefill ubatch of {lc.n_ubatch}: "
-                     f"{_size(lc.ubatch_bytes)}, {lc.round_trips} round trip(s) + {lc.rpc_servers} graph_compute(s), "
-                     f"{lc.ubatch_ms:.1f} ms{tps}")
+        parts = [f"activations {_size(lc.act_bytes * (lc.act_crossings + lc.out_crossings))}",
+                 f"attention masks {_size(lc.mask_bytes)}"]
+        parts += [f"logits {_size(lc.logits_bytes)}"] if lc.logits_bytes else []
+        lines.append(f"  {lc.host} ({lc.link}, {lc.gbit:g} Gbit/s {'given' if lc.gbit_given else 'assumed'}, "
+                     f"{lc.rpc_servers} rpc-server(s)):")
+        lines.append(f"    per decoded token: {_size(lc.token_bytes)} ({', '.join(parts)}), {lc.round_trips} round "
+                     f"trip(s), {lc.token_ms:.2f} ms")
+        lines.append(f"    per prefill ubatch of {lc.n_ubatch}: {_size(lc.ubatch_bytes)}, {lc.gets} round trip(s) "
+                     f"+ {lc.rpc_servers} graph_compute(s), {lc.ubatch_ms:.1f} ms")
+        start, full = lc.prefill_tps_start, lc.prefill_tps_full
+        if start and full:
+            lines.append(f"    prefill at most {start:,.0f} tokens/s at an empty context, about {full:,.0f} over a "
+                         "prompt that fills the context")
     return lines
 
 
@@ -126,7 +133,8 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
         layers = f"{c.first_layer}-{end - 1}" if end > c.first_layer else "-"
         if c.has_output:
             layers = f"{layers} +out" if end > c.first_layer else "output"
-        rows.append([(f"{c.card.host}/" if c.card.host else "") + c.card.name[:28], c.device, layers, _mib(c.weights), _mib(c.kv), _mib(c.state),
+        name = (f"{c.card.host}/" if c.card.host else "") + c.card.name[:28]  # another host's card: b/<name>
+        rows.append([name, c.device, layers, _mib(c.weights), _mib(c.kv), _mib(c.state),
                      _mib(c.compute), _mib(c.total), _mib(c.card.free_bytes), _mib(c.free_after), c.largest])
     widths = [max(len(cols[i]), *(len(r[i]) for r in rows)) for i in range(len(cols))]
     fmt = lambda r: "  ".join(v.ljust(widths[i]) if i < 3 or i == 10 else v.rjust(widths[i])  # noqa: E731

@@ -22,6 +22,7 @@ from .._api import MODE_CHOICES, OUTPUT_LAYER_CHOICES, Client, ServeRequest, ins
 from ..errors import ArcsplitError, BadInput
 from ..llama import webui
 from ..rig import MiB, load_layout
+from . import say as _say
 from .devices import add_card_options
 from .llama import add_llama_dir
 
@@ -59,7 +60,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.metrics = MetricsEndpoint(args.host, args.metrics_port)
 
     rig = load_layout(args.layout) if getattr(args, "layout", None) else None
-    prepared = prepare(request_from_args(args), rig)
+    prepared = prepare(request_from_args(args), rig, progress=_say)
     for text in prepared.warnings:
         _say(f"warning: {text}")
     for text in prepared.notes:
@@ -190,7 +191,7 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
             pct = int(100 * float(ev.data.get("value", 0)))
             if pct >= last_pct + 10 or pct == 100:
                 last_pct = pct
-                _say(f"loading {ev.data.get('stage') or 'model'}: {pct}%")
+                _say(f"loading {ev.data.get('stage') or 'model'}: {pct}%{_card_loads(ev.data.get('cards') or [])}")
         elif ev.kind == "state" and ev.data.get("state") == "ready" and ev.name != "server":
             _say(f"{ev.name} ready on {ev.data.get('endpoint')} (pid {ev.data.get('pid')})")
         elif ev.kind == "group":
@@ -210,6 +211,13 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
                      f"{ev.data.get('delay'):.1f} s")
         elif ev.kind == "verdict":
             _say(f"recorded: {ev.data.get('failed_mode')} fails here; now {ev.data.get('fallback')}")
+
+
+def _card_loads(cards: list[dict[str, Any]]) -> str:
+    """The "(card 0 35/35 MiB, card 1 28/56 MiB, host 28/28 MiB)" of a load line, from a progress event."""
+    parts = [f"{'host' if c['card'] is None else 'card ' + str(c['card'])} {c['done'] // MiB}/{c['total'] // MiB} MiB"
+             for c in cards]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _buffer_table(buffers: dict[str, Any]) -> list[str]:
@@ -233,10 +241,6 @@ def _example(url: str, kind: str) -> None:
         request = (f"  curl -s {url}/v1/completions -H 'Content-Type: application/json' \\\n"
                    "    -d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 16, \"temperature\": 0}'")
     print(f"\ntry it (Ctrl-C stops everything):\n{request}\n", flush=True)
-
-
-def _say(text: str) -> None:
-    print(f"arcsplit: {text}", file=sys.stderr, flush=True)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -291,7 +291,19 @@ def find_vulkan(flags: tuple[str, ...] = (), env: dict[str, str] | None = None) 
                        glslc_lacks=_glslc_lacks(glslc_path) if glslc_path else ())
 
 
-_PROGRESS = re.compile(r"^\[\s*(\d+)%\]")
+# The build tool's step counter: make's "[ 45%] Building ..." or ninja's "[123/456] Building ..." (CMake picks
+# ninja when CMAKE_GENERATOR=Ninja is set).
+_PROGRESS = re.compile(r"^\[\s*(?:(?P<pct>\d+)%|(?P<n>\d+)/(?P<m>\d+))\]")
+
+
+def step_percent(line: str) -> int | None:
+    """The percentage done that a make or ninja output line reports, else None."""
+    m = _PROGRESS.match(line)
+    if m is None:
+        return None
+    if m.group("pct") is not None:
+        return int(m.group("pct"))
+    return 100 * int(m.group("n")) // max(1, int(m.group("m")))
 
 
 def _run_step(name: str, cmd: list[str], log: Path, env: dict[str, str],
@@ -305,9 +317,9 @@ def _run_step(name: str, cmd: list[str], log: Path, env: dict[str, str],
         try:
             for raw in proc.stdout:
                 fh.write(raw)
-                m = _PROGRESS.match(raw.decode(errors="replace"))
-                if m:
-                    progress(name, int(m.group(1)))
+                pct = step_percent(raw.decode(errors="replace"))
+                if pct is not None:
+                    progress(name, pct)
             rc = proc.wait()
         except BaseException:
             proc.kill()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 MiB = 1024 * 1024
 
@@ -20,6 +20,8 @@ _BUFFER = re.compile(
     r"(?P<mib>[\d.]+)\s*MiB"
 )
 _ENDPOINT = re.compile(r"^(?P<name>[A-Za-z_]+\d*)\[(?P<endpoint>[^\]]+)\]$")
+# "load_tensors: loading model tensors, this can take a while... (load_mode = mmap)"
+_LOAD_MODE = re.compile(r"load_tensors: loading model tensors.*\(load_mode = (?P<mode>[\w+]+)\)")
 
 # Failure signatures, most specific first. "alloc" is the Intel multi-device-context failure (NEO 25.44-26.22 on
 # kernels < 7.1); "pinned_output" prints the same UR error 39, but at the first decode, while copying the output
@@ -74,6 +76,39 @@ def parse_buffer_line(line: str) -> BufferLine | None:
     if em:
         buf, endpoint = em.group("name"), em.group("endpoint")
     return BufferLine(kind=m.group("kind"), buffer=buf, endpoint=endpoint, bytes=int(float(m.group("mib")) * MiB))
+
+
+def parse_load_mode(line: str) -> str | None:
+    """The load mode ("mmap", "none", "dio", ...) of llama-server's "loading model tensors" line, else None."""
+    m = _LOAD_MODE.search(line)
+    return m.group("mode") if m else None
+
+
+def load_mode_mmaps(mode: str) -> bool:
+    """Whether llama.cpp loads through mmap in this load mode (src/llama-model-loader.cpp: mmap, mmap+mlock, auto)."""
+    return mode in ("mmap", "mmap+mlock", "auto")
+
+
+def load_progress(buffers: Sequence[BufferLine], value: float, mmap: bool = True) -> dict[str, tuple[int, int]]:
+    """(bytes loaded, bytes) per model buffer key (endpoint or name) at llama-server's load fraction ``value``.
+
+    llama.cpp loads one buffer type after another, in the order it printed their model buffer sizes (its ctx_map,
+    sorted by buffer type name: src/llama-model-loader.h ctx_key_comparator), and reports loaded / all weight
+    bytes (llama-model-loader.cpp load_all_data); without mmap the device buffers go first (llama-model.cpp
+    load_tensors, the stable_partition before "load tensor data"). So the fraction fills the buffers in that order.
+    """
+    model = [b for b in buffers if b.kind == "model"]
+    if not mmap:
+        model.sort(key=lambda b: b.buffer.startswith("CPU"))  # stable: device buffers first, each in print order
+    left = max(0.0, min(1.0, value)) * sum(b.bytes for b in model)
+    out: dict[str, tuple[int, int]] = {}
+    for b in model:
+        done = int(min(left, b.bytes))
+        left -= done
+        key = b.endpoint or b.buffer
+        d, t = out.get(key, (0, 0))
+        out[key] = (d + done, t + b.bytes)
+    return out
 
 
 def failure_kind(lines: Iterable[str]) -> str | None:

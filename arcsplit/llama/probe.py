@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .._dirs import cache_dir
 from ..errors import BadInput, LlamaError
@@ -314,15 +314,19 @@ def probe_model(dest: Path, n_cards: int) -> Path:
 
 def run_probes(modes: Sequence[str], backend: str, gpus: Sequence[int], binaries: LlamaBinaries,
                timeout: float = DEFAULT_TIMEOUT_S, stop_on_success: bool = True,
-               workaround_env: dict[str, str] | None = None) -> list[ProbeResult]:
-    """Probe ``modes`` in order (fastest first) with one generated model; stop at the first that works."""
+               workaround_env: dict[str, str] | None = None,
+               progress: Callable[[str], None] = lambda line: None) -> list[ProbeResult]:
+    """Probe ``modes`` in order (fastest first) with one generated model; stop at the first that works.
+    ``progress`` hears a line before and after each probe: one can take up to ``timeout`` seconds."""
     workdir = Path(tempfile.mkdtemp(prefix="arcsplit-probe-model-"))
     results = []
     try:
         model = probe_model(workdir, len(gpus))
-        for mode in modes:
+        for i, mode in enumerate(modes, 1):
             extra = workaround_env if mode == "multi+workaround" else None
+            progress(f"probe {i}/{len(modes)}: {mode} on {len(gpus)} {backend} cards (up to {timeout:.0f} s) …")
             r = run_probe(mode, backend, gpus, binaries, model, timeout, extra)
+            progress(f"probe {i}/{len(modes)}: {mode} {'works' if r.ok else r.status} after {r.seconds:.1f} s")
             results.append(r)
             if r.ok and stop_on_success:
                 break

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..errors import ArcsplitError
 from .childenv import Dropped, clean_env
@@ -81,7 +81,8 @@ def check_runtime(backend: str, gpus: Sequence[int], binaries: LlamaBinaries | N
                   probe: bool | None = None, forced: str | None = None, sycl_ls_file: str | Path | None = None,
                   kernel: str | None = None, kernel_config: str | Path | None = None,
                   timeout: float = DEFAULT_TIMEOUT_S, cards: Sequence[str] = (),
-                  sysfs_root: str | Path | None = "/sys") -> RuntimeReport:
+                  sysfs_root: str | Path | None = "/sys",
+                  progress: Callable[[str], None] = lambda line: None) -> RuntimeReport:
     """``probe``: None = probe SYCL rigs of 2+ cards (the broken case), True = always, False = never;
     ``reprobe`` ignores the cache. A probe needs this machine: file inputs (--sycl-ls, --kernel) turn it off."""
     build_info = None
@@ -125,7 +126,7 @@ def check_runtime(backend: str, gpus: Sequence[int], binaries: LlamaBinaries | N
         else:
             try:
                 results = run_probes(modes, backend, list(gpus), binaries, timeout,
-                                     workaround_env=verdict.env or None)
+                                     workaround_env=verdict.env or None, progress=progress)
             except ImportError as exc:
                 note = f"no probe: cannot generate the probe model ({exc})"
             else:

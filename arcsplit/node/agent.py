@@ -25,7 +25,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from ..errors import BadInput
 from ..llama.locate import RPC_NAMES
 from ..run.child import Child
-from ..run.ports import free_port, probe_once
+from ..run.ports import free_port, is_free, probe_once
 from ..run.rundir import RunDir, supervisor_identity, sweep
 from ..run.specs import LOOPBACK, ProcessSpec
 from . import PROTO
@@ -199,7 +199,17 @@ class Agent:
             raise BadInput(f"ports: n={n} is not 1-{MAX_PORTS}")
         if bind != LOOPBACK and bind not in self.allow_bind:
             raise BadInput(f"binding {bind} is not allowed on this host", "start the node with --allow-bind ADDR")
-        ports: list[int] = []
+        want = msg.get("want")
+        if want is not None:  # the user's ports: each must be free here
+            ports = [int(p) for p in want]
+            if len(ports) != n or any(not 0 < p < 65536 for p in ports):
+                raise BadInput(f"ports: want {want!r} is not {n} ports 1-65535")
+            busy = [p for p in ports if not self._free(bind, p)]
+            if busy:
+                raise BadInput(f"port {busy[0]} on {bind} is already in use on this host",
+                               "stop what uses it there or pass other --rpc-ports")
+            return ports
+        ports = []
         while len(ports) < n:
             try:
                 p = free_port(bind)
@@ -218,6 +228,8 @@ class Agent:
             raise BadInput(f"{name} is already running here (pid {old.pid})", "stop it first")
         rpc_bin = (self.inventory or {}).get("llama", {}).get("rpc_bin")
         argv, bind, port = check_rpc_argv(list(spec.get("argv") or []), rpc_bin, self.allow_bind)
+        if not self._free(bind, port):  # else the ready probe would be answered by whoever holds it
+            raise BadInput(f"port {port} on {bind} is already in use on this host")
         env = {str(k): str(v) for k, v in dict(spec.get("env") or {}).items()}
         bad = [k for k in env if k.startswith(("LD_", "DYLD_"))]
         if bad:
@@ -233,6 +245,13 @@ class Agent:
         self.emit({"ev": "started", "name": name, "pid": child.pid, "create_time": child.create_time})
         self._write_state()
         tg.start_soon(self._probe, child)
+
+    @staticmethod
+    def _free(bind: str, port: int) -> bool:
+        try:
+            return is_free(bind, port)
+        except OSError as exc:
+            raise BadInput(f"cannot listen on {bind} here: {exc.strerror}") from None
 
     async def _probe(self, child: Child) -> None:
         """The rpc-server's only probe: one connect-and-close per try until one succeeds (it serves one client)."""

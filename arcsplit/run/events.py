@@ -50,9 +50,16 @@ class LogData(TypedDict):
     line: str
 
 
+class CardLoad(TypedDict):
+    card: int | None  # plan card position; None: host memory that is no card
+    done: int  # model bytes loaded so far
+    total: int  # model bytes of this card (llama-server's buffer lines)
+
+
 class ProgressData(TypedDict):
     stage: str | None
     value: float  # 0..1 of llama-server's model load
+    cards: list[CardLoad]  # per card, in plan order (logs.load_progress); empty before the buffer lines
 
 
 class VerdictData(TypedDict):

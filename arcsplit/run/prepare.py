@@ -121,8 +121,8 @@ def _ports(ports: Sequence[int] | str | None) -> list[int] | None:
     return ports
 
 
-def _runtime(req: ServeRequest, rig: Rig, binaries: Any, probe: bool | None = None
-             ) -> tuple[Any, dict[str, bool] | None]:
+def _runtime(req: ServeRequest, rig: Rig, binaries: Any, probe: bool | None = None,
+             progress: Callable[[str], None] = lambda line: None) -> tuple[Any, dict[str, bool] | None]:
     """The verdict and what is known to work here. Only a multi-card Intel run in auto mode needs it: the
     versions, then (unless ``probe`` is False) the probe of one multi-device context (run once, cached per
     NEO/kernel/build/cards)."""
@@ -131,7 +131,7 @@ def _runtime(req: ServeRequest, rig: Rig, binaries: Any, probe: bool | None = No
         return None, observed or None
     from ..llama.runtime import check_runtime
 
-    report = check_runtime("sycl", [c.index for c in rig.cards], binaries, probe=probe)
+    report = check_runtime("sycl", [c.index for c in rig.cards], binaries, probe=probe, progress=progress)
     known = {p.mode: p.ok for p in report.probes}
     known.update(observed)  # a load that failed here since the probe outranks it
     return report.verdict, known or None
@@ -183,8 +183,10 @@ def _gpus(req: ServeRequest) -> list[int] | None:
     return parse_gpus(req.gpus) if isinstance(req.gpus, str) or req.gpus is None else parse_gpus(list(req.gpus))
 
 
-def prepare(req: ServeRequest, rig: Rig | None = None) -> Prepared:
-    """Check everything, pick the backend and the mode, plan: no process is started here. ``rig``: a layout's
+def prepare(req: ServeRequest, rig: Rig | None = None, progress: Callable[[str], None] = lambda line: None
+            ) -> Prepared:
+    """Check everything, pick the backend and the mode, plan: no process is started but the runtime probe (a
+    multi-card Intel rig in auto mode, once per runtime), which ``progress`` hears about. ``rig``: a layout's
     cards (its [[hosts]] included) instead of this machine's live ones; this machine's cards as the layout gives
     them, the other hosts' checked by their node agents when the group starts."""
     if rig is not None:
@@ -213,7 +215,7 @@ def prepare(req: ServeRequest, rig: Rig | None = None) -> Prepared:
         rig = discover_rig(req.backend, gpus, binaries if req.backend != "cpu" else None, req.cpu_memory_mib)
     forced = None if req.mode == "auto" else req.mode
     # The runtime probe opens this machine's cards: a layout with other hosts names cards it cannot open here.
-    verdict, known = (None, None) if rig.hosts else _runtime(req, rig, binaries)
+    verdict, known = (None, None) if rig.hosts else _runtime(req, rig, binaries, progress=progress)
     decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known,
                            n_remote=sum(1 for c in rig.cards if c.host))
     return _prepared(req, binaries, profile, rig, decision, rpc_ports, choice)
@@ -258,11 +260,17 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     if req.rpc_host != LOOPBACK:
         warnings.append(f"rpc-servers listen on {req.rpc_host}; the RPC protocol has no authentication, so anyone "
                         f"who can reach it can run code on them - keep it on a trusted network")
+    for h in rig.hosts:
+        if h.link == "direct" and any(c.card.host == h.name for c in plan.cards):
+            warnings.append(f"host {h.name}: link = \"direct\": its rpc-servers listen on {h.address}, and the RPC "
+                            "protocol has no authentication, so anyone who can reach that address can run code "
+                            "on them - use a private link or a VPN only (link = \"ssh\" keeps them on loopback)")
     # A build arcsplit did not make is asked once what it accepts (llama/features.py).
     foreign = binaries is not None and binaries.found_by in ("--llama-dir", "ARCSPLIT_LLAMA_DIR", "PATH")
     _, dropped = clean_env(req.backend, os.environ)
     cores = os.cpu_count() or 1
-    route = Route.build(decision.mode, req.backend, [c.card.index for c in plan.cards], [c.card.host for c in plan.cards])
+    route = Route.build(decision.mode, req.backend, [c.card.index for c in plan.cards],
+                        [c.card.host for c in plan.cards])
     config = ServeConfig(plan=plan, mode=decision.mode, backend=req.backend,
                          server_bin=str(binaries.server) if binaries else "llama-server",
                          rpc_bin=str(binaries.rpc_server) if binaries else "ggml-rpc-server",

@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from ..errors import ArcsplitError, BadInput, RunError
+from ..errors import ArcsplitError, BadInput, HostError
 from ..hosts import check_inventory, node_argv
 from ..llama.build import build_rpc_proto
 from ..llama.locate import LlamaBinaries, server_build_info
@@ -58,6 +58,8 @@ def ssh_fix(host: Host, why: str) -> str:
     if "Host key verification failed" in why or "IDENTIFICATION HAS CHANGED" in why:
         return (f"arcsplit only connects to known host keys: check {host.ssh}'s key and add it to known_hosts "
                 f"(ssh-keyscan prints it), or fix the entry that changed")
+    if "cannot start" in why:  # the transport itself (ssh) is missing here
+        return "install the OpenSSH client (ssh) on this machine"
     if "Permission denied" in why:
         return f"install a key for {host.ssh} (ssh-copy-id): arcsplit never asks for a password (BatchMode)"
     if "not found" in why or "No such file" in why:
@@ -92,15 +94,19 @@ class NodeSession:
         return f"node agent on {self.host.name}"
 
     async def open(self, tg: TaskGroup) -> dict[str, Any]:
-        """Start the transport, say hello; the hello's inventory, or RunError with the reason it never came."""
+        """Start the transport, say hello; the hello's inventory, or HostError with the reason it never came."""
         await tg.start(self._child.run)
         tg.start_soon(self._keepalive)
         answer = await self.request({"op": "hello", "run": self.run_id, "proto": PROTO}, "hello", HELLO_TIMEOUT)
         self.hello = answer
         return answer
 
-    async def ports(self, n: int, bind: str) -> list[int]:
-        answer = await self.request({"op": "ports", "n": n, "bind": bind}, "ports", 30.0)
+    async def ports(self, n: int, bind: str, want: Sequence[int] = ()) -> list[int]:
+        """``n`` free ports there, or HostError when one of ``want`` (the user's) is taken."""
+        msg: dict[str, Any] = {"op": "ports", "n": n, "bind": bind}
+        if want:
+            msg["want"] = list(want)
+        answer = await self.request(msg, "ports", 30.0)
         return [int(p) for p in answer["ports"]]
 
     async def request(self, msg: Mapping[str, Any], ev: str, timeout: float) -> dict[str, Any]:
@@ -113,9 +119,9 @@ class NodeSession:
             answer = self._answer
         if answer is None:
             why = self.dead or f"{self.where} ({self.host.ssh}) sent no {ev} within {timeout:.0f} s"
-            raise RunError(why, ssh_fix(self.host, why))
+            raise HostError(why, ssh_fix(self.host, why))
         if answer.get("ev") == "error":
-            raise RunError(f"{self.where}: {answer.get('message')}")
+            raise HostError(f"{self.where}: {answer.get('message')}")
         return answer
 
     async def send(self, msg: Mapping[str, Any]) -> bool:
@@ -164,7 +170,7 @@ class NodeSession:
             self.members[name].event(msg)
 
     def _on_exit(self, child: Child) -> None:
-        why = self.notes[-1] if self.notes else describe_exit(child.returncode)
+        why = self.notes[-1].rstrip(".") if self.notes else describe_exit(child.returncode)
         self.dead = f"{self.where} exited: {why}"
         self._reply.set()  # a pending request ends with the reason
         for m in self.members.values():
@@ -354,9 +360,14 @@ class NodeLauncher:
             await self.close()
             raise next((e for e in errors if isinstance(e, BadInput)), errors[0])
 
-    async def ports(self, node: str, n: int, bind: str) -> list[int]:
-        """``n`` free ports on host ``node``, as its agent sees them."""
-        return await self.sessions[node].ports(n, bind)
+    def node_bins(self) -> tuple[tuple[str, str], ...]:
+        """Each open host's rpc-server binary from its hello (ServeConfig.node_bins): the argv shows the real path."""
+        return tuple(sorted((name, str(s.hello["llama"]["rpc_bin"])) for name, s in self.sessions.items()
+                            if s.hello and (s.hello.get("llama") or {}).get("rpc_bin")))
+
+    async def ports(self, node: str, n: int, bind: str, want: Sequence[int] = ()) -> list[int]:
+        """``n`` free ports on host ``node``, as its agent sees them (``want``: these, checked free there)."""
+        return await self.sessions[node].ports(n, bind, want)
 
     async def close(self) -> None:
         sessions, self.sessions = list(self.sessions.values()), {}

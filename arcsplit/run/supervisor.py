@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 import anyio
@@ -106,6 +106,7 @@ class Supervisor:
         self._ready_event = anyio.Event()
         self._progress: dict[str, Any] = {}
         self._buffers: list[logs.BufferLine] = []
+        self._load_mmap = True  # llama-server's load mode: the order its buffers fill in (logs.load_progress)
         self._last_error: str | None = None
         self._unhealthy: str | None = None
 
@@ -284,6 +285,7 @@ class Supervisor:
         self._wake = anyio.Event()
         self._restart_requested = False
         self._buffers = []
+        self._load_mmap = True
         self._progress = {}
         self._ready_at = None
         self._unhealthy = None
@@ -394,18 +396,15 @@ class Supervisor:
             else:
                 ports[i] = fresh()
             taken.add(ports[i])
-        for host in config.route.hosts:
+        for host in _hosts(config):
             where = [i for i, proc in enumerate(procs) if proc.host == host]
             h = config.host_named(host)
             bind = h.address if h.link == "direct" and h.address else LOOPBACK
-            if fixed:
-                got = [fixed[i] for i in where]
-            else:
-                assert isinstance(self.launcher, NodeLauncher)
-                try:
-                    got = await self.launcher.ports(host, len(where), bind)
-                except ArcsplitError as exc:
-                    raise _StartFailed(host, str(exc)) from None
+            assert isinstance(self.launcher, NodeLauncher)
+            try:
+                got = await self.launcher.ports(host, len(where), bind, [fixed[i] for i in where] if fixed else ())
+            except ArcsplitError as exc:  # a port the user named is taken there: retrying changes nothing
+                raise _StartFailed(host, str(exc), "fatal" if fixed else None, exc if fixed else None) from None
             for i, p in zip(where, got):
                 ports[i] = p
         links = []
@@ -417,7 +416,7 @@ class Supervisor:
 
     async def _open_hosts(self, tg: TaskGroup) -> None:
         """One agent session per host this generation (hello + inventory check) before any port is picked."""
-        hosts = self.config.route.hosts
+        hosts = _hosts(self.config)
         if not hosts:
             return
         if not isinstance(self.launcher, NodeLauncher):
@@ -429,8 +428,11 @@ class Supervisor:
         except ArcsplitError as exc:
             # Another build there: retrying changes nothing. Unreachable at the first start: most likely the layout
             # or ssh setup (the error says which), so the user hears it now; once the group has run, it is retried.
-            fatal = isinstance(exc, BadInput) or self._ready_event.is_set() is False
+            fatal = isinstance(exc, BadInput) or not self._ready_event.is_set()
             raise _StartFailed("group", str(exc), "fatal" if fatal else None, exc if fatal else None) from None
+        bins = self.launcher.node_bins()
+        if bins != self.config.node_bins:
+            self.config = replace(self.config, node_bins=bins)
 
     async def _start_group(self, tg: TaskGroup) -> None:
         self._set_group(GroupState.STARTING, {"generation": self._generation})
@@ -530,7 +532,7 @@ class Supervisor:
                     raise _StartFailed("server", f"llama-server made no progress for {stall:.0f} s while loading" + _tail(child))
                 await anyio.sleep(0.05)
         child.state = MemberState.READY
-        self._progress["value"] = 1.0
+        self._progress.update(value=1.0, cards=self._card_loads(1.0))
         self._publish_state(child)
 
     # -- output and exits -----------------------------------------------------------------------------------
@@ -546,12 +548,26 @@ class Supervisor:
                 return
             payload = state.get("payload") or {}
             if state.get("state") == "loading" and "value" in payload:
-                self._progress = {"stage": payload.get("current"), "value": float(payload["value"])}
+                value = float(payload["value"])
+                self._progress = {"stage": payload.get("current"), "value": value, "cards": self._card_loads(value)}
                 self._publish("progress", child.spec.name, dict(self._progress))
             return
         b = logs.parse_buffer_line(line)
         if b is not None:
             self._buffers.append(b)
+        elif (mode := logs.parse_load_mode(line)) is not None:
+            self._load_mmap = logs.load_mode_mmaps(mode)
+
+    def _card_loads(self, value: float) -> list[dict[str, Any]]:
+        """Model bytes loaded per plan card at load fraction ``value`` (events.CardLoad), host memory last."""
+        card_of = card_of_buffer(self._specs, self.config.route.host_position)
+        per: dict[int | None, tuple[int, int]] = {}
+        for key, (done, total) in logs.load_progress(self._buffers, value, self._load_mmap).items():
+            pos = card_of(key)
+            d, t = per.get(pos, (0, 0))
+            per[pos] = (d + done, t + total)
+        order = sorted(per, key=lambda pos: (pos is None, pos or 0))
+        return [{"card": pos, "done": per[pos][0], "total": per[pos][1]} for pos in order]
 
     def _on_exit(self, child: Member) -> None:
         self._publish_state(child)
@@ -620,6 +636,11 @@ class Supervisor:
             self.run_dir.write_state(state)
         except OSError:
             pass
+
+
+def _hosts(config: ServeConfig) -> tuple[str, ...]:
+    """The other hosts the group has rpc-servers on, in --rpc order."""
+    return tuple(dict.fromkeys(p.host for p in config.route.rpc if p.host))
 
 
 def _where(spec: ProcessSpec) -> str:

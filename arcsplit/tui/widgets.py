@@ -90,7 +90,9 @@ def render_header(state: DashState, run_id: str = "") -> str:
              escape(str(st.get("url") or ""))]
     prog = st.get("progress") or {}
     if st.get("state") == "starting" and prog.get("value") is not None:
-        parts.append(f"loading {100 * float(prog['value']):.0f}%")
+        cards = [f"{'host' if c['card'] is None else c['card']}: {100 * c['done'] // max(1, c['total'])}%"
+                 for c in prog.get("cards") or []]
+        parts.append(f"loading {100 * float(prog['value']):.0f}%" + (f" ({', '.join(cards)})" if cards else ""))
     if state.error:
         parts.append(f"[$error]{escape(state.error)}[/]")
     parts.append(f"[$text-muted]run {escape(run_id)}[/]")

@@ -6,10 +6,22 @@
 #   bash bench/gpu/session.sh rpc       # throughput all-RPC; kill an rpc-server and watch the group recover
 #   bash bench/gpu/session.sh ab-hybrid # hybrid with arcsplit's llama.cpp patches on and off, same run (also ab-rpc)
 #   MODES=native,hybrid,hybrid-nospin NAME=x bash bench/gpu/session.sh modes  # any modes (UBATCH, NPREDICT, REPS)
+#   bash bench/gpu/session.sh accuracy  # issue 16: planner vs llama.cpp's CUDA allocator, per card
+#        (bench/plan_accuracy.py --cuda-device 0: plan_accuracy_cuda.md + compute_cuda.json under $OUT)
+#   bash bench/gpu/session.sh abpatch   # each patch ALONE on the pinned tree vs the same build switched off,
+#        MoE on one GPU (incremental rebuilds of the CUDA build; run it last: it rebuilds that build's tree)
+#   bash bench/gpu/session.sh pipeline  # build, accuracy, onecard MoE, onecard dense, abpatch, in that order;
+#        meant to run detached (setsid) while short device calls collect $OUT, e.g. (2026-12-02):
+#          W=/root/w; cp -r .device/tree .device/whl .device/llama-src.tar.gz $W/   # once per machine
+#          (cd $W/tree && OUT=$W/res WORK=$W FILES=$W setsid nohup bash bench/gpu/session.sh pipeline \
+#             > $W/pipeline.log 2>&1 < /dev/null &)
+#          then each call waits on $W/pipeline.log and tars $W/res into $OUT. (.device/tree: a copy of the branch
+#          under test; a device call sends the session's own checkout, not a helper's worktree.)
 #   MODEL=moe bash bench/gpu/session.sh onecard  # ONE GPU: llama-server and rpc-servers share it (--same-card),
 #        RUNS independent runs (default 3) of MODES (default native,hybrid,hybrid-stock,rpc,rpc-stock);
 #        MODEL=moe: a 3.8 GiB F16 qwen3moe (16 layers, 32 experts, 4 used), MODEL=dense: the 7.2B F16 llama
-# Needs (carried, git-ignored): .device/llama-src.tar.gz (the extracted pinned tree), .device/whl (py3.12 wheels).
+# Needs (carried, git-ignored): .device/llama-src.tar.gz (the extracted pinned tree), .device/whl (py3.12 wheels);
+# FILES=DIR names another folder holding those two.
 # Make them here once (the stock pinned tree; the device build patches a copy of it):
 #   python -c "from pathlib import Path; from arcsplit.llama.source import *; \
 #     extract_source(fetch_sdist(Path('/dev/null')), Path('/tmp/dev-src/src'))"
@@ -26,8 +38,9 @@ WORK=${WORK:-$ROOT/.device}
 mkdir -p "$OUT" "$WORK"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export ARCSPLIT_CACHE_DIR=$WORK/cache ARCSPLIT_STATE_DIR=$WORK/state
+FILES=${FILES:-$ROOT/.device}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .device/whl/*.whl >/dev/null 2>&1 || true
+  "$FILES"/whl/*.whl >/dev/null 2>&1 || true
 export PYTHONPATH=/tmp/site:$ROOT
 DENSE=$WORK/model7b.gguf
 MOE=$WORK/moe16x32.gguf
@@ -35,7 +48,10 @@ case "${MODEL:-dense}" in moe) MODEL=$MOE ;; dense) MODEL=$DENSE ;; esac
 arcsplit() { python3 -m arcsplit "$@"; }
 
 build() {
-  [ -d "$WORK/src" ] || tar xzf .device/llama-src.tar.gz -C "$WORK"
+  [ -n "${ARCSPLIT_LLAMA_DIR:-}" ] && return  # a build named in the environment (or by an earlier phase) wins
+  [ -d "$WORK/src" ] || tar xzf "$FILES/llama-src.tar.gz" -C "$WORK"
+  if [ -n "$(ls -d "$ARCSPLIT_CACHE_DIR"/llama.cpp/*/build-cuda-*/bin 2>/dev/null)" ]; then  # built by an earlier phase
+    export ARCSPLIT_LLAMA_DIR=$(ls -d "$ARCSPLIT_CACHE_DIR"/llama.cpp/*/build-cuda-*/bin | head -1); return; fi
   local t0=$SECONDS
   arcsplit llama build --backend cuda --source "$WORK/src" --cmake-flag=-DCMAKE_CUDA_ARCHITECTURES=90 \
     --jobs "$(nproc)" > "$OUT/build.txt" 2>&1 &
@@ -54,8 +70,65 @@ write_qwen3moe('$MOE', n_layer=16, n_embd=2048, n_head=32, n_head_kv=4, head_dim
   export ARCSPLIT_LLAMA_DIR=$(ls -d "$ARCSPLIT_CACHE_DIR"/llama.cpp/*/build-cuda-*/bin | head -1)
 }
 
+onecard() {
+  # The RPC route's tax on ONE GPU: every route's processes share card 0; RUNS fresh runs, each its own native
+  build
+  local name; name=$(basename "$MODEL" .gguf)
+  python3 bench/throughput.py --backend cuda --gpus 0 --same-card --model "$MODEL" \
+    --modes "${MODES:-native,hybrid,hybrid-stock,rpc,rpc-stock}" --runs "${RUNS:-3}" --reps "${REPS:-5}" \
+    --n-predict "${NPREDICT:-128}" --greedy-tokens 32 --ctx 8192 --rpc-cache \
+    --out "$OUT/throughput_cuda_onecard_$name${TAG:-}.md"
+}
+
+accuracy() {
+  build
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+  python3 bench/plan_accuracy.py --llama-dir "$ARCSPLIT_LLAMA_DIR" --cuda-device 0 --jobs "${JOBS:-6}" \
+    --out-dir "$OUT" > "$OUT/plan_accuracy_cuda.log" 2>&1
+  echo "plan_accuracy rc=$?"; tail -2 "$OUT/plan_accuracy_cuda.log"
+}
+
+abpatch() {
+  # Each patch alone: the build's patched copy gets the touched files back from the stock tree, then one patch,
+  # then an incremental rebuild of llama-server and ggml-rpc-server (cmake's cache names the directory it was
+  # configured in, KEY.partial, so the build dir takes that name back). Modes -stock switch the one patch off.
+  build
+  local bin=$ARCSPLIT_LLAMA_DIR bdir root psrc files p name marker
+  bdir=$(dirname "$bin"); root=$(dirname "$bdir"); psrc=$root/src-source; marker=$(cat "$bin/.arcsplit-patches")
+  apply1() { if command -v patch >/dev/null; then patch -p1 --batch --forward -d "$psrc" -i "$ROOT/$1"
+             else (cd "$psrc" && GIT_CEILING_DIRECTORIES=$root git apply -p1 "$ROOT/$1"); fi; }
+  files=$(sed -n 's|^+++ b/||p' arcsplit/data/patches/*.patch | awk '{print $1}' | sort -u)
+  mv "$bdir" "$bdir.partial" || return
+  for p in ${PATCHES:-arcsplit/data/patches/*.patch}; do
+    name=$(basename "$p" .patch)
+    for f in $files; do cp "$WORK/src/$f" "$psrc/$f"; done
+    apply1 "$p" > "$OUT/ab_$name.txt" 2>&1 || { echo "$name does not apply alone"; continue; }
+    local t0=$SECONDS
+    cmake --build "$bdir.partial" -j "$(nproc)" --target llama-server ggml-rpc-server >> "$OUT/ab_$name.txt" 2>&1 \
+      || { echo "$name: build failed"; continue; }
+    echo "$name alone: rebuilt in $((SECONDS - t0)) s"
+    printf 'only-%s\n%s\n' "$name" "$name" > "$bdir.partial/bin/.arcsplit-patches"
+    MODEL=$MOE ARCSPLIT_LLAMA_DIR=$bdir.partial/bin RUNS=${AB_RUNS:-1} REPS=${AB_REPS:-3} TAG=_only_$name onecard
+  done
+  for f in $files; do cp "$WORK/src/$f" "$psrc/$f"; done  # back to the full set, so the build is what its key says
+  for p in arcsplit/data/patches/*.patch; do apply1 "$p" >/dev/null; done
+  cmake --build "$bdir.partial" -j "$(nproc)" --target llama-server ggml-rpc-server >/dev/null 2>&1
+  echo "$marker" > "$bdir.partial/bin/.arcsplit-patches"
+  mv "$bdir.partial" "$bdir"
+}
+
 case "${1:-all}" in
   build) build ;;
+  accuracy) accuracy ;;
+  abpatch) abpatch ;;
+  pipeline)
+    # everything in order of need; every phase writes under $OUT as it goes, so a cut-short run keeps its files
+    [ -n "${SKIP_ACCURACY:-}" ] && build || accuracy
+    MODEL=$MOE onecard
+    MODEL=$DENSE REPS=${DENSE_REPS:-3} onecard
+    abpatch
+    echo "pipeline done"
+    ;;
   native)
     build
     nvidia-smi -L; nvidia-smi --query-gpu=index,memory.total,memory.used --format=csv
@@ -76,15 +149,7 @@ print(json.dumps({'mode': '$m', 'plan_ms': round(t * 1000, 2), **p.to_dict()}))"
       --reps "${REPS:-5}" --greedy-tokens 32 ${UBATCH:+--ubatch $UBATCH} ${NPREDICT:+--n-predict $NPREDICT} \
       --out "$OUT/throughput_cuda_${NAME:-modes}.md"
     ;;
-  onecard)
-    # The RPC route's tax on ONE GPU: every route's processes share card 0; RUNS fresh runs, each its own native
-    build
-    name=$(basename "$MODEL" .gguf)
-    python3 bench/throughput.py --backend cuda --gpus 0 --same-card --model "$MODEL" \
-      --modes "${MODES:-native,hybrid,hybrid-stock,rpc,rpc-stock}" --runs "${RUNS:-3}" --reps "${REPS:-5}" \
-      --n-predict "${NPREDICT:-128}" --greedy-tokens 32 --ctx 8192 --rpc-cache \
-      --out "$OUT/throughput_cuda_onecard_$name.md"
-    ;;
+  onecard) onecard ;;
   rpc)
     build
     ${THROUGHPUT_RPC:-python3 bench/throughput.py --backend cuda --gpus 0,1 --model $MODEL --modes native,rpc}
