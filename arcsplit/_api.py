@@ -34,17 +34,19 @@ def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None,
          ctx: int | None = None, parallel: int = 1, cache_type: str = "f16", ubatch: int | None = None,
          layout: str | os.PathLike[str] | None = None, cpu_memory_mib: int | None = None,
          mode: str = "auto", llama_dir: str | None = None, build: str | None = None,
-         moe_offload: int | None = None, host_memory_mib: int | None = None) -> Plan:
+         moe_offload: int | None = None, host_memory_mib: int | None = None, measure: bool = False) -> Plan:
     """Where every layer goes and what each card must hold; ``layout`` plans for a rig you do not have.
 
     The plan of the mode ``serve`` would run (``mode="auto"``, as ``arcsplit plan``): its device names, ubatch
     and output placement come from that mode's Route. ``backend`` "auto" picks what ``serve`` would on this
     machine (the cards and the builds present). ``moe_offload``: routed experts of the first N layers in host RAM;
-    None (auto): as few as make the model fit, 0: never. Starts nothing and probes nothing.
+    None (auto): as few as make the model fit, 0: never. Starts nothing and probes nothing, unless ``measure``:
+    then llama.cpp's own dry run sizes each card's compute buffer (on the cards, or CPU rpc-servers on 127.0.0.1
+    standing in for a layout's; seconds) and is cached for later plans and serve.
     """
     req = ServeRequest(model=str(model), gpus=gpus, backend=backend, mode=mode, ctx=ctx, parallel=parallel,
                        ubatch=ubatch, cache_type=cache_type, cpu_memory_mib=cpu_memory_mib, llama_dir=llama_dir,
-                       build=build, moe_offload=moe_offload, host_memory_mib=host_memory_mib)
+                       build=build, moe_offload=moe_offload, host_memory_mib=host_memory_mib, measure=measure)
     return preview(req, load_layout(os.fspath(layout)) if layout is not None else None).config.plan
 
 

@@ -11,7 +11,9 @@ Sources (the pinned llama.cpp tree, vendored in llama-cpp-python 0.3.36):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Mapping
 
 from .errors import BadInput
 from .model import ModelProfile
@@ -129,8 +131,12 @@ K_MOE_OUT = 1.125  # ... and each used expert's n_embd-wide output before the we
 K_MOE_EMBD = 3.5
 K_ATTN_Q = 1.25  # the query projection (gated attention: query and gate) and its per-head copies
 K_ATTN_EMBD = 8.0
+K_FFN_UP = 1.0  # an FFN without a gate (up, ReLU^2 in place, down): one n_ff-wide row at a time
 K_FFN_GDN = K_FFN  # gated delta-net block (qwen3next, qwen35): qkv, conv and their outputs, three conv widths
-K_SSM = 9.5  # Mamba-2 mixer (mamba2, hybrids of it): in_proj (z, x, B, C, dt), conv and scan outputs
+K_SSM_X = 10.25  # Mamba-2 mixer (mamba2, hybrids of it), per d_inner: z, x, conv and scan outputs, gated norm
+K_SSM_BC = 3.25  # ... per element of its B and C groups (2 * n_group * d_state): in_proj, conv, scan inputs
+K_SSM_EMBD = 1.0
+K_RWKV = 22.5  # RWKV-7 time mix, per n_embd: r, k, v, the five LoRA-mixed inputs, WKV-7 output and state
 K_OUT_EMBD = 4.75  # the output layer on one of several devices: final norm, its input rows, logits staging
 K_OUT_EMBD_SOLO = 1.0  # the same on a lone device: the graph is one split, only the normed rows stay with the logits
 K_NOFA_EMBD = 4.0  # without flash attention, next to the KQ scores, Q and KQV (counted per head) and the residual
@@ -157,10 +163,16 @@ def layer_rows(profile: ModelProfile, il: int) -> float:
         width = profile.n_expert_used * profile.n_ff_exp + profile.n_ff_shexp
         rows = K_MOE_FFN * width + K_MOE_OUT * e * profile.n_expert_used + K_MOE_EMBD * e
     else:
-        rows = K_FFN * profile.n_ff[il] + K_EMBD * e
+        rows = (K_FFN if profile.ffn_gate else K_FFN_UP) * profile.n_ff[il] + K_EMBD * e
+    if profile.recurrent_kind == "rwkv":
+        return max(rows, K_RWKV * e)
     if profile.is_recurrent[il] and profile.n_embd_r:
         conv = profile.n_embd_r // max(1, profile.ssm_conv_kernel - 1)  # d_inner + 2 groups of state
-        rows = max(rows, (K_FFN_GDN if profile.recurrent_kind == "interval" else K_SSM) * conv + K_EMBD * e)
+        if profile.recurrent_kind == "interval":
+            rows = max(rows, K_FFN_GDN * conv + K_EMBD * e)
+        else:
+            x = profile.ssm_d_inner or conv
+            rows = max(rows, K_SSM_X * x + K_SSM_BC * (conv - x) + K_SSM_EMBD * e)
     if profile.has_kv[il] and profile.n_embd_q[il]:
         rows = max(rows, K_ATTN_Q * profile.n_embd_q[il] + K_ATTN_EMBD * e)
     return rows
@@ -214,8 +226,13 @@ def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int,
             ws += int(K_NOFA_OUT * e * t * 4)
         if shape.pipeline and profile.mla:
             out += int(K_MLA_OUT * e * t * 4)
-        if shape.pipeline and profile.recurrent_kind == "all":
-            out += ws  # Mamba: the last card of a pipeline keeps its last layer's scan buffers beside the logits
+        last = min(end, profile.n_layer_main) - 1
+        if shape.pipeline and profile.recurrent_kind != "interval" and last >= first and profile.is_recurrent[last]:
+            # Mamba-2 mixers, RWKV: the last card of a pipeline keeps its last layer's scan buffers beside the logits
+            keep = int(t * 4 * layer_rows(profile, last))
+            if profile.recurrent_kind == "rwkv":  # ... and only those: no staging rows, the split inputs apart
+                return _margin(profile, max(PIPELINE_COPIES * inputs + ws, shape.n_outputs * profile.n_vocab * 4 + keep))
+            out += keep
     if shape.pipeline:
         return _margin(profile, PIPELINE_COPIES * inputs + max(ws, out))
     return _margin(profile, max(inputs + ws, out))
@@ -236,3 +253,101 @@ def moe_compute_bytes(profile: ModelProfile, cs: ContextSizes, shape: ComputeSha
     e = profile.n_embd
     rows = K_MOE_FFN * profile.n_expert_used * profile.n_ff_exp + K_MOE_OUT * e * profile.n_expert_used + K_MOE_EMBD * e
     return _margin(profile, int(t * 4 * rows))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# compute from llama.cpp itself, and per backend
+
+def ctx_class(n_ctx: int) -> int:
+    """The context a measurement is taken at for ``n_ctx``: 4096, then 2^k and 1.5 * 2^k upwards (multiples of 256).
+
+    Compute buffers grow with the context (KQ mask, scores without flash attention) and never shrink, so one
+    measured at the top of the class bounds every context in it.
+    """
+    c = 4096
+    while c < n_ctx:
+        c = c * 3 // 2 if c & (c - 1) == 0 else c // 3 * 4
+    return c
+
+
+def ctx_class_below(top: int) -> int | None:
+    """The class point under ``top`` (None under 4096): a measurement there and one at ``top`` bound the class."""
+    if top <= 4096:
+        return None
+    return top // 3 * 2 if top & (top - 1) else top // 4 * 3
+
+
+@dataclass(frozen=True)
+class MeasuredCompute:
+    """Compute buffers llama.cpp reserved in its own dry run (llama-fit-params) for one model, build and set of
+    plan options: the planner takes these instead of the formulas for a card whose layer range was measured.
+
+    ``entries``: (context it was measured at, expert-offload layers, card position, first unit, end unit) -> bytes as
+    llama-fit-params reports them (it reserves ``n_ubatch`` rows of logits on the output card, where llama-server
+    reserves one per slot; ``measured_compute`` takes the difference off). ``backend``: what it ran on ("cpu":
+    CPU rpc-servers standing in for cards that are absent).
+    """
+
+    backend: str
+    entries: Mapping[tuple[int, ...], int] = field(default_factory=dict)
+
+
+def measured_compute(m: MeasuredCompute, profile: ModelProfile, cs: ContextSizes, card: int, first: int, end: int,
+                     has_output: bool, shape: ComputeShape, n_offload: int) -> int | None:
+    """Card ``card``'s measured compute for units [first, end) at the context of ``cs`` (None: not measured).
+
+    Measured at the top of the context's class: that value, or, measured at the class point below too, the straight
+    line between the two. A compute buffer is the largest of terms that each grow linearly with the context (a
+    convex function), so the line between two measurements never runs under it.
+    On the output card the logits rows llama-fit-params reserved beyond ``shape.n_outputs`` are taken off, as far
+    as the formulas say the logits are what sizes that buffer (they are, at 512 rows of a large vocabulary).
+    """
+    top = ctx_class(cs.n_ctx)
+    got = m.entries.get((top, n_offload, card, first, end))
+    if got is None:
+        return None
+    low = ctx_class_below(top)
+    below = m.entries.get((low, n_offload, card, first, end)) if low is not None else None
+    if below is not None and low is not None and low < cs.n_ctx < top:
+        got = below + -(-(got - below) * (cs.n_ctx - low) // (top - low))
+    if has_output and shape.n_outputs < shape.n_ubatch:
+        exact = replace(profile, compute_checked=True)
+        layers_end = min(end, profile.n_layer)
+        full = compute_bytes(exact, cs, first, layers_end, True, replace(shape, n_outputs=shape.n_ubatch))
+        got -= max(0, full - compute_bytes(exact, cs, first, layers_end, True, shape))
+    return max(0, got)
+
+
+@dataclass(frozen=True)
+class BackendCompute:
+    """One row of arcsplit/data/compute_backends.toml: what this backend's compute buffers need beyond the
+    CPU-calibrated formulas (a factor, then MiB on top), and what that rests on."""
+
+    backend: str
+    factor: float
+    add_mib: int
+    measured: str  # "" when it is a safety margin, not a measurement
+
+    def apply(self, n: int) -> int:
+        return int(n * self.factor) + self.add_mib * MiB if n else 0
+
+    @property
+    def label(self) -> str:
+        """What the plan prints, e.g. "+25% +40 MiB sycl"; "" where the backend needs nothing beyond the formulas."""
+        parts = [f"{self.factor - 1:+.0%}"] if self.factor != 1.0 else []
+        parts += [f"+{self.add_mib} MiB"] if self.add_mib else []
+        return f"{' '.join(parts)} {self.backend}" if parts else ""
+
+
+@lru_cache(maxsize=None)
+def backend_compute(backend: str) -> BackendCompute:
+    """``backend``'s row; a backend the table does not list gets the largest factor and addition in it."""
+    import tomllib
+    from importlib.resources import files
+
+    table = tomllib.loads(files("arcsplit").joinpath("data/compute_backends.toml").read_text(encoding="utf-8"))
+    row = table.get(backend)
+    if row is None:
+        return BackendCompute(backend, max(float(r["factor"]) for r in table.values()),
+                              max(int(r.get("add_mib", 0)) for r in table.values()), "")
+    return BackendCompute(backend, float(row["factor"]), int(row.get("add_mib", 0)), str(row.get("measured", "")))

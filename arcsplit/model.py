@@ -131,6 +131,8 @@ class ModelProfile:
     known_arch: bool
     compute_checked: bool = False  # the compute model was measured on this architecture's family (Family.checked)
     warnings: tuple[str, ...] = field(default=())
+    ssm_d_inner: int = 0  # Mamba-2 mixer width (ssm.inner_size); the conv also carries 2 groups of state
+    ffn_gate: bool = True  # the dense FFN has a gate (SwiGLU); False: up, activation, down (Nemotron-H's ReLU^2)
 
     @property
     def n_layer_main(self) -> int:
@@ -446,7 +448,8 @@ class Family:
 
     ``swa``: (default pattern, dense_first, default n_swa, SWA only when sliding_window > 0 is in the file).
     ``recurrent``: "all" (Mamba), "interval" (Qwen hybrids: full attention every ``full_attention_interval``),
-    "no_kv" (layers without KV heads are recurrent), "" (none). ``kv_layers``: "first20" (gemma3n: only the first
+    "rwkv" (every layer: token shifts and a WKV state), "no_kv" (layers without KV heads are recurrent), "no_kv_ff" (those without KV heads and without an FFN:
+    Nemotron-H's MLP layers have neither KV nor state), "" (none). ``kv_layers``: "first20" (gemma3n: only the first
     20 layers hold KV), "shared" (the last ``shared_kv_layers`` reuse earlier KV), "" (every attention layer).
     ``checked``: the compute model was measured against llama-fit-params on a model of this family
     (bench/plan_accuracy.py); on the others the planner adds ``memory.UNCHECKED_COMPUTE_MARGIN`` and says so.
@@ -459,6 +462,7 @@ class Family:
     chunked_swa: bool = False
     swa_listed: bool = False  # SWA layers only from the per-layer sliding_window_pattern array (required)
     checked: bool = False
+    ffn_gate: bool = True
 
 
 _STANDARD = Family()
@@ -503,6 +507,10 @@ FAMILIES: dict[str, Family] = {
     "granitehybrid": Family(recurrent="no_kv"),  # Mamba-2 layers where head_count_kv is 0; compute not calibrated
     "mamba": Family(recurrent="all"),
     "mamba2": Family(recurrent="all", checked=True),
+    "rwkv7": Family(recurrent="rwkv", ffn_gate=False, checked=True),
+    # Mamba-2, attention or MLP layers. Unchecked: on a card holding both Mamba-2 and attention layers the formulas
+    # come out up to 20 MiB above llama.cpp (which layers sit next to which changes its peak; bench/plan_accuracy.py)
+    "nemotron_h": Family(recurrent="no_kv_ff", ffn_gate=False),
 }
 
 
@@ -672,18 +680,23 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
     if recurrent or (d_inner and d_state):
         n_embd_r = max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state)
         n_embd_s = d_state * d_inner
+        if recurrent == "rwkv":  # llama_hparams::n_embd_r/n_embd_s with wkv_head_size set
+            n_embd_r = (m.int("{arch}.token_shift_count", 2) or 2) * n_embd
+            n_embd_s = n_embd * (m.int("{arch}.wkv.head_size", 0) or 0)
         arr = m.get("{arch}.attention.recurrent_layers")
         if isinstance(arr, tuple):
             if len(arr) != n_all:
                 raise ModelError(f"{path}: {arch}.attention.recurrent_layers must list {n_all} layers", "use a valid GGUF file")
             is_recr = tuple(bool(x) for x in arr)
-        elif recurrent == "all":
+        elif recurrent in ("all", "rwkv"):
             is_recr = (True,) * n_all
         elif recurrent == "interval":
             interval = m.int("{arch}.full_attention_interval", 4) or 4
             is_recr = tuple(il < n_main and (il + 1) % interval != 0 for il in range(n_all))
+        elif recurrent == "no_kv_ff":
+            is_recr = tuple(il < n_main and n_head_kv[il] == 0 and n_ff[il] == 0 for il in range(n_all))
         else:
-            # jamba / granitehybrid / nemotron_h / falcon-h1 style: a layer without KV heads is recurrent
+            # jamba / granitehybrid / falcon-h1 style: a layer without KV heads is recurrent
             is_recr = tuple(n_head_kv[il] == 0 for il in range(n_all))
             if recurrent != "no_kv":
                 warnings.append(f"{arch}: recurrent layers taken as those without KV heads (not verified for this "
@@ -778,6 +791,8 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
         known_arch=known,
         compute_checked=fam is not None and fam.checked,
         warnings=tuple(warnings),
+        ssm_d_inner=d_inner,
+        ffn_gate=fam.ffn_gate if fam is not None else True,
     )
 
 

@@ -57,6 +57,9 @@ class CardPlan:
     state: int
     compute: int
     has_output: bool = False
+    # where ``compute`` comes from: "measured cpu" (llama.cpp's own dry run, cached), "formula", "formula +50%"
+    # (an architecture the formulas were never checked on), then "+40 MiB cuda" (the backend's row, memory.backend_compute)
+    compute_source: str = "formula"
 
     @property
     def n_layers(self) -> int:
@@ -273,6 +276,7 @@ class Plan:
     host_read_per_token: int = 0  # of those, what one decoded token reads: n_expert_used / n_expert of each layer
     ctx_limit: str = ""  # with --ctx max: what stopped the context from growing (a card's memory, or training)
     links: tuple[LinkCost, ...] = ()  # one per other host the cards are on (rig.Host), in layer order
+    card_ctx_max: tuple[int, ...] = ()  # with --ctx max: the largest context each card could hold on this split
 
     @property
     def offloaded(self) -> tuple[CardPlan, ...]:
@@ -348,6 +352,7 @@ class Plan:
                         "compute": c.compute,
                         "total": c.total,
                     },
+                    "compute_source": c.compute_source,
                     "free_after": c.free_after,
                     "largest": c.largest,
                 }
@@ -356,6 +361,7 @@ class Plan:
             "llama_server_args": self.llama_server_args(),
             "ctx_limit": self.ctx_limit,
             "links": [lc.to_dict() for lc in self.links],
+            "card_ctx_max": list(self.card_ctx_max),
             "warnings": list(self.warnings),
         }
 
@@ -409,10 +415,12 @@ _INF = float("inf")
 
 
 class _Solver:
-    def __init__(self, profile: Any, cards: tuple[Card, ...], names: list[str], options: PlanOptions) -> None:
+    def __init__(self, profile: Any, cards: tuple[Card, ...], names: list[str], options: PlanOptions,
+                 measured: Any = None) -> None:
         from . import memory
 
         self.memory = memory
+        self.measured = measured
         self.profile = profile
         self.cards = cards
         self.names = names
@@ -456,9 +464,30 @@ class _Solver:
             extra += self.profile.host_bytes
         else:
             busy = b > a or has_out
-            comp = self.memory.compute_bytes(self.profile, costs.cs, a, end, has_out, self._shape) if busy else 0
+            comp = self.compute(costs, j, a, b)[0] if busy else 0
         (wa, ka, sa), (wb, kb, sb) = costs.prefix[a], costs.prefix[b]
         return (wb - wa + extra, kb - ka, sb - sa, comp)
+
+    def compute(self, costs: _Costs, j: int, a: int, b: int) -> tuple[int, str]:
+        """(compute buffer, its source) of card j holding units [a, b): llama.cpp's own measurement where one was
+        taken for exactly this range (arcsplit plan --measure), else the formulas, which add their margin on an
+        architecture they were not checked on; then what the backend needs beyond them (data/compute_backends.toml),
+        unless measured on that backend."""
+        m = self.memory
+        has_out = self.has_output(j, a, b)
+        backend = m.backend_compute(self.cards[j].backend)
+        got = None
+        if self.measured is not None:
+            got = m.measured_compute(self.measured, self.profile, costs.cs, j, a, b, has_out, self._shape,
+                                     self.options.moe_offload or 0)
+        if got is not None:
+            source = f"measured {self.measured.backend}"
+            if self.measured.backend == backend.backend:
+                return got, source
+        else:
+            got = m.compute_bytes(self.profile, costs.cs, a, min(b, self.profile.n_layer), has_out, self._shape)
+            source = "formula" if self.profile.compute_checked else f"formula +{m.UNCHECKED_COMPUTE_MARGIN:.0%}"
+        return backend.apply(got), f"{source} {backend.label}".rstrip()
 
     def ratio(self, costs: _Costs, j: int, a: int, b: int) -> float:
         """Card j's bytes for units [a, b) as a share of its budget (inf: cannot hold them at any share)."""
@@ -558,12 +587,14 @@ def _bad(problem: str, fix: str) -> Exception:
 
 
 def make_plan(profile: Any, rig_or_cards: Any, options: PlanOptions | None = None,
-              devices: list[str] | None = None) -> Plan:
+              devices: list[str] | None = None, measured: Any = None) -> Plan:
     """Place every layer (output layer on the last card) so that each card keeps its margin free.
 
     ``devices`` names the cards as llama-server will see them (RPC0, SYCL1, ...); a card named ``HOST_DEVICE`` is
     llama-server's own CPU and may only come first. With ``options.n_ctx=None`` the largest context that fits
-    (up to the training context) is chosen. Raises DoesNotFit with the shortfall and what would make it fit.
+    (up to the training context) is chosen. ``measured`` (memory.MeasuredCompute): llama.cpp's own compute buffers
+    for these options, used where a card's layer range was measured. Raises DoesNotFit with the shortfall and what
+    would make it fit.
     """
     from . import memory
     from .errors import DoesNotFit
@@ -580,8 +611,8 @@ def make_plan(profile: Any, rig_or_cards: Any, options: PlanOptions | None = Non
     if options.n_ubatch < 1 or options.n_batch < 1:
         raise _bad("batch sizes must be positive", "pass --ubatch N with N > 0")
     memory.check_cache_types(profile, options.cache_type_k, options.cache_type_v, options.flash_attn)
-    options = _moe_offload(profile, cards, names, _output_placement(profile, cards, options))
-    solver = _Solver(profile, cards, names, options)
+    options = _moe_offload(profile, cards, names, _output_placement(profile, cards, options), measured)
+    solver = _Solver(profile, cards, names, options, measured)
     warnings = _model_warnings(profile)
 
     train = profile.n_ctx_train or 0
@@ -623,10 +654,11 @@ def make_plan(profile: Any, rig_or_cards: Any, options: PlanOptions | None = Non
         if train and ctx < min(train, 4096):
             warnings.append(f"only {ctx} tokens of context fit (training context {train})")
         limit = _ctx_limit(profile, solver, options, bounds, ctx, cap)
+        per_card = _card_ctx_max(profile, solver, options, bounds, ctx, cap)
 
     plan = _assemble(profile, solver, costs, cards, names, bounds, options, warnings, _hosts(rig_or_cards))
     if options.n_ctx is None:
-        plan = replace(plan, ctx_limit=limit)
+        plan = replace(plan, ctx_limit=limit, card_ctx_max=per_card)
     if options.host_budget is not None and plan.host_expert_bytes and plan.host_bytes > options.host_budget:
         raise DoesNotFit(f"keeping the experts of {options.moe_offload} layers in host RAM needs {_fmt(plan.host_bytes)} "
                          f"there, but only {_fmt(options.host_budget)} is available",
@@ -648,7 +680,30 @@ def _ctx_limit(profile: Any, solver: "_Solver", options: PlanOptions, bounds: li
             f"(KV/state {_fmt(kv)}, compute {_fmt(comp)} there)")
 
 
-def _moe_offload(profile: Any, cards: tuple[Card, ...], names: list[str], options: PlanOptions) -> PlanOptions:
+def _card_ctx_max(profile: Any, solver: "_Solver", options: PlanOptions, bounds: list[int], ctx: int,
+                  cap: int) -> tuple[int, ...]:
+    """For each card, the largest context (a multiple of 256, at most ``cap``) its layers on this split would fit
+    in its budget: the smallest is the context --ctx max chose; the others say how much room each card has left."""
+    at: dict[int, _Costs] = {}
+
+    def fits(j: int, n: int) -> bool:
+        costs = at.get(n)
+        if costs is None:
+            costs = at[n] = _costs(profile, options, n * 256)
+        return solver.fits(costs, j, bounds[j], bounds[j + 1])
+
+    out = []
+    for j in range(len(solver.cards)):
+        lo, hi = ctx // 256, cap // 256
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(j, mid) else (lo, mid - 1)
+        out.append(lo * 256)
+    return tuple(out)
+
+
+def _moe_offload(profile: Any, cards: tuple[Card, ...], names: list[str], options: PlanOptions,
+                 measured: Any = None) -> PlanOptions:
     """Resolve ``moe_offload=None`` (auto) to the fewest leading layers whose routed experts must leave the cards
     for the model to fit at the asked context (or 4096 tokens with --ctx max); check a given count."""
 
@@ -668,7 +723,7 @@ def _moe_offload(profile: Any, cards: tuple[Card, ...], names: list[str], option
 
     def fits(k: int) -> bool:
         o = replace(options, moe_offload=k)
-        return _Solver(profile, cards, names, o).split(_costs(profile, o, probe)) is not None
+        return _Solver(profile, cards, names, o, measured).split(_costs(profile, o, probe)) is not None
 
     if fits(0):
         return replace(options, moe_offload=0)
@@ -694,8 +749,9 @@ def _assemble(profile: Any, solver: "_Solver", costs: _Costs, cards: tuple[Card,
     for j, card in enumerate(cards):
         a, b = bounds[j], bounds[j + 1]
         w, k, s, c = solver.card_bytes(costs, j, a, b)
+        source = "formula" if solver.host and j == 0 else solver.compute(costs, j, a, b)[1] if c else ""
         plans.append(CardPlan(card=card, device=names[j], first_layer=a, end_layer=b, weights=w, kv=k, state=s,
-                              compute=c, has_output=solver.has_output(j, a, b)))
+                              compute=c, has_output=solver.has_output(j, a, b), compute_source=source))
     host = profile.host_bytes
     if not solver.host:
         host += memory.host_compute_bytes(profile, costs.cs, solver.shape())
@@ -773,7 +829,7 @@ def _why(profile: Any, solver: _Solver, options: PlanOptions, ctx: int) -> tuple
 
 
 def plan_for_split(profile: Any, rig_or_cards: Any, options: PlanOptions, tensor_split: list[int],
-                   devices: list[str] | None = None) -> Plan:
+                   devices: list[str] | None = None, measured: Any = None) -> Plan:
     """The bytes per card of a given split (integer layer counts summing to n_layer+1), fitting or not.
 
     Used to check a pinned layout and to compare against llama-fit-params for the same -ts.
@@ -789,8 +845,8 @@ def plan_for_split(profile: Any, rig_or_cards: Any, options: PlanOptions, tensor
         raise _bad(f"tensor split {tensor_split} must give {len(cards)} non-negative counts summing to "
                    f"{profile.n_layer + 1}", "fix the split or let arcsplit plan it")
     memory.check_cache_types(profile, options.cache_type_k, options.cache_type_v, options.flash_attn)
-    options = _moe_offload(profile, cards, names, _output_placement(profile, cards, options))
-    solver = _Solver(profile, cards, names, options)
+    options = _moe_offload(profile, cards, names, _output_placement(profile, cards, options), measured)
+    solver = _Solver(profile, cards, names, options, measured)
     costs = _costs(profile, options, n_ctx)
     bounds = [0]
     for n in tensor_split:

@@ -567,6 +567,109 @@ def write_granitehybrid(
     return m.write(path, header_only)
 
 
+def write_nemotron_h(
+    path: str | Path,
+    pattern: str = "M-M*-M-M-M*-",
+    n_embd: int = 1024,
+    n_head: int = 16,
+    n_head_kv: int = 4,
+    head_dim: int = 64,
+    n_ff: int = 4096,
+    d_inner: int = 2048,
+    d_state: int = 128,
+    n_group: int = 8,
+    ssm_head_dim: int = 64,
+    conv_kernel: int = 4,
+    n_vocab: int = 512,
+    ctx: int = 8192,
+    dtype: str = "f16",
+    header_only: bool = False,
+    seed: int = 0,
+) -> Path:
+    """A small Nemotron-H (llama.cpp ``nemotron_h``): one block kind per layer, as the real models' hybrid
+    pattern says: ``M`` a Mamba-2 mixer, ``*`` attention, ``-`` an MLP (up, ReLU^2, down; no gate). A layer is
+    recurrent iff its KV head count and its FFN length are both 0 (src/models/nemotron-h.cpp)."""
+    n_layer = len(pattern)
+    if set(pattern) - set("M*-"):
+        raise ValueError("pattern letters: M (Mamba-2), * (attention), - (MLP)")
+    m = _Model("nemotron_h", n_vocab, ctx, n_embd, n_layer, dtype, seed)
+    m.f32("attention.layer_norm_epsilon", 1e-5)
+    m.arr("feed_forward_length", [n_ff if c == "-" else 0 for c in pattern])
+    m.u32("ssm.conv_kernel", conv_kernel)
+    m.u32("ssm.inner_size", d_inner)
+    m.u32("ssm.state_size", d_state)
+    m.u32("ssm.time_step_rank", d_inner // ssm_head_dim)
+    m.u32("ssm.group_count", n_group)
+    kv = [n_head_kv if c == "*" else 0 for c in pattern]
+    hd = _heads(m, n_head, kv, head_dim)
+    m.embeddings(False)
+    for i, c in enumerate(pattern):
+        if c == "*":
+            _attention(m, i, n_head, n_head_kv, hd)
+        else:
+            m.t(f"blk.{i}.attn_norm.weight", n_embd)
+        if c == "M":
+            _mamba2_block(m, i, d_inner, d_state, n_group, d_inner // ssm_head_dim, conv_kernel)
+        elif c == "-":
+            m.t(f"blk.{i}.ffn_up.weight", n_embd, n_ff)
+            m.t(f"blk.{i}.ffn_down.weight", n_ff, n_embd)
+    return m.write(path, header_only)
+
+
+def write_rwkv7(
+    path: str | Path,
+    n_layer: int = 12,
+    n_embd: int = 1024,
+    head_size: int = 64,
+    n_ff: int = 4096,
+    lora_decay: int = 64,
+    lora_iclr: int = 64,
+    lora_value_mix: int = 32,
+    lora_gate: int = 128,
+    n_vocab: int = 512,
+    ctx: int = 8192,
+    dtype: str = "f16",
+    header_only: bool = False,
+    seed: int = 0,
+) -> Path:
+    """A small RWKV-7 (llama.cpp ``rwkv7``): every layer a time-mix (WKV-7 state of head_size^2 per head) and a
+    channel-mix, no attention and no KV cache; two token shifts per layer (src/models/rwkv7.cpp)."""
+    m = _Model("rwkv7", n_vocab, ctx, n_embd, n_layer, dtype, seed)
+    m.f32("attention.layer_norm_epsilon", 1e-5)
+    m.u32("feed_forward_length", n_ff)
+    m.u32("wkv.head_size", head_size)
+    m.u32("attention.decay_lora_rank", lora_decay)
+    m.u32("attention.iclr_lora_rank", lora_iclr)
+    m.u32("attention.value_residual_mix_lora_rank", lora_value_mix)
+    m.u32("attention.gate_lora_rank", lora_gate)
+    m.u32("token_shift_count", 2)
+    e = n_embd
+    m.embeddings(False)
+    m.t("token_embd_norm.weight", e)
+    m.t("token_embd_norm.bias", e)
+    m.t("output_norm.bias", e)
+    for i in range(n_layer):
+        b = f"blk.{i}"
+        for name in ("attn_norm", "attn_norm_2", "time_mix_ln"):
+            m.t(f"{b}.{name}.weight", e)
+            m.t(f"{b}.{name}.bias", e)
+        for x, rank in (("w", lora_decay), ("a", lora_iclr), ("v", lora_iclr if i == 0 else lora_value_mix)):
+            m.t(f"{b}.time_mix_{x}0.weight", e)
+            m.t(f"{b}.time_mix_{x}1.weight", e, rank)
+            m.t(f"{b}.time_mix_{x}2.weight", rank, e)
+        m.t(f"{b}.time_mix_g1.weight", e, lora_gate)
+        m.t(f"{b}.time_mix_g2.weight", lora_gate, e)
+        m.t(f"{b}.time_mix_lerp_fused.weight", e, 1, 1, 6, f32=True)
+        for name in ("k_k", "k_a", "r_k"):
+            m.t(f"{b}.time_mix_{name}.weight", e)
+        for name in ("key", "value", "receptance", "output"):
+            m.t(f"{b}.time_mix_{name}.weight", e, e)
+        m.t(f"{b}.channel_mix_lerp_k.weight", e, 1, 1, f32=True)
+        m.t(f"{b}.channel_mix_key.weight", e, n_ff)
+        m.t(f"{b}.channel_mix_value.weight", n_ff, e)
+    return m.write(path, header_only)
+
+
 def write_deepseek2(
     path: str | Path,
     n_layer: int = 4,

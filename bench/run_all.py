@@ -77,15 +77,18 @@ def first_line_with(text: str, word: str) -> str:
 
 
 def v_plan_speed(text: str) -> Verdict:
-    ratios = [(r[0], float(r[6].rstrip("x")), float(r[7].rstrip("x"))) for r in table_rows(text)
-              if len(r) == 8 and r[6].endswith("x")]
+    rows = [r for r in table_rows(text) if len(r) >= 8 and r[6].endswith("x")]
+    ratios = [(r[0], float(r[6].rstrip("x")), float(r[7].rstrip("x"))) for r in rows]
     if not ratios:
         return Verdict("info", "no ratios found")
     cold = min(ratios, key=lambda x: x[1])
     warm = min(r[2] for r in ratios)
+    measured = [float(r[9].rstrip("x")) for r in rows if len(r) >= 10 and r[9].endswith("x")]
     status = "pass" if cold[1] >= 20 else ("FAIL cold, pass warm" if warm >= 20 else "FAIL")
+    more = f"; {min(measured):.0f}x with compute measured by llama.cpp and cached" if measured else ""
     return Verdict(status, f"worst cold case {cold[0]}: llama.cpp takes {cold[1]:.0f}x arcsplit's time with the "
-                   f"header read each time; {warm:.0f}x at worst with the profile cache warm; {len(ratios)} models")
+                   f"header read each time; {warm:.0f}x at worst with the profile cache warm{more}; "
+                   f"{len(ratios)} models")
 
 
 def v_plan_accuracy(text: str) -> Verdict:
@@ -93,8 +96,10 @@ def v_plan_accuracy(text: str) -> Verdict:
     if not oks:
         return Verdict("info", "no rows found")
     bad = oks.count("NO")
+    margin = sum(1 for r in table_rows(text) if r and r[-1] == "margin")
+    more = f"; {margin} cards of unchecked families above it with their +50 % margin" if margin else ""
     return Verdict("pass" if not bad else "FAIL", f"{len(oks) - bad}/{len(oks)} cards within max(2 %, 16 MiB), "
-                   "none below by more than 16 MiB")
+                   f"none below by more than 16 MiB{more}")
 
 
 def v_fit_context(text: str) -> Verdict:

@@ -123,3 +123,29 @@ def test_unchecked_family_gets_the_compute_margin(llama, tmp_path: Path) -> None
     checked = memory.compute_bytes(llama, cs, 0, 2, False, shape)
     unchecked = memory.compute_bytes(replace(llama, compute_checked=False), cs, 0, 2, False, shape)
     assert llama.compute_checked and unchecked == int(checked * (1 + memory.UNCHECKED_COMPUTE_MARGIN))
+
+
+def test_rwkv7_state_is_two_token_shifts_and_a_wkv_matrix_per_layer(tmp_path: Path) -> None:
+    """llama_hparams::n_embd_r = token_shift_count * n_embd, n_embd_s = n_embd * wkv_head_size; no KV at all."""
+    prof = load_profile(synth.write_rwkv7(tmp_path / "r.gguf", n_layer=6, n_embd=512, head_size=64, n_ff=2048,
+                                          n_vocab=32000, header_only=True))
+    assert prof.recurrent_kind == "rwkv" and all(prof.is_recurrent) and not any(prof.has_kv)
+    cs = memory.context_sizes(prof, 8192, n_parallel=3, kv_unified=False)
+    assert [memory.state_layer_bytes(prof, il, cs) for il in range(6)] == [(2 * 512 + 512 * 64) * 4 * 3] * 6
+    assert memory.kv_layer_bytes(prof, 0, cs) == 0
+
+
+def test_nemotron_h_mlp_layers_hold_neither_kv_nor_state(tmp_path: Path) -> None:
+    """A Nemotron-H layer is recurrent iff it has no KV heads and no FFN (src/models/nemotron-h.cpp): its MLP
+    layers, which also have no KV heads, are neither."""
+    prof = load_profile(synth.write_nemotron_h(tmp_path / "n.gguf", pattern="M-*M", n_embd=256, n_head=4,
+                                               n_head_kv=2, head_dim=64, n_ff=512, d_inner=512, d_state=16,
+                                               n_group=2, n_vocab=32000, header_only=True))
+    assert prof.is_recurrent == (True, False, False, True) and prof.has_kv == (False, False, True, False)
+    cs = memory.context_sizes(prof, 4096)
+    conv = 3 * (512 + 2 * 2 * 16)  # (d_conv - 1) * (d_inner + 2 * n_group * d_state)
+    assert [memory.state_layer_bytes(prof, il, cs) for il in range(4)] == [(conv + 16 * 512) * 4, 0, 0,
+                                                                           (conv + 16 * 512) * 4]
+    assert memory.kv_layer_bytes(prof, 2, cs) == 2 * 4096 * 2 * 64 * 2
+    # the MLP has no gate: one n_ff-wide row at a time, not three
+    assert memory.layer_rows(prof, 1) == memory.K_FFN_UP * 512 + memory.K_EMBD * 256

@@ -9,7 +9,6 @@ real CPU rpc-servers: weights and KV exact, compute never below by more than 16 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,7 @@ from arcsplit.model import load_profile, read_header
 from arcsplit.planner import PlanOptions, make_plan, plan_for_split
 from arcsplit.rig import load_layout
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from fitoracle import RpcServers, fit_print  # noqa: E402  (the oracle lives beside the benchmarks that use it)
+from arcsplit.llama.fitparams import RpcServers, fit_print
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

@@ -232,6 +232,30 @@ def test_hybrid_on_two_vulkan_devices_gives_the_cpu_builds_greedy_tokens(two_lav
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode, devices", [("multi", ["Vulkan0", "Vulkan1"]), ("hybrid", ["Vulkan0", "RPC0"])])
+def test_plan_measure_takes_compute_from_the_vulkan_cards_themselves(two_lavapipes, vulkan_bin, tmp_path, mode,
+                                                                      devices):
+    """plan --measure on cards that are present: llama-fit-params' dry run on the Vulkan devices as serve places
+    them (one context, or llama-server's card plus a Vulkan rpc-server), cached; the next plan reads the cache."""
+    from arcsplit import synth
+
+    model = synth.write_rwkv7(tmp_path / "rwkv7.gguf", n_layer=8, n_embd=512, head_size=64, n_ff=2048,
+                              n_vocab=32000, header_only=True)
+    argv = [sys.executable, "-m", "arcsplit", "plan", str(model), "--backend", "vulkan", "--llama-dir", str(vulkan_bin),
+            "--mode", mode, "--ctx", "4096", "--json"]
+    before = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True).stdout)
+    assert [c["compute_source"] for c in before["cards"]] == ["formula +25% +40 MiB vulkan"] * 2
+    first = subprocess.run([*argv, "--measure"], capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    measured = json.loads(first.stdout)
+    assert [c["device"] for c in measured["cards"]] == devices
+    assert [c["compute_source"] for c in measured["cards"]] == ["measured vulkan"] * 2
+    assert all(m["bytes"]["compute"] < b["bytes"]["compute"] for m, b in zip(measured["cards"], before["cards"]))
+    again = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True).stdout)
+    assert again["cards"] == measured["cards"]  # from the cache, nothing run
+
+
+@pytest.mark.slow
 def test_the_glslc_check_agrees_with_the_builds_own_test(vulkan_bin):
     """find_vulkan's verdict on glslc's fast paths is the one ggml-vulkan's CMake reached in the real build."""
     build_dir = vulkan_bin.parent

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-type", choices=sorted(CACHE_TYPES), default="f16", help="KV cache type for K and V")
     p.add_argument("--no-kv-unified", dest="kv_unified", action="store_false",
                    help="one KV stream per slot instead of a shared one")
+    p.add_argument("--measure", action="store_true",
+                   help="take each card's compute buffer from llama.cpp's own dry run (llama-fit-params on the "
+                        "cards as serve places them; for a --layout, CPU rpc-servers on 127.0.0.1 stand in; seconds) "
+                        "and cache it: later plans and serve with the same model and options use it without running "
+                        "anything")
     p.add_argument("--save", metavar="FILE", help="write the rig and this plan as a layout TOML")
     p.add_argument("--json", action="store_true", help="machine-readable output (Plan.to_dict, route, processes)")
     p.set_defaults(func=_plan, extra=[])
@@ -42,7 +48,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.layout and args.gpus:
         raise BadInput("--layout and --gpus both name cards", "pass one of them")
     rig = load_layout(args.layout) if args.layout else None
-    prepared = preview(request_from_args(args), rig)
+    prepared = preview(replace(request_from_args(args), measure=args.measure), rig)
     config, plan, profile = prepared.config, prepared.config.plan, prepared.profile
     if args.save:
         pinned = {"model": str(Path(profile.path).name), "n_ctx": plan.n_ctx, "n_parallel": args.parallel,
@@ -126,7 +132,8 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
     head = (f"{Path(plan.model_path).name}  ({plan.arch}, {plan.n_layer} layers + output)  "
             f"context {plan.n_ctx:,}  slots {o.n_parallel}  KV {o.cache_type_k}/{o.cache_type_v}  "
             f"ubatch {o.n_ubatch}")
-    cols = ["card", "device", "layers", "weights", "KV", "state", "compute", "total", "free", "free after", "largest"]
+    cols = ["card", "device", "layers", "weights", "KV", "state", "compute", "total", "free", "free after", "largest",
+            "compute from"]
     rows = []
     for c in plan.cards:
         end = min(c.end_layer, plan.n_layer)  # the output unit is shown as "+out" on the card that computes it
@@ -135,12 +142,13 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
             layers = f"{layers} +out" if end > c.first_layer else "output"
         name = (f"{c.card.host}/" if c.card.host else "") + c.card.name[:28]  # another host's card: b/<name>
         rows.append([name, c.device, layers, _mib(c.weights), _mib(c.kv), _mib(c.state),
-                     _mib(c.compute), _mib(c.total), _mib(c.card.free_bytes), _mib(c.free_after), c.largest])
+                     _mib(c.compute), _mib(c.total), _mib(c.card.free_bytes), _mib(c.free_after), c.largest,
+                     c.compute_source or "-"])
     widths = [max(len(cols[i]), *(len(r[i]) for r in rows)) for i in range(len(cols))]
-    fmt = lambda r: "  ".join(v.ljust(widths[i]) if i < 3 or i == 10 else v.rjust(widths[i])  # noqa: E731
+    fmt = lambda r: "  ".join(v.ljust(widths[i]) if i < 3 or i >= 10 else v.rjust(widths[i])  # noqa: E731
                               for i, v in enumerate(r))
     lines = [head, "", fmt(cols).rstrip() + "   (MiB)", fmt(["-" * w for w in widths])]
-    lines += [fmt(r) for r in rows]
+    lines += [fmt(r).rstrip() for r in rows]
     lines.append(f"host (llama-server's CPU): {_mib(plan.host_bytes)} MiB (token embeddings, input buffers)")
     if plan.host_expert_bytes:
         n = plan.options.moe_offload or 0
@@ -150,6 +158,10 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
         lines.append(f"context {plan.n_ctx:,} is bounded by {plan.ctx_limit}")
     if plan.links:
         lines += _link_lines(plan.links)
+    if plan.card_ctx_max:
+        lines.append("context each card could hold on this split (--ctx max takes the smallest):")
+        for c, n in zip(plan.cards, plan.card_ctx_max):
+            lines.append(f"  {c.device:>14}: {n:,} tokens; largest term there: {c.largest}")
     lines += ["", "layer map:"]
     for c in plan.cards:
         marks = []

@@ -16,9 +16,11 @@ from typing import Any, Callable, Sequence
 from .. import backends
 from .._dirs import cache_dir
 from ..errors import ArcsplitError, BadInput
+from ..llama import compute_cache
 from ..llama.childenv import clean_env
 from ..llama.detect import BackendChoice, resolve
 from ..llama.features import binary_features
+from ..llama.fitparams import measure_compute
 from ..llama.devices import discover_rig, host_budget, parse_gpus
 from ..llama.locate import LlamaBinaries, find_llama
 from ..llama.mode import ModeDecision, choose_mode
@@ -61,6 +63,7 @@ class ServeRequest:
     build: str | None = None  # a managed build's key (arcsplit llama which --all)
     extra_args: tuple[str, ...] = field(default=())
     stop_grace: float | None = None  # SIGTERM -> SIGKILL seconds; None: the backend's (backends.py stop_grace_s)
+    measure: bool = False  # run llama.cpp's dry run for each card's compute buffer now and cache it (plan --measure)
 
 
 @dataclass(frozen=True)
@@ -144,7 +147,13 @@ def rpc_spin_us(route: Route, cores: int, environ: Any = os.environ) -> int:
 
 def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: bool = True) -> Plan:
     """The plan of ``mode``: device names and the default ubatch from its Route. ``live``: this machine's rig
-    (its host RAM bounds expert offload), not a layout's."""
+    (its host RAM bounds expert offload), not a layout's. Compute buffers measured before for the same model
+    file, route and options (``plan --measure``, llama/compute_cache.py) replace the formulas where they apply."""
+    return _plan_and_key(profile, rig, req, mode, live)[0]
+
+
+def _plan_and_key(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: bool
+                  ) -> tuple[Plan, compute_cache.CacheKey]:
     route = Route.build(mode, req.backend, [c.index for c in rig.cards], [c.host for c in rig.cards])
     ubatch = req.ubatch if req.ubatch is not None else route.ubatch
     options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel, n_ubatch=ubatch, n_batch=max(2048, ubatch),
@@ -152,7 +161,63 @@ def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: bo
                           output_on_first=route.output_local(req.output_layer),
                           flash_attn=backends.flash_attn_default(req.backend, req.cache_type),
                           moe_offload=req.moe_offload, host_budget=host_budget(rig, req.host_memory_mib, live=live))
-    return make_plan(profile, rig, options, devices=route.devices)
+    key = compute_cache.cache_key(profile, req.backend, mode, route.devices, options)
+    measured, trouble = compute_cache.load(key)
+    plan = make_plan(profile, rig, options, devices=route.devices, measured=measured)
+    return (replace(plan, warnings=(*plan.warnings, trouble)) if trouble else plan), key
+
+
+MEASURE_ROUNDS = 6  # a measured card can change the split or context; each round measures what the last planned
+
+
+def measure_plan(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: bool = True) -> tuple[Plan, int]:
+    """``plan --measure``: plan, run llama.cpp's own dry run (llama-fit-params) for the cards whose compute is not
+    measured yet, cache it, plan again, until every offloaded card is measured. Returns (plan, dry runs).
+
+    On this machine's cards (``live``) the dry run runs on them, with the backend's build and the mode's route, as
+    serve would place each card. For a layout of cards that are absent, the CPU build's rpc-servers on 127.0.0.1
+    stand in (measured "cpu"; a plan for another backend adds that backend's row, memory.backend_compute).
+    The formulas are an upper bound, so llama.cpp's numbers can only make room: where the formulas do not fit at
+    all, the split they would choose with twice the memory is measured first; with --ctx max, once every card is
+    measured and a card (not the training context) stops the context, the next context class is measured too.
+    """
+    from ..errors import DoesNotFit
+    from ..memory import ctx_class, ctx_class_below
+
+    native = req.backend == "cpu" or live
+    binaries = find_llama(req.llama_dir if native else None, backend=req.backend if native else "cpu",
+                          build=req.build if native else None)
+    if binaries.fit_params is None:
+        raise ArcsplitError(f"the llama.cpp build in {binaries.bin_dir} has no llama-fit-params to measure with",
+                            f"build one with `arcsplit llama build --backend {req.backend if native else 'cpu'}`, or "
+                            "plan without --measure")
+    route = Route.build(mode, req.backend, [c.index for c in rig.cards]) if native else None
+    try:
+        plan, key = _plan_and_key(profile, rig, req, mode, live)
+    except DoesNotFit:
+        roomy = Rig(tuple(replace(c, total_bytes=2 * c.total_bytes, free_bytes=2 * c.free_bytes) for c in rig.cards),
+                    rig.name)
+        plan, key = _plan_and_key(profile, roomy, replace(req, ctx=req.ctx or 4096), mode, live)
+    cap = (profile.n_ctx_train or 4096) * req.parallel
+    tried: set[tuple[int, tuple[int, ...]]] = set()
+    runs = 0
+    for _ in range(MEASURE_ROUNDS):
+        todo = plan
+        if all(c.compute_source.startswith("measured") for c in plan.offloaded if c.compute):
+            bounded = req.ctx is None and plan.ctx_limit and not plan.ctx_limit.startswith("the model's training")
+            top = ctx_class(plan.n_ctx)
+            todo = replace(plan, n_ctx=ctx_class(top + 1))  # the same split one class up: does it make room?
+            if not bounded or top >= cap or plan.n_ctx + 256 <= top or (todo.n_ctx, plan.tensor_split) in tried:
+                break
+        top = ctx_class(todo.n_ctx)
+        low = ctx_class_below(top) if todo.n_ctx < top else None  # inside the class: the line between two points
+        for at in (top, low):
+            if at is not None and (at, todo.tensor_split) not in tried:
+                tried.add((at, todo.tensor_split))
+                compute_cache.store(key, req.backend if native else "cpu", measure_compute(binaries, todo, route, at))
+                runs += 1
+        plan = plan_for_mode(profile, rig, req, mode, live)
+    return plan, runs
 
 
 def _check(req: ServeRequest) -> list[int] | None:
@@ -255,7 +320,13 @@ def preview(req: ServeRequest, rig: Rig | None = None) -> Prepared:
 def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, rig: Rig, decision: ModeDecision,
               rpc_ports: list[int] | None, choice: BackendChoice | None, live: bool = True) -> Prepared:
     """The plan and the config of the chosen mode; the specs are built once so a missing flag fails here."""
-    plan = plan_for_mode(profile, rig, req, decision.mode, live)
+    notes: list[str] = []
+    if req.measure:
+        plan, runs = measure_plan(profile, rig, req, decision.mode, live)
+        notes.append(f"compute buffers: {runs} llama-fit-params dry run(s) now, cached" if runs else
+                     "compute buffers: measured before, from the cache")
+    else:
+        plan = plan_for_mode(profile, rig, req, decision.mode, live)
     warnings = []
     if req.rpc_host != LOOPBACK:
         warnings.append(f"rpc-servers listen on {req.rpc_host}; the RPC protocol has no authentication, so anyone "
@@ -287,7 +358,7 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     # is an error now, before any process starts; what it can do without is said.
     specs = build_specs(config, [0] * n_rpc_servers(config), [0] * n_links(config))
     off = tuple(dict.fromkeys(o for spec in specs for o in spec.features_off))
-    notes = [choice.reason, *choice.notes] if choice is not None else []
+    notes = ([choice.reason, *choice.notes] if choice is not None else []) + notes
     notes += [binaries.note] if binaries and binaries.note else []
     notes += [f"environment: {d.line()}" for d in dropped]
     if off:
