@@ -174,7 +174,8 @@ def report(a: argparse.Namespace, runs: dict[str, list[Run]], rec: dict[tuple[st
              "namespace joined by a veth pair, so ssh, sshd and both rpc-servers compete with llama.cpp for the same "
              "cores, and the link has no wire or NIC; these are the costs of the route and its processes, not of a LAN.",
              f"- Model: `{Path(a.model).name}`; mode rpc on two CPU cards of {a.cards[0]} and {a.cards[1]} MiB (a "
-             "layout; one rpc-server each; on two hosts the second card is on b), ctx {a.ctx}, -np {STREAMS}, threads {a.threads} per process.",
+             f"layout; one rpc-server each; on two hosts the second card is on b), ctx {a.ctx}, -np {STREAMS}, "
+             f"threads {a.threads} per process.",
              f"- Command: `{cmdline}`",
              f"- {a.runs} runs, every configuration a fresh `arcsplit serve` per run (order rotated); per run the "
              f"median of {a.reps} repetitions after a warm-up: prefill = 512-token prompt, decode = n_predict "
