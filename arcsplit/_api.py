@@ -133,9 +133,13 @@ async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None
     """Serve ``model`` across ``gpus`` until the block ends; entered once llama-server answers /health 200.
 
     ``options`` are ServeRequest's fields: backend, mode, ctx, parallel, host, port, rpc_host, rpc_ports, threads,
-    cpu_memory_mib, llama_dir, build, output_layer, rpc_cache, rpc_seed, ubatch, extra_args, stop_grace.
+    cpu_memory_mib, llama_dir, build, output_layer, rpc_cache, rpc_seed, ubatch, extra_args, stop_grace; and
+    ``layout``: a layout TOML whose cards (other hosts' included) are served instead of ``gpus``.
     """
-    prepared = prepare(_request(model, gpus, options))
+    layout = options.pop("layout", None)
+    if layout is not None:
+        gpus = None
+    prepared = prepare(_request(model, gpus, options), load_layout(os.fspath(layout)) if layout is not None else None)
     for text in prepared.warnings:
         warnings.warn(text, stacklevel=3)
     inst = instance(prepared, max_restarts=max_restarts, stall_timeout=stall_timeout, bus=bus, bus_tcp=bus_tcp)

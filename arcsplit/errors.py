@@ -49,6 +49,10 @@ class PortBusy(ArcsplitError):
     """A port the user named is already taken."""
 
 
+class HostError(ArcsplitError):
+    """Another host of a layout cannot be used: ssh fails, its node agent refuses, its build differs."""
+
+
 class RunError(ArcsplitError):
     """A supervised process failed to start or kept dying."""
 

@@ -188,6 +188,7 @@ class Served:
     ctx: int = 4096
     extra_serve: tuple[str, ...] = ()
     llama_args: tuple[str, ...] = ()
+    layout: Path | None = None  # serve a layout's cards (several hosts: issue 15) instead of --gpus/--cpu-memory
     port: int = field(default_factory=free_port)
     base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="arcsplit-served-")))
     proc: subprocess.Popen[bytes] | None = None
@@ -217,9 +218,10 @@ class Served:
         return env
 
     def argv(self) -> list[str]:
-        argv = [sys.executable, "-m", "arcsplit", "serve", str(self.model), "--backend", "cpu", "--gpus", self.gpus,
-                "--cpu-memory", str(self.cpu_memory), "--port", str(self.port), "--parallel", str(self.parallel),
-                "--ctx", str(self.ctx), *self.extra_serve]
+        cards = ["--layout", str(self.layout)] if self.layout else ["--gpus", self.gpus, "--cpu-memory",
+                                                                     str(self.cpu_memory)]
+        argv = [sys.executable, "-m", "arcsplit", "serve", str(self.model), "--backend", "cpu", *cards,
+                "--port", str(self.port), "--parallel", str(self.parallel), "--ctx", str(self.ctx), *self.extra_serve]
         if self.llama_args:
             argv += ["--", *self.llama_args]
         return argv

@@ -278,6 +278,9 @@ FIGURES = [
            ("gpu/throughput_cuda_onecard_moe.md", "gpu/throughput_cuda_onecard_dense.md"), lambda t, f: v_one_gpu(t)),
     Figure("5e. CPU cost of the RPC link's polling (patch 0005)", "measured (cores busy per token and idle)",
            ("poll_cost.md",), lambda t, f: v_generic(t)),
+    Figure("6. Several hosts: two \"hosts\" (network namespaces on this machine) over SSH vs one (not started by "
+           "run_all: root, sshd)", "over SSH decode >= 0.90x and time to ready <= 1.2x of the same split on one host",
+           ("multihost.md",), lambda t, f: v_generic(t)),
     Figure("Supervisor CPU while idle", "< 0.5 % of one core", ("idle_cpu.md",), lambda t, f: v_generic(t)),
     Figure("Dashboard frame time under a log flood", "frames under 50 ms at realistic log rates",
            ("dash_frame.md",), lambda t, f: v_generic(t)),

@@ -17,12 +17,18 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.arcsplit-* && touch "$stamp"
 fi
 # Optional, installed when we may: ccache makes a rebuilt llama.cpp take seconds; chromium and its driver run
-# tests/test_webui.py (skipped without them).
+# tests/test_webui.py; OpenSSH's server runs inside the network namespaces of tests/_netns.py (several hosts:
+# tests/test_netns.py, tests/test_multihost.py; only started by those tests, on a throwaway config). Each is skipped
+# with its reason when absent.
 want=""
 command -v ccache >/dev/null 2>&1 || want="$want ccache"
 command -v chromedriver >/dev/null 2>&1 || want="$want chromium chromium-driver"
+[ -x /usr/sbin/sshd ] || want="$want openssh-server openssh-client"
 if [ -n "$want" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   # shellcheck disable=SC2086
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $want) >/dev/null 2>&1 || true
+  # A system sshd is not what the tests asked for: where systemd started the one we just installed, stop it.
+  case "$want" in *openssh-server*) [ -d /run/systemd/system ] && \
+    systemctl disable --now ssh.service ssh.socket >/dev/null 2>&1 || true ;; esac
 fi
 export PATH="$ROOT/.venv/bin:$PATH"

@@ -123,7 +123,8 @@ class FakeMember:
 
     def snapshot(self) -> MemberSnapshot:
         return {"state": self.state, "pid": self.pid, "port": self.spec.port, "endpoint": self.spec.endpoint,
-                "returncode": self.returncode, "uptime": None, "argv": list(self.spec.argv), "paused": False}
+                "returncode": self.returncode, "uptime": None, "argv": list(self.spec.argv), "paused": False,
+                "host": self.spec.node}
 
 
 class FakeLauncher:

@@ -33,3 +33,17 @@ def demo_model() -> Path:
 
     return ensure_demo_model()
 
+
+
+@pytest.fixture
+def net(tmp_path: Path, llama_bins: LlamaBinaries):
+    """One remote "host" b: a network namespace joined by a veth pair, running sshd (tests/_netns.py); this
+    checkout's arcsplit and llama.cpp build run there as ``net.host().arcsplit``. Removed on every exit path.
+    Skips with the reason when namespaces or sshd cannot run here (not root, no `ip netns`, no openssh-server)."""
+    from _netns import NetHarness, unavailable
+
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    with NetHarness(tmp_path / "net", ("b",), llama_bins.bin_dir) as harness:
+        yield harness

@@ -201,3 +201,28 @@ def test_telemetry_and_the_dashboard_read_each_cards_holder_from_status():
     state = DashState()
     state.status = status
     assert {row[0]: row[2] for row in process_rows(state)} == {"rpc0": "1", "server": "0"}
+
+
+def test_members_on_other_hosts_show_their_host_and_are_not_sampled_here():
+    """A remote member's pid is a pid on that host: telemetry must not read this machine's process of that number
+    (here: our own pid stands in for it), and the dashboard says where each member runs."""
+    import asyncio
+
+    from arcsplit.route import Route
+    from arcsplit.telemetry import Telemetry
+    from arcsplit.tui.state import DashState
+    from arcsplit.tui.widgets import process_rows
+
+    me = os.getpid()
+    status = {"state": "ready", "route": Route.build("hybrid", "cpu", [0, 0], ["", "b"]).to_dict(),
+              "processes": {"rpc0": {"pid": me, "state": "ready", "role": "rpc", "host": "b"},
+                            "rpc0-link": {"pid": me, "state": "ready", "role": "link", "host": "b"},
+                            "server": {"pid": me, "state": "ready", "role": "server", "host": ""}},
+              "plan": {"cards": [{"device": "CPU", "backend": "cpu", "index": 0, "free": G},
+                                 {"device": "RPC0", "backend": "cpu", "index": 0, "free": G}]}}
+    data = asyncio.run(Telemetry(nvml=False).sample(status))
+    assert set(data["processes"]) == {"rpc0-link", "server"}  # the link is an ssh process here
+    state = DashState()
+    state.status = status
+    assert {row[0]: row[1] for row in process_rows(state)} == {"rpc0": "rpc@b", "rpc0-link": "link@b",
+                                                               "server": "server"}

@@ -15,7 +15,7 @@ from ..errors import ArcsplitError
 
 # Modules that each define ``register(subparsers)``; a command's handler is ``args.func(args) -> int``.
 _COMMAND_MODULES = ("llama", "devices", "model", "plan", "doctor", "serve", "control", "dash", "demo", "report",
-                    "unit")
+                    "unit", "node")
 
 
 class _Parser(argparse.ArgumentParser):

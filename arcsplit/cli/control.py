@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 from .._api import attach, runs
 from . import print_json
@@ -19,7 +20,8 @@ def _ps(args: argparse.Namespace) -> int:
                 status = client.status()
             row["state"], row["mode"] = status.get("state"), status.get("mode")
             row["processes"] = {name: {"state": p.get("state"), "pid": p.get("pid"), "restarts": p.get("restarts"),
-                                        "paused": p.get("paused", False)}
+                                        "paused": p.get("paused", False), "host": p.get("host", ""),
+                                        "role": p.get("role")}
                                 for name, p in status.get("processes", {}).items()}
         except Exception as exc:  # one unresponsive instance must not hide the others
             row["state"] = f"not answering ({exc})"
@@ -35,6 +37,11 @@ def _ps(args: argparse.Namespace) -> int:
         up = time.time() - float(str(r["started"]))
         print(f"{r['run']:<24} {r['pid']:>7} {str(r['state']):<10} {str(r['mode']):<8} {up:>6.0f}s  "
               f"{r['url']}  {r['model']}")
+        procs: dict[str, dict[str, Any]] = r.get("processes") or {}  # type: ignore[assignment]
+        for name, p in procs.items():  # members on other hosts (pids there), and their links
+            if p.get("host"):
+                where = f"link to {p['host']}" if p.get("role") == "link" else f"on {p['host']}"
+                print(f"  {name:<12} {where:<16} {str(p.get('state')):<9} pid {p.get('pid')}")
     return 0
 
 

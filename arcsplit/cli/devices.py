@@ -6,9 +6,8 @@ import argparse
 import sys
 
 from ..llama.detect import CHOICES, BackendChoice, resolve
-from ..llama.devices import discover_rig, parse_gpus
+from ..llama.devices import card_rows, discover_rig, parse_gpus
 from ..llama.locate import find_llama
-from ..rig import MiB
 from . import print_json
 from .llama import add_llama_dir
 
@@ -36,11 +35,7 @@ def _devices(args: argparse.Namespace) -> int:
     binaries = None if backend == "cpu" else find_llama(args.llama_dir, backend=backend, build=args.build)
     rig = discover_rig(backend, gpus, binaries, args.cpu_memory)
     say_choice(choice)  # once it worked: a failure stays one line
-    rows = [
-        {"backend": c.backend, "index": c.index, "device": c.device, "name": c.name,
-         "total_mib": c.total_bytes // MiB, "free_mib": c.free_bytes // MiB, "pci": c.pci, "driver": c.driver}
-        for c in rig.cards
-    ]
+    rows = card_rows(rig)
     if args.json:
         print_json({"backend": backend, "detected": choice.reason if choice else None, "cards": rows})
         return 0

@@ -21,7 +21,7 @@ import anyio
 from .._api import MODE_CHOICES, OUTPUT_LAYER_CHOICES, Client, ServeRequest, instance, prepare
 from ..errors import ArcsplitError, BadInput
 from ..llama import webui
-from ..rig import MiB
+from ..rig import MiB, load_layout
 from . import say as _say
 from .devices import add_card_options
 from .llama import add_llama_dir
@@ -60,7 +60,8 @@ def _serve(args: argparse.Namespace) -> int:
 
         args.metrics = MetricsEndpoint(args.host, args.metrics_port)
 
-    prepared = prepare(request_from_args(args), progress=_say)
+    rig = load_layout(args.layout) if getattr(args, "layout", None) else None
+    prepared = prepare(request_from_args(args), rig, progress=_say)
     for text in prepared.warnings:
         _say(f"warning: {text}")
     for text in prepared.notes:
@@ -327,6 +328,9 @@ def add_group_arguments(p: argparse.ArgumentParser) -> None:
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_group_arguments(p)
+    p.add_argument("--layout", metavar="FILE",
+                   help="serve on the cards of a layout TOML, other hosts' included ([[hosts]]: their rpc-servers "
+                        "are started over ssh by `arcsplit node --stdio`; docs/multihost.md)")
     p.add_argument("--max-restarts", type=int, default=5, metavar="N",
                    help="consecutive failures before giving up (default: 5)")
     p.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",

@@ -160,6 +160,13 @@ def host_budget(rig: Rig, host_memory_mib: int | None = None, live: bool = True)
     return max(0, psutil.virtual_memory().available - cpu_cards)
 
 
+def card_rows(rig: Rig) -> list[dict[str, Any]]:
+    """The cards as ``arcsplit devices --json`` and a node agent's hello report them."""
+    return [{"backend": c.backend, "index": c.index, "device": c.device, "name": c.name,
+             "total_mib": c.total_bytes // MiB, "free_mib": c.free_bytes // MiB, "pci": c.pci, "driver": c.driver}
+            for c in rig.cards]
+
+
 def discover_rig(backend: str, gpus: list[int] | None, binaries: LlamaBinaries | None = None,
                  cpu_memory_mib: int | None = None) -> Rig:
     """The live rig: cards in the order of ``gpus`` (all the backend's cards when None)."""

@@ -192,6 +192,26 @@ class Child:
             with anyio.move_on_after(10):
                 await self._wait_exit()
 
+    async def send(self, data: bytes) -> bool:
+        """Write to the child's stdin (a spec with keep_stdin); False when it is closed or the child is gone."""
+        stdin = self._process.stdin if self._process is not None else None
+        if stdin is None or self.done.is_set():
+            return False
+        try:
+            await stdin.send(data)
+            return True
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            return False
+
+    async def close_input(self) -> None:
+        """EOF on the child's stdin, without the router's exit line (a node agent stops everything on EOF)."""
+        stdin = self._process.stdin if self._process is not None else None
+        if stdin is not None:
+            try:
+                await stdin.aclose()
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                pass
+
     async def _close_stdin(self) -> None:
         """llama-server in child mode joins a thread that reads stdin before it exits: tell it to stop, then EOF."""
         stdin = self._process.stdin if self._process is not None else None
@@ -236,7 +256,7 @@ class Child:
     def snapshot(self) -> MemberSnapshot:
         return {"state": self.state, "pid": self.pid, "port": self.spec.port, "endpoint": self.spec.endpoint,
                 "returncode": self.returncode, "uptime": self.uptime(), "argv": list(self.spec.argv),
-                "paused": self.paused}
+                "paused": self.paused, "host": self.spec.node}
 
 
 def describe_exit(rc: int | None) -> str:

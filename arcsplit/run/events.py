@@ -31,6 +31,7 @@ class MemberSnapshot(TypedDict):
     uptime: float | None
     argv: list[str]
     paused: bool
+    host: str  # the layout host it runs on ("" this machine; a link: the host it reaches); its pid is there
 
 
 class GroupData(TypedDict, total=False):
@@ -79,7 +80,7 @@ class MemberStatus(MemberSnapshot):
     """One entry of Status.processes."""
 
     restarts: int
-    role: str
+    role: str  # "rpc" | "link" (an ssh forward to a host's rpc-server) | "server"
 
 
 class Status(TypedDict):

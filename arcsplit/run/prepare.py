@@ -250,10 +250,21 @@ def _gpus(req: ServeRequest) -> list[int] | None:
     return parse_gpus(req.gpus) if isinstance(req.gpus, str) or req.gpus is None else parse_gpus(list(req.gpus))
 
 
-def prepare(req: ServeRequest, progress: Callable[[str], None] = lambda line: None) -> Prepared:
+def prepare(req: ServeRequest, rig: Rig | None = None, progress: Callable[[str], None] = lambda line: None
+            ) -> Prepared:
     """Check everything, pick the backend and the mode, plan: no process is started but the runtime probe (a
-    multi-card Intel rig in auto mode, once per runtime), which ``progress`` hears about."""
-    backend, choice = resolve(req.backend, req.llama_dir)
+    multi-card Intel rig in auto mode, once per runtime), which ``progress`` hears about. ``rig``: a layout's
+    cards (its [[hosts]] included) instead of this machine's live ones; this machine's cards as the layout gives
+    them, the other hosts' checked by their node agents when the group starts."""
+    if rig is not None:
+        if req.gpus is not None:
+            raise BadInput("--layout and --gpus both name cards", "pass one of them")
+        kinds = sorted({c.backend for c in rig.cards})
+        if len(kinds) > 1:
+            raise BadInput(f"the layout mixes backends {', '.join(kinds)}", "one group runs one backend: split the layout")
+        backend, choice = kinds[0], None
+    else:
+        backend, choice = resolve(req.backend, req.llama_dir)
     req = replace(req, backend=backend)
     rpc_ports = _check(req)
     gpus = _gpus(req)
@@ -267,10 +278,13 @@ def prepare(req: ServeRequest, progress: Callable[[str], None] = lambda line: No
     if not model.is_file():
         raise BadInput(f"model {model} is not a regular file", "pass the path of a .gguf file")
     profile = load_profile(model)
-    rig = discover_rig(req.backend, gpus, binaries if req.backend != "cpu" else None, req.cpu_memory_mib)
+    if rig is None:
+        rig = discover_rig(req.backend, gpus, binaries if req.backend != "cpu" else None, req.cpu_memory_mib)
     forced = None if req.mode == "auto" else req.mode
-    verdict, known = _runtime(req, rig, binaries, progress=progress)
-    decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known)
+    # The runtime probe opens this machine's cards: a layout with other hosts names cards it cannot open here.
+    verdict, known = (None, None) if rig.hosts else _runtime(req, rig, binaries, progress=progress)
+    decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known,
+                           n_remote=sum(1 for c in rig.cards if c.host))
     return _prepared(req, binaries, profile, rig, decision, rpc_ports, choice, serving=True)
 
 
@@ -321,6 +335,11 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     if req.rpc_host != LOOPBACK:
         warnings.append(f"rpc-servers listen on {req.rpc_host}; the RPC protocol has no authentication, so anyone "
                         f"who can reach it can run code on them - keep it on a trusted network")
+    for h in rig.hosts:
+        if h.link == "direct" and any(c.card.host == h.name for c in plan.cards):
+            warnings.append(f"host {h.name}: link = \"direct\": its rpc-servers listen on {h.address}, and the RPC "
+                            "protocol has no authentication, so anyone who can reach that address can run code "
+                            "on them - use a private link or a VPN only (link = \"ssh\" keeps them on loopback)")
     # A build arcsplit did not make is asked once what it accepts (llama/features.py).
     foreign = binaries is not None and binaries.found_by in ("--llama-dir", "ARCSPLIT_LLAMA_DIR", "PATH")
     _, dropped = clean_env(req.backend, os.environ)

@@ -36,8 +36,9 @@ class RunDir:
     path: Path
 
     @classmethod
-    def create(cls, run_id: str | None = None) -> "RunDir":
-        root = runs_root()
+    def create(cls, run_id: str | None = None, root: Path | None = None) -> "RunDir":
+        """A new private run dir under ``root`` (default: runs_root(); a node agent keeps its own root)."""
+        root = root or runs_root()
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         root.chmod(0o700)  # logs and state hold argv, ports and prompts: private to the user
         base = run_id or new_run_id()

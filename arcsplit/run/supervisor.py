@@ -21,22 +21,23 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from ..errors import ArcsplitError, RunError
+from ..errors import ArcsplitError, BadInput, RunError
 from ..llama import logs
 from ..llama.hostcheck import host_ram_short
 from .child import describe_exit
 from .launch import Launcher, LocalLauncher, Member
 from .events import Event, EventBus, EventKind, MemberSnapshot, MemberStatus, Status
 from .ports import free_port, is_free
+from .remote import NodeLauncher, runs_remote, same_build
 from .states import GROUP_TRANSITIONS, GroupState, MemberState, advance
 from .rundir import RunDir, supervisor_identity, sweep
-from .specs import ProcessSpec, ServeConfig, build_specs, card_of_buffer, n_rpc_servers
+from .specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, card_of_buffer, n_links
 
 # llama-server's load progress in the router's child protocol (specs.ROUTER_PORT_ENV opts in), one per 200 ms.
 _ROUTER_STATE = "cmd_child_to_router:state:"
@@ -61,9 +62,9 @@ class Timeouts:
 
 
 class _StartFailed(Exception):
-    def __init__(self, who: str, message: str, kind: str | None = None) -> None:
+    def __init__(self, who: str, message: str, kind: str | None = None, error: ArcsplitError | None = None) -> None:
         super().__init__(message)
-        self.who, self.message, self.kind = who, message, kind
+        self.who, self.message, self.kind, self.error = who, message, kind, error
 
 
 Fallback = Callable[[ServeConfig, str], "ServeConfig | None"]
@@ -77,7 +78,8 @@ class Supervisor:
                  sweep_leftovers: bool = True, decision: dict[str, Any] | None = None,
                  launcher: Launcher | None = None) -> None:
         self.config = config
-        self.launcher: Launcher = launcher or LocalLauncher()
+        self.launcher: Launcher = launcher or (NodeLauncher(config.hosts, check=same_build(config.server_bin))
+                                               if config.hosts else LocalLauncher())
         self.decision = decision or {"mode": config.mode, "reasons": []}  # why this mode, for status()
         self.policy = policy
         self.timeouts = timeouts
@@ -149,7 +151,7 @@ class Supervisor:
             child = self._children.get(spec.name)
             snap: MemberSnapshot = child.snapshot() if child else {
                 "state": MemberState.NEW, "pid": None, "port": spec.port, "endpoint": spec.endpoint,
-                "returncode": None, "uptime": None, "argv": list(spec.argv), "paused": False}
+                "returncode": None, "uptime": None, "argv": list(spec.argv), "paused": False, "host": spec.node}
             procs[spec.name] = {**snap, "restarts": self._restarts.get(spec.name, 0), "role": spec.role}
         return {
             "state": self._group_state,
@@ -260,7 +262,7 @@ class Supervisor:
                         self._failures = 0
                         continue
                 if failure and failure.kind == "fatal":
-                    raise RunError(failure.message, f"logs: {self.run_dir.path}")
+                    raise failure.error or RunError(failure.message, f"logs: {self.run_dir.path}")
                 if self._failures > self.policy.max_failures:
                     raise RunError(f"gave up after {self._failures} failures in a row: {self._last_error}",
                                    f"logs: {self.run_dir.path}")
@@ -367,28 +369,77 @@ class Supervisor:
 
     # -- starting -------------------------------------------------------------------------------------------
 
-    def _pick_ports(self) -> list[int]:
-        n = n_rpc_servers(self.config)
-        if self.config.rpc_ports:
-            for p in self.config.rpc_ports:
-                if not is_free(self.config.rpc_host, p):
-                    raise _StartFailed("rpc", f"rpc port {p} is in use", "fatal")
-            return list(self.config.rpc_ports)
-        ports = self._rpc_ports or []
-        if len(ports) != n or not all(is_free(self.config.rpc_host, p) for p in ports):
-            ports = []
-            while len(ports) < n:
-                p = free_port(self.config.rpc_host)
-                if p not in ports:
-                    ports.append(p)
+    async def _pick_ports(self) -> tuple[list[int], list[int]]:
+        """rpc-server ports in --rpc order (a remote one free on its host, as its agent says), then the local ends of
+        the ssh links. This machine's keep their ports across restarts while those stay free."""
+        config = self.config
+        procs = config.route.rpc
+        fixed = config.rpc_ports
+        previous = self._rpc_ports if self._rpc_ports and len(self._rpc_ports) == len(procs) else None
+        ports = [0] * len(procs)
+        taken: set[int] = set()
+
+        def fresh() -> int:
+            while (p := free_port(LOOPBACK if config.rpc_host in ("", "0.0.0.0") else config.rpc_host)) in taken:
+                pass
+            return p
+
+        for i, proc in enumerate(procs):
+            if proc.host:
+                continue
+            if fixed:
+                if not is_free(config.rpc_host, fixed[i]):
+                    raise _StartFailed("rpc", f"rpc port {fixed[i]} is in use", "fatal")
+                ports[i] = fixed[i]
+            elif previous and previous[i] not in taken and is_free(config.rpc_host, previous[i]):
+                ports[i] = previous[i]
+            else:
+                ports[i] = fresh()
+            taken.add(ports[i])
+        for host in _hosts(config):
+            where = [i for i, proc in enumerate(procs) if proc.host == host]
+            h = config.host_named(host)
+            bind = h.address if h.link == "direct" and h.address else LOOPBACK
+            assert isinstance(self.launcher, NodeLauncher)
+            try:
+                got = await self.launcher.ports(host, len(where), bind, [fixed[i] for i in where] if fixed else ())
+            except ArcsplitError as exc:  # a port the user named is taken there: retrying changes nothing
+                raise _StartFailed(host, str(exc), "fatal" if fixed else None, exc if fixed else None) from None
+            for i, p in zip(where, got):
+                ports[i] = p
+        links = []
+        for _ in range(n_links(config)):
+            links.append(fresh())
+            taken.add(links[-1])
         self._rpc_ports = ports
-        return ports
+        return ports, links
+
+    async def _open_hosts(self, tg: TaskGroup) -> None:
+        """One agent session per host this generation (hello + inventory check) before any port is picked."""
+        hosts = _hosts(self.config)
+        if not hosts:
+            return
+        if not isinstance(self.launcher, NodeLauncher):
+            raise _StartFailed("group", f"cards on {', '.join(hosts)} need a launcher that reaches other hosts",
+                               "fatal")
+        assert self.run_dir is not None
+        try:
+            await self.launcher.open(tg, self.run_dir.path.name, hosts, self.config.backend)
+        except ArcsplitError as exc:
+            # Another build there: retrying changes nothing. Unreachable at the first start: most likely the layout
+            # or ssh setup (the error says which), so the user hears it now; once the group has run, it is retried.
+            fatal = isinstance(exc, BadInput) or not self._ready_event.is_set()
+            raise _StartFailed("group", str(exc), "fatal" if fatal else None, exc if fatal else None) from None
+        bins = self.launcher.node_bins()
+        if bins != self.config.node_bins:
+            self.config = replace(self.config, node_bins=bins)
 
     async def _start_group(self, tg: TaskGroup) -> None:
         self._set_group(GroupState.STARTING, {"generation": self._generation})
-        ports = self._pick_ports()
+        await self._open_hosts(tg)
+        ports, link_ports = await self._pick_ports()
         try:
-            specs = build_specs(self.config, ports)
+            specs = build_specs(self.config, ports, link_ports)
         except ArcsplitError as exc:
             raise _StartFailed("group", str(exc), "fatal") from None
         server_spec = specs[-1]
@@ -398,7 +449,6 @@ class Supervisor:
                 self._restarts[spec.name] = self._restarts.get(spec.name, 0) + 1
         self._children = {}
 
-        rpc_specs = [s for s in specs if s.role == "rpc"]
         failures: list[_StartFailed] = []
 
         async def start_rpc(spec: ProcessSpec) -> None:
@@ -407,12 +457,15 @@ class Supervisor:
             except _StartFailed as exc:
                 failures.append(exc)
 
-        async with anyio.create_task_group() as rtg:
-            for spec in rpc_specs:
-                rtg.start_soon(start_rpc, spec)
-        self._write_state()
-        if failures:
-            raise failures[0]
+        # rpc-servers (here and on other hosts, at once), then the ssh links to the remote ones, then llama-server
+        for role in ("rpc", "link"):
+            async with anyio.create_task_group() as rtg:
+                for spec in specs:
+                    if spec.role == role:
+                        rtg.start_soon(start_rpc, spec)
+            self._write_state()
+            if failures:
+                raise failures[0]
         await self._start_server(tg, server_spec)
         self._write_state()
 
@@ -431,15 +484,15 @@ class Supervisor:
         with anyio.move_on_after(self.timeouts.rpc_ready) as scope:
             while True:
                 if child.done.is_set():
-                    msg = f"{spec.name} ({spec.endpoint}) exited during start: {describe_exit(child.returncode)}" + _tail(child)
+                    msg = f"{spec.name} ({_where(spec)}) exited during start: {describe_exit(child.returncode)}" + _tail(child)
                     raise _StartFailed(spec.name, msg, logs.failure_kind(child.lines))
-                if await self.launcher.accepts(spec):
+                if await self.launcher.accepts(spec):  # a remote one: its agent's connect-and-close there
                     if child.done.is_set():
                         continue  # someone else answered on that port: report the exit
                     break
                 await anyio.sleep(0.02)  # only during start; a refused connect costs microseconds
         if scope.cancelled_caught:
-            raise _StartFailed(spec.name, f"{spec.name} did not accept connections on {spec.endpoint} "
+            raise _StartFailed(spec.name, f"{spec.name} did not accept connections on {_where(spec)} "
                                           f"within {self.timeouts.rpc_ready:.0f} s" + _tail(child))
         child.state = MemberState.READY
         self._publish_state(child)
@@ -522,7 +575,8 @@ class Supervisor:
             self._wake.set()
 
     async def _teardown(self) -> None:
-        """llama-server first (it aborts if an rpc peer vanishes under it), then all rpc-servers at once."""
+        """llama-server first (it aborts if an rpc peer vanishes under it), then all rpc-servers and links at once,
+        then the agent sessions of other hosts."""
         self._tearing_down = True
         try:
             if any(c.alive for c in self._children.values()) and self._group_state is not GroupState.STOPPING:
@@ -536,8 +590,10 @@ class Supervisor:
                 await server.stop(grace)
             async with anyio.create_task_group() as tg:
                 for c in self._children.values():
-                    if c.spec.role == "rpc":
+                    if c.spec.role != "server":
                         tg.start_soon(c.stop, grace)
+            if isinstance(self.launcher, NodeLauncher):
+                await self.launcher.close()
             # Pumps drain to EOF after the exit; bound it in case a grandchild holds the pipe.
             with anyio.move_on_after(5):
                 for c in self._children.values():
@@ -566,7 +622,7 @@ class Supervisor:
             return
         procs = []
         for c in self._children.values():
-            if c.pid is not None and c.alive and not ended:
+            if c.pid is not None and c.alive and not ended and not runs_remote(c.spec):  # a host's agent sweeps its own
                 procs.append({"name": c.spec.name, "pid": c.pid, "pgid": c.pid, "create_time": c.create_time,
                               "port": c.spec.port, "argv": list(c.spec.argv)})
         state = {"supervisor": supervisor_identity(), "started": self._started_at, "url": self.url,
@@ -580,6 +636,15 @@ class Supervisor:
             self.run_dir.write_state(state)
         except OSError:
             pass
+
+
+def _hosts(config: ServeConfig) -> tuple[str, ...]:
+    """The other hosts the group has rpc-servers on, in --rpc order."""
+    return tuple(dict.fromkeys(p.host for p in config.route.rpc if p.host))
+
+
+def _where(spec: ProcessSpec) -> str:
+    return f"{spec.endpoint} on {spec.node}" if runs_remote(spec) else spec.endpoint
 
 
 def _tail(child: Member, n: int = 3) -> str:

@@ -52,8 +52,9 @@ class Telemetry:
 
     async def sample(self, status: dict[str, Any]) -> dict[str, Any]:
         procs_status: dict[str, dict[str, Any]] = status.get("processes") or {}
-        pids = {name: p["pid"] for name, p in procs_status.items()
-                if p.get("pid") and p.get("state") not in ("exited", "stopped", "failed", "new")}
+        pids = {name: p["pid"] for name, p in procs_status.items()  # another host's pid is not one of ours
+                if p.get("pid") and p.get("state") not in ("exited", "stopped", "failed", "new")
+                and not (p.get("host") and p.get("role") != "link")}
         procs = self._procs.sample(pids)
         cards = (status.get("plan") or {}).get("cards") or []
         rows: list[dict[str, Any]] = []

@@ -170,7 +170,8 @@ def process_rows(state: DashState) -> list[tuple[str, ...]]:
     for name, p in procs.items():
         t = tel.get(name) or {}
         cpu = t.get("cpu")
-        rows.append((name, str(p.get("role") or ""), ",".join(holders.get(name, [])) or NONE,
+        role = str(p.get("role") or "") + (f"@{p['host']}" if p.get("host") else "")  # rpc@b: on host b
+        rows.append((name, role, ",".join(holders.get(name, [])) or NONE,
                      str(p.get("pid") or NONE), "paused" if p.get("paused") else str(p.get("state") or "new"),
                      fmt_duration(state.process_uptime(name)), str(p.get("restarts", 0)),
                      NONE if cpu is None else f"{cpu:.0f}%", fmt_bytes(t.get("rss")), str(p.get("port") or NONE)))

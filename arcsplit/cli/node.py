@@ -1,0 +1,73 @@
+"""``arcsplit node --stdio``: the agent a supervisor on another host starts over SSH (arcsplit/node/)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..errors import ArcsplitError, BadInput
+from ..llama.detect import CHOICES
+from .llama import add_llama_dir
+
+
+def inventory(args: argparse.Namespace, backend: str | None = None) -> dict[str, Any]:
+    """What hello reports: this host's arcsplit, llama.cpp build (commit, RPC protocol, rpc-server) and cards, for
+    ``backend`` (the group's, from the hello; else --backend).
+
+    A missing build or card list is reported, not raised: the supervisor names both sides in its error.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    from ..llama.detect import resolve
+    from ..llama.devices import card_rows, discover_rig
+    from ..llama.locate import find_llama
+    from .llama import which_data
+
+    try:
+        ours = version("arcsplit")
+    except PackageNotFoundError:
+        ours = None
+    out: dict[str, Any] = {"arcsplit": ours}
+    try:
+        backend, _ = resolve(backend or args.backend, args.llama_dir)
+        w = which_data(args.llama_dir, backend, args.build)
+        out["llama"] = {"backend": backend, "commit": w.get("commit"), "rpc_proto": w.get("rpc_proto"),
+                        "rpc_bin": w.get("rpc_server"), "build_number": w.get("build_number")}
+    except ArcsplitError as exc:
+        out["llama"] = {"commit": None, "rpc_proto": None, "rpc_bin": None, "error": str(exc)}
+        out["devices"] = []
+        return out
+    try:
+        bins = None if backend == "cpu" else find_llama(args.llama_dir, backend=backend, build=args.build)
+        out["devices"] = card_rows(discover_rig(backend, None, bins))
+    except ArcsplitError as exc:
+        out["devices"], out["devices_error"] = [], str(exc)
+    return out
+
+
+def _node(args: argparse.Namespace) -> int:
+    from ..node.agent import run_stdio
+
+    wild = [a for a in args.allow_bind or () if a in ("0.0.0.0", "::", "")]
+    if wild:
+        raise BadInput(f"--allow-bind {wild[0]!r} would listen on every interface (llama.cpp RPC has no "
+                       "authentication)", "name one LAN/VPN address of this host")
+    return run_stdio(heartbeat=args.heartbeat, allow_bind=tuple(args.allow_bind or ()),
+                     inventory=lambda backend: inventory(args, backend))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("node", help="the agent that runs this host's rpc-servers for a supervisor elsewhere",
+                       description="Run this host's rpc-servers for an `arcsplit serve` on another host, which "
+                                   "starts this over SSH and speaks JSON lines on stdin/stdout "
+                                   "(docs/multihost.md). Everything it started is stopped when stdin closes or "
+                                   "no message arrives for --heartbeat seconds.")
+    p.add_argument("--stdio", action="store_true", required=True, help="speak the protocol on stdin/stdout")
+    p.add_argument("--heartbeat", type=float, default=10.0, metavar="S",
+                   help="stop everything after this long without a message from the client (default 10)")
+    p.add_argument("--allow-bind", action="append", metavar="ADDR",
+                   help="an address rpc-servers may bind besides 127.0.0.1 (layout link = \"direct\"; repeatable; "
+                        "never 0.0.0.0)")
+    p.add_argument("--backend", choices=CHOICES, default="auto", help="which llama.cpp build's rpc-server to run (default auto)")
+    add_llama_dir(p)
+    p.set_defaults(func=_node)

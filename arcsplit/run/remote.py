@@ -1,0 +1,405 @@
+"""Members on other hosts: a NodeSession per host and generation, and the launcher that routes by ``spec.node``.
+
+A NodeSession runs the transport (``ssh ... arcsplit node --stdio``: hosts.node_argv) as a local Child and speaks
+the agent's JSON lines over it (arcsplit/node/). Each remote rpc-server is a RemoteMember living in its host's
+session: its pid, output, readiness and exit come from the agent's events. The session's death (ssh exits, the
+agent dies, the link goes silent) is every one of its members' exit, with the reason ("node agent on b exited:
+ssh: connect to host b port 22: Connection refused"): the supervisor then restarts the group as for any exit.
+
+Links (role "link": the ``ssh -N -L`` forwards) run here; their node names the host they reach.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Mapping, Sequence
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from ..errors import ArcsplitError, BadInput, HostError
+from ..hosts import check_inventory, node_argv
+from ..llama.build import build_rpc_proto
+from ..llama.locate import LlamaBinaries, server_build_info
+from ..node import PROTO
+from ..rig import Host
+from .child import Child, describe_exit
+from .events import MemberSnapshot
+from .launch import Health, Launcher, LocalLauncher, Member
+from .specs import ProcessSpec
+from .states import MEMBER_TRANSITIONS, MemberState, advance
+
+PING_EVERY = 2.0  # the agent's default --heartbeat is 10 s
+SILENT_AFTER = 10.0  # no message from the agent (it sends stats every second) this long: the session is dead
+HELLO_TIMEOUT = 60.0  # ssh's ConnectTimeout is 10 s; the agent's inventory runs llama-server --version
+
+
+def runs_remote(spec: ProcessSpec) -> bool:
+    """Whether the process runs on another host (a link names its host but runs here)."""
+    return bool(spec.node) and spec.role != "link"
+
+
+@dataclass(frozen=True)
+class Transport:
+    """How to reach a host's agent and how to run a link. Production: ssh for both; a test without sshd runs the
+    agent as a local process (`python -m arcsplit node --stdio`) and its own forward."""
+
+    node: Callable[[Host], Sequence[str]] = node_argv
+    link: Callable[[ProcessSpec], Sequence[str]] = field(default=lambda spec: spec.argv)
+
+
+def ssh_fix(host: Host, why: str) -> str:
+    """What to do about a session that ended before its hello, from ssh's own words."""
+    if "Host key verification failed" in why or "IDENTIFICATION HAS CHANGED" in why:
+        return (f"arcsplit only connects to known host keys: check {host.ssh}'s key and add it to known_hosts "
+                f"(ssh-keyscan prints it), or fix the entry that changed")
+    if "cannot start" in why:  # the transport itself (ssh) is missing here
+        return "install the OpenSSH client (ssh) on this machine"
+    if "Permission denied" in why:
+        return f"install a key for {host.ssh} (ssh-copy-id): arcsplit never asks for a password (BatchMode)"
+    if "not found" in why or "No such file" in why:
+        return f'install arcsplit on {host.name}, or set arcsplit = "/path/to/arcsplit" in its [[hosts]] table'
+    return f"check that `ssh {host.ssh} {host.arcsplit} --version` works from here without a prompt"
+
+
+class NodeSession:
+    """One host's agent for one generation; members register by name and get their events."""
+
+    def __init__(self, host: Host, argv: Sequence[str], run_id: str, backend: str | None = None) -> None:
+        self.host = host
+        self.run_id = run_id
+        self.backend = backend
+        self.hello: dict[str, Any] | None = None
+        self.members: dict[str, RemoteMember] = {}
+        self.stats: dict[str, float] = {}
+        self.stopped: set[str] = set()
+        self.notes: deque[str] = deque(maxlen=20)  # lines that are not messages: ssh's and the agent's stderr
+        self.dead: str | None = None
+        self._child = Child(ProcessSpec(name=f"node-{host.name}", role="node", argv=tuple(argv), env=(), host="",
+                                        port=0, cards=(), keep_stdin=True),
+                            on_line=self._on_line, on_exit=self._on_exit)
+        self._reply: anyio.Event = anyio.Event()
+        self._answer: dict[str, Any] | None = None
+        self._ask = anyio.Lock()
+        self._write = anyio.Lock()
+        self._heard = time.monotonic()
+        self._scope = anyio.CancelScope()
+
+    @property
+    def where(self) -> str:
+        return f"node agent on {self.host.name}"
+
+    async def open(self, tg: TaskGroup) -> dict[str, Any]:
+        """Start the transport, say hello; the hello's inventory, or HostError with the reason it never came."""
+        await tg.start(self._child.run)
+        tg.start_soon(self._keepalive)
+        hello: dict[str, Any] = {"op": "hello", "run": self.run_id, "proto": PROTO}
+        if self.backend:
+            hello["backend"] = self.backend
+        answer = await self.request(hello, "hello", HELLO_TIMEOUT)
+        self.hello = answer
+        return answer
+
+    async def ports(self, n: int, bind: str, want: Sequence[int] = ()) -> list[int]:
+        """``n`` free ports there, or HostError when one of ``want`` (the user's) is taken."""
+        msg: dict[str, Any] = {"op": "ports", "n": n, "bind": bind}
+        if want:
+            msg["want"] = list(want)
+        answer = await self.request(msg, "ports", 30.0)
+        return [int(p) for p in answer["ports"]]
+
+    async def request(self, msg: Mapping[str, Any], ev: str, timeout: float) -> dict[str, Any]:
+        """One op whose answer is the next session-level ``ev`` (or an error naming no process)."""
+        async with self._ask:
+            self._reply, self._answer = anyio.Event(), None
+            await self.send(msg)
+            with anyio.move_on_after(timeout):
+                await self._reply.wait()
+            answer = self._answer
+        if answer is None:
+            why = self.dead or f"{self.where} ({self.host.ssh}) sent no {ev} within {timeout:.0f} s"
+            raise HostError(why, ssh_fix(self.host, why))
+        if answer.get("ev") == "error":
+            raise HostError(f"{self.where}: {answer.get('message')}")
+        return answer
+
+    async def send(self, msg: Mapping[str, Any]) -> bool:
+        async with self._write:
+            return await self._child.send((json.dumps(msg, separators=(",", ":")) + "\n").encode())
+
+    async def close(self, grace: float = 10.0) -> None:
+        """EOF to the agent (it stops its rpc-servers and exits), then the transport; never cancelled midway."""
+        with anyio.CancelScope(shield=True):
+            self._scope.cancel()
+            await self._child.close_input()
+            with anyio.move_on_after(grace):
+                await self._child.done.wait()
+            await self._child.stop(2.0)
+
+    async def _keepalive(self) -> None:
+        with self._scope:
+            while not self._child.done.is_set():
+                await anyio.sleep(PING_EVERY)
+                if time.monotonic() - self._heard > SILENT_AFTER:
+                    self.notes.append(f"no message for {SILENT_AFTER:.0f} s")
+                    await self._child.stop(2.0)
+                    return
+                await self.send({"op": "ping"})
+
+    def _on_line(self, _child: Child, line: str) -> None:
+        self._heard = time.monotonic()
+        try:
+            msg = json.loads(line)
+            if not isinstance(msg, dict) or "ev" not in msg:
+                raise ValueError
+        except ValueError:
+            if line.strip():
+                self.notes.append(line.strip())
+                for m in self.members.values():
+                    m.line(f"[{self.host.name}] {line}")
+            return
+        ev, name = msg["ev"], msg.get("name")
+        if ev == "stats":
+            self.stats = {str(k): float(v) for k, v in (msg.get("cpu") or {}).items()}
+            self.stopped = set(msg.get("stopped") or ())
+        elif ev in ("hello", "ports") or (ev == "error" and not name):
+            self._answer = msg
+            self._reply.set()
+        elif name in self.members:
+            self.members[name].event(msg)
+
+    def _on_exit(self, child: Child) -> None:
+        why = self.notes[-1].rstrip(".") if self.notes else describe_exit(child.returncode)
+        self.dead = f"{self.where} exited: {why}"
+        self._reply.set()  # a pending request ends with the reason
+        for m in self.members.values():
+            m.lost(self.dead)
+
+
+class RemoteMember:
+    """A remote rpc-server as the supervisor sees it (launch.Member), driven by its session's events."""
+
+    def __init__(self, session: NodeSession, spec: ProcessSpec, *, log_path: Path | None,
+                 on_line: Callable[[Any, str], None], on_exit: Callable[[Any], None], ring: deque[str]) -> None:
+        self.session, self.spec = session, spec
+        self._state = MemberState.NEW
+        self.pid: int | None = None
+        self.create_time: float | None = None
+        self.returncode: int | None = None
+        self.output_count = 0
+        self.paused = False
+        self.lines = ring
+        self.done = anyio.Event()
+        self.ready = False
+        self.started_at: float | None = None
+        self.exited_at: float | None = None
+        self._started = anyio.Event()
+        self._on_line, self._on_exit = on_line, on_exit
+        self._log_path = log_path
+
+    @property
+    def state(self) -> MemberState:
+        return self._state
+
+    @state.setter
+    def state(self, new: MemberState) -> None:
+        self._state = advance(MEMBER_TRANSITIONS, self._state, new)
+
+    @property
+    def alive(self) -> bool:
+        return self.pid is not None and not self.done.is_set()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        self.state = MemberState.STARTING
+        self.session.members[self.spec.name] = self
+        s = self.spec
+        self.line(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} start on {self.session.host.name}: {' '.join(s.argv)}")
+        if self.session.dead:
+            self.lost(self.session.dead)
+        else:
+            await self.session.send({"op": "start", "spec": {
+                "name": s.name, "argv": list(s.argv), "env": s.env_dict, "env_unset": list(s.env_unset),
+                "host": s.host, "port": s.port, "cards": list(s.cards), "devices": list(s.devices)}})
+            await self._started.wait()
+        task_status.started()
+        try:
+            await self.done.wait()
+        except BaseException:
+            await self.stop(5.0)
+            raise
+
+    async def stop(self, grace: float = 10.0) -> None:
+        with anyio.CancelScope(shield=True):
+            if self.done.is_set() or self.state is MemberState.NEW:
+                return
+            if self.state is not MemberState.STOPPING:
+                self.state = MemberState.STOPPING
+            await self.session.send({"op": "stop", "name": self.spec.name, "grace": grace})
+            with anyio.move_on_after(grace + 5.0):
+                await self.done.wait()
+                return
+            await self.session.close(2.0)  # the agent does not answer: ending the session ends its processes
+            self.lost(f"{self.session.where} did not report {self.spec.name}'s exit")
+
+    def event(self, msg: Mapping[str, Any]) -> None:
+        ev = msg.get("ev")
+        if ev == "started":
+            self.pid, self.create_time, self.started_at = msg.get("pid"), msg.get("create_time"), time.time()
+            self._started.set()
+        elif ev == "line":
+            self.line(str(msg.get("line", "")))
+        elif ev == "ready":
+            self.ready = True
+        elif ev == "exit":
+            self._finish(int(msg["returncode"]) if msg.get("returncode") is not None else 255)
+        elif ev == "error":
+            self.line(f"{self.session.where}: {msg.get('message')}")
+            if self.pid is None:
+                self._finish(127)
+
+    def lost(self, reason: str) -> None:
+        """The session died: the process is gone with it (the agent kills its rpc-servers when its stdin closes)."""
+        if not self.done.is_set():
+            self.line(reason)
+            self._finish(255)
+
+    def line(self, text: str) -> None:
+        self.output_count += 1
+        self.lines.append(text)
+        if self._log_path is not None:
+            try:
+                with open(self._log_path, "a", encoding="utf-8", errors="replace") as f:
+                    f.write(text + "\n")
+            except OSError:
+                pass
+        self._on_line(self, text)
+
+    def _finish(self, rc: int) -> None:
+        if self.done.is_set():
+            return
+        self.returncode, self.exited_at = rc, time.time()
+        if self.state is MemberState.NEW:
+            self.state = MemberState.STARTING
+        self.state = MemberState.EXITED
+        self._started.set()
+        self.done.set()
+        self._on_exit(self)
+
+    def check_paused(self) -> bool:
+        now = self.alive and self.spec.name in self.session.stopped
+        changed, self.paused = now != self.paused, now
+        return changed
+
+    def cpu_seconds(self) -> float:
+        return self.session.stats.get(self.spec.name, 0.0) if self.alive else 0.0
+
+    def snapshot(self) -> MemberSnapshot:
+        end = self.exited_at or time.time()
+        return {"state": self.state, "pid": self.pid, "port": self.spec.port, "endpoint": self.spec.endpoint,
+                "returncode": self.returncode, "uptime": (end - self.started_at) if self.started_at else None,
+                "argv": list(self.spec.argv), "paused": self.paused, "host": self.spec.node}
+
+
+def same_build(server_bin: str) -> Callable[[Host, Mapping[str, Any]], None]:
+    """The hello check: the host has a build, of this machine's llama.cpp commit and RPC protocol
+    (hosts.check_inventory). This machine's side is read once, at the first hello."""
+    here: dict[str, Any] = {}
+
+    def check(host: Host, hello: Mapping[str, Any]) -> None:
+        llama = hello.get("llama") or {}
+        if not llama.get("rpc_bin"):
+            raise BadInput(f"host {host.name} ({host.ssh}) has no llama.cpp build: {llama.get('error')}",
+                           f"run `{host.arcsplit} llama build` there")
+        if not here:
+            exe = Path(server_bin)
+            info = server_build_info(LlamaBinaries(server=exe, rpc_server=exe, cli=None, bench=None, fit_params=None,
+                                                   found_by="config"))
+            here.update(commit=info.commit, rpc_proto=build_rpc_proto(exe.parent))
+        check_inventory(here, llama, host)
+
+    return check
+
+
+class NodeLauncher:
+    """Routes by ``spec.node``: this machine's processes (and the links) to ``local``, a host's to its session.
+
+    ``check(host, hello)`` refuses a host's build (hosts.check_inventory against this machine's); a refusal is
+    BadInput, an unreachable host a RunError (the supervisor retries those with backoff).
+    """
+
+    def __init__(self, hosts: Sequence[Host], *, transport: Transport = Transport(),
+                 check: Callable[[Host, Mapping[str, Any]], None] | None = None,
+                 local: Launcher | None = None) -> None:
+        self.hosts = {h.name: h for h in hosts}
+        self.transport = transport
+        self.check = check
+        self.local: Launcher = local or LocalLauncher()
+        self.sessions: dict[str, NodeSession] = {}
+
+    async def open(self, tg: TaskGroup, run_id: str, names: Sequence[str], backend: str | None = None) -> None:
+        """One session per host in ``names`` (at once), asking for ``backend``'s build there; each hello checked.
+        Raises after closing what opened."""
+        await self.close()
+        errors: list[ArcsplitError] = []
+
+        async def one(name: str) -> None:
+            host = self.hosts[name]
+            session = NodeSession(host, self.transport.node(host), run_id, backend)
+            self.sessions[name] = session
+            try:
+                hello = await session.open(tg)
+                if self.check is not None:
+                    self.check(host, hello)
+            except ArcsplitError as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as otg:
+            for name in names:
+                otg.start_soon(one, name)
+        if errors:
+            await self.close()
+            raise next((e for e in errors if isinstance(e, BadInput)), errors[0])
+
+    def node_bins(self) -> tuple[tuple[str, str], ...]:
+        """Each open host's rpc-server binary from its hello (ServeConfig.node_bins): the argv shows the real path."""
+        return tuple(sorted((name, str(s.hello["llama"]["rpc_bin"])) for name, s in self.sessions.items()
+                            if s.hello and (s.hello.get("llama") or {}).get("rpc_bin")))
+
+    async def ports(self, node: str, n: int, bind: str, want: Sequence[int] = ()) -> list[int]:
+        """``n`` free ports on host ``node``, as its agent sees them (``want``: these, checked free there)."""
+        return await self.sessions[node].ports(n, bind, want)
+
+    async def close(self) -> None:
+        sessions, self.sessions = list(self.sessions.values()), {}
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+                for s in sessions:
+                    tg.start_soon(s.close)
+
+    def member(self, spec: ProcessSpec, *, log_path: Path | None, on_line: Callable[[Any, str], None],
+               on_exit: Callable[[Any], None], ring: deque[str]) -> Member:
+        if runs_remote(spec):
+            return RemoteMember(self.sessions[spec.node], spec, log_path=log_path, on_line=on_line,
+                                on_exit=on_exit, ring=ring)
+        if spec.role == "link":
+            argv = tuple(self.transport.link(spec))
+            if argv != spec.argv:
+                spec = replace(spec, argv=argv)
+        return self.local.member(spec, log_path=log_path, on_line=on_line, on_exit=on_exit, ring=ring)
+
+    async def accepts(self, spec: ProcessSpec) -> bool:
+        if runs_remote(spec):
+            session = self.sessions.get(spec.node)
+            member = session.members.get(spec.name) if session else None
+            return bool(member and member.ready and member.alive)
+        return await self.local.accepts(spec)
+
+    @asynccontextmanager
+    async def health(self, spec: ProcessSpec, timeout: float) -> AsyncIterator[Health]:
+        async with self.local.health(spec, timeout) as check:
+            yield check
