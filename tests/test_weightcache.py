@@ -209,9 +209,9 @@ def test_a_peer_with_the_patch_off_still_works(llama_bins, tmp_path, cache, monk
     with _serve(llama_bins, model, "hybrid", seed=False) as server:
         plain = _greedy(server.url)
 
-    def one_side_stock(cfg, ports):  # the same group, the patch switched off in one process only
+    def one_side_stock(cfg, *ports):  # the same group, the patch switched off in one process only
         return tuple(replace(s, env=tuple(sorted({**s.env_dict, STOCK_ENV: "1"}.items())))
-                     if s.role == stock_side else s for s in build_specs(cfg, ports))
+                     if s.role == stock_side else s for s in build_specs(cfg, *ports))
 
     monkeypatch.setattr(supervisor, "build_specs", one_side_stock)
     with _serve(llama_bins, model, "hybrid", seed=True) as server:
