@@ -275,8 +275,8 @@ class Plan:
     host_expert_bytes: int = 0  # routed-expert weights kept in host RAM (options.moe_offload layers)
     host_read_per_token: int = 0  # of those, what one decoded token reads: n_expert_used / n_expert of each layer
     ctx_limit: str = ""  # with --ctx max: what stopped the context from growing (a card's memory, or training)
-    links: tuple[LinkCost, ...] = ()  # one per other host the cards are on (rig.Host), in layer order
     card_ctx_max: tuple[int, ...] = ()  # with --ctx max: the largest context each card could hold on this split
+    links: tuple[LinkCost, ...] = ()  # one per other host the cards are on (rig.Host), in layer order
 
     @property
     def offloaded(self) -> tuple[CardPlan, ...]:
@@ -360,8 +360,8 @@ class Plan:
             ],
             "llama_server_args": self.llama_server_args(),
             "ctx_limit": self.ctx_limit,
-            "links": [lc.to_dict() for lc in self.links],
             "card_ctx_max": list(self.card_ctx_max),
+            "links": [lc.to_dict() for lc in self.links],
             "warnings": list(self.warnings),
         }
 

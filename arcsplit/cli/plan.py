@@ -156,12 +156,12 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
                      f"a decoded token reads about {_mib(plan.host_read_per_token)} MiB of them from host RAM")
     if plan.ctx_limit:
         lines.append(f"context {plan.n_ctx:,} is bounded by {plan.ctx_limit}")
-    if plan.links:
-        lines += _link_lines(plan.links)
     if plan.card_ctx_max:
         lines.append("context each card could hold on this split (--ctx max takes the smallest):")
         for c, n in zip(plan.cards, plan.card_ctx_max):
             lines.append(f"  {c.device:>14}: {n:,} tokens; largest term there: {c.largest}")
+    if plan.links:
+        lines += _link_lines(plan.links)
     lines += ["", "layer map:"]
     for c in plan.cards:
         marks = []
