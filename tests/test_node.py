@@ -225,6 +225,9 @@ def test_ops_before_hello_and_another_protocol_are_refused(agents):
     assert "before hello" in a.wait("error")["message"]
     a.send(op="hello", run="r", proto=99)
     assert "protocol 99" in a.wait("error")["message"]
+    a.send(op="hello", run="r", proto=1, backend="quantum")
+    assert "backend 'quantum' is unknown" in a.wait("error")["message"]
+    assert a.hello("r")["llama"]["backend"] == "cpu"  # ARCSPLIT_BACKEND=cpu in the suite
 
 
 @pytest.mark.slow

@@ -10,8 +10,9 @@ from ..llama.detect import CHOICES
 from .llama import add_llama_dir
 
 
-def inventory(args: argparse.Namespace) -> dict[str, Any]:
-    """What hello reports: this host's arcsplit, llama.cpp build (commit, RPC protocol, rpc-server) and cards.
+def inventory(args: argparse.Namespace, backend: str | None = None) -> dict[str, Any]:
+    """What hello reports: this host's arcsplit, llama.cpp build (commit, RPC protocol, rpc-server) and cards, for
+    ``backend`` (the group's, from the hello; else --backend).
 
     A missing build or card list is reported, not raised: the supervisor names both sides in its error.
     """
@@ -28,7 +29,7 @@ def inventory(args: argparse.Namespace) -> dict[str, Any]:
         ours = None
     out: dict[str, Any] = {"arcsplit": ours}
     try:
-        backend, _ = resolve(args.backend, args.llama_dir)
+        backend, _ = resolve(backend or args.backend, args.llama_dir)
         w = which_data(args.llama_dir, backend, args.build)
         out["llama"] = {"backend": backend, "commit": w.get("commit"), "rpc_proto": w.get("rpc_proto"),
                         "rpc_bin": w.get("rpc_server"), "build_number": w.get("build_number")}
@@ -52,7 +53,7 @@ def _node(args: argparse.Namespace) -> int:
         raise BadInput(f"--allow-bind {wild[0]!r} would listen on every interface (llama.cpp RPC has no "
                        "authentication)", "name one LAN/VPN address of this host")
     return run_stdio(heartbeat=args.heartbeat, allow_bind=tuple(args.allow_bind or ()),
-                     inventory=lambda: inventory(args))
+                     inventory=lambda backend: inventory(args, backend))
 
 
 def register(sub: argparse._SubParsersAction) -> None:

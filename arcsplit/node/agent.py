@@ -22,6 +22,7 @@ from anyio.abc import TaskGroup
 from anyio.from_thread import BlockingPortal
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from .. import backends
 from ..errors import BadInput
 from ..llama.locate import RPC_NAMES
 from ..run.child import Child
@@ -32,7 +33,7 @@ from . import PROTO
 
 # ggml-rpc-server's own options (tools/rpc/rpc-server.cpp): the only ones a client may pass. True: takes a value.
 RPC_FLAGS = {"-H": True, "--host": True, "-p": True, "--port": True, "-t": True, "--threads": True,
-             "-d": True, "--device": True, "-c": False, "--cache": False, "-m": True, "--mem": True}
+             "-d": True, "--device": True, "-c": False, "--cache": False}
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_PORTS = 64
@@ -88,7 +89,7 @@ class Agent:
     """One agent process: its children by name, its run dir, the time of the last message from the client."""
 
     def __init__(self, emit: Emit, *, heartbeat: float, allow_bind: tuple[str, ...],
-                 inventory: Callable[[], dict[str, Any]]) -> None:
+                 inventory: Callable[[str | None], dict[str, Any]]) -> None:
         self._emit = emit
         self.heartbeat = heartbeat
         self.allow_bind = allow_bind
@@ -184,13 +185,16 @@ class Agent:
                            "run the same arcsplit version on both hosts")
         if not _RUN_ID.match(run):
             raise BadInput(f"run id {run!r} is not a plain name")
+        backend = msg.get("backend")  # the group's backend: that build's rpc-server, not whatever auto picks here
+        if backend is not None and backend not in backends.NAMES:
+            raise BadInput(f"backend {backend!r} is unknown here", f"use one of {', '.join(backends.NAMES)}")
         if self.run_dir is None:
             killed = await anyio.to_thread.run_sync(sweep, nodes_root())
             if killed:
                 self.emit({"ev": "line", "name": "", "line": f"swept leftovers of a dead agent: pids {killed}"})
             self.run_dir = RunDir.create(run, root=nodes_root())
             self._write_state()
-            self.inventory = await anyio.to_thread.run_sync(self._inventory_fn)
+            self.inventory = await anyio.to_thread.run_sync(self._inventory_fn, backend)
         self.emit({"ev": "hello", "proto": PROTO, **(self.inventory or {}), "pid": os.getpid()})
 
     def _ports(self, msg: dict[str, Any]) -> list[int]:
@@ -307,7 +311,8 @@ async def _read_stdin(send: MemoryObjectSendStream[bytes]) -> None:
         await portal.sleep_until_stopped()
 
 
-def run_stdio(*, heartbeat: float, allow_bind: tuple[str, ...], inventory: Callable[[], dict[str, Any]]) -> int:
+def run_stdio(*, heartbeat: float, allow_bind: tuple[str, ...],
+              inventory: Callable[[str | None], dict[str, Any]]) -> int:
     """The ``--stdio`` agent: JSON lines on stdin/stdout until EOF or ``heartbeat`` seconds without a message."""
     out = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
     os.dup2(2, 1)  # a stray print anywhere goes to stderr, never into the message stream

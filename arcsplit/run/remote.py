@@ -70,9 +70,10 @@ def ssh_fix(host: Host, why: str) -> str:
 class NodeSession:
     """One host's agent for one generation; members register by name and get their events."""
 
-    def __init__(self, host: Host, argv: Sequence[str], run_id: str) -> None:
+    def __init__(self, host: Host, argv: Sequence[str], run_id: str, backend: str | None = None) -> None:
         self.host = host
         self.run_id = run_id
+        self.backend = backend
         self.hello: dict[str, Any] | None = None
         self.members: dict[str, RemoteMember] = {}
         self.stats: dict[str, float] = {}
@@ -97,7 +98,10 @@ class NodeSession:
         """Start the transport, say hello; the hello's inventory, or HostError with the reason it never came."""
         await tg.start(self._child.run)
         tg.start_soon(self._keepalive)
-        answer = await self.request({"op": "hello", "run": self.run_id, "proto": PROTO}, "hello", HELLO_TIMEOUT)
+        hello: dict[str, Any] = {"op": "hello", "run": self.run_id, "proto": PROTO}
+        if self.backend:
+            hello["backend"] = self.backend
+        answer = await self.request(hello, "hello", HELLO_TIMEOUT)
         self.hello = answer
         return answer
 
@@ -337,14 +341,15 @@ class NodeLauncher:
         self.local: Launcher = local or LocalLauncher()
         self.sessions: dict[str, NodeSession] = {}
 
-    async def open(self, tg: TaskGroup, run_id: str, names: Sequence[str]) -> None:
-        """One session per host in ``names`` (at once); each hello checked. Raises after closing what opened."""
+    async def open(self, tg: TaskGroup, run_id: str, names: Sequence[str], backend: str | None = None) -> None:
+        """One session per host in ``names`` (at once), asking for ``backend``'s build there; each hello checked.
+        Raises after closing what opened."""
         await self.close()
         errors: list[ArcsplitError] = []
 
         async def one(name: str) -> None:
             host = self.hosts[name]
-            session = NodeSession(host, self.transport.node(host), run_id)
+            session = NodeSession(host, self.transport.node(host), run_id, backend)
             self.sessions[name] = session
             try:
                 hello = await session.open(tg)

@@ -424,7 +424,7 @@ class Supervisor:
                                "fatal")
         assert self.run_dir is not None
         try:
-            await self.launcher.open(tg, self.run_dir.path.name, hosts)
+            await self.launcher.open(tg, self.run_dir.path.name, hosts, self.config.backend)
         except ArcsplitError as exc:
             # Another build there: retrying changes nothing. Unreachable at the first start: most likely the layout
             # or ssh setup (the error says which), so the user hears it now; once the group has run, it is retried.
