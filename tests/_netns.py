@@ -1,7 +1,7 @@
 """Several "hosts" on one machine, for real: Linux network namespaces joined to this one by veth pairs, each
 running Debian's OpenSSH server on a throwaway key and config, for the tests and bench of issue 15.
 
-The main host is this process's own namespace; every remote host is a namespace ``arcs-<pid>-<name>`` with a veth
+The main host is this process's own namespace; every remote host is a namespace ``arcs-<pid>-<seq><name>`` with a veth
 pair (``10.77.N.1`` here, ``10.77.N.2`` there, a /30 of our own), its loopback up, and ``sshd -D -e`` listening
 on its veth address only. An ssh_config (``Host <name>``: HostName, Port, User root, IdentityFile,
 IdentitiesOnly, UserKnownHostsFile, StrictHostKeyChecking yes, BatchMode) reaches it, and ``<dir>/arcsplit-<name>``
@@ -295,9 +295,10 @@ class NetHarness:
         extra = ["-o", f"UserKnownHostsFile={known_hosts}"] if known_hosts else []
         return ["ssh", "-F", str(self.ssh_config), *extra, name, shlex.join(command)]
 
-    def run(self, name: str, command: list[str], timeout: float = 30, **kw: object) -> subprocess.CompletedProcess[str]:
+    def run(self, name: str, command: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        """``command`` on the host over ssh (the harness's config), output captured."""
         return subprocess.run(self.ssh_argv(name, command), capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL, **kw)  # type: ignore[call-overload]
+                              stdin=subprocess.DEVNULL)
 
     def ns_argv(self, name: str, argv: list[str]) -> list[str]:
         """Run ``argv`` inside the host's namespace directly (not through ssh): for checks and faults."""
