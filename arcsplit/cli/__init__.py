@@ -25,11 +25,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"arcsplit: {message}; see `{self.prog} --help`\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser; ``only``: just that command's (a command's module imports what it runs: the node
+    agent, started over ssh on every group start, should not pay for the serving stack's imports)."""
     parser = _Parser(prog="arcsplit", description="Run one llama.cpp model across several GPUs and keep it running.")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in _COMMAND_MODULES:
+    for name in (only,) if only in _COMMAND_MODULES else _COMMAND_MODULES:
         try:
             module = importlib.import_module(f"{__name__}.{name}")
         except ModuleNotFoundError as exc:
@@ -60,7 +62,8 @@ def print_json(data: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
