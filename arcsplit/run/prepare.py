@@ -377,7 +377,7 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
         if took is not None:
             notes.append(f"indexed {', '.join(Path(f).name for f in config.rpc_seed)} for the rpc-servers' weight "
                          f"cache in {took:.1f} s (once per file version; docs/patches.md 0006)")
-    if pruned and pruned.freed_bytes:
+    if rpc_cache and pruned and pruned.freed_bytes:
         notes.append(f"rpc weight cache: removed {pruned.indexes} stale index(es) and {pruned.copies} weight copies "
                       f"({pruned.freed_bytes / 2**20:.0f} MiB) from {weightcache.store(rpc_cache)}")
     notes += [binaries.note] if binaries and binaries.note else []
