@@ -47,7 +47,7 @@ def test_throughput_bench_prints_table_and_ratios(llama_bins, demo_model, tmp_pa
     assert rows["hybrid"][9].startswith("yes") and rows["rpc"][9].startswith("yes"), rows
     # the recorded commands are the ones arcsplit ran: rpc-servers on loopback, llama-server pointed at them
     text = out.read_text()
-    assert re.search(r"rpc / rpc1: `\S*rpc-server -H 127\.0\.0\.1 -p \d+ -t \d+`", text)
+    assert re.search(r"rpc / rpc1: `\S*rpc-server -H 127\.0\.0\.1 -p \d+ -t \d+( -c --seed-cache \S+)?`", text)
     assert re.search(r"rpc / server: `\S*llama-server .*--rpc 127\.0\.0\.1:\d+,127\.0\.0\.1:\d+ "
                      r"--device RPC0,RPC1", text)
 
