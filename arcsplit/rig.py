@@ -298,7 +298,8 @@ def dump_layout(rig: Rig, plan: dict[str, Any] | None = None) -> str:
         lines.append("[[hosts]]")
         for key in _HOST_KEYS:
             value = getattr(h, key)
-            if value is not None and (key, value) not in (("link", "ssh"), ("arcsplit", "arcsplit"), ("agent", "stdio")):  # the defaults
+            if value is not None and (key, value) not in (("link", "ssh"), ("arcsplit", "arcsplit"),
+                                                          ("agent", "stdio")):  # the defaults
                 lines.append(f"{key} = {_toml_value(value)}")
         lines.append("")
     for card in rig.cards:

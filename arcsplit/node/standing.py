@@ -27,6 +27,7 @@ from ..errors import BadInput
 UNIT_FIX = "start it there: `arcsplit node --listen`, or its unit (`arcsplit unit --node`)"
 _MAX_PATH = 107  # sockaddr_un.sun_path less the NUL
 STOP_GRACE = 15.0  # a session's own shutdown gives each rpc-server 2 s
+Sessions = dict[int, tuple["subprocess.Popen[bytes]", socket.socket]]  # by session pid: its process, its connection
 
 
 def default_socket() -> Path:
@@ -93,7 +94,7 @@ def listen(path: Path, session_argv: Sequence[str]) -> int:
     old_fd = signal.set_wakeup_fd(wake_w.fileno())
     stopping = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    sessions: dict[int, tuple[subprocess.Popen[bytes], socket.socket]] = {}
+    sessions: Sessions = {}
     sel = selectors.DefaultSelector()
     sel.register(server, selectors.EVENT_READ)
     sel.register(wake_r, selectors.EVENT_READ)
@@ -121,7 +122,7 @@ def listen(path: Path, session_argv: Sequence[str]) -> int:
     return 0
 
 
-def _start(conn: socket.socket, argv: Sequence[str], sessions: dict[int, tuple[subprocess.Popen[bytes], socket.socket]]) -> None:
+def _start(conn: socket.socket, argv: Sequence[str], sessions: Sessions) -> None:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
     peer = int.from_bytes(creds[:4], sys.byteorder)
     try:
@@ -134,7 +135,7 @@ def _start(conn: socket.socket, argv: Sequence[str], sessions: dict[int, tuple[s
     _say(f"session {proc.pid} started for pid {peer}")
 
 
-def _reap(sessions: dict[int, tuple[subprocess.Popen[bytes], socket.socket]]) -> None:
+def _reap(sessions: Sessions) -> None:
     for pid, (proc, conn) in list(sessions.items()):
         if proc.poll() is not None:
             conn.close()  # the attach end sees EOF only once this copy is closed too
@@ -142,7 +143,7 @@ def _reap(sessions: dict[int, tuple[subprocess.Popen[bytes], socket.socket]]) ->
             _say(f"session {pid} ended ({proc.returncode})")
 
 
-def _stop_all(sessions: dict[int, tuple[subprocess.Popen[bytes], socket.socket]]) -> None:
+def _stop_all(sessions: Sessions) -> None:
     for proc, conn in sessions.values():
         try:
             conn.shutdown(socket.SHUT_RDWR)  # the session reads EOF and stops its rpc-servers
