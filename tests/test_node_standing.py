@@ -298,3 +298,28 @@ def test_a_group_serves_through_a_standing_agent(listener, tmp_path, demo_model,
     assert _gone(rpc.pid)  # the run's end closed its session
     assert agent.proc.poll() is None
     assert agent.stop() == 0
+
+
+@pytest.mark.slow
+def test_a_standing_agent_serves_over_a_real_sshd(demo_model, net, tmp_path, llama_bins, monkeypatch):
+    """Host b a network namespace with sshd (tests/_netns.py): the agent kept running there, ssh runs --attach."""
+    from test_multihost import greedy, remote, serving, two_hosts
+
+    monkeypatch.setenv("ARCSPLIT_LLAMA_DIR", str(llama_bins.bin_dir))
+    b = net.host("b")
+    agent = subprocess.Popen(net.ns_argv("b", [str(b.arcsplit), "node", "--listen"]), stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        _until(lambda: (b.dir / "rt" / "node.sock").exists() or agent.poll() is not None, 30, "b's agent")
+        layout = two_hosts(net, tmp_path)
+        layout.write_text(layout.read_text().replace('link = "ssh"', 'link = "ssh"\nagent = "standing"'))
+        with serving(tmp_path, demo_model, layout) as served:
+            assert len(greedy(served.url)) == 16
+            (rpc,) = remote(net)["rpc"]
+            assert agent.pid in {p.pid for p in rpc.parents()}  # a session of the standing agent runs it
+        assert _gone(rpc.pid)  # the run's end closed its session over ssh
+        assert agent.poll() is None
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(30) == 0
+    assert not any(remote(net).values())
