@@ -31,9 +31,12 @@ def ssh_base(host: Host) -> list[str]:
 
 
 def node_argv(host: Host) -> list[str]:
-    """The node agent over ssh: ``arcsplit node --stdio`` there, JSON lines on its stdin/stdout. ssh hands the
-    remote command to the remote user's shell as one string, so the words are quoted here; a direct link lets the
-    agent bind its rpc-servers to that one address."""
+    """The node agent over ssh: ``arcsplit node --stdio`` there, JSON lines on its stdin/stdout; on a host that keeps
+    one running (agent = "standing") ``arcsplit node --attach`` to it, whose own --allow-bind rules there. ssh hands
+    the remote command to the remote user's shell as one string, so the words are quoted here; a direct link lets a
+    per-run agent bind its rpc-servers to that one address."""
+    if host.agent == "standing":
+        return ssh_base(host) + [host.ssh, shlex.join([host.arcsplit, "node", "--attach"])]
     words = [host.arcsplit, "node", "--stdio"]
     if host.link == "direct" and host.address:
         words += ["--allow-bind", host.address]

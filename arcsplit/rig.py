@@ -81,6 +81,7 @@ class Card:
 
 
 LINKS = ("ssh", "direct")
+AGENTS = ("stdio", "standing")
 _HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,31}")
 
 
@@ -89,7 +90,9 @@ class Host:
     """Another machine that holds cards: reached over OpenSSH, where ``arcsplit node --stdio`` runs its
     rpc-servers. ``link``: how llama-server reaches them - "ssh" through an ``ssh -L`` forward (they bind
     127.0.0.1 there), "direct" straight to ``address`` (a LAN/VPN address of that host; faster, and anyone who
-    can reach that address can drive the rpc-servers, since the RPC protocol has no authentication)."""
+    can reach that address can drive the rpc-servers, since the RPC protocol has no authentication). ``agent``: how
+    the node agent runs there - "stdio" started by each run over ssh, "standing" kept running by that host
+    (``arcsplit node --listen``, a systemd unit) and reached with ``arcsplit node --attach``."""
 
     name: str
     ssh: str
@@ -98,6 +101,7 @@ class Host:
     ssh_config: str | None = None  # ssh -F FILE
     arcsplit: str = "arcsplit"  # the command that runs arcsplit there
     bandwidth_gbit: float | None = None  # the link's bandwidth for the plan's cost estimate; None: the link's default
+    agent: str = "stdio"
 
     def __post_init__(self) -> None:
         where = f"host {self.name!r}"
@@ -110,6 +114,9 @@ class Host:
                            'write ssh = "user@machine" (or a Host alias of your ssh_config)')
         if self.link not in LINKS:
             raise BadInput(f"{where}: link = {self.link!r} is unknown", f"use one of {', '.join(LINKS)}")
+        if self.agent not in AGENTS:
+            raise BadInput(f"{where}: agent = {self.agent!r} is unknown",
+                           'use agent = "stdio" (started per run) or "standing" (kept running by that host)')
         if self.link == "direct":
             if not self.address:
                 raise BadInput(f"{where}: link = \"direct\" needs an address",
@@ -216,7 +223,7 @@ def load_layout(path: str | Path) -> Rig:
 
 _HOST_KEYS: dict[str, type | tuple[type, ...]] = {"name": str, "ssh": str, "link": str, "address": str,
               "ssh_config": str, "arcsplit": str,
-              "bandwidth_gbit": (int, float)}
+              "bandwidth_gbit": (int, float), "agent": str}
 
 
 def _host_from_toml(p: Path, i: int, raw: dict[str, Any]) -> Host:
@@ -234,7 +241,8 @@ def _host_from_toml(p: Path, i: int, raw: dict[str, Any]) -> Host:
         path = Path(config).expanduser()
         config = str(path if path.is_absolute() else (p.parent / path).absolute())  # relative to the layout
     return Host(name=raw["name"], ssh=raw["ssh"], link=raw.get("link", "ssh"), address=raw.get("address"),
-                ssh_config=config, arcsplit=raw.get("arcsplit", "arcsplit"), bandwidth_gbit=raw.get("bandwidth_gbit"))
+                ssh_config=config, arcsplit=raw.get("arcsplit", "arcsplit"), bandwidth_gbit=raw.get("bandwidth_gbit"),
+                agent=raw.get("agent", "stdio"))
 
 
 def _mib(p: Path, i: int, raw: dict[str, Any], key: str, default: float | None) -> int:
@@ -290,7 +298,8 @@ def dump_layout(rig: Rig, plan: dict[str, Any] | None = None) -> str:
         lines.append("[[hosts]]")
         for key in _HOST_KEYS:
             value = getattr(h, key)
-            if value is not None and (key, value) not in (("link", "ssh"), ("arcsplit", "arcsplit")):  # the defaults
+            if value is not None and (key, value) not in (("link", "ssh"), ("arcsplit", "arcsplit"),
+                                                          ("agent", "stdio")):  # the defaults
                 lines.append(f"{key} = {_toml_value(value)}")
         lines.append("")
     for card in rig.cards:

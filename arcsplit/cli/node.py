@@ -1,8 +1,10 @@
-"""``arcsplit node --stdio``: the agent a supervisor on another host starts over SSH (arcsplit/node/)."""
+"""``arcsplit node``: the agent a supervisor on another host reaches over SSH (arcsplit/node/): ``--stdio`` started
+per run, or ``--listen`` kept running (a systemd unit) with ``--attach`` as what ssh runs."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from ..errors import ArcsplitError, BadInput
@@ -45,13 +47,31 @@ def inventory(args: argparse.Namespace, backend: str | None = None) -> dict[str,
     return out
 
 
+def _session_argv(args: argparse.Namespace) -> list[str]:
+    """``arcsplit node --stdio`` with this agent's options: what a standing agent runs for each connection."""
+    argv = [sys.executable, "-m", "arcsplit", "node", "--stdio", "--heartbeat", str(args.heartbeat),
+            "--backend", args.backend]
+    for flag, value in (("--llama-dir", args.llama_dir), ("--build", args.build)):
+        if value:
+            argv += [flag, value]
+    for address in args.allow_bind or ():
+        argv += ["--allow-bind", address]
+    return argv
+
+
 def _node(args: argparse.Namespace) -> int:
-    from ..node.agent import run_stdio
+    from ..node import standing
 
     wild = [a for a in args.allow_bind or () if a in ("0.0.0.0", "::", "")]
     if wild:
         raise BadInput(f"--allow-bind {wild[0]!r} would listen on every interface (llama.cpp RPC has no "
                        "authentication)", "name one LAN/VPN address of this host")
+    if args.attach is not None:
+        return standing.attach(standing.socket_path(args.attach or None))
+    if args.listen is not None:
+        return standing.listen(standing.socket_path(args.listen or None), _session_argv(args))
+    from ..node.agent import run_stdio
+
     return run_stdio(heartbeat=args.heartbeat, allow_bind=tuple(args.allow_bind or ()),
                      inventory=lambda backend: inventory(args, backend))
 
@@ -61,8 +81,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Run this host's rpc-servers for an `arcsplit serve` on another host, which "
                                    "starts this over SSH and speaks JSON lines on stdin/stdout "
                                    "(docs/multihost.md). Everything it started is stopped when stdin closes or "
-                                   "no message arrives for --heartbeat seconds.")
-    p.add_argument("--stdio", action="store_true", required=True, help="speak the protocol on stdin/stdout")
+                                   "no message arrives for --heartbeat seconds. A host that keeps an agent "
+                                   "running uses --listen (`arcsplit unit --node`); ssh then runs --attach.")
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--stdio", action="store_true", help="speak the protocol on stdin/stdout")
+    how.add_argument("--listen", nargs="?", const="", metavar="PATH",
+                     help="keep running; serve each connection to this Unix socket as one --stdio session "
+                          "(default: node.sock in arcsplit's private runtime folder)")
+    how.add_argument("--attach", nargs="?", const="", metavar="PATH",
+                     help="connect stdin/stdout to the agent that --listen runs (what ssh runs on such a host)")
     p.add_argument("--heartbeat", type=float, default=10.0, metavar="S",
                    help="stop everything after this long without a message from the client (default 10)")
     p.add_argument("--allow-bind", action="append", metavar="ADDR",

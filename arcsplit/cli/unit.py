@@ -1,4 +1,5 @@
-"""``arcsplit unit serve MODEL ...``: a systemd unit file that runs that command as a ``Type=notify`` service.
+"""``arcsplit unit serve MODEL ...``: a systemd unit file that runs that command as a ``Type=notify`` service;
+``arcsplit unit --node``: one that keeps the standing node agent (``arcsplit node --listen``) running.
 
 The command is checked with the same parser as ``arcsplit serve`` and written as typed, with this arcsplit's
 absolute path and the current directory as the unit's working directory, so relative paths keep their meaning.
@@ -70,11 +71,54 @@ WantedBy=default.target
 """
 
 
+def render_node_unit(command: list[str], env: dict[str, str]) -> str:
+    """The unit text for the standing node agent ``arcsplit <command>`` (``node --listen ...``, checked here)."""
+    from . import build_parser
+
+    build_parser().parse_args(command)
+    exec_start = " ".join(quote(a) for a in _exec_prefix() + command)
+    carried = "".join(f"Environment={quote(f'{k}={v}')}\n" for k, v in sorted(env.items())
+                      if k.startswith("ARCSPLIT_"))
+    return f"""\
+# The standing arcsplit node agent as a systemd user service: supervisors on other hosts reach it with
+# `ssh THIS-HOST arcsplit node --attach` (layout: agent = "standing"; docs/multihost.md).
+#   arcsplit unit --node > ~/.config/systemd/user/arcsplit-node.service
+#   systemctl --user daemon-reload && systemctl --user enable --now arcsplit-node
+#   loginctl enable-linger $USER     # keep it (and its socket under $XDG_RUNTIME_DIR) when you log out
+#   journalctl --user -u arcsplit-node -f
+[Unit]
+Description=arcsplit node agent (rpc-servers for supervisors on other hosts)
+After=network.target
+
+[Service]
+Type=simple
+ExecStart={exec_start}
+Environment=PYTHONUNBUFFERED=1
+{carried}Restart=on-failure
+RestartSec=5
+# SIGTERM to the agent, which ends every session (each stops its rpc-servers); the rest is killed after the timeout.
+KillMode=mixed
+TimeoutStopSec=30
+SyslogIdentifier=arcsplit-node
+
+[Install]
+WantedBy=default.target
+"""
+
+
 def _unit(args: argparse.Namespace) -> int:
     command = list(args.command)
+    if args.node or command[:1] == ["node"]:
+        if not command:
+            command = ["node", "--listen"]
+        if command[:1] != ["node"] or "--listen" not in command:
+            raise BadInput("the node unit runs the standing agent, `arcsplit node --listen`",
+                           "write `arcsplit unit --node`, or `arcsplit unit node --listen [its options]`")
+        print(render_node_unit(command, dict(os.environ)), end="")
+        return 0
     if command[:1] not in (["serve"], ["demo"]):
         raise BadInput("`arcsplit unit` needs the command the service runs",
-                       "e.g. `arcsplit unit serve model.gguf --gpus 0,1 --backend sycl`")
+                       "e.g. `arcsplit unit serve model.gguf --gpus 0,1 --backend sycl`, or `arcsplit unit --node`")
     if "--tui" in command:
         raise BadInput("--tui needs a terminal, which a service does not have",
                        "drop --tui; watch it with `arcsplit dash`")
@@ -89,6 +133,10 @@ def _unit(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("unit", help="print a systemd unit file that runs an arcsplit command as a service",
                        description="Print a systemd unit (Type=notify, watchdog) that runs the given arcsplit "
-                                   "command, e.g. `arcsplit unit serve model.gguf --gpus 0,1`.")
+                                   "command, e.g. `arcsplit unit serve model.gguf --gpus 0,1`; with --node, "
+                                   "one (Type=simple) for the standing node agent `arcsplit node --listen`.")
+    p.add_argument("--node", action="store_true",
+                   help="the unit for the standing node agent (`arcsplit node --listen`; with its options: "
+                        "`arcsplit unit node --listen ...`)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the arcsplit command the service runs")
     p.set_defaults(func=_unit)
