@@ -29,7 +29,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """Every command's parser; ``only``: just that command's (a command's module imports what it runs: the node
     agent, started over ssh on every group start, should not pay for the serving stack's imports)."""
     parser = _Parser(prog="arcsplit", description="Run one llama.cpp model across several GPUs and keep it running.")
-    parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("--version", action=_Version, nargs=0, help="show arcsplit's version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in (only,) if only in _COMMAND_MODULES else _COMMAND_MODULES:
         try:
@@ -40,6 +40,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             raise
         module.register(sub)
     return parser
+
+
+class _Version(argparse.Action):
+    """--version, read from the package metadata only when asked (a lookup costs ~0.2 s on every command)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(_version())
+        parser.exit(0)
 
 
 def _version() -> str:
