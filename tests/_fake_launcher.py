@@ -18,9 +18,9 @@ from typing import Any, AsyncIterator, Callable
 import anyio
 from anyio.abc import TaskStatus
 
-from arcsplit.run.events import MemberSnapshot
+from arcsplit.run.events import MemberSnapshot, member_snapshot
 from arcsplit.run.specs import ProcessSpec
-from arcsplit.run.states import MEMBER_TRANSITIONS, MemberState, advance
+from arcsplit.run.states import MemberState, Tracked
 
 _pids = itertools.count(40_000)
 
@@ -36,12 +36,11 @@ class Script:
     ignores_term: bool = False  # only the kill after the grace period ends it
 
 
-class FakeMember:
+class FakeMember(Tracked):  # the same transition table as a real member: an illegal change raises
     def __init__(self, launcher: "FakeLauncher", spec: ProcessSpec, on_line: Callable[[Any, str], None],
                  on_exit: Callable[[Any], None], ring: deque[str]) -> None:
         self.launcher, self.spec = launcher, spec
         self.script = launcher.scripts.setdefault(spec.name, Script())
-        self._state = MemberState.NEW
         self.pid: int | None = None
         self.create_time: float | None = None
         self.returncode: int | None = None
@@ -53,14 +52,6 @@ class FakeMember:
         self._on_line, self._on_exit = on_line, on_exit
         self._exit = anyio.Event()
         self._rc = 0
-
-    @property
-    def state(self) -> MemberState:
-        return self._state
-
-    @state.setter
-    def state(self, new: MemberState) -> None:  # the same table as a real member: an illegal change raises
-        self._state = advance(MEMBER_TRANSITIONS, self._state, new)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self.state = MemberState.STARTING
@@ -122,9 +113,7 @@ class FakeMember:
         return 0.0
 
     def snapshot(self) -> MemberSnapshot:
-        return {"state": self.state, "pid": self.pid, "port": self.spec.port, "endpoint": self.spec.endpoint,
-                "returncode": self.returncode, "uptime": None, "argv": list(self.spec.argv), "paused": False,
-                "host": self.spec.node}
+        return member_snapshot(self, None)
 
 
 class FakeLauncher:

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,42 +19,15 @@ from arcsplit.errors import BadInput
 from arcsplit.node.agent import check_rpc_argv
 from arcsplit.run.ports import free_port
 
+from _node_client import NodeClient
 
-class Agent:
-    """An agent process and its event stream (a reader thread, so every wait has a timeout)."""
+
+class Agent(NodeClient):
+    """An agent process (`arcsplit node --stdio`) and its event stream."""
 
     def __init__(self, state_dir: Path, bin_dir: Path, *extra: str) -> None:
-        env = {**os.environ, "ARCSPLIT_STATE_DIR": str(state_dir)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "arcsplit", "node", "--stdio", "--llama-dir",
-                                      str(bin_dir), *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=env)
-        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.seen: list[dict[str, Any]] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.events.put(json.loads(line))
-
-    def send(self, **msg: Any) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
-        self.proc.stdin.flush()
-
-    def wait(self, ev: str, name: str | None = None, timeout: float = 30.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"no {ev} event for {name} in {timeout} s; seen {self.seen[-10:]}")
-            try:
-                msg = self.events.get(timeout=left)
-            except queue.Empty:
-                continue
-            self.seen.append(msg)
-            if msg.get("ev") == ev and (name is None or msg.get("name") == name):
-                return msg
+        super().__init__([sys.executable, "-m", "arcsplit", "node", "--stdio", "--llama-dir", str(bin_dir), *extra],
+                         env={**os.environ, "ARCSPLIT_STATE_DIR": str(state_dir)})
 
     def hello(self, run: str) -> dict[str, Any]:
         self.send(op="hello", run=run, proto=1)

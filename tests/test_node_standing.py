@@ -4,14 +4,11 @@ attach command locally, as tests/test_remote_group.py does for `--stdio`)."""
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import signal
 import stat
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +21,8 @@ from arcsplit.errors import BadInput
 from arcsplit.hosts import node_argv
 from arcsplit.node.standing import socket_path
 from arcsplit.rig import Host, dump_layout, load_layout
+
+from _node_client import NodeClient
 
 LAYOUT = """
 name = "standing"
@@ -141,35 +140,11 @@ class Listener:
         return self.proc.wait(30)
 
 
-class Attached:
+class Attached(NodeClient):
     """`arcsplit node --attach` as a process, the way ssh runs it, and the events it passes back."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "arcsplit", "node", "--attach"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.events.put(json.loads(line))
-
-    def send(self, **msg: Any) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
-        self.proc.stdin.flush()
-
-    def wait(self, ev: str, timeout: float = 30.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                msg = self.events.get(timeout=left)
-            except queue.Empty:
-                break
-            if msg.get("ev") == ev:
-                return msg
-        raise AssertionError(f"no {ev} event in {timeout} s")
+        super().__init__([sys.executable, "-m", "arcsplit", "node", "--attach"])
 
     def start_rpc(self, run: str, name: str = "rpc0") -> dict[str, Any]:
         self.send(op="hello", run=run, proto=1)

@@ -22,9 +22,9 @@ import anyio
 import psutil
 from anyio.abc import Process, TaskStatus
 
-from .events import MemberSnapshot
+from .events import MemberSnapshot, member_snapshot
 from .specs import ProcessSpec
-from .states import MEMBER_TRANSITIONS, MemberState, advance
+from .states import MemberState, Tracked
 
 _SHIM = str(Path(__file__).with_name("_exec.py"))
 _STDBUF = shutil.which("stdbuf")  # stdout of llama.cpp tools is block-buffered on a pipe: force line buffering
@@ -35,13 +35,12 @@ STDIN_EXIT = b"cmd_router_to_child:exit\n"
 LineHandler = Callable[["Child", str], None]
 
 
-class Child:
+class Child(Tracked):
     """Owns one OS process for one start; a restart makes a new Child."""
 
     def __init__(self, spec: ProcessSpec, *, log_path: Path | None = None, on_line: LineHandler | None = None,
                  on_exit: Callable[["Child"], None] | None = None, ring: deque[str] | None = None) -> None:
         self.spec = spec
-        self._state = MemberState.NEW
         self.pid: int | None = None
         self.create_time: float | None = None
         self.returncode: int | None = None
@@ -56,14 +55,6 @@ class Child:
         self._on_exit = on_exit
         self._process: Process | None = None
         self._log: TextIO | None = None
-
-    @property
-    def state(self) -> MemberState:
-        return self._state
-
-    @state.setter
-    def state(self, new: MemberState) -> None:
-        self._state = advance(MEMBER_TRANSITIONS, self._state, new)
 
     # -- running --------------------------------------------------------------------------------------------
 
@@ -254,9 +245,7 @@ class Child:
         return changed
 
     def snapshot(self) -> MemberSnapshot:
-        return {"state": self.state, "pid": self.pid, "port": self.spec.port, "endpoint": self.spec.endpoint,
-                "returncode": self.returncode, "uptime": self.uptime(), "argv": list(self.spec.argv),
-                "paused": self.paused, "host": self.spec.node}
+        return member_snapshot(self, self.uptime())
 
 
 def describe_exit(rc: int | None) -> str:

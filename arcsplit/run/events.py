@@ -76,6 +76,14 @@ class PlanData(TypedDict):
     mode: str
 
 
+def member_snapshot(member: Any, uptime: float | None) -> MemberSnapshot:
+    """A member's snapshot (launch.Member: state, pid, returncode, paused and its spec), whatever runs it."""
+    spec = member.spec
+    return {"state": member.state, "pid": member.pid, "port": spec.port, "endpoint": spec.endpoint,
+            "returncode": member.returncode, "uptime": uptime, "argv": list(spec.argv), "paused": member.paused,
+            "host": spec.node}
+
+
 class MemberStatus(MemberSnapshot):
     """One entry of Status.processes."""
 

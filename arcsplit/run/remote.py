@@ -29,10 +29,10 @@ from ..llama.locate import LlamaBinaries, server_build_info
 from ..node import PROTO
 from ..rig import Host
 from .child import Child, describe_exit
-from .events import MemberSnapshot
+from .events import MemberSnapshot, member_snapshot
 from .launch import Health, Launcher, LocalLauncher, Member
 from .specs import ProcessSpec
-from .states import MEMBER_TRANSITIONS, MemberState, advance
+from .states import MemberState, Tracked
 
 PING_EVERY = 2.0  # the agent's default --heartbeat is 10 s
 SILENT_AFTER = 10.0  # no message from the agent (it sends stats every second) this long: the session is dead
@@ -181,13 +181,12 @@ class NodeSession:
             m.lost(self.dead)
 
 
-class RemoteMember:
+class RemoteMember(Tracked):
     """A remote rpc-server as the supervisor sees it (launch.Member), driven by its session's events."""
 
     def __init__(self, session: NodeSession, spec: ProcessSpec, *, log_path: Path | None,
                  on_line: Callable[[Any, str], None], on_exit: Callable[[Any], None], ring: deque[str]) -> None:
         self.session, self.spec = session, spec
-        self._state = MemberState.NEW
         self.pid: int | None = None
         self.create_time: float | None = None
         self.returncode: int | None = None
@@ -201,14 +200,6 @@ class RemoteMember:
         self._started = anyio.Event()
         self._on_line, self._on_exit = on_line, on_exit
         self._log_path = log_path
-
-    @property
-    def state(self) -> MemberState:
-        return self._state
-
-    @state.setter
-    def state(self, new: MemberState) -> None:
-        self._state = advance(MEMBER_TRANSITIONS, self._state, new)
 
     @property
     def alive(self) -> bool:
@@ -300,9 +291,7 @@ class RemoteMember:
 
     def snapshot(self) -> MemberSnapshot:
         end = self.exited_at or time.time()
-        return {"state": self.state, "pid": self.pid, "port": self.spec.port, "endpoint": self.spec.endpoint,
-                "returncode": self.returncode, "uptime": (end - self.started_at) if self.started_at else None,
-                "argv": list(self.spec.argv), "paused": self.paused, "host": self.spec.node}
+        return member_snapshot(self, (end - self.started_at) if self.started_at else None)
 
 
 def same_build(server_bin: str) -> Callable[[Host, Mapping[str, Any]], None]:

@@ -58,3 +58,18 @@ def advance(table: Mapping[S, frozenset[S]], current: S, new: S) -> S:
     if new not in table[current]:
         raise IllegalTransition(f"{type(current).__name__} {current.value} -> {new.value} is not allowed")
     return new
+
+
+class Tracked:
+    """A member's ``state``, changed only along MEMBER_TRANSITIONS: the one implementation every kind of member
+    (a local child, a remote rpc-server, the tests' fake) shares."""
+
+    _state: MemberState = MemberState.NEW
+
+    @property
+    def state(self) -> MemberState:
+        return self._state
+
+    @state.setter
+    def state(self, new: MemberState) -> None:
+        self._state = advance(MEMBER_TRANSITIONS, self._state, new)
