@@ -32,18 +32,24 @@ def inst(tmp_path_factory, llama_bins, demo_model):
             yield i
 
 
-def complete(url: str, n: int = 24) -> dict:
-    r = httpx.post(f"{url}/completion", json={"prompt": "The three primary colors are", "n_predict": n,
+def complete(url: str, n: int = 24, prompt: str = "The three primary colors are") -> dict:
+    r = httpx.post(f"{url}/completion", json={"prompt": prompt, "n_predict": n,
                                               "temperature": 0, "cache_prompt": False}, timeout=120)
     r.raise_for_status()
     return r.json()
+
+
+LONG_PROMPT = " ".join(["The three primary colors are red, yellow and blue."] * 24)
 
 
 def test_decode_speed_from_counter_deltas_matches_llama_server(inst):
     async def go() -> tuple[dict, dict, dict]:
         s = ServerSampler(inst.url)
         before = await s.sample()
-        body = await asyncio.to_thread(complete, inst.url)
+        # A prompt long enough that its processing time dominates: llama-server times the prompt counter from
+        # its batch start and the per-request figure from the slot's start; on a 6-token prompt the few ms
+        # between those clocks alone made the two speeds differ by 15%.
+        body = await asyncio.to_thread(complete, inst.url, 24, LONG_PROMPT)
         after = await s.sample()
         await s.aclose()
         return before, after, body
