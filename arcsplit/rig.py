@@ -30,7 +30,7 @@ import ipaddress
 import re
 import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from . import backends
@@ -102,6 +102,12 @@ class Host:
     arcsplit: str = "arcsplit"  # the command that runs arcsplit there
     bandwidth_gbit: float | None = None  # the link's bandwidth for the plan's cost estimate; None: the link's default
     agent: str = "stdio"
+    model_dir: str | None = None  # where this host keeps the same GGUF files; None: the same path as here
+
+    def seed_path(self, local: str) -> str:
+        """The path on this host of a GGUF that is at ``local`` here: its rpc-servers read the weights from it
+        (patch 0006) when it is there; a different file there only misses (the weights are matched by hash)."""
+        return str(PurePosixPath(self.model_dir) / PurePosixPath(local).name) if self.model_dir else local
 
     def __post_init__(self) -> None:
         where = f"host {self.name!r}"
@@ -141,6 +147,10 @@ class Host:
                                                 self.bandwidth_gbit <= 0):
             raise BadInput(f"{where}: bandwidth_gbit = {self.bandwidth_gbit!r} must be a positive number",
                            "give the link's bandwidth in Gbit/s, e.g. 10")
+        if self.model_dir is not None and (not isinstance(self.model_dir, str)
+                                           or not PurePosixPath(self.model_dir).is_absolute()):
+            raise BadInput(f"{where}: model_dir = {self.model_dir!r} is not an absolute path",
+                           'write model_dir = "/path/to/models" as that host sees it')
 
 
 @dataclass(frozen=True)
@@ -223,7 +233,7 @@ def load_layout(path: str | Path) -> Rig:
 
 _HOST_KEYS: dict[str, type | tuple[type, ...]] = {"name": str, "ssh": str, "link": str, "address": str,
               "ssh_config": str, "arcsplit": str,
-              "bandwidth_gbit": (int, float), "agent": str}
+              "bandwidth_gbit": (int, float), "agent": str, "model_dir": str}
 
 
 def _host_from_toml(p: Path, i: int, raw: dict[str, Any]) -> Host:
@@ -242,7 +252,7 @@ def _host_from_toml(p: Path, i: int, raw: dict[str, Any]) -> Host:
         config = str(path if path.is_absolute() else (p.parent / path).absolute())  # relative to the layout
     return Host(name=raw["name"], ssh=raw["ssh"], link=raw.get("link", "ssh"), address=raw.get("address"),
                 ssh_config=config, arcsplit=raw.get("arcsplit", "arcsplit"), bandwidth_gbit=raw.get("bandwidth_gbit"),
-                agent=raw.get("agent", "stdio"))
+                agent=raw.get("agent", "stdio"), model_dir=raw.get("model_dir"))
 
 
 def _mib(p: Path, i: int, raw: dict[str, Any], key: str, default: float | None) -> int:

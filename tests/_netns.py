@@ -337,6 +337,10 @@ class NetHarness:
             rows.append((addr.strip("[]"), int(port), m.group(1) if m else ""))
         return rows
 
+    def sent_to(self, name: str = "b") -> int:
+        """Bytes this machine has sent to host ``name`` over its link (the veth's tx counter here)."""
+        return int(Path(f"/sys/class/net/{self.hosts[name].veth}/statistics/tx_bytes").read_text())
+
     def link(self, name: str, up: bool) -> None:
         """Cut the link to ``name`` (its end of the veth goes down: packets vanish silently, as in a partition;
         this side keeps its route, marked linkdown) or bring it back."""
@@ -394,7 +398,7 @@ def ssh_config_text(hosts: Iterable[RemoteHost], key: Path, known_hosts: Path) -
 def remote_wrapper(h: RemoteHost, llama_dir: Path | None, env: dict[str, str]) -> str:
     """The host's ``arcsplit``: this venv's entry point with the host's own state/runtime dirs (shared FS)."""
     exports = {**env, "ARCSPLIT_STATE_DIR": str(h.state_dir), "ARCSPLIT_RUNTIME_DIR": str(h.dir / "rt"),
-               "ARCSPLIT_BACKEND": "cpu"}
+               "ARCSPLIT_BACKEND": "cpu", "LLAMA_CACHE": str(h.dir / "llama-cache")}  # its rpc-servers' own -c cache
     if llama_dir:
         exports["ARCSPLIT_LLAMA_DIR"] = str(llama_dir)
     if os.environ.get("ARCSPLIT_CACHE_DIR"):

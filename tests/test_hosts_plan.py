@@ -313,7 +313,9 @@ def test_node_command_is_quoted_for_the_remote_shell() -> None:
 
 def test_forward_argv() -> None:
     argv = forward_argv(B, 41000, 50053)
-    assert argv[-6:] == ["-N", "-o", "ExitOnForwardFailure=yes", "-L", "127.0.0.1:41000:127.0.0.1:50053", "me@b"]
+    assert argv[-8:] == ["-N", "-o", "ExitOnForwardFailure=yes", "-o",
+                         "Ciphers=^aes128-gcm@openssh.com,aes256-gcm@openssh.com",
+                         "-L", "127.0.0.1:41000:127.0.0.1:50053", "me@b"]
     assert forward_argv(B, 41000, 50053, "fd00::2")[-2] == "127.0.0.1:41000:[fd00::2]:50053"
 
 

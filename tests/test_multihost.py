@@ -160,8 +160,13 @@ def test_two_hosts_serve_the_same_greedy_tokens_as_one_host(demo_model: Path, ne
         reference = greedy(one.url)
     assert one.leftovers() == NO_LEFTOVERS
 
+    sent = net.sent_to("b")
     with serving(tmp_path, demo_model, two_hosts(net, tmp_path)) as served:
+        sent = net.sent_to("b") - sent
         assert httpx.get(f"{served.url}/health", timeout=5).status_code == 200
+        # b holds the same GGUF (one filesystem here): its rpc-server reads its share of the weights from it
+        # (patch 0006), so the load sends b control traffic and tensors under 1 MiB, not its ~200 MiB of weights
+        assert sent < 64 * 2**20, f"{sent / 2**20:.0f} MiB crossed the link during the load"
         assert greedy(served.url) == reference
         on_b = remote(net)
         assert len(on_b["rpc"]) == 1 and len(on_b["node"]) == 1, on_b

@@ -229,3 +229,42 @@ def test_a_new_agent_sweeps_what_a_killed_agent_left(agents, tmp_path, llama_bin
         if orphan.poll() is None:
             orphan.kill()
             orphan.wait()
+
+
+@pytest.mark.slow
+def test_preferred_ports_are_kept_where_free_and_replaced_where_taken(agents):
+    """The supervisor starts its ssh links on guessed ports before the agent answers: a free guess is kept (the
+    link is already right), a taken one is replaced by a free port (that link restarts)."""
+    import socket
+
+    a = agents()
+    a.hello("run-prefer")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy, free = holder.getsockname()[1], free_port()
+        a.send(op="ports", n=2, bind="127.0.0.1", prefer=[free, busy])
+        got = a.wait("ports")["ports"]
+    assert got[0] == free and got[1] not in (busy, free) and 0 < got[1] < 65536
+
+
+def test_a_seed_file_this_host_lacks_is_dropped_with_the_reason(tmp_path):
+    from arcsplit.node.agent import drop_missing_seeds
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    argv = ("rpc", "-p", "1", "-c", "--seed-cache", str(gguf), "--seed-cache", str(tmp_path / "gone.gguf"))
+    kept, notes = drop_missing_seeds(argv, can_seed=True)
+    assert kept == ("rpc", "-p", "1", "-c", "--seed-cache", str(gguf))
+    assert len(notes) == 1 and "gone.gguf" in notes[0] and "model_dir" in notes[0]
+    kept, notes = drop_missing_seeds(argv, can_seed=False)
+    assert kept == ("rpc", "-p", "1", "-c") and len(notes) == 2 and "patch 0006" in notes[0]
+
+
+def test_a_hosts_model_dir_names_where_it_keeps_the_same_file():
+    from arcsplit.rig import Host
+
+    assert Host(name="b", ssh="b").seed_path("/models/x.gguf") == "/models/x.gguf"
+    assert Host(name="b", ssh="b", model_dir="/srv/m").seed_path("/home/me/x.gguf") == "/srv/m/x.gguf"
+    with pytest.raises(BadInput, match="model_dir"):
+        Host(name="b", ssh="b", model_dir="models")

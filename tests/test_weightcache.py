@@ -50,15 +50,21 @@ def test_a_seeded_group_serves_weights_from_the_gguf_and_a_restart_does_too():
 
 
 
-def test_only_rpc_servers_on_this_machine_seed(untied):  # noqa: F811 (the fixture)
-    """A layout's rpc-server on another host has no GGUF of this machine: it keeps its node's plain -c cache."""
+def test_rpc_servers_on_other_hosts_seed_from_their_own_copy(untied):  # noqa: F811 (the fixture)
+    """A layout's rpc-server on another host reads the same file from that host's disk: this machine's path, or
+    its model_dir + the file's name; it keeps its node's own -c cache (no cache path of this machine)."""
     config = replace(_hosts_config(untied), rpc_seed=("/models/m.gguf",))
     specs = build_specs(config, [50052, 50053, 50054], [41000])
     local = [s for s in specs if s.role == "rpc" and not s.node]
     remote = [s for s in specs if s.role == "rpc" and s.node]
     assert local and remote
     assert all(flag(list(s.argv), "--seed-cache") == "/models/m.gguf" for s in local)
-    assert all("--seed-cache" not in s.argv and "-c" in s.argv for s in remote)
+    assert all(flag(list(s.argv), "--seed-cache") == "/models/m.gguf" and "-c" in s.argv
+               and "LLAMA_CACHE" not in s.env_dict for s in remote)
+    hosts = tuple(replace(h, model_dir="/srv/gguf") for h in config.hosts)
+    specs = build_specs(replace(config, hosts=hosts), [50052, 50053, 50054], [41000])
+    assert all(flag(list(s.argv), "--seed-cache") == "/srv/gguf/m.gguf" for s in specs if s.role == "rpc" and s.node)
+
 
 def test_a_build_without_the_patch_does_not_seed(tmp_path):
     bin_dir = tmp_path / "bin"

@@ -29,11 +29,12 @@ from ..run.child import Child
 from ..run.ports import free_port, is_free, probe_once
 from ..run.rundir import RunDir, supervisor_identity, sweep
 from ..run.specs import LOOPBACK, ProcessSpec
+from ..run.weightcache import SEED_FLAG, can_seed
 from . import PROTO
 
 # ggml-rpc-server's own options (tools/rpc/rpc-server.cpp): the only ones a client may pass. True: takes a value.
 RPC_FLAGS = {"-H": True, "--host": True, "-p": True, "--port": True, "-t": True, "--threads": True,
-             "-d": True, "--device": True, "-c": False, "--cache": False}
+             "-d": True, "--device": True, "-c": False, "--cache": False, "--seed-cache": True}
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_PORTS = 64
@@ -83,6 +84,31 @@ def check_rpc_argv(argv: list[str], rpc_bin: str | None, allow_bind: tuple[str, 
     if port is None or not 0 < port < 65536:
         raise BadInput("the rpc-server argv needs -p PORT (1-65535)")
     return (rpc_bin, *argv[1:]), host, port
+
+
+def drop_missing_seeds(argv: tuple[str, ...], can_seed: bool) -> tuple[tuple[str, ...], list[str]]:
+    """``--seed-cache FILE`` kept only for a file this host has and a build that can seed (patch 0006): the
+    client names its own GGUF's path (or the layout's model_dir), which this host may lack. Without it the
+    rpc-server still starts and the weights come over the link. -> (argv, one line per file dropped, saying why)."""
+    out: list[str] = []
+    notes: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == SEED_FLAG and i + 1 < len(argv):
+            path = argv[i + 1]
+            if not can_seed:
+                notes.append(f"this host's rpc-server cannot read weights from a GGUF (patch 0006): {path}'s "
+                             "weights come over the link")
+            elif not (os.path.isfile(path) and os.access(path, os.R_OK)):
+                notes.append(f"no readable {path} on this host: its weights come over the link (put the same "
+                             "file there, or name its directory with model_dir in the layout's [[hosts]])")
+            else:
+                out += argv[i:i + 2]
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return tuple(out), notes
 
 
 class Agent:
@@ -214,6 +240,9 @@ class Agent:
                                "stop what uses it there or pass other --rpc-ports")
             return ports
         ports = []
+        for p in msg.get("prefer") or ():  # the client's guesses (its ssh links already point there), if free
+            if len(ports) < n and isinstance(p, int) and 0 < p < 65536 and p not in ports and self._free(bind, p):
+                ports.append(p)
         while len(ports) < n:
             try:
                 p = free_port(bind)
@@ -232,6 +261,7 @@ class Agent:
             raise BadInput(f"{name} is already running here (pid {old.pid})", "stop it first")
         rpc_bin = (self.inventory or {}).get("llama", {}).get("rpc_bin")
         argv, bind, port = check_rpc_argv(list(spec.get("argv") or []), rpc_bin, self.allow_bind)
+        argv, dropped = drop_missing_seeds(argv, bool(rpc_bin) and can_seed(Path(str(rpc_bin)), None))
         if not self._free(bind, port):  # else the ready probe would be answered by whoever holds it
             raise BadInput(f"port {port} on {bind} is already in use on this host")
         env = {str(k): str(v) for k, v in dict(spec.get("env") or {}).items()}
@@ -247,6 +277,8 @@ class Agent:
         self.children[name] = child
         await tg.start(child.run)
         self.emit({"ev": "started", "name": name, "pid": child.pid, "create_time": child.create_time})
+        for note in dropped:
+            self.emit({"ev": "line", "name": name, "line": f"arcsplit node: {note}"})
         self._write_state()
         tg.start_soon(self._probe, child)
 

@@ -347,8 +347,8 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     route = Route.build(decision.mode, req.backend, [c.card.index for c in plan.cards],
                         [c.card.host for c in plan.cards])
     rpc_features = binary_features(binaries.rpc_server) if binaries and foreign else None
-    # rpc-servers on this machine (not a layout's other hosts) read the weights from the GGUF here (patch 0006)
-    seed = bool(req.rpc_seed and any(not p.host for p in route.rpc) and binaries
+    # rpc-servers read the weights from the GGUF (patch 0006): here, and on a layout's other hosts from their copy
+    seed = bool(req.rpc_seed and route.rpc and binaries
                 and weightcache.can_seed(binaries.rpc_server, rpc_features.flags if rpc_features else None))
     rpc_cache = str(cache_dir() / "rpc-cache") if req.rpc_cache or seed else None
     pruned = None
@@ -371,8 +371,9 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     off = tuple(dict.fromkeys(o for spec in specs for o in spec.features_off))
     notes = ([choice.reason, *choice.notes] if choice is not None else []) + notes
     if serving and config.rpc_seed and config.rpc_cache_dir:  # hash a new model once, outside rpc-server start-up
-        rpc = next(s for s in specs if s.role == "rpc" and not s.node)
-        env = {k: v for k, v in os.environ.items() if k not in rpc.env_unset} | rpc.env_dict
+        rpc = next((s for s in specs if s.role == "rpc" and not s.node), None)  # None: all on other hosts
+        env = (dict(os.environ) if rpc is None
+               else {k: v for k, v in os.environ.items() if k not in rpc.env_unset} | rpc.env_dict)
         took = weightcache.ensure_index(config.rpc_bin, config.rpc_cache_dir, config.rpc_seed, env)
         if took is not None:
             notes.append(f"indexed {', '.join(Path(f).name for f in config.rpc_seed)} for the rpc-servers' weight "

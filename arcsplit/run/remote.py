@@ -105,11 +105,14 @@ class NodeSession:
         self.hello = answer
         return answer
 
-    async def ports(self, n: int, bind: str, want: Sequence[int] = ()) -> list[int]:
-        """``n`` free ports there, or HostError when one of ``want`` (the user's) is taken."""
+    async def ports(self, n: int, bind: str, want: Sequence[int] = (), prefer: Sequence[int] = ()) -> list[int]:
+        """``n`` free ports there, or HostError when one of ``want`` (the user's) is taken; ``prefer``: ports to
+        keep where free there (an agent that predates it just picks others)."""
         msg: dict[str, Any] = {"op": "ports", "n": n, "bind": bind}
         if want:
             msg["want"] = list(want)
+        elif prefer:
+            msg["prefer"] = list(prefer)
         answer = await self.request(msg, "ports", 30.0)
         return [int(p) for p in answer["ports"]]
 
@@ -359,9 +362,11 @@ class NodeLauncher:
         return tuple(sorted((name, str(s.hello["llama"]["rpc_bin"])) for name, s in self.sessions.items()
                             if s.hello and (s.hello.get("llama") or {}).get("rpc_bin")))
 
-    async def ports(self, node: str, n: int, bind: str, want: Sequence[int] = ()) -> list[int]:
-        """``n`` free ports on host ``node``, as its agent sees them (``want``: these, checked free there)."""
-        return await self.sessions[node].ports(n, bind, want)
+    async def ports(self, node: str, n: int, bind: str, want: Sequence[int] = (),
+                    prefer: Sequence[int] = ()) -> list[int]:
+        """``n`` free ports on host ``node``, as its agent sees them (``want``: these, checked free there;
+        ``prefer``: these where free)."""
+        return await self.sessions[node].ports(n, bind, want, prefer)
 
     async def close(self) -> None:
         sessions, self.sessions = list(self.sessions.values()), {}

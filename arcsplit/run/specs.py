@@ -203,6 +203,8 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int], link_ports: Seque
             # Always cached there: a restart reloads weights from that host's disk, not over the link. The cache
             # is the node's (rpc-server's default under that user's cache dir), so no path of this machine.
             rpc_argv.append("-c")
+            for gguf in config.rpc_seed:  # the same GGUF there (model_dir): its weights never cross the link;
+                rpc_argv += [SEED_FLAG, remote.seed_path(gguf)]  # the agent drops a file it does not have
         fitted_rpc, off = fit_args(rpc_argv, config.rpc_features, binary, RPC_OPTIONAL, RPC_REQUIRED)
         connect = ""
         if remote is not None and remote.link == "ssh":

@@ -19,10 +19,11 @@ run/states.py.
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -92,6 +93,7 @@ class Supervisor:
         self._children: dict[str, Member] = {}
         self._specs: tuple[ProcessSpec, ...] = ()
         self._rpc_ports: list[int] | None = list(config.rpc_ports) if config.rpc_ports else None
+        self._links: list[int] = []  # this machine's ends of the ssh links, kept across restarts
         self._restarts: dict[str, int] = {}
         self._group_state = GroupState.NEW
         self._generation = 0
@@ -369,15 +371,40 @@ class Supervisor:
 
     # -- starting -------------------------------------------------------------------------------------------
 
-    async def _pick_ports(self) -> tuple[list[int], list[int]]:
-        """rpc-server ports in --rpc order (a remote one free on its host, as its agent says), then the local ends of
-        the ssh links. This machine's keep their ports across restarts while those stay free."""
+    def _guess_ports(self) -> list[int]:
+        """A port for each remote rpc-server before its host's agent answers (0 for this machine's), so that the ssh
+        links can log in while the agent sessions open: the last run's, else a random one below the ephemeral
+        range. The agent keeps a guess that is free there (``prefer``); a link whose guess was taken restarts."""
+        procs = self.config.route.rpc
+        if self.config.rpc_ports:
+            return list(self.config.rpc_ports)
+        previous = self._rpc_ports if self._rpc_ports and len(self._rpc_ports) == len(procs) else None
+        picks = random.sample(range(20000, 32768), len(procs))
+        return [(previous[i] if previous else picks[i]) if proc.host else 0 for i, proc in enumerate(procs)]
+
+    def _link_ports(self, taken: set[int]) -> list[int]:
+        """This machine's ends of the ssh links: kept across restarts while free, so a restart's guesses hold."""
+        previous = self._links if len(self._links) == n_links(self.config) else []
+        out: list[int] = []
+        for i in range(n_links(self.config)):
+            p = previous[i] if previous and previous[i] not in taken and is_free(LOOPBACK, previous[i]) else 0
+            while p == 0 or p in taken:
+                p = free_port(LOOPBACK)
+            out.append(p)
+            taken.add(p)
+        self._links = out
+        return out
+
+    async def _pick_ports(self, prefer: Sequence[int] = ()) -> list[int]:
+        """rpc-server ports in --rpc order: a remote one free on its host, as its agent says (``prefer``: the
+        guesses its link was started with). This machine's keep their ports across restarts while those stay
+        free."""
         config = self.config
         procs = config.route.rpc
         fixed = config.rpc_ports
         previous = self._rpc_ports if self._rpc_ports and len(self._rpc_ports) == len(procs) else None
         ports = [0] * len(procs)
-        taken: set[int] = set()
+        taken: set[int] = set(self._links)
 
         def fresh() -> int:
             while (p := free_port(LOOPBACK if config.rpc_host in ("", "0.0.0.0") else config.rpc_host)) in taken:
@@ -402,17 +429,14 @@ class Supervisor:
             bind = h.address if h.link == "direct" and h.address else LOOPBACK
             assert isinstance(self.launcher, NodeLauncher)
             try:
-                got = await self.launcher.ports(host, len(where), bind, [fixed[i] for i in where] if fixed else ())
+                got = await self.launcher.ports(host, len(where), bind, [fixed[i] for i in where] if fixed else (),
+                                                [prefer[i] for i in where] if prefer and not fixed else ())
             except ArcsplitError as exc:  # a port the user named is taken there: retrying changes nothing
                 raise _StartFailed(host, str(exc), "fatal" if fixed else None, exc if fixed else None) from None
             for i, p in zip(where, got):
                 ports[i] = p
-        links = []
-        for _ in range(n_links(config)):
-            links.append(fresh())
-            taken.add(links[-1])
         self._rpc_ports = ports
-        return ports, links
+        return ports
 
     async def _open_hosts(self, tg: TaskGroup) -> None:
         """One agent session per host this generation (hello + inventory check) before any port is picked."""
@@ -434,21 +458,15 @@ class Supervisor:
         if bins != self.config.node_bins:
             self.config = replace(self.config, node_bins=bins)
 
-    async def _start_group(self, tg: TaskGroup) -> None:
-        self._set_group(GroupState.STARTING, {"generation": self._generation})
-        await self._open_hosts(tg)
-        ports, link_ports = await self._pick_ports()
+    def _build(self, ports: Sequence[int], link_ports: Sequence[int]) -> tuple[ProcessSpec, ...]:
         try:
-            specs = build_specs(self.config, ports, link_ports)
+            return build_specs(self.config, ports, link_ports)
         except ArcsplitError as exc:
             raise _StartFailed("group", str(exc), "fatal") from None
-        server_spec = specs[-1]
-        self._specs = specs
-        if self._generation > 1:  # the whole group restarts together
-            for spec in specs:
-                self._restarts[spec.name] = self._restarts.get(spec.name, 0) + 1
-        self._children = {}
 
+    async def _start_group(self, tg: TaskGroup) -> None:
+        self._set_group(GroupState.STARTING, {"generation": self._generation})
+        self._children = {}
         failures: list[_StartFailed] = []
 
         async def start_rpc(spec: ProcessSpec) -> None:
@@ -457,11 +475,39 @@ class Supervisor:
             except _StartFailed as exc:
                 failures.append(exc)
 
-        # rpc-servers (here and on other hosts) and the ssh links to the remote ones at once: a forward needs its
-        # rpc-server only when llama-server dials through it, and an ssh login costs ~0.6 s. Then llama-server.
+        # The ssh links log in (~0.3 s each) while the agent sessions open (another login and the agent's start):
+        # a forward needs its rpc-server only when llama-server dials through it, so it can start on a guessed
+        # remote port. Then the rpc-servers here and there, and any link whose guess was taken; then llama-server.
+        guess = self._guess_ports()
+        link_ports = self._link_ports(set())
+        early = [s for s in self._build(guess, link_ports) if s.role == "link"]
+        async with anyio.create_task_group() as otg:
+            for spec in early:
+                otg.start_soon(start_rpc, spec)
+            try:
+                await self._open_hosts(tg)
+            except _StartFailed as exc:  # raised after the group: a task group would wrap it
+                failures.insert(0, exc)
+                otg.cancel_scope.cancel()
+        if failures:
+            raise failures[0]
+        ports = await self._pick_ports(guess)
+        specs = self._build(ports, link_ports)
+        server_spec = specs[-1]
+        self._specs = specs
+        if self._generation > 1:  # the whole group restarts together
+            for spec in specs:
+                self._restarts[spec.name] = self._restarts.get(spec.name, 0) + 1
+        started = {s.name: s for s in early}
+        for spec in specs:  # a guess that was taken there: that link points nowhere
+            old = self._children.get(spec.name)
+            if old is not None and spec.name in started and started[spec.name].argv != spec.argv:
+                await old.stop(2.0)
+
         async with anyio.create_task_group() as rtg:
             for spec in specs:
-                if spec.role in ("rpc", "link"):
+                if spec.role == "rpc" or (spec.role == "link" and (spec.name not in started or
+                                                                   started[spec.name].argv != spec.argv)):
                     rtg.start_soon(start_rpc, spec)
         self._write_state()
         if failures:
