@@ -21,6 +21,7 @@ from .rig import load_layout
 from .run.bus import BusInfo, Client, attach, list_runs
 from .run.events import Event, Status
 from .run.instance import Instance, Watcher
+from .run.launch import Launcher
 from .run.prepare import (MODE_CHOICES, OUTPUT_LAYER_CHOICES, Prepared, ServeRequest, planned_specs, prepare,
                           preview)
 from .run.supervisor import RestartPolicy, Timeouts
@@ -110,9 +111,11 @@ def runs() -> list[BusInfo]:
 
 def instance(prepared: Prepared, *, max_restarts: int = 5, stall_timeout: float = 120.0, bus: bool = True,
              bus_tcp: str | None = None, telemetry: bool = True, systemd: bool = False,
-             watchers: Sequence[Watcher] = (), say: Callable[[str], None] | None = None) -> Instance:
+             watchers: Sequence[Watcher] = (), say: Callable[[str], None] | None = None,
+             launcher: Launcher | None = None) -> Instance:
     """A checked request ready to run (``await inst.run()``); telemetry, when asked, and ``watchers`` watch it.
-    ``systemd``: tell systemd about the run (Type=notify, watchdog) when started by it (``arcsplit serve`` is)."""
+    ``systemd``: tell systemd about the run (Type=notify, watchdog) when started by it (``arcsplit serve`` is).
+    ``launcher``: how members start (default: the supervisor's own, local or with the layout's hosts)."""
     if systemd:
         from .run.systemd import run_notify
 
@@ -123,7 +126,7 @@ def instance(prepared: Prepared, *, max_restarts: int = 5, stall_timeout: float 
         watchers = (run_telemetry, *watchers)
     return Instance(prepared, policy=RestartPolicy(max_failures=max_restarts),
                     timeouts=Timeouts(stall=stall_timeout, stop_grace=prepared.stop_grace),
-                    bus=bus, bus_tcp=bus_tcp, watchers=watchers, say=say)
+                    bus=bus, bus_tcp=bus_tcp, watchers=watchers, say=say, launcher=launcher)
 
 
 @asynccontextmanager

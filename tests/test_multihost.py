@@ -334,6 +334,16 @@ def test_mismatched_remote_build_is_refused(demo_model: Path, net: NetHarness, t
     _left_nothing(served, net)
 
 
+def test_bad_input_found_while_the_sessions_open_leaves_nothing_on_b(net: NetHarness, tmp_path: Path) -> None:
+    """serve opens b's session before it plans (the warm start): a request that planning refuses still ends as one
+    line, exit 2, and the session, its ssh and b's agent are gone."""
+    bogus = tmp_path / "not-a-model.gguf"
+    bogus.write_bytes(b"this is no GGUF file" * 1000)
+    served, line = _fails(tmp_path, bogus, two_hosts(net, tmp_path))
+    assert line.startswith("arcsplit: ") and "not-a-model.gguf" in line, line
+    _left_nothing(served, net)
+
+
 def test_unreachable_host_is_one_line(demo_model: Path, net: NetHarness, tmp_path: Path) -> None:
     """b's address, a port where no sshd listens: ssh's own reason, named with the host."""
     cfg = tmp_path / "ssh_config_wrong_port"

@@ -18,17 +18,21 @@ from typing import Any
 
 import anyio
 
-from .._api import MODE_CHOICES, OUTPUT_LAYER_CHOICES, Client, ServeRequest, instance, prepare
 from ..errors import ArcsplitError, BadInput
-from ..llama import webui
-from ..rig import MiB, load_layout
+from ..rig import MiB, Rig, load_layout
+from ..route import MODES, OUTPUT_LAYER_CHOICES
 from . import say as _say
 from .devices import add_card_options
 from .llama import add_llama_dir
 
 
+MODE_CHOICES = ("auto", *MODES)  # run/prepare's; not imported from there: see _serve's warm start
+
+
 def request_from_args(args: argparse.Namespace) -> Any:
     """The CLI's flags as a ServeRequest (the same one the Python API builds)."""
+    from .._api import ServeRequest
+
     return ServeRequest(model=args.model, gpus=args.gpus, backend=args.backend, mode=args.mode, ctx=args.ctx,
                         parallel=args.parallel, host=args.host, port=args.port, rpc_host=args.rpc_host,
                         rpc_ports=args.rpc_ports, threads=args.threads, ubatch=args.ubatch, rpc_cache=args.rpc_cache,
@@ -42,6 +46,8 @@ def request_from_args(args: argparse.Namespace) -> Any:
 
 def build_config(args: argparse.Namespace) -> Any:
     """Everything before the first process: binaries, ports, model, rig, mode, plan -> ServeConfig."""
+    from .._api import prepare
+
     p = prepare(request_from_args(args))
     return p.config, p.decision, p.profile, p.rig
 
@@ -61,13 +67,54 @@ def _serve(args: argparse.Namespace) -> int:
         args.metrics = MetricsEndpoint(args.host, args.metrics_port)
 
     rig = load_layout(args.layout) if getattr(args, "layout", None) else None
+    if rig is not None and rig.hosts and not args.tui:
+        return anyio.run(_serve_warm, args, rig)
+    from .._api import prepare
+
     prepared = prepare(request_from_args(args), rig, progress=_say)
+    _tell(prepared, args)
+    if args.tui:
+        return _serve_with_dashboard(prepared, args)
+    return anyio.run(_run, prepared, args)
+
+
+async def _serve_warm(args: argparse.Namespace, rig: Rig) -> int:
+    """A layout with other hosts: their ssh logins and node agents start first, then this process plans (and
+    imports the serving stack: ~0.5 s of the ~0.6 s a login and an agent take), so the group starts on
+    sessions already open. Everything started is ended on every exit path (NodeLauncher.close)."""
+    from .._warm import check_builds, warm_hosts
+
+    failure: ArcsplitError | None = None
+    rc = 1
+    async with warm_hosts(rig.hosts) as launcher:
+        try:
+            prepared = await anyio.to_thread.run_sync(_prepare_quietly, args, rig)
+            _tell(prepared, args)
+            check_builds(launcher, prepared.config.server_bin)
+            rc = await _run(prepared, args, launcher)
+        except ArcsplitError as exc:  # raised after the task group, as itself, not in an ExceptionGroup
+            failure = exc
+    if failure is not None:
+        raise failure
+    return rc
+
+
+def _prepare_quietly(args: argparse.Namespace, rig: Rig) -> Any:
+    from .._api import prepare
+
+    return prepare(request_from_args(args), rig, progress=_say)
+
+
+def _tell(prepared: Any, args: argparse.Namespace) -> None:
+    """What serve says before the group starts: warnings, notes, the mode's reasons, the chat template."""
+    from ..llama import webui
+
     for text in prepared.warnings:
         _say(f"warning: {text}")
     for text in prepared.notes:
         _say(text)
     if args.tui:
-        return _serve_with_dashboard(prepared, args)
+        return
     for reason in prepared.decision.reasons:
         _say(f"mode {prepared.decision.mode}: {reason}")
     note = chat_note(prepared.config.plan.model_path, args.extra)
@@ -82,7 +129,6 @@ def _serve(args: argparse.Namespace) -> int:
         note = missing_note(Path(prepared.config.server_bin).parent)
         if note:
             _say(f"note: {note}")
-    return anyio.run(_run, prepared, args)
 
 
 def chat_note(model: str, extra: list[str]) -> str | None:
@@ -100,12 +146,14 @@ def chat_note(model: str, extra: list[str]) -> str | None:
             "follow: use /v1/completions, or name a template with `-- --chat-template NAME`")
 
 
-def _instance(prepared: Any, args: argparse.Namespace, say: Any) -> Any:
+def _instance(prepared: Any, args: argparse.Namespace, say: Any, launcher: Any = None) -> Any:
     """The instance, telling systemd about itself when run by it, and watched by the metrics endpoint if any."""
+    from .._api import instance
+
     metrics = getattr(args, "metrics", None)
     return instance(prepared, max_restarts=args.max_restarts, stall_timeout=args.stall_timeout,
                     bus=not args.no_bus or args.tui, bus_tcp=args.bus, systemd=True,
-                    watchers=(metrics.run,) if metrics else (), say=say)
+                    watchers=(metrics.run,) if metrics else (), say=say, launcher=launcher)
 
 
 def _serve_with_dashboard(prepared: Any, args: argparse.Namespace) -> int:
@@ -115,6 +163,7 @@ def _serve_with_dashboard(prepared: Any, args: argparse.Namespace) -> int:
 
     from anyio.from_thread import start_blocking_portal
 
+    from .._api import Client
     from ..tui.app import run_dashboard
 
     instance = _instance(prepared, args, None)
@@ -153,8 +202,8 @@ def _defaults() -> dict[str, Any]:
     return vars(ns)
 
 
-async def _run(prepared: Any, args: argparse.Namespace) -> int:
-    instance = _instance(prepared, args, _say)
+async def _run(prepared: Any, args: argparse.Namespace, launcher: Any = None) -> int:
+    instance = _instance(prepared, args, _say, launcher)
     metrics = getattr(args, "metrics", None)
     sup = instance.supervisor
     events = sup.subscribe(10_000)

@@ -14,6 +14,7 @@ from anyio.abc import TaskStatus
 
 from ..errors import ArcsplitError
 from .bus import BusInfo, BusServer
+from .launch import Launcher
 from .prepare import Prepared, hybrid_fallback
 from .rundir import RunDir
 from .supervisor import RestartPolicy, Supervisor, Timeouts
@@ -27,14 +28,15 @@ class Instance:
 
     def __init__(self, prepared: Prepared, *, policy: RestartPolicy = RestartPolicy(),
                  timeouts: Timeouts = Timeouts(), bus: bool = True, bus_tcp: str | None = None,
-                 watchers: Sequence[Watcher] = (), say: Callable[[str], None] | None = None) -> None:
+                 watchers: Sequence[Watcher] = (), say: Callable[[str], None] | None = None,
+                 launcher: Launcher | None = None) -> None:
         self.prepared = prepared
         self.run_dir = RunDir.create()
         self.run_id = self.run_dir.path.name
         self.supervisor = Supervisor(prepared.config, run_dir=self.run_dir, policy=policy, timeouts=timeouts,
                                      fallback=hybrid_fallback(prepared, say),
                                      decision={"mode": prepared.decision.mode,
-                                               "reasons": list(prepared.decision.reasons)})
+                                               "reasons": list(prepared.decision.reasons)}, launcher=launcher)
         self._bus = bus
         self._bus_tcp = bus_tcp
         self._watchers = tuple(watchers)
