@@ -6,7 +6,7 @@ The value types below are the contract the rest of arcsplit (specs, supervisor, 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Mapping
 
 from .rig import Card, Host
 from .route import HOST_DEVICE  # llama-server's own CPU: layers planned there are simply not offloaded
@@ -292,8 +292,11 @@ class Plan:
     def n_gpu_layers(self) -> int:
         return sum(self.tensor_split)
 
-    def llama_server_args(self, devices: list[str] | None = None) -> list[str]:
-        """The placement flags for llama-server. ``devices`` renames the offloaded cards (e.g. RPC0, SYCL0)."""
+    def llama_server_args(self, devices: list[str] | None = None,
+                          buffers: Mapping[str, str] | None = None) -> list[str]:
+        """The placement flags for llama-server. ``devices`` renames the offloaded cards (e.g. RPC0, SYCL0);
+        ``buffers``: a device's buffer-type name where it is not the device's own, which ``-ot`` needs (an RPC
+        device RPCi's is ``RPC0[host:port]``: its index on that server and its endpoint, ggml-rpc.cpp)."""
         names = devices if devices is not None else [c.device for c in self.offloaded]
         o = self.options
         args: list[str] = []
@@ -314,7 +317,7 @@ class Plan:
             args += ["--swa-full"]
         if o.output_on_first:
             first = HOST_DEVICE if self.cards[0].device == HOST_DEVICE else names[0]
-            args += ["-ot", f"{OUTPUT_TENSORS}={first}"]
+            args += ["-ot", f"{OUTPUT_TENSORS}={(buffers or {}).get(first, first)}"]
         if o.moe_offload:
             args += ["--n-cpu-moe", str(o.moe_offload)]
         args += ["--fit", "off"]

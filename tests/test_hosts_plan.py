@@ -276,6 +276,17 @@ def test_specs_for_two_hosts_ssh_and_direct(untied) -> None:
     assert [card("127.0.0.1:50052"), card("127.0.0.1:41000"), card("10.77.0.3:50054")] == [1, 2, 3]
 
 
+def test_mode_rpc_brings_the_output_layer_home_to_the_first_rpc_servers_buffer(untied) -> None:
+    """All cards rpc-servers, the last one on b: the output layer goes to the first (here), and -ot names that
+    rpc-server's buffer type as llama.cpp does, RPC0[endpoint]: the device name RPC0 is "unknown buffer type"."""
+    rig, plan = _plan(untied, ["", "b"], mode="rpc")
+    assert plan.cards[0].has_output
+    config = ServeConfig(plan=plan, mode="rpc", backend="sycl", server_bin="llama-server", rpc_bin="ggml-rpc-server",
+                         hosts=rig.hosts)
+    server = build_specs(config, [50052, 50053], [41000])[-1]
+    assert server.argv[server.argv.index("-ot") + 1] == "^output=RPC0[127.0.0.1:50052]"
+
+
 def test_secrets_stay_on_this_machine_and_nothing_binds_every_interface(untied) -> None:
     specs = build_specs(_config(untied), [50052, 50053, 50054], [41000])
     server = specs[-1]

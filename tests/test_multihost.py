@@ -8,11 +8,13 @@ line, nothing left; rpc-servers listen on loopback unless link = "direct" names 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -179,6 +181,39 @@ def test_two_hosts_serve_the_same_greedy_tokens_as_one_host(demo_model: Path, ne
                                 capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stderr
         assert '"b"' in status.stdout  # ps shows the remote members with their host
+        # a field report carries b's side too: what b said it runs, and b's rpc-server's log
+        bundle = tmp_path / "report.tar.gz"
+        r = subprocess.run([sys.executable, "-m", "arcsplit", "report", "-o", str(bundle), "--backend", "cpu"],
+                           env=served.env(), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        with tarfile.open(bundle) as tar:
+            texts = {m.name.split("/", 1)[1]: tar.extractfile(m).read().decode()  # type: ignore[union-attr]
+                     for m in tar.getmembers() if m.isfile()}
+        state = json.loads(next(t for n, t in texts.items() if n.endswith("/state.json") and n.startswith("run/")))
+        b_llama = state["hosts"]["b"]["llama"]
+        assert b_llama["commit"] and b_llama["rpc_bin"].endswith("ggml-rpc-server"), state["hosts"]
+        b_log = next(t for n, t in texts.items() if n.endswith("/rpc1.log"))
+        assert "start on b:" in b_log and "--seed-cache" in b_log, b_log[:500]
+    assert served.leftovers() == NO_LEFTOVERS
+    nothing_left_on_b(net)
+
+
+def test_an_untied_output_layer_comes_home_from_b(net: NetHarness, tmp_path: Path) -> None:
+    """A model with an output layer of its own (most big models): b holds the last layers, the output layer comes
+    to the first card here (-ot with that rpc-server's buffer type), and the text is one host's."""
+    from arcsplit import synth
+
+    model = synth.write_llama(tmp_path / "untied.gguf", n_layer=8, n_embd=256, n_head=8, n_head_kv=4, n_ff=512,
+                              n_vocab=8192)
+    with serving(tmp_path, model, one_host(net, tmp_path)) as one:
+        reference = greedy(one.url)
+    with serving(tmp_path, model, two_hosts(net, tmp_path)) as served:
+        server = next(p for p in served.supervisor().children(recursive=True)
+                      if Path(p.cmdline()[0]).name == "llama-server")
+        argv = server.cmdline()
+        first = argv[argv.index("--rpc") + 1].split(",")[0]
+        assert argv[argv.index("-ot") + 1] == f"^output=RPC0[{first}]", argv
+        assert greedy(served.url) == reference
     assert served.leftovers() == NO_LEFTOVERS
     nothing_left_on_b(net)
 

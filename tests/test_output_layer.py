@@ -60,3 +60,4 @@ def test_output_layer_local_moves_weights_and_keeps_the_text(model: Path) -> Non
     for buf, plan in ((local_buf, local_plan), (last_buf, last_plan)):
         assert abs(buf["cards"][-1]["actual"]["model"] - plan.cards[-1].weights) <= 0.05 * plan.cards[-1].weights
     assert local_tokens == last_tokens and len(local_tokens) == 12
+

@@ -344,6 +344,7 @@ class NodeLauncher:
         self.local: Launcher = local or LocalLauncher()
         self.sessions: dict[str, NodeSession] = {}
         self._warm: dict[str, NodeSession] = {}
+        self.inventories: dict[str, dict[str, Any]] = {}  # each host's last hello: its build, devices, arcsplit
 
     async def warm(self, tg: TaskGroup, names: Sequence[str]) -> None:
         """Start the transports to ``names`` now, before the group exists (``serve`` does while it plans: an ssh
@@ -369,6 +370,7 @@ class NodeLauncher:
             self.sessions[name] = session
             try:
                 hello = await session.open(tg)
+                self.inventories[name] = {k: v for k, v in hello.items() if k not in ("ev", "pid")}
                 if self.check is not None:
                     self.check(host, hello)
             except ArcsplitError as exc:

@@ -229,7 +229,9 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int], link_ports: Seque
                        "--metrics"]
     if route.rpc:
         argv += ["--rpc", ",".join(s.dial for s in rpc_specs)]  # before --device
-    argv += plan.llama_server_args(devices=route.server_devices)
+    # -ot names a buffer type: an RPC device's is its index on its server (0: one card each) and its endpoint
+    rpc_buffers = {f"RPC{i}": f"RPC0[{s.dial}]" for i, s in enumerate(rpc_specs)}
+    argv += plan.llama_server_args(devices=route.server_devices, buffers=rpc_buffers)
     if config.backend == "cpu" and route.rpc:
         argv += ["-t", str(threads)]  # llama-server computes the host card's layers; share cores evenly
     if SERVER_LOG_ARGS[0] not in config.extra_args:  # the user's own verbosity wins

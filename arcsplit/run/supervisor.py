@@ -676,6 +676,10 @@ class Supervisor:
                  # for `arcsplit report`: what this run was asked to do, and its last error
                  "backend": self.config.backend, "decision": self.decision, "plan": self.config.plan.to_dict(),
                  "last_error": self._last_error}
+        if isinstance(self.launcher, NodeLauncher) and self.launcher.inventories:
+            # what each other host said it runs (build, devices): a field report needs both sides
+            state["hosts"] = {name: {"ssh": self.config.host_named(name).ssh, **inv}
+                              for name, inv in self.launcher.inventories.items()}
         if ended:
             state["ended"] = time.time()
         try:
