@@ -189,6 +189,7 @@ class Served:
     extra_serve: tuple[str, ...] = ()
     llama_args: tuple[str, ...] = ()
     layout: Path | None = None  # serve a layout's cards (several hosts: issue 15) instead of --gpus/--cpu-memory
+    cache: Path | None = None  # arcsplit's cache dir shared across runs (steady state); None: a private one
     port: int = field(default_factory=free_port)
     base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="arcsplit-served-")))
     proc: subprocess.Popen[bytes] | None = None
@@ -214,7 +215,7 @@ class Served:
         env.update(ARCSPLIT_STATE_DIR=str(self.base / "state"), ARCSPLIT_RUNTIME_DIR=str(self.base / "runtime"),
                    TMPDIR=str(self.tmpdir), PYTHONUNBUFFERED="1")
         # profiles are cached per user; a private cache keeps the run independent (the header read is ~0.1 s)
-        env["ARCSPLIT_CACHE_DIR"] = str(self.base / "cache")
+        env["ARCSPLIT_CACHE_DIR"] = str(self.cache or self.base / "cache")
         return env
 
     def argv(self) -> list[str]:
