@@ -21,6 +21,7 @@ the "link" is a veth pair (no wire, no NIC).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import signal
@@ -30,6 +31,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import psutil
@@ -72,6 +74,17 @@ def served(a: argparse.Namespace, net: NetHarness, tmp: Path, link: str | None, 
                   extra_serve=("--mode", "rpc", "--threads", str(a.threads), *extra))
 
 
+@contextlib.contextmanager
+def running(s: Served) -> Iterator[Served]:
+    """``s`` started; stopped and its dirs removed on the way out, whatever happened."""
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+        s.cleanup()
+
+
 def commands(s: Served, net: NetHarness) -> dict[str, str]:
     """What ran, for the report: llama-server and every rpc-server (here and on b), and the ssh forwards."""
     out = {"arcsplit": shlex.join(["arcsplit", *s.argv()[3:]])}
@@ -90,8 +103,7 @@ def commands(s: Served, net: NetHarness) -> dict[str, str]:
 
 def measure(a: argparse.Namespace, net: NetHarness, tmp: Path, link: str | None) -> Run:
     s = served(a, net, tmp, link)
-    s.start()
-    try:
+    with running(s):
         ready = s.wait_ready(300)
         if a.ready_only:  # a model too big to time prefill/decode on this machine in a bench's time
             with httpx.Client(timeout=a.timeout) as client:
@@ -110,9 +122,6 @@ def measure(a: argparse.Namespace, net: NetHarness, tmp: Path, link: str | None)
                     st.append(x[2])
             tokens = greedy(client, s.url, a.n_predict)
         return Run(ready, statistics.median(p), statistics.median(d), statistics.median(st), tokens, commands(s, net))
-    finally:
-        s.stop()
-        s.cleanup()
 
 
 def victim(s: Served, net: NetHarness, link: str | None) -> psutil.Process:
@@ -131,10 +140,9 @@ class Recovery:
 
 def recovery(a: argparse.Namespace, net: NetHarness, tmp: Path, link: str | None, cache: bool) -> Recovery:
     s = served(a, net, tmp, link, ("--max-restarts", "50", *(("--rpc-cache",) if cache else ())), parallel=1)
-    s.start()
     rec = Recovery()
     out = rec.seconds
-    try:
+    with running(s):
         s.wait_ready(300)
         with httpx.Client(timeout=a.timeout) as client:
             before = greedy(client, s.url, 8)
@@ -156,9 +164,6 @@ def recovery(a: argparse.Namespace, net: NetHarness, tmp: Path, link: str | None
                 out.append(time.monotonic() - t0)
                 print(f"  recovery {link or 'one host'}{' (weight cache)' if cache else ''}: {out[-1]:.2f} s",
                       flush=True)
-    finally:
-        s.stop()
-        s.cleanup()
     return rec
 
 
@@ -298,14 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         # Repeated starts of one model, as a user's are: one untimed start per configuration first, which indexes
         # the GGUF for the rpc-servers' weight cache here and on b (once per file version; its cost is said apart)
         for name in names:
-            warm = served(a, net, tmp, CONFIGS[name])
-            warm.start()
-            try:
-                first = warm.wait_ready(600)
-            finally:
-                warm.stop()
-                warm.cleanup()
-            a.first_start[name] = first
+            with running(served(a, net, tmp, CONFIGS[name])) as warm:
+                a.first_start[name] = first = warm.wait_ready(600)
             print(f"first start {name:<18} ready {first:6.2f} s (untimed: indexes the model once)", flush=True)
         for i in range(a.runs):
             for k in range(len(names)):

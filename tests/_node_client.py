@@ -10,6 +10,8 @@ import threading
 import time
 from typing import Any, Mapping, Sequence
 
+import psutil
+
 
 class NodeClient:
     def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
@@ -41,3 +43,14 @@ class NodeClient:
             if msg.get("ev") == ev and (name is None or msg.get("name") == name):
                 return msg
         raise AssertionError(f"no {ev} event for {name or 'any process'} in {timeout} s; seen {self.seen[-10:]}")
+
+
+def gone(pid: int, timeout: float = 15.0) -> bool:
+    """Whether process ``pid`` has exited (or does within ``timeout`` seconds)."""
+    try:
+        psutil.Process(pid).wait(timeout)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        return False
+    return True

@@ -19,7 +19,7 @@ from arcsplit.errors import BadInput
 from arcsplit.node.agent import check_rpc_argv
 from arcsplit.run.ports import free_port
 
-from _node_client import NodeClient
+from _node_client import NodeClient, gone as _gone
 
 
 class Agent(NodeClient):
@@ -60,16 +60,6 @@ def agents(tmp_path, llama_bins):
     yield make
     for a in made:
         a.close()
-
-
-def _gone(pid: int, timeout: float) -> bool:
-    try:
-        psutil.Process(pid).wait(timeout)
-    except psutil.NoSuchProcess:
-        pass
-    except psutil.TimeoutExpired:
-        return False
-    return True
 
 
 # -- pure: what the agent refuses ---------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from arcsplit.hosts import node_argv
 from arcsplit.node.standing import socket_path
 from arcsplit.rig import Host, dump_layout, load_layout
 
-from _node_client import NodeClient
+from _node_client import NodeClient, gone as _gone
 
 LAYOUT = """
 name = "standing"
@@ -171,16 +171,6 @@ def _until(pred: Any, timeout: float, what: str) -> Any:
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def _gone(pid: int, timeout: float = 15.0) -> bool:
-    try:
-        psutil.Process(pid).wait(timeout)
-    except psutil.NoSuchProcess:
-        pass
-    except psutil.TimeoutExpired:
-        return False
-    return True
 
 
 @pytest.fixture

@@ -72,6 +72,21 @@ def pipx_installed(dist, tmp_path_factory) -> tuple[Path, dict[str, str], Path]:
     return home / "bin" / "arcsplit", env, home
 
 
+def serve_installed(arcsplit: Path, model: Path, home: Path, env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+    """The installed command serving the demo model on two CPU cards; returned once it says "serving"."""
+    port = free_port()
+    proc = subprocess.Popen([str(arcsplit), "serve", str(model), "--backend", "cpu", "--gpus", "0,1",
+                             "--ctx", "1024", "--threads", "1", "--port", str(port)],
+                            cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    if "serving" not in first:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        raise AssertionError(f"serve's first line is not 'serving': {first!r}")
+    return proc, port
+
+
 def test_sdist_carries_the_package_data(dist):
     sdist = next(dist.glob("arcsplit-*.tar.gz"))
     with tarfile.open(sdist) as tar:
@@ -111,12 +126,8 @@ def test_installed_plan_is_the_checkouts_plan(installed, demo_model):
 
 def test_installed_serve_answers_and_stops(installed, demo_model):
     arcsplit, env, home = installed
-    port = free_port()
-    proc = subprocess.Popen([str(arcsplit), "serve", str(demo_model), "--backend", "cpu", "--gpus", "0,1",
-                             "--ctx", "1024", "--threads", "1", "--port", str(port)],
-                            cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc, port = serve_installed(arcsplit, demo_model, home, env)
     try:
-        assert "serving" in proc.stdout.readline()
         r = httpx.post(f"http://127.0.0.1:{port}/completion",
                        json={"prompt": "The capital of France is", "n_predict": 4, "temperature": 0}, timeout=60)
         assert r.status_code == 200 and r.json()["tokens_predicted"] > 0
@@ -137,12 +148,8 @@ def test_pipx_installed_arcsplit_plans_and_serves_from_the_default_cache(pipx_in
     plan = json.loads(run(arcsplit, "plan", demo_model, "--backend", "cpu", "--gpus", "0,1", "--cpu-memory", "1024",
                           "--json", cwd=home, env=env))
     assert len(plan["cards"]) == 2 and all(n > 0 for n in plan["tensor_split"])
-    port = free_port()
-    proc = subprocess.Popen([str(arcsplit), "serve", str(demo_model), "--backend", "cpu", "--gpus", "0,1",
-                             "--ctx", "1024", "--threads", "1", "--port", str(port)],
-                            cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc, port = serve_installed(arcsplit, demo_model, home, env)
     try:
-        assert "serving" in proc.stdout.readline()
         assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10, trust_env=False).status_code == 200
     finally:
         proc.send_signal(signal.SIGINT)

@@ -88,7 +88,7 @@ async def _serve_warm(args: argparse.Namespace, rig: Rig) -> int:
     rc = 1
     async with warm_hosts(rig.hosts) as launcher:
         try:
-            prepared = await anyio.to_thread.run_sync(_prepare_quietly, args, rig)
+            prepared = await anyio.to_thread.run_sync(_prepare_layout, args, rig)
             _tell(prepared, args)
             check_builds(launcher, prepared.config.server_bin)
             rc = await _run(prepared, args, launcher)
@@ -99,7 +99,7 @@ async def _serve_warm(args: argparse.Namespace, rig: Rig) -> int:
     return rc
 
 
-def _prepare_quietly(args: argparse.Namespace, rig: Rig) -> Any:
+def _prepare_layout(args: argparse.Namespace, rig: Rig) -> Any:
     from .._api import prepare
 
     return prepare(request_from_args(args), rig, progress=_say)

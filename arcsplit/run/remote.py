@@ -74,7 +74,6 @@ class NodeSession:
         self.host = host
         self.run_id = run_id
         self.backend = backend
-        self.spawned = False
         self.hello: dict[str, Any] | None = None
         self.members: dict[str, RemoteMember] = {}
         self.stats: dict[str, float] = {}
@@ -98,14 +97,13 @@ class NodeSession:
     async def spawn(self, tg: TaskGroup) -> None:
         """Start the transport (ssh's login and the agent's start run on from here) and its keepalive; the agent
         answers pings and sends stats before any hello."""
-        self.spawned = True
         await tg.start(self._child.run)
         tg.start_soon(self._keepalive)
 
     async def open(self, tg: TaskGroup) -> dict[str, Any]:
         """Start the transport unless :meth:`spawn` did, say hello; the hello's inventory, or HostError with the
         reason it never came."""
-        if not self.spawned:
+        if self._child.state is MemberState.NEW:  # not warmed: start the transport now
             await self.spawn(tg)
         if self.dead:  # a warm session that ended while serve planned: its reason, not a second try
             raise HostError(self.dead, ssh_fix(self.host, self.dead))
