@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 
 import anyio
-import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from loadgen import LoadGen, Served  # noqa: E402
+from _procs import dead  # noqa: E402
 
 CLIENT_TIMEOUT = 30.0
 
@@ -71,7 +71,7 @@ def test_sigkill_rpc_server_under_load(demo_model, llama_bins, monkeypatch):
         # the whole group was replaced, in order, and the old one is gone
         assert sorted(after.values()) == ["rpc0", "rpc1", "server"] and not set(after) & set(before)
         for pid in before:
-            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            assert dead(pid)
         assert served.leftovers() == {"processes": [], "ports": [], "temp_files": [], "state_files": []}
     finally:
         served.cleanup()

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(Path(__file__).parent))
 from _netns import NetHarness  # noqa: E402
+from _procs import dead  # noqa: E402
 from loadgen import LoadGen, Served  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -254,8 +255,7 @@ def test_sigkill_of_a_remote_member_serves_again(demo_model: Path, net: NetHarne
         before = greedy(served.url)
         victim = _victim(kind, net, served)
         victim.kill()
-        wait_until(lambda: not victim.is_running() or victim.status() == psutil.STATUS_ZOMBIE, 10,
-                   f"the {kind} to die")
+        wait_until(lambda: dead(victim), 10, f"the {kind} to die")
         serves_again(served, before)
         fresh = _victim(kind, net, served)
         assert fresh.pid != victim.pid

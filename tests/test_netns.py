@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _netns import NetHarness, namespaces, ns_pids, sweep_stale, unavailable  # noqa: E402
+from _procs import dead  # noqa: E402
 
 from arcsplit.llama.locate import LlamaBinaries  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
@@ -152,7 +152,7 @@ def test_close_leaves_no_namespace_veth_or_process(tmp_path: Path, llama_bins: L
         assert h.ns not in namespaces()
         assert h.veth not in links and h.peer not in links
     for pid in [sleeper, *sshd]:
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert dead(pid)
 
 
 CHILD = """
@@ -188,4 +188,4 @@ def test_a_killed_test_session_leaves_nothing_behind(tmp_path: Path, sig: signal
         assert ns in sweep_stale()  # ... the next session's start removes it
     assert ns not in namespaces()
     assert veth not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    assert not psutil.pid_exists(int(sshd)) or psutil.Process(int(sshd)).status() == psutil.STATUS_ZOMBIE
+    assert dead(int(sshd))

@@ -27,6 +27,8 @@ from arcsplit.run.remote import NodeLauncher, Transport
 from arcsplit.run.specs import ProcessSpec
 from arcsplit.run.supervisor import RestartPolicy, Supervisor
 
+from _procs import dead
+
 pytestmark = pytest.mark.slow
 PROMPT = "The three primary colors are"
 FORWARD = str(Path(__file__).with_name("_tcp_forward.py"))
@@ -157,7 +159,7 @@ def test_the_agent_killed_restarts_the_group(tmp_path, demo_model, llama_bins):
         (agent,) = agents()
         agent.kill()
         wait_for(lambda: sup.status()["generation"] >= 2 and sup.status()["state"] == "ready", 90, "serving again")
-        assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
+        assert dead(first)
         assert "node agent on b exited" in " ".join(sup.logs("rpc0", 50))
         assert len(greedy(sup.url, 4)) == 4
     assert not agents() and not rpc_servers()

@@ -30,6 +30,8 @@ from arcsplit.errors import RunError
 from arcsplit.run.ports import free_port
 from arcsplit.run.supervisor import RestartPolicy, Supervisor
 
+from _procs import dead
+
 pytestmark = pytest.mark.slow
 PROMPT = "The three primary colors are"
 
@@ -260,7 +262,7 @@ def test_kill9_mid_request_group_comes_back_and_serves(rpc_group, single_tokens,
     st = wait_for(lambda: (s := rpc_group.status())["generation"] > gen and s["state"] == "ready" and s,
                   what="the group to restart")
     assert st["processes"][victim]["restarts"] >= 1
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert dead(pid)
     assert greedy_tokens(rpc_group.url) == single_tokens
 
 
