@@ -115,11 +115,16 @@ def verdict(r: dict) -> str:
     return "margin" if not r["checked"] and r["err_mib"] >= -16 else "NO"
 
 
-def run(out_path: Path) -> list[dict]:
+def only(found: list[tuple[str, Path]], names: list[str] | None) -> list[tuple[str, Path]]:
+    """The models whose label contains one of ``names`` (all when None): a re-run of some families."""
+    return found if not names else [(label, p) for label, p in found if any(n in label for n in names)]
+
+
+def run(out_path: Path, names: list[str] | None = None) -> list[dict]:
     bins = find_llama()
     rows = []
     with tempfile.TemporaryDirectory() as tmp, RpcServers(bins, 2) as rpc:
-        for label, path in models(Path(tmp)):
+        for label, path in only(models(Path(tmp)), names):
             prof = load_profile(path)
             for n_cards in (1, 2):
                 devs = [f"RPC{i}" for i in range(n_cards)]
@@ -229,7 +234,8 @@ def _cuda_job(bins: Any, rpc: RpcServers, label: str, path: Path, layout: str, d
     return rows
 
 
-def run_cuda(llama_dir: str, device: int, md_path: Path, json_path: Path, jobs: int) -> list[dict]:
+def run_cuda(llama_dir: str, device: int, md_path: Path, json_path: Path, jobs: int,
+             names: list[str] | None = None) -> list[dict]:
     """Planned vs llama.cpp-allocated bytes per card with CUDA doing the sizing; writes md_path and json_path."""
     import json
     import os
@@ -243,9 +249,9 @@ def run_cuda(llama_dir: str, device: int, md_path: Path, json_path: Path, jobs: 
                           "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
         work = [(label, path, layout, devs, cname, opts)
-                for label, path in cuda_models(Path(tmp))
-                for layout, devs, names in CUDA_LAYOUTS
-                for cname, opts in CUDA_CONFIGS if cname in names]
+                for label, path in only(cuda_models(Path(tmp)), names)
+                for layout, devs, configs in CUDA_LAYOUTS
+                for cname, opts in CUDA_CONFIGS if cname in configs]
         pools = [RpcServers(bins, 2).__enter__() for _ in range(jobs)]
         try:
             free = list(pools)
@@ -316,12 +322,16 @@ if __name__ == "__main__":
                     help="CUDA mode: the GPU index; writes bench/results/gpu/plan_accuracy_cuda.md and compute_cuda.json")
     ap.add_argument("--jobs", type=int, default=4, help="CUDA mode: dry runs at a time (2 rpc-servers each)")
     ap.add_argument("--out-dir", default=None, help="CUDA mode: where the two files go (default bench/results/gpu)")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated parts of model labels (e.g. 'rwkv,mamba'): only those models; the "
+                         "results file then holds only them")
     a = ap.parse_args()
+    names = a.only.split(",") if a.only else None
     here = Path(__file__).resolve().parent
     if a.cuda_device is None:
         if a.llama_dir:
             ap.error("--llama-dir needs --cuda-device (the CPU bench reads ARCSPLIT_LLAMA_DIR)")
-        run(here / "results" / "plan_accuracy.md")
+        run(here / "results" / "plan_accuracy.md", names)
     else:
         d = Path(a.out_dir) if a.out_dir else here / "results" / "gpu"
-        run_cuda(a.llama_dir, a.cuda_device, d / "plan_accuracy_cuda.md", d / "compute_cuda.json", max(1, a.jobs))
+        run_cuda(a.llama_dir, a.cuda_device, d / "plan_accuracy_cuda.md", d / "compute_cuda.json", max(1, a.jobs), names)
