@@ -219,6 +219,9 @@ def _cuda_plan_rows(label: str, path: Path, layout: str, devs: list[str], cname:
     ts = [prof.n_layer + 1] if n == 1 else [(prof.n_layer + 1) // 3, prof.n_layer + 1 - (prof.n_layer + 1) // 3]
     cards = [Card("cuda", i, devs[i], BIG * MiB, BIG * MiB, 0) for i in range(n)]
     plan = plan_for_split(prof, cards, o, ts, devs)
+    # the formulas alone (no backend row): what bench/backend_factor.py fits the cuda row against
+    base = {c.device: c.compute for c in plan_for_split(prof, [replace(c, backend="cpu") for c in cards], o, ts,
+                                                         devs).cards}
     rows = []
     for cp in plan.cards:
         f = fit.get(cp.device)
@@ -234,7 +237,7 @@ def _cuda_plan_rows(label: str, path: Path, layout: str, devs: list[str], cname:
             measured_mib=dict(weights=f.model_mib, context=f.context_mib, compute=f.compute_mib),
             measured_compute_bytes=f.compute_mib * MiB,
             formula_bytes=dict(weights=cp.weights, kv=cp.kv, state=cp.state, compute=cp.compute),
-            formula_compute_bytes=cp.compute,
+            formula_compute_bytes=cp.compute, formula_base_compute_bytes=base[cp.device], n_embd=prof.n_embd,
             err_total_mib=round(err / MiB, 2), ok_total=ok(err, fit_total)))
     return rows
 
@@ -259,7 +262,9 @@ def cuda_verdict(r: dict) -> str:
 def replan_cuda(json_path: Path, md_path: Path, names: list[str] | None = None) -> list[dict]:
     """The planner of this checkout against the allocations a CUDA run stored in ``json_path``: the synthetic
     models are written again (header only, deterministic) and every stored dry run is planned again, so a change
-    to the formulas or to compute_backends.toml is checked against the GPU's ground truth without a GPU."""
+    to the formulas or to compute_backends.toml is checked against the GPU's ground truth without a GPU. The
+    planner's fields of ``json_path`` are rewritten (the measurements stay as they were), unless only some models
+    were re-planned."""
     import json
 
     meta = json.loads(json_path.read_text())
@@ -281,8 +286,9 @@ def replan_cuda(json_path: Path, md_path: Path, names: list[str] | None = None) 
             if label in paths:
                 rows += _cuda_plan_rows(label, paths[label], layout, devs_of[layout], cname, configs[cname], fit)
     rows += [r for r in failed if r["model"] in paths]
-    write_cuda(rows, {k: v for k, v in meta.items() if k != "rows"}, md_path, None,
-               note=f"Re-planned by this checkout from `{json_path.name}` (the allocations of that run).")
+    write_cuda(rows, {k: v for k, v in meta.items() if k != "rows"}, md_path, json_path if not names else None,
+               note="Re-planned by a later checkout (`bench/plan_accuracy.py --replan`) against the allocations "
+                    "that run stored.")
     return rows
 
 
