@@ -185,6 +185,7 @@ def run(out_path: Path, names: list[str] | None = None) -> list[dict]:
 CUDA_CONFIGS = CONFIGS + [
     ("c4096 ub256", PlanOptions(n_ctx=4096, n_ubatch=256)),  # arcsplit's -ub on RPC routes
     ("c16384 ub256", PlanOptions(n_ctx=16384, n_ubatch=256)),
+    ("c4096 q8_0", PlanOptions(n_ctx=4096, cache_type_k="q8_0", cache_type_v="q8_0")),
     ("c16384 q8_0 ub256", PlanOptions(n_ctx=16384, n_ubatch=256, cache_type_k="q8_0", cache_type_v="q8_0")),
     ("c8192 np4 ub256", PlanOptions(n_ctx=8192, n_ubatch=256, n_parallel=4, kv_unified=False)),
     ("c8192 fa off ub256", PlanOptions(n_ctx=8192, n_ubatch=256, flash_attn=False)),
