@@ -79,6 +79,17 @@ def models(tmp: Path) -> list[tuple[str, Path]]:
             tmp / "granitehybrid.gguf", n_layer=12, n_embd=1024, n_head=16, n_head_kv=4, n_ff=2816, d_inner=2048,
             d_state=128, head_dim=64, n_vocab=32000, header_only=True)),
     ]
+    # Mamba-1 (d_state 16, dt_rank n_embd/16 like the published ones), Jamba (attention every 4th layer here so both
+    # cards hold some, 16 experts top-2 every other layer as in Jamba), RWKV-6 (n_ff 3.5 n_embd)
+    out += [
+        ("mamba (Mamba-1 SSM)", synth.write_mamba(tmp / "mamba.gguf", n_layer=12, n_embd=1024, d_state=16,
+                                                  n_vocab=32000, header_only=True)),
+        ("jamba (Mamba-1 + attention, MoE)", synth.write_jamba(
+            tmp / "jamba.gguf", n_layer=12, n_embd=1024, n_head=16, n_head_kv=4, attn_period=4, attn_offset=2,
+            n_ff=2816, n_expert=16, n_expert_used=2, d_state=16, n_vocab=32000, header_only=True)),
+        ("rwkv6 (RWKV-6)", synth.write_rwkv6(tmp / "rwkv6.gguf", n_layer=12, n_embd=1024, head_size=64, n_ff=3584,
+                                            n_vocab=32000, header_only=True)),
+    ]
     # the seeds' models at their real sizes (header only): Qwen3-Coder-Next, Qwen3.6-35B-A3B, Qwen3-30B-A3B Q4_K_M
     out += [(f"seed {name}", synth.write_seed(name, tmp / f"{name}.gguf")) for name in synth.SEEDS]
     return out
