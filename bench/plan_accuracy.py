@@ -78,6 +78,10 @@ def models(tmp: Path) -> list[tuple[str, Path]]:
         ("granitehybrid (Mamba-2 + attention)", synth.write_granitehybrid(
             tmp / "granitehybrid.gguf", n_layer=12, n_embd=1024, n_head=16, n_head_kv=4, n_ff=2816, d_inner=2048,
             d_state=128, head_dim=64, n_vocab=32000, header_only=True)),
+        # attention and a Mamba-2 mixer in parallel in every layer, Falcon-H1-0.5B's widths
+        ("falcon-h1 (attention + Mamba-2 in parallel)", synth.write_falcon_h1(
+            tmp / "falcon_h1.gguf", n_layer=12, n_embd=1024, n_head=8, n_head_kv=2, head_dim=64, n_ff=2048,
+            d_inner=1536, d_state=128, n_group=1, n_vocab=32000, header_only=True)),
     ]
     # the seeds' models at their real sizes (header only): Qwen3-Coder-Next, Qwen3.6-35B-A3B, Qwen3-30B-A3B Q4_K_M
     out += [(f"seed {name}", synth.write_seed(name, tmp / f"{name}.gguf")) for name in synth.SEEDS]
