@@ -78,6 +78,10 @@ def models(tmp: Path) -> list[tuple[str, Path]]:
         ("granitehybrid (Mamba-2 + attention)", synth.write_granitehybrid(
             tmp / "granitehybrid.gguf", n_layer=12, n_embd=1024, n_head=16, n_head_kv=4, n_ff=2816, d_inner=2048,
             d_state=128, head_dim=64, n_vocab=32000, header_only=True)),
+        # attention and a Mamba-2 mixer in parallel in every layer, Falcon-H1-0.5B's widths
+        ("falcon-h1 (attention + Mamba-2 in parallel)", synth.write_falcon_h1(
+            tmp / "falcon_h1.gguf", n_layer=12, n_embd=1024, n_head=8, n_head_kv=2, head_dim=64, n_ff=2048,
+            d_inner=1536, d_state=128, n_group=1, n_vocab=32000, header_only=True)),
     ]
     # Mamba-1 (d_state 16, dt_rank n_embd/16 like the published ones), Jamba (attention every 4th layer here so both
     # cards hold some, 16 experts top-2 every other layer as in Jamba), RWKV-6 (n_ff 3.5 n_embd)
