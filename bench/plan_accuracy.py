@@ -225,6 +225,15 @@ def cuda_models(tmp: Path) -> list[tuple[str, Path]]:
     ]
 
 
+def header_sha(path: Path) -> str:
+    """A digest of a model's header (the first 8 MiB: every key and tensor shape; header-only files are zeros
+    after it): a re-plan checks it was the same model the GPU measured."""
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read(8 * MiB)).hexdigest()[:16]
+
+
 def _cuda_plan_rows(label: str, path: Path, layout: str, devs: list[str], cname: str, opts: PlanOptions,
                     fit: dict[str, FitRow]) -> list[dict]:
     """One dry run's rows: the planner's figure for each card (cuda cards, so compute_backends.toml's cuda row
@@ -254,6 +263,7 @@ def _cuda_plan_rows(label: str, path: Path, layout: str, devs: list[str], cname:
             measured_compute_bytes=f.compute_mib * MiB,
             formula_bytes=dict(weights=cp.weights, kv=cp.kv, state=cp.state, compute=cp.compute),
             formula_compute_bytes=cp.compute, formula_base_compute_bytes=base[cp.device], n_embd=prof.n_embd,
+            header_sha=header_sha(path),
             err_total_mib=round(err / MiB, 2), ok_total=ok(err, fit_total)))
     return rows
 
@@ -298,6 +308,11 @@ def replan_cuda(json_path: Path, md_path: Path, names: list[str] | None = None) 
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         paths = dict(only(cuda_models(Path(tmp)), names))
+        stored = {r["model"]: r.get("header_sha") for r in meta["rows"] if "error" not in r}
+        changed = [label for label, p in paths.items() if stored.get(label) not in (None, header_sha(p))]
+        if changed:
+            raise SystemExit(f"{json_path}: these models are not the ones the GPU measured (their writers or sizes "
+                             f"changed since): {', '.join(changed)}; measure them again (--only) on a GPU")
         for (label, layout, cname), fit in groups.items():
             if label in paths:
                 rows += _cuda_plan_rows(label, paths[label], layout, devs_of[layout], cname, configs[cname], fit)
