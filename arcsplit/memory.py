@@ -329,14 +329,14 @@ class BackendCompute:
     add_mib: int
     measured: str  # "" when it is a safety margin, not a measurement
     embd_rows: float = 0.0  # f32 rows n_embd wide per token of the ubatch: what grows with -ub and the model's width
-    quant_kv_mib: int = 0  # on top of each card when the KV cache is quantized (q8_0, ...)
+    quant_kv_cell: int = 0  # bytes per cell of the context on each card when the KV cache is quantized (q8_0, ...)
 
-    def apply(self, n: int, row_bytes: int = 0, quant_kv: bool = False) -> int:
-        """``n`` (the formulas' or a CPU measurement's bytes) on this backend; ``row_bytes``: n_embd x tokens x 4."""
+    def apply(self, n: int, row_bytes: int = 0, quant_cells: int = 0) -> int:
+        """``n`` (the formulas' or a CPU measurement's bytes) on this backend; ``row_bytes``: n_embd x tokens x 4;
+        ``quant_cells``: the context's cells when the KV cache is quantized, else 0."""
         if not n:
             return 0
-        return (int(n * self.factor) + int(self.embd_rows * row_bytes) + self.add_mib * MiB
-                + (self.quant_kv_mib * MiB if quant_kv else 0))
+        return int(n * self.factor) + int(self.embd_rows * row_bytes) + self.add_mib * MiB + self.quant_kv_cell * quant_cells
 
     def label(self, quant_kv: bool = False) -> str:
         """What the plan prints, e.g. "+25% +6 rows +40 MiB sycl"; "" where the backend needs nothing beyond the
@@ -344,7 +344,7 @@ class BackendCompute:
         parts = [f"{self.factor - 1:+.0%}"] if self.factor != 1.0 else []
         parts += [f"+{self.embd_rows:g} rows"] if self.embd_rows else []
         parts += [f"+{self.add_mib} MiB"] if self.add_mib else []
-        parts += [f"+{self.quant_kv_mib} MiB quantized KV"] if self.quant_kv_mib and quant_kv else []
+        parts += [f"+{self.quant_kv_cell} B/cell quantized KV"] if self.quant_kv_cell and quant_kv else []
         return f"{' '.join(parts)} {self.backend}" if parts else ""
 
 
@@ -360,6 +360,6 @@ def backend_compute(backend: str) -> BackendCompute:
         return BackendCompute(backend, max(float(r["factor"]) for r in table.values()),
                               max(int(r.get("add_mib", 0)) for r in table.values()), "",
                               max(float(r.get("embd_rows", 0)) for r in table.values()),
-                              max(int(r.get("quant_kv_mib", 0)) for r in table.values()))
+                              max(int(r.get("quant_kv_cell", 0)) for r in table.values()))
     return BackendCompute(backend, float(row["factor"]), int(row.get("add_mib", 0)), str(row.get("measured", "")),
-                          float(row.get("embd_rows", 0)), int(row.get("quant_kv_mib", 0)))
+                          float(row.get("embd_rows", 0)), int(row.get("quant_kv_cell", 0)))

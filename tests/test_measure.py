@@ -90,12 +90,12 @@ def test_backends_without_measurements_keep_a_stated_margin(tmp_path: Path):
     cpu_row, cuda, sycl = (memory.backend_compute(b) for b in ("cpu", "cuda", "sycl"))
     assert (cpu_row.factor, cpu_row.add_mib, cpu_row.label()) == (1.0, 0, "")
     # measured on an H200: CUDA needs more on some cards (growing with -ub and n_embd, and with a quantized cache)
-    assert cuda.measured and cuda.embd_rows > 0 and cuda.quant_kv_mib > 0
+    assert cuda.measured and cuda.embd_rows > 0 and cuda.quant_kv_cell > 0
     # never measured: a margin, at least what CUDA needs on every term
     assert sycl.factor > 1.0 and not sycl.measured and sycl.add_mib > cuda.add_mib
-    assert sycl.embd_rows >= cuda.embd_rows and sycl.quant_kv_mib >= cuda.quant_kv_mib
+    assert sycl.embd_rows >= cuda.embd_rows and sycl.quant_kv_cell >= cuda.quant_kv_cell
     assert memory.backend_compute("metal") == memory.BackendCompute(
-        "metal", max(r.factor for r in (cpu_row, cuda, sycl)), sycl.add_mib, "", sycl.embd_rows, sycl.quant_kv_mib)
+        "metal", max(r.factor for r in (cpu_row, cuda, sycl)), sycl.add_mib, "", sycl.embd_rows, sycl.quant_kv_cell)
     opts = PlanOptions(n_ctx=4096, n_outputs=512)  # the rows llama-fit-params reserves: its numbers as they are
     cpu = plan_for_split(prof, _cards(2), opts, [4, 5], ["RPC0", "RPC1"])
     on_sycl = plan_for_split(prof, _cards(2, "sycl"), opts, [4, 5], ["SYCL0", "SYCL1"])
@@ -110,8 +110,8 @@ def test_backends_without_measurements_keep_a_stated_margin(tmp_path: Path):
                                                           cache_type_v="q8_0"), [4, 5], ["RPC0", "RPC1"])
     for c, s in zip(cpu_q8.cards, q8.cards):
         assert s.compute == (int(c.compute * sycl.factor) + int(sycl.embd_rows * rows) + sycl.add_mib * MiB
-                             + sycl.quant_kv_mib * MiB)
-        assert s.compute_source.endswith(f"+{sycl.quant_kv_mib} MiB quantized KV sycl")
+                             + sycl.quant_kv_cell * 4096)  # bytes per cell of the context
+        assert s.compute_source.endswith(f"+{sycl.quant_kv_cell} B/cell quantized KV sycl")
     # a measurement on CPU devices standing in for absent Intel cards keeps the backend's row
     m = memory.MeasuredCompute("cpu", {(4096, 0, j, c.first_layer, c.end_layer): 50 * MiB
                                        for j, c in enumerate(on_sycl.cards)})
