@@ -136,6 +136,13 @@ K_FFN_GDN = K_FFN  # gated delta-net block (qwen3next, qwen35): qkv, conv and th
 K_SSM_X = 10.25  # Mamba-2 mixer (mamba2, hybrids of it), per d_inner: z, x, conv and scan outputs, gated norm
 K_SSM_BC = 3.25  # ... per element of its B and C groups (2 * n_group * d_state): in_proj, conv, scan inputs
 K_SSM_EMBD = 1.0
+# The same mixer in an attention hybrid (granitehybrid, nemotron_h, falcon-h1), where the split inputs are counted
+# apart (hybrid_ssm_bounce): in_proj's output (z, x, B, C, dt) beside the conv's input and output, the residual rows
+# (and, in Falcon-H1, the attention output waiting for the mixer's); pure mamba2's K_SSM_* fold its bounce in.
+K_HSSM_IN = 1.0  # per element of in_proj's output row (2 d_inner + B/C groups)
+K_HSSM_CONV = 2.0  # per conv channel (d_inner + B/C groups)
+K_HSSM_EMBD = 4.0
+HYBRID_SSM = ("no_kv", "no_kv_ff", "parallel")  # Family.recurrent of the Mamba-2 + attention hybrids
 K_RWKV = 22.5  # RWKV-7 time mix, per n_embd: r, k, v, the five LoRA-mixed inputs, WKV-7 output and state
 K_OUT_EMBD = 4.75  # the output layer on one of several devices: final norm, its input rows, logits staging
 K_OUT_EMBD_SOLO = 1.0  # the same on a lone device: the graph is one split, only the normed rows stay with the logits
@@ -170,12 +177,44 @@ def layer_rows(profile: ModelProfile, il: int) -> float:
         conv = profile.n_embd_r // max(1, profile.ssm_conv_kernel - 1)  # d_inner + 2 groups of state
         if profile.recurrent_kind == "interval":
             rows = max(rows, K_FFN_GDN * conv + K_EMBD * e)
+        elif profile.recurrent_kind in HYBRID_SSM:
+            x = profile.ssm_d_inner or conv
+            embd = K_HSSM_EMBD + (1 if profile.recurrent_kind == "parallel" else 0)
+            rows = max(rows, K_HSSM_IN * (x + conv) + K_HSSM_CONV * conv + embd * e)
         else:
             x = profile.ssm_d_inner or conv
             rows = max(rows, K_SSM_X * x + K_SSM_BC * (conv - x) + K_SSM_EMBD * e)
     if profile.has_kv[il] and profile.n_embd_q[il]:
         rows = max(rows, K_ATTN_Q * profile.n_embd_q[il] + K_ATTN_EMBD * e)
     return rows
+
+
+def hybrid_ssm_bounce(profile: ModelProfile, first: int, end: int) -> int:
+    """Floats per token of split inputs a card of a Mamba-2 + attention hybrid gets from llama.cpp's node order.
+
+    A mixer's tail (z made contiguous onwards) enters the graph only when the next layer that writes its cache
+    pulls it in; when that is the next Mamba-2 layer (no attention layer between) and it sits on the next card,
+    the scheduler runs that tail's first op there: in_proj's whole output row (2 d_inner + B/C groups + dt) goes to
+    that card and the contiguous z (d_inner) comes back, each a split input kept in every pipeline copy.
+    Falcon-H1 has attention in every layer, which pulls the tail in on its own card.
+    """
+    if profile.recurrent_kind not in ("no_kv", "no_kv_ff") or not profile.ssm_d_inner:
+        return 0
+    n = profile.n_layer_main
+    writes = [il for il in range(n) if profile.is_recurrent[il] or profile.has_kv[il]]
+    on_card = [il for il in writes if first <= il < end]
+    if not on_card:
+        return 0
+    before = [il for il in writes if il < first]
+    after = [il for il in writes if il >= end]
+    x = profile.ssm_d_inner
+    conv = profile.n_embd_r // max(1, profile.ssm_conv_kernel - 1)
+    got = 0
+    if before and profile.is_recurrent[before[-1]] and profile.is_recurrent[on_card[0]]:
+        got += x + conv  # in_proj's output row (dt's few heads aside) arrives from the previous card
+    if after and profile.is_recurrent[on_card[-1]] and profile.is_recurrent[after[0]]:
+        got += x  # z comes back from the next card
+    return got
 
 
 @dataclass(frozen=True)
@@ -203,6 +242,8 @@ def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int,
     inputs += e * t * 4 + t * 4 * 4
     if first > 0 and not has_output:
         inputs += e * t * 4  # a middle card: the previous card's hidden rows arrive as one more split input
+    if shape.pipeline:
+        inputs += t * 4 * hybrid_ssm_bounce(profile, first, end)
     # the widest layer's working set
     ws = 0
     for il in layers:
@@ -227,7 +268,13 @@ def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int,
         if shape.pipeline and profile.mla:
             out += int(K_MLA_OUT * e * t * 4)
         last = min(end, profile.n_layer_main) - 1
-        if shape.pipeline and profile.recurrent_kind != "interval" and last >= first and profile.is_recurrent[last]:
+        if not shape.pipeline and last >= first and profile.recurrent_kind == "no_kv_ff":
+            out += inputs  # nemotron_h on one device: the graph inputs stay allocated beside the logits
+        elif not shape.pipeline and last >= first and profile.recurrent_kind == "no_kv" and profile.n_ff[last]:
+            # granitehybrid on one device: its last FFN's rows sit under the logits (measured, c4096 and c16384)
+            out += int(t * 4 * ((K_FFN if profile.ffn_gate else K_FFN_UP) * profile.n_ff[last] + K_EMBD * e))
+        if shape.pipeline and profile.recurrent_kind not in ("interval", "parallel") and last >= first \
+                and profile.is_recurrent[last]:
             # Mamba-2 mixers, RWKV: the last card of a pipeline keeps its last layer's scan buffers beside the logits
             keep = int(t * 4 * layer_rows(profile, last))
             if profile.recurrent_kind == "rwkv":  # ... and only those: no staging rows, the split inputs apart
