@@ -258,7 +258,12 @@ def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int,
             h_kv = max(1, profile.n_head_kv[il])
             hk = profile.n_embd_k[il] // h_kv
             hv = hk if profile.mla else profile.n_embd_v[il] // h_kv
-            w = max(w, t * 4 * (profile.n_head[il] * (n_kv + hk + hv) + K_NOFA_EMBD * e))
+            waiting = 0
+            if profile.recurrent_kind == "parallel" and profile.ssm_d_inner:
+                # Falcon-H1: the query side runs after the layer's Mamba-2 mixer wrote its caches, so the mixer's
+                # in_proj output (z, x, B, C, dt) waits beside the scores
+                waiting = profile.ssm_d_inner + profile.n_embd_r // max(1, profile.ssm_conv_kernel - 1)
+            w = max(w, t * 4 * (profile.n_head[il] * (n_kv + hk + hv) + K_NOFA_EMBD * e + waiting))
         ws = max(ws, int(w))
     out = 0
     if has_output:

@@ -512,9 +512,8 @@ FAMILIES: dict[str, Family] = {
     # Mamba-2, attention or MLP layers; which layers sit next to which moves split inputs between cards
     # (memory.hybrid_ssm_bounce)
     "nemotron_h": Family(recurrent="no_kv_ff", ffn_gate=False, checked=True),
-    # attention and a Mamba-2 mixer side by side in every layer: each layer holds KV and recurrent state. Within
-    # target on the CPU bench, but left unchecked (+50 %) as the unchecked family tests/test_measure.py plans with
-    "falcon-h1": Family(recurrent="parallel"),
+    # attention and a Mamba-2 mixer side by side in every layer: each layer holds KV and recurrent state
+    "falcon-h1": Family(recurrent="parallel", checked=True),
 }
 
 
