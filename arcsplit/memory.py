@@ -142,7 +142,6 @@ K_SSM_EMBD = 1.0
 # residual (Falcon-H1: and the attention output waiting for the mixer's); ggml-alloc's gaps between them add about
 # a quarter (measured from d_inner 1536 to 8192, n_embd 1024 to 4096, 1 to 8 groups).
 K_HSSM = 1.25
-HYBRID_SSM = ("no_kv", "no_kv_ff", "parallel")  # Family.recurrent of the Mamba-2 + attention hybrids
 K_RWKV = 22.5  # RWKV-7 time mix, per n_embd: r, k, v, the five LoRA-mixed inputs, WKV-7 output and state
 K_OUT_EMBD = 4.75  # the output layer on one of several devices: final norm, its input rows, logits staging
 K_OUT_EMBD_HSSM = 2.0  # the same in a Mamba-2 + attention hybrid, whose output card's split inputs count apart
@@ -159,6 +158,13 @@ UNCHECKED_COMPUTE_MARGIN = 0.5
 
 def _margin(profile: ModelProfile, n: int) -> int:
     return n if profile.compute_checked else int(n * (1 + UNCHECKED_COMPUTE_MARGIN))
+
+
+def mamba2_hybrid(profile: ModelProfile) -> bool:
+    """Mamba-2 + attention hybrids (granitehybrid, nemotron_h, falcon-h1): their conv also carries the B/C groups
+    (Jamba's Mamba-1 mixers, the same layer kinds, convolve d_inner alone and keep the generic formulas)."""
+    return profile.recurrent_kind in ("no_kv", "no_kv_ff", "parallel") and profile.ssm_d_inner > 0 \
+        and profile.n_embd_r > max(0, profile.ssm_conv_kernel - 1) * profile.ssm_d_inner
 
 
 def layer_rows(profile: ModelProfile, il: int) -> float:
@@ -179,7 +185,7 @@ def layer_rows(profile: ModelProfile, il: int) -> float:
         conv = profile.n_embd_r // max(1, profile.ssm_conv_kernel - 1)  # d_inner + 2 groups of state
         if profile.recurrent_kind == "interval":
             rows = max(rows, K_FFN_GDN * conv + K_EMBD * e)
-        elif profile.recurrent_kind in HYBRID_SSM:
+        elif mamba2_hybrid(profile):
             x = profile.ssm_d_inner or conv
             embd = 2 if profile.recurrent_kind == "parallel" else 1
             rows = max(rows, K_HSSM * ((x + conv) + conv + 2 * x + embd * e))
@@ -200,7 +206,7 @@ def hybrid_ssm_bounce(profile: ModelProfile, first: int, end: int) -> int:
     that card and the contiguous z (d_inner) comes back, each a split input kept in every pipeline copy.
     Falcon-H1 has attention in every layer, which pulls the tail in on its own card.
     """
-    if profile.recurrent_kind not in ("no_kv", "no_kv_ff") or not profile.ssm_d_inner:
+    if not mamba2_hybrid(profile) or profile.recurrent_kind == "parallel":
         return 0
     n = profile.n_layer_main
     writes = [il for il in range(n) if profile.is_recurrent[il] or profile.has_kv[il]]
@@ -244,7 +250,7 @@ def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int,
     inputs += e * t * 4 + t * 4 * 4
     if first > 0 and not has_output:
         inputs += e * t * 4  # a middle card: the previous card's hidden rows arrive as one more split input
-    hybrid = profile.recurrent_kind in HYBRID_SSM
+    hybrid = mamba2_hybrid(profile)
     if shape.pipeline and hybrid:
         inputs += t * 4 * hybrid_ssm_bounce(profile, first, end)
         if first > 0 and has_output and len(layers):
@@ -281,11 +287,11 @@ def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int,
         if shape.pipeline and profile.mla:
             out += int(K_MLA_OUT * e * t * 4)
         last = min(end, profile.n_layer_main) - 1
-        if not shape.pipeline and last >= first and profile.recurrent_kind == "no_kv_ff" \
+        if not shape.pipeline and hybrid and last >= first and profile.recurrent_kind == "no_kv_ff" \
                 and not profile.is_recurrent[last]:
             out += inputs  # nemotron_h on one device, not ending in Mamba-2: the graph inputs stay beside the logits
-        elif not shape.pipeline and last >= first and profile.recurrent_kind == "no_kv" and profile.n_ff[last] \
-                and not profile.is_recurrent[last]:
+        elif not shape.pipeline and hybrid and last >= first and profile.recurrent_kind == "no_kv" \
+                and profile.n_ff[last] and not profile.is_recurrent[last]:
             # granitehybrid on one device, ending in attention: its last FFN's rows sit under the logits (measured)
             out += int(t * 4 * ((K_FFN if profile.ffn_gate else K_FFN_UP) * profile.n_ff[last] + K_EMBD * e))
         if shape.pipeline and not hybrid and profile.recurrent_kind != "interval" and last >= first \
@@ -383,21 +389,30 @@ def measured_compute(m: MeasuredCompute, profile: ModelProfile, cs: ContextSizes
 @dataclass(frozen=True)
 class BackendCompute:
     """One row of arcsplit/data/compute_backends.toml: what this backend's compute buffers need beyond the
-    CPU-calibrated formulas (a factor, then MiB on top), and what that rests on."""
+    CPU-calibrated formulas (a factor, rows of the hidden state per token of the ubatch, then MiB on top), and what
+    that rests on."""
 
     backend: str
     factor: float
     add_mib: int
     measured: str  # "" when it is a safety margin, not a measurement
+    embd_rows: float = 0.0  # f32 rows n_embd wide per token of the ubatch: what grows with -ub and the model's width
+    quant_kv_mib: int = 0  # on top of each card when the KV cache is quantized (q8_0, ...)
 
-    def apply(self, n: int) -> int:
-        return int(n * self.factor) + self.add_mib * MiB if n else 0
+    def apply(self, n: int, row_bytes: int = 0, quant_kv: bool = False) -> int:
+        """``n`` (the formulas' or a CPU measurement's bytes) on this backend; ``row_bytes``: n_embd x tokens x 4."""
+        if not n:
+            return 0
+        return (int(n * self.factor) + int(self.embd_rows * row_bytes) + self.add_mib * MiB
+                + (self.quant_kv_mib * MiB if quant_kv else 0))
 
-    @property
-    def label(self) -> str:
-        """What the plan prints, e.g. "+25% +40 MiB sycl"; "" where the backend needs nothing beyond the formulas."""
+    def label(self, quant_kv: bool = False) -> str:
+        """What the plan prints, e.g. "+25% +6 rows +40 MiB sycl"; "" where the backend needs nothing beyond the
+        formulas."""
         parts = [f"{self.factor - 1:+.0%}"] if self.factor != 1.0 else []
+        parts += [f"+{self.embd_rows:g} rows"] if self.embd_rows else []
         parts += [f"+{self.add_mib} MiB"] if self.add_mib else []
+        parts += [f"+{self.quant_kv_mib} MiB quantized KV"] if self.quant_kv_mib and quant_kv else []
         return f"{' '.join(parts)} {self.backend}" if parts else ""
 
 
@@ -411,5 +426,8 @@ def backend_compute(backend: str) -> BackendCompute:
     row = table.get(backend)
     if row is None:
         return BackendCompute(backend, max(float(r["factor"]) for r in table.values()),
-                              max(int(r.get("add_mib", 0)) for r in table.values()), "")
-    return BackendCompute(backend, float(row["factor"]), int(row.get("add_mib", 0)), str(row.get("measured", "")))
+                              max(int(r.get("add_mib", 0)) for r in table.values()), "",
+                              max(float(r.get("embd_rows", 0)) for r in table.values()),
+                              max(int(r.get("quant_kv_mib", 0)) for r in table.values()))
+    return BackendCompute(backend, float(row["factor"]), int(row.get("add_mib", 0)), str(row.get("measured", "")),
+                          float(row.get("embd_rows", 0)), int(row.get("quant_kv_mib", 0)))

@@ -509,6 +509,8 @@ FAMILIES: dict[str, Family] = {
     "mamba": Family(recurrent="all"),
     "mamba2": Family(recurrent="all", checked=True),
     "rwkv7": Family(recurrent="rwkv", ffn_gate=False, checked=True),
+    "jamba": Family(recurrent="no_kv"),  # Mamba-1 layers where head_count_kv is 0, attention elsewhere
+    "rwkv6": Family(recurrent="rwkv", ffn_gate=False),
     # Mamba-2, attention or MLP layers; which layers sit next to which moves split inputs between cards
     # (memory.hybrid_ssm_bounce)
     "nemotron_h": Family(recurrent="no_kv_ff", ffn_gate=False, checked=True),
@@ -739,7 +741,8 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
     used = m.get("{arch}.expert_used_count")
     n_expert_used = max(used) if isinstance(used, tuple) and used else (m.int("{arch}.expert_used_count", 0) or 0)
 
-    n_ff_exp = m.per_layer("{arch}.expert_feed_forward_length", n_all, 0)
+    # without the key, experts are feed_forward_length wide (Mixtral as llama, jamba: ffn_gate_exps {n_embd, n_ff})
+    n_ff_exp = m.per_layer("{arch}.expert_feed_forward_length", n_all, n_ff if n_expert else 0)
     n_shared = m.int("{arch}.expert_shared_count", 0) or 0
     n_ff_shexp = m.int("{arch}.expert_shared_feed_forward_length", 0) or (n_shared * max(n_ff_exp) if n_shared else 0)
 
