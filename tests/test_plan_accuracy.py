@@ -106,11 +106,11 @@ def test_unchecked_family_stays_on_the_safe_side(llama_bins, rpc, tmp_path: Path
             assert cp.total >= (f.model_mib + f.context_mib + f.compute_mib - 1) * MiB, (ts, cp.device)
 
 
-@pytest.mark.parametrize("family", ["rwkv7", "nemotron_h", "falcon_h1"])
+@pytest.mark.parametrize("family", ["rwkv7", "nemotron_h", "falcon_h1", "granitehybrid"])
 def test_new_writers_load_in_llama_server_within_the_plan(llama_bins, rpc, tmp_path: Path, family: str) -> None:
-    """The RWKV-7, Nemotron-H and Falcon-H1 writers make models a real llama-server loads over two rpc-servers and
-    generates from; the buffers it reports per card are within max(2 %, 16 MiB) of the plan and never above it by
-    more than 16 MiB."""
+    """The RWKV-7, Nemotron-H, Falcon-H1 and Granite-4 hybrid writers make models a real llama-server loads over two
+    rpc-servers and generates from; the buffers it reports per card are within max(2 %, 16 MiB) of the plan and
+    never above it by more than 16 MiB."""
     from arcsplit.llama.logs import parse_buffer_line, sum_buffers
     from arcsplit.run.ports import free_port
 
@@ -119,6 +119,10 @@ def test_new_writers_load_in_llama_server_within_the_plan(llama_bins, rpc, tmp_p
     elif family == "nemotron_h":
         path = synth.write_nemotron_h(tmp_path / "n.gguf", pattern="M-M*-M", n_embd=512, n_head=8, n_head_kv=2,
                                       head_dim=64, n_ff=1024, d_inner=1024, d_state=64, n_group=4, n_vocab=4096)
+    elif family == "granitehybrid":
+        path = synth.write_granitehybrid(tmp_path / "g.gguf", n_layer=6, n_embd=512, n_head=8, n_head_kv=2,
+                                         attention_every=3, n_ff=1024, d_inner=1024, d_state=64, head_dim=64,
+                                         n_vocab=4096)
     else:
         path = synth.write_falcon_h1(tmp_path / "f.gguf", n_layer=6, n_embd=512, n_head=8, n_head_kv=2, head_dim=64,
                                      n_ff=1024, d_inner=768, d_state=64, n_vocab=4096)
