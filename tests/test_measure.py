@@ -21,10 +21,10 @@ from arcsplit.run.prepare import ServeRequest, measure_plan, preview
 MiB = 1024 * 1024
 
 
-def _gh(tmp: Path) -> Path:
-    """granitehybrid (Mamba-2 + attention): a family the formulas were never checked on, so they add their margin."""
-    return synth.write_granitehybrid(tmp / "gh.gguf", n_layer=12, n_embd=1024, n_head=16, n_head_kv=4, n_ff=2816,
-                                     d_inner=2048, d_state=128, head_dim=64, n_vocab=32000, header_only=True)
+def _gh(tmp: Path, ctx: int = 4096) -> Path:
+    """qwen2 (Llama's tensors): a family the formulas are not checked on (model.FAMILIES), so they add their margin."""
+    return synth.write_llama(tmp / f"q2_{ctx}.gguf", n_layer=12, n_embd=1024, n_head=16, n_head_kv=4, n_ff=2816,
+                             n_vocab=32000, ctx=ctx, header_only=True, arch="qwen2")
 
 
 def _cards(n: int, backend: str = "cpu") -> list[Card]:
@@ -216,7 +216,7 @@ def test_measuring_makes_room_the_formulas_do_not_see(llama_bins, tmp_path: Path
 
     monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache"))
     model = _gh(tmp_path)
-    req = ServeRequest(model=str(model), gpus="0,1", backend="cpu", mode="rpc", ctx=4096, cpu_memory_mib=258,
+    req = ServeRequest(model=str(model), gpus="0,1", backend="cpu", mode="rpc", ctx=4096, cpu_memory_mib=234,
                        llama_dir=str(llama_bins.bin_dir))
     with pytest.raises(DoesNotFit):
         preview(req)
@@ -225,7 +225,7 @@ def test_measuring_makes_room_the_formulas_do_not_see(llama_bins, tmp_path: Path
     assert all(c.free_after >= 0 for c in fits.cards)
 
     monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache2"))  # (the split above is measured there now)
-    roomier = ServeRequest(**{**req.__dict__, "ctx": None, "cpu_memory_mib": 265})
+    roomier = ServeRequest(**{**req.__dict__, "ctx": None, "cpu_memory_mib": 239})
     formula = preview(roomier).config.plan
     assert formula.n_ctx < 4096 and formula.ctx_limit.startswith("RPC")
     measured = preview(ServeRequest(**{**roomier.__dict__, "measure": True})).config.plan
@@ -233,9 +233,7 @@ def test_measuring_makes_room_the_formulas_do_not_see(llama_bins, tmp_path: Path
 
     # a longer training context: each round measures the next context class on the same split while a card,
     # not the training context, stops --ctx max, so the context grows past the class the formulas stopped in
-    long = synth.write_granitehybrid(tmp_path / "gh32.gguf", n_layer=12, n_embd=1024, n_head=16, n_head_kv=4,
-                                     n_ff=2816, d_inner=2048, d_state=128, head_dim=64, n_vocab=32000, ctx=32768,
-                                     header_only=True)
+    long = _gh(tmp_path, ctx=32768)
     grow = ServeRequest(**{**roomier.__dict__, "model": str(long), "cpu_memory_mib": 300})
     formula = preview(grow).config.plan
     prepared = preview(grow)
