@@ -146,10 +146,20 @@ K_MLA_OUT = 6.0  # MLA (absorbed heads): the same on the last card of a pipeline
 # get this much on top: the formulas know the common layer shapes, not every graph llama.cpp builds. Measured
 # misses on checked families were below 10 %; an unseen graph (extra repeats, chunked scans) can be larger.
 UNCHECKED_COMPUTE_MARGIN = 0.5
+# Mamba-1 mixer (mamba, jamba), per d_inner: in_proj's x and z, the conv, dt and the scan output. Measured with
+# K_SSM_EMBD: 10 d_inner per token on a card of a pipeline (Mamba-1's d_inner is 2 n_embd), 5.5 on a lone card
+# (where the logits dominate); in jamba the experts' phase is the wider one.
+K_MAMBA_X = 9.5
+K_RWKV6 = 17.5  # RWKV-6 time mix, per n_embd: the five mixed inputs of its LoRA, r, k, v, g, decay, WKV-6 output
 
 
 def _margin(profile: ModelProfile, n: int) -> int:
     return n if profile.compute_checked else int(n * (1 + UNCHECKED_COMPUTE_MARGIN))
+
+
+def _mamba1(profile: ModelProfile) -> bool:
+    """A Mamba-1 mixer: its conv carries x alone (Mamba-2's also carries the B and C groups)."""
+    return profile.ssm_d_inner > 0 and profile.n_embd_r == max(0, profile.ssm_conv_kernel - 1) * profile.ssm_d_inner
 
 
 def layer_rows(profile: ModelProfile, il: int) -> float:
@@ -164,15 +174,18 @@ def layer_rows(profile: ModelProfile, il: int) -> float:
         rows = K_MOE_FFN * width + K_MOE_OUT * e * profile.n_expert_used + K_MOE_EMBD * e
     else:
         rows = (K_FFN if profile.ffn_gate else K_FFN_UP) * profile.n_ff[il] + K_EMBD * e
-    if profile.recurrent_kind == "rwkv":
-        return max(rows, K_RWKV * e)
+    if profile.recurrent_kind in ("rwkv", "rwkv6"):
+        return max(rows, (K_RWKV6 if profile.recurrent_kind == "rwkv6" else K_RWKV) * e)
     if profile.is_recurrent[il] and profile.n_embd_r:
         conv = profile.n_embd_r // max(1, profile.ssm_conv_kernel - 1)  # d_inner + 2 groups of state
         if profile.recurrent_kind == "interval":
             rows = max(rows, K_FFN_GDN * conv + K_EMBD * e)
         else:
             x = profile.ssm_d_inner or conv
-            rows = max(rows, K_SSM_X * x + K_SSM_BC * (conv - x) + K_SSM_EMBD * e)
+            if _mamba1(profile):
+                rows = max(rows, K_MAMBA_X * x + K_SSM_EMBD * e)
+            else:
+                rows = max(rows, K_SSM_X * x + K_SSM_BC * (conv - x) + K_SSM_EMBD * e)
     if profile.has_kv[il] and profile.n_embd_q[il]:
         rows = max(rows, K_ATTN_Q * profile.n_embd_q[il] + K_ATTN_EMBD * e)
     return rows
@@ -230,7 +243,7 @@ def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int,
         if shape.pipeline and profile.recurrent_kind != "interval" and last >= first and profile.is_recurrent[last]:
             # Mamba-2 mixers, RWKV: the last card of a pipeline keeps its last layer's scan buffers beside the logits
             keep = int(t * 4 * layer_rows(profile, last))
-            if profile.recurrent_kind == "rwkv":  # ... and only those: no staging rows, the split inputs apart
+            if profile.recurrent_kind in ("rwkv", "rwkv6"):  # ... and only those: no staging rows, the split inputs apart
                 return _margin(profile, max(PIPELINE_COPIES * inputs + ws, shape.n_outputs * profile.n_vocab * 4 + keep))
             out += keep
     if shape.pipeline:
