@@ -216,6 +216,11 @@ def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int,
     inputs += e * t * 4 + t * 4 * 4
     if first > 0 and not has_output:
         inputs += e * t * 4  # a middle card: the previous card's hidden rows arrive as one more split input
+        if profile.recurrent_kind in ("all", "rwkv", "rwkv6"):
+            # every layer a mixer: a tensor of its tail (Mamba: the d_inner-wide gate, RWKV: n_embd wide) is scheduled
+            # on the card after a boundary and copied back; the formulas hold one boundary's copies, a middle card has
+            # both boundaries' (measured with llama-fit-params on 3 CPU rpc-servers, bench/plan_accuracy.py)
+            inputs += 2 * (profile.ssm_d_inner if profile.recurrent_kind == "all" else e) * t * 4
     # the widest layer's working set
     ws = 0
     for il in layers:

@@ -154,3 +154,31 @@ def test_plan_matches_fit_params(llama_bins, rpc, tmp_path: Path, family: str) -
                 assert abs(err) <= max(0.02 * fit, 16 * MiB), (ts, cp.device, err / MiB)
             else:
                 assert any("not checked on this architecture" in w for w in plan.warnings)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["mamba", "mamba2", "rwkv6", "rwkv7"])
+def test_middle_cards_of_a_recurrent_pipeline_match_fit_params(llama_bins, tmp_path: Path, family: str) -> None:
+    """Four cards: a card between two others sees the mixer's tail cross both of its boundaries and come back (four
+    copies each way); planned within max(2 %, 16 MiB) of llama-fit-params and never more than 16 MiB below, like
+    the first and last cards."""
+    from arcsplit.llama.fitparams import RpcServers, fit_print
+
+    kw = dict(n_layer=12, n_embd=1024, n_vocab=32000, header_only=True)
+    path = {"mamba": lambda: synth.write_mamba(tmp_path / "m.gguf", **kw),
+            "mamba2": lambda: synth.write_mamba2(tmp_path / "m2.gguf", d_inner=2048, d_state=128, head_dim=64, **kw),
+            "rwkv6": lambda: synth.write_rwkv6(tmp_path / "r6.gguf", **kw),
+            "rwkv7": lambda: synth.write_rwkv7(tmp_path / "r7.gguf", **kw)}[family]()
+    prof = load_profile(path)
+    ts = [3, 3, 3, 4]
+    devs = [f"RPC{i}" for i in range(4)]
+    cards = [Card("cpu", i, f"rpc{i}", 65536 * MiB, 65536 * MiB, 0) for i in range(4)]
+    plan = plan_for_split(prof, cards, PlanOptions(n_ctx=4096, n_outputs=512), ts, devs)
+    with RpcServers(llama_bins, 4) as rpc:
+        rows, _ = fit_print(llama_bins, path, rpc, ["-c", "4096", "-np", "1", "-ub", "512", "-fa", "on", "-ngl", "13",
+                                                    "-ts", "3,3,3,4", "--device", ",".join(devs)])
+    for cp in plan.cards:
+        f = rows[cp.device]
+        fit = (f.model_mib + f.context_mib + f.compute_mib) * MiB
+        err = cp.total - fit
+        assert abs(err) <= max(0.02 * fit, 16 * MiB) and err >= -16 * MiB, (cp.device, err / MiB)
