@@ -146,10 +146,9 @@ K_MLA_OUT = 6.0  # MLA (absorbed heads): the same on the last card of a pipeline
 # get this much on top: the formulas know the common layer shapes, not every graph llama.cpp builds. Measured
 # misses on checked families were below 10 %; an unseen graph (extra repeats, chunked scans) can be larger.
 UNCHECKED_COMPUTE_MARGIN = 0.5
-# Mamba-1 mixer (mamba, jamba), per d_inner: in_proj's x and z, the conv, dt and the scan output. Measured with
-# K_SSM_EMBD: 10 d_inner per token on a card of a pipeline (Mamba-1's d_inner is 2 n_embd), 5.5 on a lone card
-# (where the logits dominate); in jamba the experts' phase is the wider one.
-K_MAMBA_X = 9.5
+# Mamba-1 mixer (mamba, jamba), per d_inner: in_proj's x and z, the conv, dt and the scan output (6 d_inner per token
+# with K_SSM_EMBD; Mamba-1's d_inner is 2 n_embd). Its gate z crosses card boundaries: see _gate_crossing.
+K_MAMBA_X = 5.5
 K_RWKV6 = 17.5  # RWKV-6 time mix, per n_embd: the five mixed inputs of its LoRA, r, k, v, g, decay, WKV-6 output
 
 
@@ -160,6 +159,22 @@ def _margin(profile: ModelProfile, n: int) -> int:
 def _mamba1(profile: ModelProfile) -> bool:
     """A Mamba-1 mixer: its conv carries x alone (Mamba-2's also carries the B and C groups)."""
     return profile.ssm_d_inner > 0 and profile.n_embd_r == max(0, profile.ssm_conv_kernel - 1) * profile.ssm_d_inner
+
+
+def _gate_crossing(profile: ModelProfile, b: int) -> int:
+    """Rows per token of the Mamba-1 gate z (d_inner wide) that cross the card boundary before layer ``b``, 0 if none.
+
+    In mamba.cpp / jamba.cpp the gate's ggml_cont enters the graph only when the next mixer layer expands its state
+    copies, after that layer's first nodes (its state reads): the scheduler runs it on the next card, so z goes
+    there and comes back (split inputs, PIPELINE_COPIES each). Not when experts follow the mixer (build_moe_ffn
+    expands its own nodes first) nor when an attention layer comes next (its KV writes pull the tail in before any
+    of its own nodes). Seen in GGML_SCHED_DEBUG=2 splits; sizes measured with llama-fit-params on 2 and 4 cards.
+    """
+    if not _mamba1(profile) or not 0 < b < profile.n_layer_main:
+        return 0
+    il = b - 1
+    crosses = profile.is_recurrent[il] and not profile.expert_bytes[il] and profile.is_recurrent[b]
+    return profile.ssm_d_inner if crosses else 0
 
 
 def layer_rows(profile: ModelProfile, il: int) -> float:
@@ -216,11 +231,14 @@ def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int,
     inputs += e * t * 4 + t * 4 * 4
     if first > 0 and not has_output:
         inputs += e * t * 4  # a middle card: the previous card's hidden rows arrive as one more split input
-        if profile.recurrent_kind in ("all", "rwkv", "rwkv6"):
+        if profile.recurrent_kind in ("all", "rwkv", "rwkv6") and not _mamba1(profile):
             # every layer a mixer: a tensor of its tail (Mamba: the d_inner-wide gate, RWKV: n_embd wide) is scheduled
             # on the card after a boundary and copied back; the formulas hold one boundary's copies, a middle card has
             # both boundaries' (measured with llama-fit-params on 3 CPU rpc-servers, bench/plan_accuracy.py)
             inputs += 2 * (profile.ssm_d_inner if profile.recurrent_kind == "all" else e) * t * 4
+    gate_in = _gate_crossing(profile, first) if shape.pipeline else 0
+    if shape.pipeline:  # Mamba-1: z from the card before (and a second row of it), z back from the card after
+        inputs += (2 * gate_in + _gate_crossing(profile, end)) * t * 4
     # the widest layer's working set
     ws = 0
     for il in layers:
@@ -245,7 +263,9 @@ def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int,
         if shape.pipeline and profile.mla:
             out += int(K_MLA_OUT * e * t * 4)
         last = min(end, profile.n_layer_main) - 1
-        if shape.pipeline and profile.recurrent_kind != "interval" and last >= first and profile.is_recurrent[last]:
+        ws += 2 * gate_in * t * 4  # Mamba-1: the gate's copies beside the last card's layers
+        if shape.pipeline and profile.recurrent_kind != "interval" and last >= first and profile.is_recurrent[last] \
+                and not _mamba1(profile):
             # Mamba-2 mixers, RWKV: the last card of a pipeline keeps its last layer's scan buffers beside the logits
             keep = int(t * 4 * layer_rows(profile, last))
             if profile.recurrent_kind in ("rwkv", "rwkv6"):  # ... and only those: no staging rows, the split inputs apart
