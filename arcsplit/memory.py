@@ -359,21 +359,30 @@ def measured_compute(m: MeasuredCompute, profile: ModelProfile, cs: ContextSizes
 @dataclass(frozen=True)
 class BackendCompute:
     """One row of arcsplit/data/compute_backends.toml: what this backend's compute buffers need beyond the
-    CPU-calibrated formulas (a factor, then MiB on top), and what that rests on."""
+    CPU-calibrated formulas (a factor, rows of the hidden state per token of the ubatch, then MiB on top), and what
+    that rests on."""
 
     backend: str
     factor: float
     add_mib: int
     measured: str  # "" when it is a safety margin, not a measurement
+    embd_rows: float = 0.0  # f32 rows n_embd wide per token of the ubatch: what grows with -ub and the model's width
+    quant_kv_mib: int = 0  # on top of each card when the KV cache is quantized (q8_0, ...)
 
-    def apply(self, n: int) -> int:
-        return int(n * self.factor) + self.add_mib * MiB if n else 0
+    def apply(self, n: int, row_bytes: int = 0, quant_kv: bool = False) -> int:
+        """``n`` (the formulas' or a CPU measurement's bytes) on this backend; ``row_bytes``: n_embd x tokens x 4."""
+        if not n:
+            return 0
+        return (int(n * self.factor) + int(self.embd_rows * row_bytes) + self.add_mib * MiB
+                + (self.quant_kv_mib * MiB if quant_kv else 0))
 
-    @property
-    def label(self) -> str:
-        """What the plan prints, e.g. "+25% +40 MiB sycl"; "" where the backend needs nothing beyond the formulas."""
+    def label(self, quant_kv: bool = False) -> str:
+        """What the plan prints, e.g. "+25% +6 rows +40 MiB sycl"; "" where the backend needs nothing beyond the
+        formulas."""
         parts = [f"{self.factor - 1:+.0%}"] if self.factor != 1.0 else []
+        parts += [f"+{self.embd_rows:g} rows"] if self.embd_rows else []
         parts += [f"+{self.add_mib} MiB"] if self.add_mib else []
+        parts += [f"+{self.quant_kv_mib} MiB quantized KV"] if self.quant_kv_mib and quant_kv else []
         return f"{' '.join(parts)} {self.backend}" if parts else ""
 
 
@@ -387,5 +396,8 @@ def backend_compute(backend: str) -> BackendCompute:
     row = table.get(backend)
     if row is None:
         return BackendCompute(backend, max(float(r["factor"]) for r in table.values()),
-                              max(int(r.get("add_mib", 0)) for r in table.values()), "")
-    return BackendCompute(backend, float(row["factor"]), int(row.get("add_mib", 0)), str(row.get("measured", "")))
+                              max(int(r.get("add_mib", 0)) for r in table.values()), "",
+                              max(float(r.get("embd_rows", 0)) for r in table.values()),
+                              max(int(r.get("quant_kv_mib", 0)) for r in table.values()))
+    return BackendCompute(backend, float(row["factor"]), int(row.get("add_mib", 0)), str(row.get("measured", "")),
+                          float(row.get("embd_rows", 0)), int(row.get("quant_kv_mib", 0)))

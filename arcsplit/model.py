@@ -448,7 +448,8 @@ class Family:
 
     ``swa``: (default pattern, dense_first, default n_swa, SWA only when sliding_window > 0 is in the file).
     ``recurrent``: "all" (Mamba), "interval" (Qwen hybrids: full attention every ``full_attention_interval``),
-    "rwkv" (every layer: token shifts and a WKV state; "rwkv6": the same with RWKV-6's time mix), "no_kv" (layers without KV heads are recurrent), "no_kv_ff" (those without KV heads and without an FFN:
+    "rwkv" (every layer: token shifts and a WKV state; "rwkv6": the same with RWKV-6's time mix), "parallel" (every layer
+    both attention with KV and a Mamba-2 mixer with state: Falcon-H1), "no_kv" (layers without KV heads are recurrent), "no_kv_ff" (those without KV heads and without an FFN:
     Nemotron-H's MLP layers have neither KV nor state), "" (none). ``kv_layers``: "first20" (gemma3n: only the first
     20 layers hold KV), "shared" (the last ``shared_kv_layers`` reuse earlier KV), "" (every attention layer).
     ``checked``: the compute model was measured against llama-fit-params on a model of this family
@@ -516,6 +517,8 @@ FAMILIES: dict[str, Family] = {
     # Mamba-2, attention or MLP layers. Unchecked: on a card holding both Mamba-2 and attention layers the formulas
     # come out up to 20 MiB above llama.cpp (which layers sit next to which changes its peak; bench/plan_accuracy.py)
     "nemotron_h": Family(recurrent="no_kv_ff", ffn_gate=False),
+    # attention and a Mamba-2 mixer side by side in every layer: each layer holds KV and recurrent state
+    "falcon-h1": Family(recurrent="parallel"),
 }
 
 
@@ -693,7 +696,7 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
             if len(arr) != n_all:
                 raise ModelError(f"{path}: {arch}.attention.recurrent_layers must list {n_all} layers", "use a valid GGUF file")
             is_recr = tuple(bool(x) for x in arr)
-        elif recurrent in ("all", "rwkv", "rwkv6"):
+        elif recurrent in ("all", "rwkv", "rwkv6", "parallel"):
             is_recr = (True,) * n_all
         elif recurrent == "interval":
             interval = m.int("{arch}.full_attention_interval", 4) or 4
@@ -722,7 +725,7 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
     has_kv = []
     for il in range(n_all):
         ok = n_kv_from_start < 0 or il < n_kv_from_start
-        ok = ok and il < n_main and not is_recr[il] and n_head_kv[il] > 0
+        ok = ok and il < n_main and (recurrent == "parallel" or not is_recr[il]) and n_head_kv[il] > 0
         if recurrent == "all":
             ok = False
         has_kv.append(ok)

@@ -616,6 +616,45 @@ def write_nemotron_h(
     return m.write(path, header_only)
 
 
+def write_falcon_h1(
+    path: str | Path,
+    n_layer: int = 4,
+    n_embd: int = 256,
+    n_head: int = 8,
+    n_head_kv: int = 2,
+    head_dim: int = 64,
+    n_ff: int = 512,
+    d_inner: int = 384,
+    d_state: int = 64,
+    n_group: int = 1,
+    ssm_head_dim: int = 64,
+    conv_kernel: int = 4,
+    n_vocab: int = 512,
+    ctx: int = 8192,
+    dtype: str = "f16",
+    header_only: bool = False,
+    seed: int = 0,
+) -> Path:
+    """A small Falcon-H1 (llama.cpp ``falcon-h1``): every layer runs attention and a Mamba-2 mixer side by side on
+    the same normed input (their outputs added), then a SwiGLU FFN; every layer holds KV and recurrent state
+    (src/models/falcon-h1.cpp). The pinned llama.cpp names the FFN norm ``blk.N.ffn_norm`` (no ``.weight``)."""
+    m = _Model("falcon-h1", n_vocab, ctx, n_embd, n_layer, dtype, seed)
+    m.u32("feed_forward_length", n_ff)
+    m.u32("ssm.conv_kernel", conv_kernel)
+    m.u32("ssm.inner_size", d_inner)
+    m.u32("ssm.state_size", d_state)
+    m.u32("ssm.time_step_rank", d_inner // ssm_head_dim)
+    m.u32("ssm.group_count", n_group)
+    hd = _heads(m, n_head, n_head_kv, head_dim)
+    m.embeddings(False)
+    for i in range(n_layer):
+        _attention(m, i, n_head, n_head_kv, hd)
+        _mamba2_block(m, i, d_inner, d_state, n_group, d_inner // ssm_head_dim, conv_kernel)
+        m.t(f"blk.{i}.ffn_norm", n_embd)
+        _ffn(m, i, n_ff, norm=False)
+    return m.write(path, header_only)
+
+
 def write_rwkv7(
     path: str | Path,
     n_layer: int = 12,

@@ -171,8 +171,8 @@ def v_one_gpu(text: str) -> Verdict:
     med: dict[str, dict[str, float]] = {}
     for r in table_rows(text):
         m = re.match(r"((?:hybrid|rpc)(?:-stock)?) \(", r[0]) if r else None
-        cells = [c for c in r if "**" in c]
-        if m and len(cells) == 3:
+        cells = [c for c in r if "**" in c]  # prefill, decode, 4 streams (then ready time, ready / native)
+        if m and len(cells) >= 3:
             med[m.group(1)] = {k: float(c.split("**")[1]) for k, c in zip(("prefill", "decode", "4 streams"), cells)}
     if not med:
         return Verdict("info", "no spread table in the file")

@@ -88,23 +88,37 @@ def test_backends_without_measurements_keep_a_stated_margin(tmp_path: Path):
     prof = load_profile(synth.write_llama(tmp_path / "l.gguf", n_layer=8, n_embd=1024, n_head=16, n_head_kv=4,
                                           n_ff=2816, n_vocab=32000, header_only=True))
     cpu_row, cuda, sycl = (memory.backend_compute(b) for b in ("cpu", "cuda", "sycl"))
-    assert (cpu_row.factor, cpu_row.add_mib, cpu_row.label) == (1.0, 0, "")
-    assert cuda.measured and cuda.add_mib > 0  # measured on an H200: CUDA needs more on some cards, never less
-    assert sycl.factor > 1.0 and sycl.add_mib >= cuda.add_mib and not sycl.measured  # never measured: a margin
-    assert memory.backend_compute("metal") == memory.BackendCompute("metal", max(r.factor for r in (cpu_row, cuda, sycl)),
-                                                                    sycl.add_mib, "")
+    assert (cpu_row.factor, cpu_row.add_mib, cpu_row.label()) == (1.0, 0, "")
+    # measured on an H200: CUDA needs more on some cards (growing with -ub and n_embd, and with a quantized cache)
+    assert cuda.measured and cuda.embd_rows > 0 and cuda.quant_kv_mib > 0
+    # never measured: a margin, at least what CUDA needs on every term
+    assert sycl.factor > 1.0 and not sycl.measured and sycl.add_mib > cuda.add_mib
+    assert sycl.embd_rows >= cuda.embd_rows and sycl.quant_kv_mib >= cuda.quant_kv_mib
+    assert memory.backend_compute("metal") == memory.BackendCompute(
+        "metal", max(r.factor for r in (cpu_row, cuda, sycl)), sycl.add_mib, "", sycl.embd_rows, sycl.quant_kv_mib)
     opts = PlanOptions(n_ctx=4096, n_outputs=512)  # the rows llama-fit-params reserves: its numbers as they are
     cpu = plan_for_split(prof, _cards(2), opts, [4, 5], ["RPC0", "RPC1"])
     on_sycl = plan_for_split(prof, _cards(2, "sycl"), opts, [4, 5], ["SYCL0", "SYCL1"])
+    rows = prof.n_embd * 512 * 4  # n_embd x the ubatch's tokens x f32
     for c, s in zip(cpu.cards, on_sycl.cards):
-        assert s.compute == int(c.compute * sycl.factor) + sycl.add_mib * MiB
-        assert s.compute_source == f"formula {sycl.factor - 1:+.0%} +{sycl.add_mib} MiB sycl"
+        assert s.compute == int(c.compute * sycl.factor) + int(sycl.embd_rows * rows) + sycl.add_mib * MiB
+        assert s.compute_source == f"formula {sycl.factor - 1:+.0%} +{sycl.embd_rows:g} rows +{sycl.add_mib} MiB sycl"
+    # a quantized cache adds its term on top
+    q8 = plan_for_split(prof, _cards(2, "sycl"), PlanOptions(n_ctx=4096, n_outputs=512, cache_type_k="q8_0",
+                                                             cache_type_v="q8_0"), [4, 5], ["SYCL0", "SYCL1"])
+    cpu_q8 = plan_for_split(prof, _cards(2), PlanOptions(n_ctx=4096, n_outputs=512, cache_type_k="q8_0",
+                                                          cache_type_v="q8_0"), [4, 5], ["RPC0", "RPC1"])
+    for c, s in zip(cpu_q8.cards, q8.cards):
+        assert s.compute == (int(c.compute * sycl.factor) + int(sycl.embd_rows * rows) + sycl.add_mib * MiB
+                             + sycl.quant_kv_mib * MiB)
+        assert s.compute_source.endswith(f"+{sycl.quant_kv_mib} MiB quantized KV sycl")
     # a measurement on CPU devices standing in for absent Intel cards keeps the backend's row
     m = memory.MeasuredCompute("cpu", {(4096, 0, j, c.first_layer, c.end_layer): 50 * MiB
                                        for j, c in enumerate(on_sycl.cards)})
     again = plan_for_split(prof, _cards(2, "sycl"), opts, [4, 5], ["SYCL0", "SYCL1"], measured=m)
-    assert [c.compute for c in again.cards] == [int(50 * MiB * sycl.factor) + sycl.add_mib * MiB] * 2
-    assert {c.compute_source for c in again.cards} == {f"measured cpu {sycl.label}"}
+    assert [c.compute for c in again.cards] == [int(50 * MiB * sycl.factor) + int(sycl.embd_rows * rows)
+                                                + sycl.add_mib * MiB] * 2
+    assert {c.compute_source for c in again.cards} == {f"measured cpu {sycl.label()}"}
     # ... and one taken on the backend's own cards is used as it is
     own = plan_for_split(prof, _cards(2, "sycl"), opts, [4, 5], ["SYCL0", "SYCL1"],
                          measured=memory.MeasuredCompute("sycl", m.entries))

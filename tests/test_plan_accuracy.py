@@ -89,19 +89,22 @@ def test_unchecked_family_stays_on_the_safe_side(llama_bins, rpc, tmp_path: Path
             assert cp.total >= (f.model_mib + f.context_mib + f.compute_mib - 1) * MiB, (ts, cp.device)
 
 
-@pytest.mark.parametrize("family", ["rwkv7", "nemotron_h"])
+@pytest.mark.parametrize("family", ["rwkv7", "nemotron_h", "falcon_h1"])
 def test_new_writers_load_in_llama_server_within_the_plan(llama_bins, rpc, tmp_path: Path, family: str) -> None:
-    """The RWKV-7 and Nemotron-H writers make models a real llama-server loads over two rpc-servers and generates
-    from; the buffers it reports per card are never above the plan by more than 16 MiB (and, for RWKV-7, the
-    checked family, within max(2 %, 16 MiB) of it)."""
+    """The RWKV-7, Nemotron-H and Falcon-H1 writers make models a real llama-server loads over two rpc-servers and
+    generates from; the buffers it reports per card are never above the plan by more than 16 MiB (and, for RWKV-7,
+    the checked family, within max(2 %, 16 MiB) of it)."""
     from arcsplit.llama.logs import parse_buffer_line, sum_buffers
     from arcsplit.run.ports import free_port
 
     if family == "rwkv7":
         path = synth.write_rwkv7(tmp_path / "r.gguf", n_layer=6, n_embd=512, head_size=64, n_ff=2048, n_vocab=4096)
-    else:
+    elif family == "nemotron_h":
         path = synth.write_nemotron_h(tmp_path / "n.gguf", pattern="M-M*-M", n_embd=512, n_head=8, n_head_kv=2,
                                       head_dim=64, n_ff=1024, d_inner=1024, d_state=64, n_group=4, n_vocab=4096)
+    else:
+        path = synth.write_falcon_h1(tmp_path / "f.gguf", n_layer=6, n_embd=512, n_head=8, n_head_kv=2, head_dim=64,
+                                     n_ff=1024, d_inner=768, d_state=64, n_vocab=4096)
     prof = load_profile(path)
     cards = [Card("cpu", i, f"rpc{i}", 65536 * MiB, 65536 * MiB, 0) for i in range(2)]
     plan = plan_for_split(prof, cards, PlanOptions(n_ctx=4096), [3, 4], ["RPC0", "RPC1"])
