@@ -117,7 +117,7 @@ class ModelProfile:
     n_embd_s: int  # recurrent ssm state per sequence (f32 elements)
     n_ff: tuple[int, ...]
     n_embd_q: tuple[int, ...]  # width of each layer's query projection (attn_q rows; gated attention: 2x), 0: none
-    recurrent_kind: str  # Family.recurrent: "all" (Mamba), "interval" (gated delta-net hybrids), "no_kv", ""
+    recurrent_kind: str  # Family.recurrent: "all" (Mamba), "interval" (gated delta-net hybrids), "no_kv", ... ""
     n_expert: int
     n_expert_used: int
     n_ff_exp: int  # per routed expert
@@ -505,7 +505,7 @@ FAMILIES: dict[str, Family] = {
     "qwen3next": _QWEN_HYBRID,
     "qwen4exp": Family(recurrent="interval"),
     "deepseek2": Family(mla=True, checked=True),
-    "granitehybrid": Family(recurrent="no_kv"),  # Mamba-2 layers where head_count_kv is 0; compute not calibrated
+    "granitehybrid": Family(recurrent="no_kv", checked=True),  # Mamba-2 layers where head_count_kv is 0
     "mamba": Family(recurrent="all", checked=True),
     "mamba2": Family(recurrent="all", checked=True),
     "rwkv7": Family(recurrent="rwkv", ffn_gate=False, checked=True),
@@ -514,11 +514,11 @@ FAMILIES: dict[str, Family] = {
     # on one card at -c 16384 (not 12288 or 24576), llama.cpp's allocator placed 22 MiB more than the formulas
     "jamba": Family(recurrent="no_kv", checked=True),
     "rwkv6": Family(recurrent="rwkv6", ffn_gate=False, checked=True),
-    # Mamba-2, attention or MLP layers. Unchecked: on a card holding both Mamba-2 and attention layers the formulas
-    # come out up to 20 MiB above llama.cpp (which layers sit next to which changes its peak; bench/plan_accuracy.py)
-    "nemotron_h": Family(recurrent="no_kv_ff", ffn_gate=False),
+    # Mamba-2, attention or MLP layers; which layers sit next to which moves split inputs between cards
+    # (memory.hybrid_ssm_bounce)
+    "nemotron_h": Family(recurrent="no_kv_ff", ffn_gate=False, checked=True),
     # attention and a Mamba-2 mixer side by side in every layer: each layer holds KV and recurrent state
-    "falcon-h1": Family(recurrent="parallel"),
+    "falcon-h1": Family(recurrent="parallel", checked=True),
 }
 
 

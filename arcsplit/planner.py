@@ -492,7 +492,7 @@ class _Solver:
             source = "formula" if self.profile.compute_checked else f"formula +{m.UNCHECKED_COMPUTE_MARGIN:.0%}"
         rows = self.profile.n_embd * min(self._shape.n_ubatch, costs.cs.n_ctx) * 4
         quant = any(m.CACHE_TYPES[t][0] > 1 for t in (self.options.cache_type_k, self.options.cache_type_v))
-        return backend.apply(got, rows, quant), f"{source} {backend.label(quant)}".rstrip()
+        return backend.apply(got, rows, costs.cs.n_ctx if quant else 0), f"{source} {backend.label(quant)}".rstrip()
 
     def ratio(self, costs: _Costs, j: int, a: int, b: int) -> float:
         """Card j's bytes for units [a, b) as a share of its budget (inf: cannot hold them at any share)."""

@@ -239,13 +239,17 @@ def write_llama(
     split_max_tensors: int = 0,
     seed: int = 0,
     reuse_random: bool = False,
+    arch: str | None = None,
 ) -> Path:
     """A small Llama (GQA). Returns the path to pass on (the first shard when split).
 
     With a per-layer list for ``n_head_kv`` the file says ``deci`` (Llama tensors, per-layer heads), the
-    llama.cpp architecture that accepts varying KV heads; llama.cpp's ``llama`` rejects them.
+    llama.cpp architecture that accepts varying KV heads; llama.cpp's ``llama`` rejects them. ``arch``: another
+    architecture llama.cpp loads from Llama's tensors, e.g. ``qwen2`` (its biases are optional), a family the
+    compute model is not checked on (model.FAMILIES).
     """
-    m = _Model("deci" if isinstance(n_head_kv, list) else "llama", n_vocab, ctx, n_embd, n_layer, dtype, seed)
+    arch = arch or ("deci" if isinstance(n_head_kv, list) else "llama")
+    m = _Model(arch, n_vocab, ctx, n_embd, n_layer, dtype, seed)
     m.u32("feed_forward_length", n_ff)
     m.u32("vocab_size", n_vocab)
     hd = _heads(m, n_head, n_head_kv, None)

@@ -6,7 +6,8 @@ or a --replan of it): rows with ``measured_compute_bytes`` (llama.cpp's compute 
 ``formula_compute_bytes``, made before compute_backends.toml existed), ``n_embd`` and ``n_ubatch``. Prints
 min/median/max of measured / formula and measured - formula, then the row's smallest terms that leave no card more
 than 16 MiB below llama.cpp (issue 16's tolerance): ``embd_rows`` (f32 rows n_embd wide per token of the ubatch)
-fitted on cards with an f16 cache, then ``quant_kv_mib`` on the cards with a quantized one; and, for comparison,
+fitted on cards with an f16 cache, then ``quant_kv_cell`` (bytes per cell of the context) on the cards with a
+quantized one; and, for comparison,
 the flat ``add_mib`` alone.
 
 Run: python bench/backend_factor.py bench/results/gpu/compute_cuda.json
@@ -44,9 +45,9 @@ def main(path: Path) -> None:
     embd = max(0.0, max((r["measured_compute_bytes"] - b - TOLERANCE) / t
                         for r, b, t, q in zip(rows, base, tokens, quant) if not q))
     embd = math.ceil(embd * 4) / 4
-    qkv = max([0] + [math.ceil((r["measured_compute_bytes"] - b - embd * t - TOLERANCE) / MiB)
+    qkv = max([0] + [math.ceil((r["measured_compute_bytes"] - b - embd * t - TOLERANCE) / r["n_ctx"])
                      for r, b, t, q in zip(rows, base, tokens, quant) if q])
-    print(f"per token: embd_rows = {embd:g}, quant_kv_mib = {qkv}  (add_mib 0)")
+    print(f"per token: embd_rows = {embd:g}, quant_kv_cell = {qkv}  (add_mib 0)")
 
 
 if __name__ == "__main__":

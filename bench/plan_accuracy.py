@@ -82,6 +82,18 @@ def models(tmp: Path) -> list[tuple[str, Path]]:
         ("falcon-h1 (attention + Mamba-2 in parallel)", synth.write_falcon_h1(
             tmp / "falcon_h1.gguf", n_layer=12, n_embd=1024, n_head=8, n_head_kv=2, head_dim=64, n_ff=2048,
             d_inner=1536, d_state=128, n_group=1, n_vocab=32000, header_only=True)),
+        # the Mamba-2 hybrids at the widths of released models (header only): Nemotron-H-8B's layer pattern and widths,
+        # a Granite-4.0-H-style dense hybrid (attention every 10th layer, the last one), Falcon-H1-7B's widths
+        ("nemotron_h (8B shape)", synth.write_nemotron_h(
+            tmp / "nemotron_h_8b.gguf", pattern="M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-", n_embd=4096,
+            n_head=32, n_head_kv=8, head_dim=128, n_ff=21504, d_inner=8192, d_state=128, n_group=8, n_vocab=131072,
+            header_only=True)),
+        ("granitehybrid (40 layers, 2048 wide)", synth.write_granitehybrid(
+            tmp / "granitehybrid_40.gguf", n_layer=40, n_embd=2048, n_head=32, n_head_kv=8, attention_every=10,
+            n_ff=8192, d_inner=4096, d_state=128, head_dim=64, n_vocab=100352, header_only=True)),
+        ("falcon-h1 (7B shape)", synth.write_falcon_h1(
+            tmp / "falcon_h1_7b.gguf", n_layer=44, n_embd=3072, n_head=12, n_head_kv=2, head_dim=128, n_ff=12288,
+            d_inner=6144, d_state=256, n_group=1, n_vocab=130048, header_only=True)),
     ]
     # Mamba-1 (d_state 16, dt_rank n_embd/16 like the published ones), Jamba (attention every 4th layer here so both
     # cards hold some, 16 experts top-2 every other layer as in Jamba), RWKV-6 (n_ff 3.5 n_embd)
