@@ -58,7 +58,7 @@ class CardPlan:
     compute: int
     has_output: bool = False
     # where ``compute`` comes from: "measured cpu" (llama.cpp's own dry run, cached), "formula", "formula +50%"
-    # (an architecture the formulas were never checked on), then "+40 MiB cuda" (the backend's row, memory.backend_compute)
+    # (an architecture the formulas were never checked on), then "+6 rows cuda" (the backend's row, memory.backend_compute)
     compute_source: str = "formula"
 
     @property

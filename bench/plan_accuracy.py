@@ -297,20 +297,16 @@ def cuda_verdict(r: dict) -> str:
     return "over" if r["err_total_mib"] >= -16 else "NO"
 
 
-def replan_cuda(json_path: Path, md_path: Path, names: list[str] | None = None) -> list[dict]:
-    """The planner of this checkout against the allocations a CUDA run stored in ``json_path``: the synthetic
-    models are written again (header only, deterministic) and every stored dry run is planned again, so a change
-    to the formulas or to compute_backends.toml is checked against the GPU's ground truth without a GPU. The
-    planner's fields of ``json_path`` are rewritten (the measurements stay as they were), unless only some models
-    were re-planned."""
-    import json
-
-    meta = json.loads(json_path.read_text())
+def replan_rows(data: dict, names: list[str] | None = None) -> list[dict]:
+    """The planner of this checkout against the allocations a CUDA run stored (compute_cuda.json's ``data``): the
+    synthetic models are written again (header only, deterministic) and every stored dry run is planned again, so a
+    change to the formulas or to compute_backends.toml is checked against the GPU's ground truth without a GPU.
+    A model whose header differs from the one measured (its writer changed since) is refused."""
     configs = dict(CUDA_CONFIGS)
     devs_of = {layout: devs for layout, devs, _ in CUDA_LAYOUTS}
     groups: dict[tuple[str, str, str], dict[str, FitRow]] = {}
     failed = []
-    for r in meta["rows"]:
+    for r in data["rows"]:
         if "error" in r:
             failed.append(r)
             continue
@@ -320,15 +316,24 @@ def replan_cuda(json_path: Path, md_path: Path, names: list[str] | None = None) 
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         paths = dict(only(cuda_models(Path(tmp)), names))
-        stored = {r["model"]: r.get("header_sha") for r in meta["rows"] if "error" not in r}
+        stored = {r["model"]: r.get("header_sha") for r in data["rows"] if "error" not in r}
         changed = [label for label, p in paths.items() if stored.get(label) not in (None, header_sha(p))]
         if changed:
-            raise SystemExit(f"{json_path}: these models are not the ones the GPU measured (their writers or sizes "
-                             f"changed since): {', '.join(changed)}; measure them again (--only) on a GPU")
+            raise SystemExit(f"these models are not the ones the GPU measured (their writers or sizes changed "
+                             f"since): {', '.join(changed)}; measure them again (--only) on a GPU")
         for (label, layout, cname), fit in groups.items():
             if label in paths:
                 rows += _cuda_plan_rows(label, paths[label], layout, devs_of[layout], cname, configs[cname], fit)
-    rows += [r for r in failed if r["model"] in paths]
+    return rows + [r for r in failed if r["model"] in paths]
+
+
+def replan_cuda(json_path: Path, md_path: Path, names: list[str] | None = None) -> list[dict]:
+    """replan_rows on ``json_path``; writes md_path and rewrites the planner's fields of ``json_path`` (the
+    measurements stay as they were), unless only some models were re-planned."""
+    import json
+
+    meta = json.loads(json_path.read_text())
+    rows = replan_rows(meta, names)
     write_cuda(rows, {k: v for k, v in meta.items() if k != "rows"}, md_path, json_path if not names else None,
                note="Re-planned by a later checkout (`bench/plan_accuracy.py --replan`) against the allocations "
                     "that run stored.")

@@ -167,9 +167,10 @@ def test_no_card_of_the_cuda_ground_truth_is_planned_short() -> None:
 
     bench = Path(__file__).resolve().parents[1] / "bench"
     sys.path.insert(0, str(bench))
-    from cuda_replan import replan
+    from plan_accuracy import replan_rows
 
-    got = replan(json.loads((bench / "results" / "gpu" / "compute_cuda.json").read_text(encoding="utf-8")))
-    assert len(got) >= 300
-    short = [(round(e, 1), r["model"], r["layout"], r["config"], r["card"]) for e, _, r in got if e < -16]
+    got = replan_rows(json.loads((bench / "results" / "gpu" / "compute_cuda.json").read_text(encoding="utf-8")))
+    assert len(got) >= 800 and not [r for r in got if "error" in r]
+    short = [(r["err_total_mib"], r["model"], r["layout"], r["config"], r["card"]) for r in got
+             if r["err_total_mib"] < -16]
     assert not short, short
