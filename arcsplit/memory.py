@@ -154,6 +154,10 @@ K_MLA_OUT = 6.0  # MLA (absorbed heads): the same on the last card of a pipeline
 # get this much on top: the formulas know the common layer shapes, not every graph llama.cpp builds. Measured
 # misses on checked families were below 10 %; an unseen graph (extra repeats, chunked scans) can be larger.
 UNCHECKED_COMPUTE_MARGIN = 0.5
+# Mamba-1 mixer (mamba, jamba), per d_inner: in_proj's x and z, the conv, dt and the scan output (6 d_inner per token
+# with K_SSM_EMBD; Mamba-1's d_inner is 2 n_embd). Its gate z crosses card boundaries: see _gate_crossing.
+K_MAMBA_X = 5.5
+K_RWKV6 = 17.5  # RWKV-6 time mix, per n_embd: the five mixed inputs of its LoRA, r, k, v, g, decay, WKV-6 output
 
 
 def _margin(profile: ModelProfile, n: int) -> int:
@@ -165,6 +169,27 @@ def mamba2_hybrid(profile: ModelProfile) -> bool:
     (Jamba's Mamba-1 mixers, the same layer kinds, convolve d_inner alone and keep the generic formulas)."""
     return profile.recurrent_kind in ("no_kv", "no_kv_ff", "parallel") and profile.ssm_d_inner > 0 \
         and profile.n_embd_r > max(0, profile.ssm_conv_kernel - 1) * profile.ssm_d_inner
+
+
+def _mamba1(profile: ModelProfile) -> bool:
+    """A Mamba-1 mixer: its conv carries x alone (Mamba-2's also carries the B and C groups)."""
+    return profile.ssm_d_inner > 0 and profile.n_embd_r == max(0, profile.ssm_conv_kernel - 1) * profile.ssm_d_inner
+
+
+def _gate_crossing(profile: ModelProfile, b: int) -> int:
+    """Rows per token of the Mamba-1 gate z (d_inner wide) that cross the card boundary before layer ``b``, 0 if none.
+
+    In mamba.cpp / jamba.cpp the gate's ggml_cont enters the graph only when the next mixer layer expands its state
+    copies, after that layer's first nodes (its state reads): the scheduler runs it on the next card, so z goes
+    there and comes back (split inputs, PIPELINE_COPIES each). Not when experts follow the mixer (build_moe_ffn
+    expands its own nodes first) nor when an attention layer comes next (its KV writes pull the tail in before any
+    of its own nodes). Seen in GGML_SCHED_DEBUG=2 splits; sizes measured with llama-fit-params on 2 and 4 cards.
+    """
+    if not _mamba1(profile) or not 0 < b < profile.n_layer_main:
+        return 0
+    il = b - 1
+    crosses = profile.is_recurrent[il] and not profile.expert_bytes[il] and profile.is_recurrent[b]
+    return profile.ssm_d_inner if crosses else 0
 
 
 def layer_rows(profile: ModelProfile, il: int) -> float:
@@ -179,8 +204,8 @@ def layer_rows(profile: ModelProfile, il: int) -> float:
         rows = K_MOE_FFN * width + K_MOE_OUT * e * profile.n_expert_used + K_MOE_EMBD * e
     else:
         rows = (K_FFN if profile.ffn_gate else K_FFN_UP) * profile.n_ff[il] + K_EMBD * e
-    if profile.recurrent_kind == "rwkv":
-        return max(rows, K_RWKV * e)
+    if profile.recurrent_kind in ("rwkv", "rwkv6"):
+        return max(rows, (K_RWKV6 if profile.recurrent_kind == "rwkv6" else K_RWKV) * e)
     if profile.is_recurrent[il] and profile.n_embd_r:
         conv = profile.n_embd_r // max(1, profile.ssm_conv_kernel - 1)  # d_inner + 2 groups of state
         if profile.recurrent_kind == "interval":
@@ -191,7 +216,10 @@ def layer_rows(profile: ModelProfile, il: int) -> float:
             rows = max(rows, K_HSSM * ((x + conv) + conv + 2 * x + embd * e))
         else:
             x = profile.ssm_d_inner or conv
-            rows = max(rows, K_SSM_X * x + K_SSM_BC * (conv - x) + K_SSM_EMBD * e)
+            if _mamba1(profile):
+                rows = max(rows, K_MAMBA_X * x + K_SSM_EMBD * e)
+            else:
+                rows = max(rows, K_SSM_X * x + K_SSM_BC * (conv - x) + K_SSM_EMBD * e)
     if profile.has_kv[il] and profile.n_embd_q[il]:
         rows = max(rows, K_ATTN_Q * profile.n_embd_q[il] + K_ATTN_EMBD * e)
     return rows
@@ -250,6 +278,14 @@ def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int,
     inputs += e * t * 4 + t * 4 * 4
     if first > 0 and not has_output:
         inputs += e * t * 4  # a middle card: the previous card's hidden rows arrive as one more split input
+        if profile.recurrent_kind in ("all", "rwkv", "rwkv6") and not _mamba1(profile):
+            # every layer a mixer: a tensor of its tail (Mamba: the d_inner-wide gate, RWKV: n_embd wide) is scheduled
+            # on the card after a boundary and copied back; the formulas hold one boundary's copies, a middle card has
+            # both boundaries' (measured with llama-fit-params on 3 CPU rpc-servers, bench/plan_accuracy.py)
+            inputs += 2 * (profile.ssm_d_inner if profile.recurrent_kind == "all" else e) * t * 4
+    gate_in = _gate_crossing(profile, first) if shape.pipeline else 0
+    if shape.pipeline:  # Mamba-1: z from the card before (and a second row of it), z back from the card after
+        inputs += (2 * gate_in + _gate_crossing(profile, end)) * t * 4
     hybrid = mamba2_hybrid(profile)
     if shape.pipeline and hybrid:
         inputs += t * 4 * hybrid_ssm_bounce(profile, first, end)
@@ -287,6 +323,7 @@ def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int,
         if shape.pipeline and profile.mla:
             out += int(K_MLA_OUT * e * t * 4)
         last = min(end, profile.n_layer_main) - 1
+        ws += 2 * gate_in * t * 4  # Mamba-1: the gate's copies beside the last card's layers
         if not shape.pipeline and hybrid and last >= first and profile.recurrent_kind == "no_kv_ff" \
                 and not profile.is_recurrent[last]:
             out += inputs  # nemotron_h on one device, not ending in Mamba-2: the graph inputs stay beside the logits
@@ -294,11 +331,11 @@ def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int,
                 and profile.n_ff[last] and not profile.is_recurrent[last]:
             # granitehybrid on one device, ending in attention: its last FFN's rows sit under the logits (measured)
             out += int(t * 4 * ((K_FFN if profile.ffn_gate else K_FFN_UP) * profile.n_ff[last] + K_EMBD * e))
-        if shape.pipeline and not hybrid and profile.recurrent_kind != "interval" and last >= first \
-                and profile.is_recurrent[last]:
+        if shape.pipeline and not hybrid and not _mamba1(profile) and profile.recurrent_kind != "interval" \
+                and last >= first and profile.is_recurrent[last]:
             # Mamba-2 mixers, RWKV: the last card of a pipeline keeps its last layer's scan buffers beside the logits
             keep = int(t * 4 * layer_rows(profile, last))
-            if profile.recurrent_kind == "rwkv":  # ... and only those: no staging rows, the split inputs apart
+            if profile.recurrent_kind in ("rwkv", "rwkv6"):  # ... and only those: no staging rows, the split inputs apart
                 return _margin(profile, max(PIPELINE_COPIES * inputs + ws, shape.n_outputs * profile.n_vocab * 4 + keep))
             out += keep
     if shape.pipeline:

@@ -448,7 +448,7 @@ class Family:
 
     ``swa``: (default pattern, dense_first, default n_swa, SWA only when sliding_window > 0 is in the file).
     ``recurrent``: "all" (Mamba), "interval" (Qwen hybrids: full attention every ``full_attention_interval``),
-    "rwkv" (every layer: token shifts and a WKV state), "parallel" (every layer
+    "rwkv" (every layer: token shifts and a WKV state; "rwkv6": the same with RWKV-6's time mix), "parallel" (every layer
     both attention with KV and a Mamba-2 mixer with state: Falcon-H1), "no_kv" (layers without KV heads are recurrent), "no_kv_ff" (those without KV heads and without an FFN:
     Nemotron-H's MLP layers have neither KV nor state), "" (none). ``kv_layers``: "first20" (gemma3n: only the first
     20 layers hold KV), "shared" (the last ``shared_kv_layers`` reuse earlier KV), "" (every attention layer).
@@ -506,11 +506,14 @@ FAMILIES: dict[str, Family] = {
     "qwen4exp": Family(recurrent="interval"),
     "deepseek2": Family(mla=True, checked=True),
     "granitehybrid": Family(recurrent="no_kv", checked=True),  # Mamba-2 layers where head_count_kv is 0
-    "mamba": Family(recurrent="all"),
+    "mamba": Family(recurrent="all", checked=True),
     "mamba2": Family(recurrent="all", checked=True),
     "rwkv7": Family(recurrent="rwkv", ffn_gate=False, checked=True),
-    "jamba": Family(recurrent="no_kv"),  # Mamba-1 layers where head_count_kv is 0, attention elsewhere
-    "rwkv6": Family(recurrent="rwkv", ffn_gate=False),
+    # Mamba-1 layers where head_count_kv is 0, attention elsewhere, experts or a dense FFN in every layer. Checked on
+    # the bench's model and on Jamba-v0.1's layer shapes (4096 wide, 16 experts of 14336, vocab 65536); there, alone
+    # on one card at -c 16384 (not 12288 or 24576), llama.cpp's allocator placed 22 MiB more than the formulas
+    "jamba": Family(recurrent="no_kv", checked=True),
+    "rwkv6": Family(recurrent="rwkv6", ffn_gate=False, checked=True),
     # Mamba-2, attention or MLP layers; which layers sit next to which moves split inputs between cards
     # (memory.hybrid_ssm_bounce)
     "nemotron_h": Family(recurrent="no_kv_ff", ffn_gate=False, checked=True),
@@ -685,7 +688,7 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
     if recurrent or (d_inner and d_state):
         n_embd_r = max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state)
         n_embd_s = d_state * d_inner
-        if recurrent == "rwkv":  # llama_hparams::n_embd_r/n_embd_s with wkv_head_size set
+        if recurrent in ("rwkv", "rwkv6"):  # llama_hparams::n_embd_r/n_embd_s with wkv_head_size set
             n_embd_r = (m.int("{arch}.token_shift_count", 2) or 2) * n_embd
             n_embd_s = n_embd * (m.int("{arch}.wkv.head_size", 0) or 0)
         arr = m.get("{arch}.attention.recurrent_layers")
@@ -693,7 +696,7 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
             if len(arr) != n_all:
                 raise ModelError(f"{path}: {arch}.attention.recurrent_layers must list {n_all} layers", "use a valid GGUF file")
             is_recr = tuple(bool(x) for x in arr)
-        elif recurrent in ("all", "rwkv", "parallel"):
+        elif recurrent in ("all", "rwkv", "rwkv6", "parallel"):
             is_recr = (True,) * n_all
         elif recurrent == "interval":
             interval = m.int("{arch}.full_attention_interval", 4) or 4
