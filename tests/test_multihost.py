@@ -48,11 +48,8 @@ def _llama_dir(monkeypatch: pytest.MonkeyPatch, llama_bins: Any) -> None:
     monkeypatch.setenv("ARCSPLIT_LLAMA_DIR", str(llama_bins.bin_dir))
 
 
-def two_hosts(net: NetHarness, tmp_path: Path, link: str = "ssh", forwards: str = "shared", **kw: Any) -> Path:
-    path = net.layout(tmp_path / "two_hosts.toml", [("", CARDS_MIB[0]), ("b", CARDS_MIB[1])], link=link, **kw)
-    if forwards != "shared":  # the default: each link a forward on the node agent's own ssh connection
-        path.write_text(path.read_text().replace(f'link = "{link}"', f'link = "{link}"\nforwards = "{forwards}"'))
-    return path
+def two_hosts(net: NetHarness, tmp_path: Path, link: str = "ssh", **kw: Any) -> Path:
+    return net.layout(tmp_path / "two_hosts.toml", [("", CARDS_MIB[0]), ("b", CARDS_MIB[1])], link=link, **kw)
 
 
 def one_host(net: NetHarness, tmp_path: Path) -> Path:
