@@ -136,11 +136,19 @@ K_FFN_GDN = K_FFN  # gated delta-net block (qwen3next, qwen35): qkv, conv and th
 K_SSM_X = 10.25  # Mamba-2 mixer (mamba2, hybrids of it), per d_inner: z, x, conv and scan outputs, gated norm
 K_SSM_BC = 3.25  # ... per element of its B and C groups (2 * n_group * d_state): in_proj, conv, scan inputs
 K_SSM_EMBD = 1.0
+# The same mixer in an attention hybrid (granitehybrid, nemotron_h, falcon-h1), where the split inputs are counted
+# apart (hybrid_ssm_bounce); pure mamba2's K_SSM_* fold its bounce in. Live when z is made contiguous: in_proj's
+# output (2 d_inner + B/C groups), the conv's (d_inner + B/C groups), the scan's and z's (d_inner each) and the
+# residual (Falcon-H1: and the attention output waiting for the mixer's); ggml-alloc's gaps between them add about
+# a quarter (measured from d_inner 1536 to 8192, n_embd 1024 to 4096, 1 to 8 groups).
+K_HSSM = 1.25
 K_RWKV = 22.5  # RWKV-7 time mix, per n_embd: r, k, v, the five LoRA-mixed inputs, WKV-7 output and state
 K_OUT_EMBD = 4.75  # the output layer on one of several devices: final norm, its input rows, logits staging
+K_OUT_EMBD_HSSM = 2.0  # the same in a Mamba-2 + attention hybrid, whose output card's split inputs count apart
 K_OUT_EMBD_SOLO = 1.0  # the same on a lone device: the graph is one split, only the normed rows stay with the logits
 K_NOFA_EMBD = 4.0  # without flash attention, next to the KQ scores, Q and KQV (counted per head) and the residual
 K_NOFA_OUT = 4.0  # without flash attention, the last card of a pipeline keeps its last layer's rows for the output
+K_NOFA_OUT_HSSM = 2.0  # the same in a Mamba-2 + attention hybrid (its output card's split inputs count apart)
 K_MLA_OUT = 6.0  # MLA (absorbed heads): the same on the last card of a pipeline, with flash attention too
 # On an architecture whose family the model above was never measured on (model.Family.checked), compute buffers
 # get this much on top: the formulas know the common layer shapes, not every graph llama.cpp builds. Measured
@@ -150,6 +158,13 @@ UNCHECKED_COMPUTE_MARGIN = 0.5
 
 def _margin(profile: ModelProfile, n: int) -> int:
     return n if profile.compute_checked else int(n * (1 + UNCHECKED_COMPUTE_MARGIN))
+
+
+def mamba2_hybrid(profile: ModelProfile) -> bool:
+    """Mamba-2 + attention hybrids (granitehybrid, nemotron_h, falcon-h1): their conv also carries the B/C groups
+    (Jamba's Mamba-1 mixers, the same layer kinds, convolve d_inner alone and keep the generic formulas)."""
+    return profile.recurrent_kind in ("no_kv", "no_kv_ff", "parallel") and profile.ssm_d_inner > 0 \
+        and profile.n_embd_r > max(0, profile.ssm_conv_kernel - 1) * profile.ssm_d_inner
 
 
 def layer_rows(profile: ModelProfile, il: int) -> float:
@@ -170,12 +185,44 @@ def layer_rows(profile: ModelProfile, il: int) -> float:
         conv = profile.n_embd_r // max(1, profile.ssm_conv_kernel - 1)  # d_inner + 2 groups of state
         if profile.recurrent_kind == "interval":
             rows = max(rows, K_FFN_GDN * conv + K_EMBD * e)
+        elif mamba2_hybrid(profile):
+            x = profile.ssm_d_inner or conv
+            embd = 2 if profile.recurrent_kind == "parallel" else 1
+            rows = max(rows, K_HSSM * ((x + conv) + conv + 2 * x + embd * e))
         else:
             x = profile.ssm_d_inner or conv
             rows = max(rows, K_SSM_X * x + K_SSM_BC * (conv - x) + K_SSM_EMBD * e)
     if profile.has_kv[il] and profile.n_embd_q[il]:
         rows = max(rows, K_ATTN_Q * profile.n_embd_q[il] + K_ATTN_EMBD * e)
     return rows
+
+
+def hybrid_ssm_bounce(profile: ModelProfile, first: int, end: int) -> int:
+    """Floats per token of split inputs a card of a Mamba-2 + attention hybrid gets from llama.cpp's node order.
+
+    A mixer's tail (z made contiguous onwards) enters the graph only when the next layer that writes its cache
+    pulls it in; when that is the next Mamba-2 layer (no attention layer between) and it sits on the next card,
+    the scheduler runs that tail's first op there: in_proj's whole output row (2 d_inner + B/C groups + dt) goes to
+    that card and the contiguous z (d_inner) comes back, each a split input kept in every pipeline copy.
+    Falcon-H1 has attention in every layer, which pulls the tail in on its own card.
+    """
+    if not mamba2_hybrid(profile) or profile.recurrent_kind == "parallel":
+        return 0
+    n = profile.n_layer_main
+    writes = [il for il in range(n) if profile.is_recurrent[il] or profile.has_kv[il]]
+    on_card = [il for il in writes if first <= il < end]
+    if not on_card:
+        return 0
+    before = [il for il in writes if il < first]
+    after = [il for il in writes if il >= end]
+    x = profile.ssm_d_inner
+    conv = profile.n_embd_r // max(1, profile.ssm_conv_kernel - 1)
+    got = 0
+    if before and profile.is_recurrent[before[-1]] and profile.is_recurrent[on_card[0]]:
+        got += x + conv  # in_proj's output row (dt's few heads aside) arrives from the previous card
+    if after and profile.is_recurrent[on_card[-1]] and profile.is_recurrent[after[0]]:
+        got += x  # z comes back from the next card
+    return got
 
 
 @dataclass(frozen=True)
@@ -203,6 +250,11 @@ def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int,
     inputs += e * t * 4 + t * 4 * 4
     if first > 0 and not has_output:
         inputs += e * t * 4  # a middle card: the previous card's hidden rows arrive as one more split input
+    hybrid = mamba2_hybrid(profile)
+    if shape.pipeline and hybrid:
+        inputs += t * 4 * hybrid_ssm_bounce(profile, first, end)
+        if first > 0 and has_output and len(layers):
+            inputs += e * t * 4  # the first layer's normed rows arrive beside the hidden rows
     # the widest layer's working set
     ws = 0
     for il in layers:
@@ -217,17 +269,33 @@ def compute_bytes(profile: ModelProfile, cs: ContextSizes, first: int, end: int,
             h_kv = max(1, profile.n_head_kv[il])
             hk = profile.n_embd_k[il] // h_kv
             hv = hk if profile.mla else profile.n_embd_v[il] // h_kv
-            w = max(w, t * 4 * (profile.n_head[il] * (n_kv + hk + hv) + K_NOFA_EMBD * e))
+            waiting = 0
+            if profile.recurrent_kind == "parallel" and profile.ssm_d_inner:
+                # Falcon-H1: the query side runs after the layer's Mamba-2 mixer wrote its caches, so the mixer's
+                # in_proj output (z, x, B, C, dt) waits beside the scores
+                waiting = profile.ssm_d_inner + profile.n_embd_r // max(1, profile.ssm_conv_kernel - 1)
+            w = max(w, t * 4 * (profile.n_head[il] * (n_kv + hk + hv) + K_NOFA_EMBD * e + waiting))
+        if hybrid and profile.is_recurrent[il]:
+            w += profile.n_embd_s * 4 * cs.n_seq  # the scan's output carries each sequence's new state
         ws = max(ws, int(w))
     out = 0
     if has_output:
-        out = int(shape.n_outputs * profile.n_vocab * 4 + (K_OUT_EMBD if shape.pipeline else K_OUT_EMBD_SOLO) * e * t * 4)
+        k_out = (K_OUT_EMBD_HSSM if hybrid else K_OUT_EMBD) if shape.pipeline else K_OUT_EMBD_SOLO
+        out = int(shape.n_outputs * profile.n_vocab * 4 + k_out * e * t * 4)
         if shape.pipeline and not shape.flash_attn and any(profile.has_kv[il] for il in layers):
-            ws += int(K_NOFA_OUT * e * t * 4)
+            ws += int((K_NOFA_OUT_HSSM if hybrid else K_NOFA_OUT) * e * t * 4)
         if shape.pipeline and profile.mla:
             out += int(K_MLA_OUT * e * t * 4)
         last = min(end, profile.n_layer_main) - 1
-        if shape.pipeline and profile.recurrent_kind != "interval" and last >= first and profile.is_recurrent[last]:
+        if not shape.pipeline and hybrid and last >= first and profile.recurrent_kind == "no_kv_ff" \
+                and not profile.is_recurrent[last]:
+            out += inputs  # nemotron_h on one device, not ending in Mamba-2: the graph inputs stay beside the logits
+        elif not shape.pipeline and hybrid and last >= first and profile.recurrent_kind == "no_kv" \
+                and profile.n_ff[last] and not profile.is_recurrent[last]:
+            # granitehybrid on one device, ending in attention: its last FFN's rows sit under the logits (measured)
+            out += int(t * 4 * ((K_FFN if profile.ffn_gate else K_FFN_UP) * profile.n_ff[last] + K_EMBD * e))
+        if shape.pipeline and not hybrid and profile.recurrent_kind != "interval" and last >= first \
+                and profile.is_recurrent[last]:
             # Mamba-2 mixers, RWKV: the last card of a pipeline keeps its last layer's scan buffers beside the logits
             keep = int(t * 4 * layer_rows(profile, last))
             if profile.recurrent_kind == "rwkv":  # ... and only those: no staging rows, the split inputs apart
@@ -321,21 +389,30 @@ def measured_compute(m: MeasuredCompute, profile: ModelProfile, cs: ContextSizes
 @dataclass(frozen=True)
 class BackendCompute:
     """One row of arcsplit/data/compute_backends.toml: what this backend's compute buffers need beyond the
-    CPU-calibrated formulas (a factor, then MiB on top), and what that rests on."""
+    CPU-calibrated formulas (a factor, rows of the hidden state per token of the ubatch, then MiB on top), and what
+    that rests on."""
 
     backend: str
     factor: float
     add_mib: int
     measured: str  # "" when it is a safety margin, not a measurement
+    embd_rows: float = 0.0  # f32 rows n_embd wide per token of the ubatch: what grows with -ub and the model's width
+    quant_kv_cell: int = 0  # bytes per cell of the context on each card when the KV cache is quantized (q8_0, ...)
 
-    def apply(self, n: int) -> int:
-        return int(n * self.factor) + self.add_mib * MiB if n else 0
+    def apply(self, n: int, row_bytes: int = 0, quant_cells: int = 0) -> int:
+        """``n`` (the formulas' or a CPU measurement's bytes) on this backend; ``row_bytes``: n_embd x tokens x 4;
+        ``quant_cells``: the context's cells when the KV cache is quantized, else 0."""
+        if not n:
+            return 0
+        return int(n * self.factor) + int(self.embd_rows * row_bytes) + self.add_mib * MiB + self.quant_kv_cell * quant_cells
 
-    @property
-    def label(self) -> str:
-        """What the plan prints, e.g. "+25% +40 MiB sycl"; "" where the backend needs nothing beyond the formulas."""
+    def label(self, quant_kv: bool = False) -> str:
+        """What the plan prints, e.g. "+25% +6 rows +40 MiB sycl"; "" where the backend needs nothing beyond the
+        formulas."""
         parts = [f"{self.factor - 1:+.0%}"] if self.factor != 1.0 else []
+        parts += [f"+{self.embd_rows:g} rows"] if self.embd_rows else []
         parts += [f"+{self.add_mib} MiB"] if self.add_mib else []
+        parts += [f"+{self.quant_kv_cell} B/cell quantized KV"] if self.quant_kv_cell and quant_kv else []
         return f"{' '.join(parts)} {self.backend}" if parts else ""
 
 
@@ -349,5 +426,8 @@ def backend_compute(backend: str) -> BackendCompute:
     row = table.get(backend)
     if row is None:
         return BackendCompute(backend, max(float(r["factor"]) for r in table.values()),
-                              max(int(r.get("add_mib", 0)) for r in table.values()), "")
-    return BackendCompute(backend, float(row["factor"]), int(row.get("add_mib", 0)), str(row.get("measured", "")))
+                              max(int(r.get("add_mib", 0)) for r in table.values()), "",
+                              max(float(r.get("embd_rows", 0)) for r in table.values()),
+                              max(int(r.get("quant_kv_cell", 0)) for r in table.values()))
+    return BackendCompute(backend, float(row["factor"]), int(row.get("add_mib", 0)), str(row.get("measured", "")),
+                          float(row.get("embd_rows", 0)), int(row.get("quant_kv_cell", 0)))

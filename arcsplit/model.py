@@ -117,7 +117,7 @@ class ModelProfile:
     n_embd_s: int  # recurrent ssm state per sequence (f32 elements)
     n_ff: tuple[int, ...]
     n_embd_q: tuple[int, ...]  # width of each layer's query projection (attn_q rows; gated attention: 2x), 0: none
-    recurrent_kind: str  # Family.recurrent: "all" (Mamba), "interval" (gated delta-net hybrids), "no_kv", ""
+    recurrent_kind: str  # Family.recurrent: "all" (Mamba), "interval" (gated delta-net hybrids), "no_kv", ... ""
     n_expert: int
     n_expert_used: int
     n_ff_exp: int  # per routed expert
@@ -448,7 +448,8 @@ class Family:
 
     ``swa``: (default pattern, dense_first, default n_swa, SWA only when sliding_window > 0 is in the file).
     ``recurrent``: "all" (Mamba), "interval" (Qwen hybrids: full attention every ``full_attention_interval``),
-    "rwkv" (every layer: token shifts and a WKV state), "no_kv" (layers without KV heads are recurrent), "no_kv_ff" (those without KV heads and without an FFN:
+    "rwkv" (every layer: token shifts and a WKV state), "parallel" (every layer
+    both attention with KV and a Mamba-2 mixer with state: Falcon-H1), "no_kv" (layers without KV heads are recurrent), "no_kv_ff" (those without KV heads and without an FFN:
     Nemotron-H's MLP layers have neither KV nor state), "" (none). ``kv_layers``: "first20" (gemma3n: only the first
     20 layers hold KV), "shared" (the last ``shared_kv_layers`` reuse earlier KV), "" (every attention layer).
     ``checked``: the compute model was measured against llama-fit-params on a model of this family
@@ -504,13 +505,17 @@ FAMILIES: dict[str, Family] = {
     "qwen3next": _QWEN_HYBRID,
     "qwen4exp": Family(recurrent="interval"),
     "deepseek2": Family(mla=True, checked=True),
-    "granitehybrid": Family(recurrent="no_kv"),  # Mamba-2 layers where head_count_kv is 0; compute not calibrated
+    "granitehybrid": Family(recurrent="no_kv", checked=True),  # Mamba-2 layers where head_count_kv is 0
     "mamba": Family(recurrent="all"),
     "mamba2": Family(recurrent="all", checked=True),
     "rwkv7": Family(recurrent="rwkv", ffn_gate=False, checked=True),
-    # Mamba-2, attention or MLP layers. Unchecked: on a card holding both Mamba-2 and attention layers the formulas
-    # come out up to 20 MiB above llama.cpp (which layers sit next to which changes its peak; bench/plan_accuracy.py)
-    "nemotron_h": Family(recurrent="no_kv_ff", ffn_gate=False),
+    "jamba": Family(recurrent="no_kv"),  # Mamba-1 layers where head_count_kv is 0, attention elsewhere
+    "rwkv6": Family(recurrent="rwkv", ffn_gate=False),
+    # Mamba-2, attention or MLP layers; which layers sit next to which moves split inputs between cards
+    # (memory.hybrid_ssm_bounce)
+    "nemotron_h": Family(recurrent="no_kv_ff", ffn_gate=False, checked=True),
+    # attention and a Mamba-2 mixer side by side in every layer: each layer holds KV and recurrent state
+    "falcon-h1": Family(recurrent="parallel", checked=True),
 }
 
 
@@ -688,7 +693,7 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
             if len(arr) != n_all:
                 raise ModelError(f"{path}: {arch}.attention.recurrent_layers must list {n_all} layers", "use a valid GGUF file")
             is_recr = tuple(bool(x) for x in arr)
-        elif recurrent in ("all", "rwkv"):
+        elif recurrent in ("all", "rwkv", "parallel"):
             is_recr = (True,) * n_all
         elif recurrent == "interval":
             interval = m.int("{arch}.full_attention_interval", 4) or 4
@@ -717,7 +722,7 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
     has_kv = []
     for il in range(n_all):
         ok = n_kv_from_start < 0 or il < n_kv_from_start
-        ok = ok and il < n_main and not is_recr[il] and n_head_kv[il] > 0
+        ok = ok and il < n_main and (recurrent == "parallel" or not is_recr[il]) and n_head_kv[il] > 0
         if recurrent == "all":
             ok = False
         has_kv.append(ok)
@@ -736,7 +741,8 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
     used = m.get("{arch}.expert_used_count")
     n_expert_used = max(used) if isinstance(used, tuple) and used else (m.int("{arch}.expert_used_count", 0) or 0)
 
-    n_ff_exp = m.per_layer("{arch}.expert_feed_forward_length", n_all, 0)
+    # without the key, experts are feed_forward_length wide (Mixtral as llama, jamba: ffn_gate_exps {n_embd, n_ff})
+    n_ff_exp = m.per_layer("{arch}.expert_feed_forward_length", n_all, n_ff if n_expert else 0)
     n_shared = m.int("{arch}.expert_shared_count", 0) or 0
     n_ff_shexp = m.int("{arch}.expert_shared_feed_forward_length", 0) or (n_shared * max(n_ff_exp) if n_shared else 0)
 

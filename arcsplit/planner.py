@@ -58,7 +58,7 @@ class CardPlan:
     compute: int
     has_output: bool = False
     # where ``compute`` comes from: "measured cpu" (llama.cpp's own dry run, cached), "formula", "formula +50%"
-    # (an architecture the formulas were never checked on), then "+40 MiB cuda" (the backend's row, memory.backend_compute)
+    # (an architecture the formulas were never checked on), then "+6 rows cuda" (the backend's row, memory.backend_compute)
     compute_source: str = "formula"
 
     @property
@@ -490,7 +490,9 @@ class _Solver:
         else:
             got = m.compute_bytes(self.profile, costs.cs, a, min(b, self.profile.n_layer), has_out, self._shape)
             source = "formula" if self.profile.compute_checked else f"formula +{m.UNCHECKED_COMPUTE_MARGIN:.0%}"
-        return backend.apply(got), f"{source} {backend.label}".rstrip()
+        rows = self.profile.n_embd * min(self._shape.n_ubatch, costs.cs.n_ctx) * 4
+        quant = any(m.CACHE_TYPES[t][0] > 1 for t in (self.options.cache_type_k, self.options.cache_type_v))
+        return backend.apply(got, rows, costs.cs.n_ctx if quant else 0), f"{source} {backend.label(quant)}".rstrip()
 
     def ratio(self, costs: _Costs, j: int, a: int, b: int) -> float:
         """Card j's bytes for units [a, b) as a share of its budget (inf: cannot hold them at any share)."""

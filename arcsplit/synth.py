@@ -239,13 +239,17 @@ def write_llama(
     split_max_tensors: int = 0,
     seed: int = 0,
     reuse_random: bool = False,
+    arch: str | None = None,
 ) -> Path:
     """A small Llama (GQA). Returns the path to pass on (the first shard when split).
 
     With a per-layer list for ``n_head_kv`` the file says ``deci`` (Llama tensors, per-layer heads), the
-    llama.cpp architecture that accepts varying KV heads; llama.cpp's ``llama`` rejects them.
+    llama.cpp architecture that accepts varying KV heads; llama.cpp's ``llama`` rejects them. ``arch``: another
+    architecture llama.cpp loads from Llama's tensors, e.g. ``qwen2`` (its biases are optional), a family the
+    compute model is not checked on (model.FAMILIES).
     """
-    m = _Model("deci" if isinstance(n_head_kv, list) else "llama", n_vocab, ctx, n_embd, n_layer, dtype, seed)
+    arch = arch or ("deci" if isinstance(n_head_kv, list) else "llama")
+    m = _Model(arch, n_vocab, ctx, n_embd, n_layer, dtype, seed)
     m.u32("feed_forward_length", n_ff)
     m.u32("vocab_size", n_vocab)
     hd = _heads(m, n_head, n_head_kv, None)
@@ -616,6 +620,45 @@ def write_nemotron_h(
     return m.write(path, header_only)
 
 
+def write_falcon_h1(
+    path: str | Path,
+    n_layer: int = 4,
+    n_embd: int = 256,
+    n_head: int = 8,
+    n_head_kv: int = 2,
+    head_dim: int = 64,
+    n_ff: int = 512,
+    d_inner: int = 384,
+    d_state: int = 64,
+    n_group: int = 1,
+    ssm_head_dim: int = 64,
+    conv_kernel: int = 4,
+    n_vocab: int = 512,
+    ctx: int = 8192,
+    dtype: str = "f16",
+    header_only: bool = False,
+    seed: int = 0,
+) -> Path:
+    """A small Falcon-H1 (llama.cpp ``falcon-h1``): every layer runs attention and a Mamba-2 mixer side by side on
+    the same normed input (their outputs added), then a SwiGLU FFN; every layer holds KV and recurrent state
+    (src/models/falcon-h1.cpp). The pinned llama.cpp names the FFN norm ``blk.N.ffn_norm`` (no ``.weight``)."""
+    m = _Model("falcon-h1", n_vocab, ctx, n_embd, n_layer, dtype, seed)
+    m.u32("feed_forward_length", n_ff)
+    m.u32("ssm.conv_kernel", conv_kernel)
+    m.u32("ssm.inner_size", d_inner)
+    m.u32("ssm.state_size", d_state)
+    m.u32("ssm.time_step_rank", d_inner // ssm_head_dim)
+    m.u32("ssm.group_count", n_group)
+    hd = _heads(m, n_head, n_head_kv, head_dim)
+    m.embeddings(False)
+    for i in range(n_layer):
+        _attention(m, i, n_head, n_head_kv, hd)
+        _mamba2_block(m, i, d_inner, d_state, n_group, d_inner // ssm_head_dim, conv_kernel)
+        m.t(f"blk.{i}.ffn_norm", n_embd)
+        _ffn(m, i, n_ff, norm=False)
+    return m.write(path, header_only)
+
+
 def write_rwkv7(
     path: str | Path,
     n_layer: int = 12,
@@ -732,6 +775,172 @@ def write_deepseek2(
             m.t(f"blk.{i}.ffn_gate_shexp.weight", e, n_ff_exp)
             m.t(f"blk.{i}.ffn_up_shexp.weight", e, n_ff_exp)
             m.t(f"blk.{i}.ffn_down_shexp.weight", n_ff_exp, e)
+    return m.write(path, header_only)
+
+
+def write_mamba(
+    path: str | Path,
+    n_layer: int = 4,
+    n_embd: int = 64,
+    d_state: int = 16,
+    dt_rank: int | None = None,
+    conv_kernel: int = 4,
+    n_vocab: int = 512,
+    ctx: int = 4096,
+    dtype: str = "f16",
+    header_only: bool = False,
+    seed: int = 0,
+) -> Path:
+    """A small Mamba-1 (llama.cpp ``mamba``): every layer a selective-scan mixer, no attention, no KV cache
+    (src/models/mamba.cpp; d_inner is 2 * n_embd, the only expansion llama.cpp supports; dt_rank defaults to
+    ceil(n_embd / 16) as in the published models)."""
+    m = _Model("mamba", n_vocab, ctx, n_embd, n_layer, dtype, seed)
+    d_inner = 2 * n_embd
+    rank = dt_rank or -(-n_embd // 16)
+    _mamba1_keys(m, d_inner, d_state, rank, conv_kernel)
+    m.embeddings(False)
+    for i in range(n_layer):
+        m.t(f"blk.{i}.attn_norm.weight", n_embd)
+        _mamba1_block(m, i, d_inner, d_state, rank, conv_kernel, bcdt_norms=False)
+    return m.write(path, header_only)
+
+
+def _mamba1_keys(m: _Model, d_inner: int, d_state: int, dt_rank: int, conv_kernel: int) -> None:
+    m.u32("ssm.conv_kernel", conv_kernel)
+    m.u32("ssm.inner_size", d_inner)
+    m.u32("ssm.state_size", d_state)
+    m.u32("ssm.time_step_rank", dt_rank)
+
+
+def _mamba1_block(m: _Model, i: int, d_inner: int, d_state: int, dt_rank: int, conv_kernel: int,
+                  bcdt_norms: bool) -> None:
+    """One Mamba-1 mixer (mamba.cpp, jamba.cpp load_arch_tensors): in_proj to x and z, conv, x_proj to dt, B and C,
+    dt_proj, the scan's A and D; Jamba RMS-norms dt, B and C (``bcdt_norms``)."""
+    m.t(f"blk.{i}.ssm_in.weight", m.n_embd, 2 * d_inner)
+    m.t(f"blk.{i}.ssm_conv1d.weight", conv_kernel, d_inner, f32=True)
+    m.t(f"blk.{i}.ssm_conv1d.bias", d_inner)
+    m.t(f"blk.{i}.ssm_x.weight", d_inner, dt_rank + 2 * d_state)
+    if bcdt_norms:
+        m.t(f"blk.{i}.ssm_dt_norm.weight", dt_rank)
+        m.t(f"blk.{i}.ssm_b_norm.weight", d_state)
+        m.t(f"blk.{i}.ssm_c_norm.weight", d_state)
+    m.t(f"blk.{i}.ssm_dt.weight", dt_rank, d_inner)
+    m.t(f"blk.{i}.ssm_dt.bias", d_inner)
+    m.t(f"blk.{i}.ssm_a", d_state, d_inner, f32=True)
+    m.t(f"blk.{i}.ssm_d", d_inner)
+    m.t(f"blk.{i}.ssm_out.weight", d_inner, m.n_embd)
+
+
+def write_jamba(
+    path: str | Path,
+    n_layer: int = 8,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    attn_period: int = 8,
+    attn_offset: int = 4,
+    n_ff: int = 128,
+    n_expert: int = 4,
+    n_expert_used: int = 2,
+    expert_period: int = 2,
+    expert_offset: int = 1,
+    d_state: int = 16,
+    dt_rank: int | None = None,
+    conv_kernel: int = 4,
+    n_vocab: int = 512,
+    ctx: int = 4096,
+    dtype: str = "f16",
+    header_only: bool = False,
+    seed: int = 0,
+) -> Path:
+    """A small Jamba (llama.cpp ``jamba``): Mamba-1 mixers (with RMS-normed dt, B, C) and, where
+    ``i % attn_period == attn_offset``, attention without RoPE (a layer is recurrent where its KV head count is 0);
+    every layer an FFN, routed experts of width ``n_ff`` where ``i % expert_period == expert_offset`` (no
+    expert_feed_forward_length key: Jamba's experts are feed_forward_length wide), a dense SwiGLU elsewhere
+    (src/models/jamba.cpp; the period/offset defaults are the published Jamba's)."""
+    m = _Model("jamba", n_vocab, ctx, n_embd, n_layer, dtype, seed)
+    d_inner = 2 * n_embd
+    rank = dt_rank or -(-n_embd // 16)
+    _mamba1_keys(m, d_inner, d_state, rank, conv_kernel)
+    m.u32("feed_forward_length", n_ff)
+    m.u32("expert_count", n_expert)
+    m.u32("expert_used_count", n_expert_used)
+    kv = [n_head_kv if i % attn_period == attn_offset else 0 for i in range(n_layer)]
+    m.u32("attention.head_count", n_head)
+    m.arr("attention.head_count_kv", kv)
+    m.embeddings(False)
+    e, hd = n_embd, n_embd // n_head
+    for i in range(n_layer):
+        m.t(f"blk.{i}.attn_norm.weight", e)
+        if kv[i]:
+            m.t(f"blk.{i}.attn_q.weight", e, e)
+            m.t(f"blk.{i}.attn_k.weight", e, hd * kv[i])
+            m.t(f"blk.{i}.attn_v.weight", e, hd * kv[i])
+            m.t(f"blk.{i}.attn_output.weight", e, e)
+        else:
+            _mamba1_block(m, i, d_inner, d_state, rank, conv_kernel, bcdt_norms=True)
+        m.t(f"blk.{i}.ffn_norm.weight", e)
+        if i % expert_period == expert_offset:
+            m.t(f"blk.{i}.ffn_gate_inp.weight", e, n_expert, f32=True)
+            m.t(f"blk.{i}.ffn_gate_exps.weight", e, n_ff, n_expert)
+            m.t(f"blk.{i}.ffn_down_exps.weight", n_ff, e, n_expert)
+            m.t(f"blk.{i}.ffn_up_exps.weight", e, n_ff, n_expert)
+        else:
+            _ffn(m, i, n_ff, norm=False)
+    return m.write(path, header_only)
+
+
+def write_rwkv6(
+    path: str | Path,
+    n_layer: int = 12,
+    n_embd: int = 1024,
+    head_size: int = 64,
+    n_ff: int = 3584,
+    time_mix_extra_dim: int = 32,
+    time_decay_extra_dim: int = 64,
+    rescale_every: int = 6,
+    n_vocab: int = 512,
+    ctx: int = 8192,
+    dtype: str = "f16",
+    header_only: bool = False,
+    seed: int = 0,
+) -> Path:
+    """A small RWKV-6 "Finch" (llama.cpp ``rwkv6``): every layer a time mix (WKV-6 state of head_size^2 per head,
+    five LoRA-mixed inputs) and a channel mix with receptance, no attention and no KV cache; two token shifts per
+    layer (src/models/rwkv6.cpp, rwkv6-base.cpp; extra dims 32/64 as in RWKV-6 1.6B, n_ff 3.5 * n_embd)."""
+    m = _Model("rwkv6", n_vocab, ctx, n_embd, n_layer, dtype, seed)
+    m.f32("attention.layer_norm_epsilon", 1e-5)
+    m.u32("feed_forward_length", n_ff)
+    m.u32("wkv.head_size", head_size)
+    m.u32("time_mix_extra_dim", time_mix_extra_dim)
+    m.u32("time_decay_extra_dim", time_decay_extra_dim)
+    m.u32("rescale_every_n_layers", rescale_every)
+    m.u32("token_shift_count", 2)
+    e = n_embd
+    m.embeddings(False)
+    m.t("token_embd_norm.weight", e)
+    m.t("token_embd_norm.bias", e)
+    m.t("output_norm.bias", e)
+    for i in range(n_layer):
+        b = f"blk.{i}"
+        for name in ("attn_norm", "attn_norm_2", "time_mix_ln"):
+            m.t(f"{b}.{name}.weight", e)
+            m.t(f"{b}.{name}.bias", e)
+        m.t(f"{b}.time_mix_w1.weight", e, time_mix_extra_dim * 5)
+        m.t(f"{b}.time_mix_w2.weight", time_mix_extra_dim, e, 5)
+        m.t(f"{b}.time_mix_lerp_x.weight", e, 1, 1, f32=True)
+        m.t(f"{b}.time_mix_lerp_fused.weight", e, 1, 1, 5, f32=True)
+        m.t(f"{b}.time_mix_first.weight", head_size, e // head_size, f32=True)
+        m.t(f"{b}.time_mix_decay.weight", e)
+        m.t(f"{b}.time_mix_decay_w1.weight", e, time_decay_extra_dim)
+        m.t(f"{b}.time_mix_decay_w2.weight", time_decay_extra_dim, e)
+        for name in ("key", "value", "receptance", "gate", "output"):
+            m.t(f"{b}.time_mix_{name}.weight", e, e)
+        m.t(f"{b}.channel_mix_lerp_k.weight", e, 1, 1, f32=True)
+        m.t(f"{b}.channel_mix_lerp_r.weight", e, 1, 1, f32=True)
+        m.t(f"{b}.channel_mix_key.weight", e, n_ff)
+        m.t(f"{b}.channel_mix_value.weight", n_ff, e)
+        m.t(f"{b}.channel_mix_receptance.weight", e, e)
     return m.write(path, header_only)
 
 

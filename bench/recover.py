@@ -12,6 +12,7 @@ over the socket as stock llama.cpp does. Writes bench/results/recover_<backend>[
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import signal
@@ -52,6 +53,9 @@ def main() -> int:
     ap.add_argument("--no-rpc-seed", action="store_true", help="weights over the socket, not read from the GGUF")
     ap.add_argument("--synth-gb", type=float, default=None,
                     help="a synthetic F16 model of about this size (bench/time_to_ready.py writes it once)")
+    ap.add_argument("--same-card", action="store_true",
+                    help="GPU backends: the group's two cards are the one GPU --gpus names, shared by llama-server "
+                         "and the rpc-servers (bench/throughput.py --same-card), for a machine with one GPU")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     if a.synth_gb:
@@ -60,7 +64,13 @@ def main() -> int:
         a.model = str(load_model(a.synth_gb))
     model = a.model or str(ensure_demo_model())
     rows = []
-    with arcsplit.serve(model, gpus=a.gpus, backend=a.backend, mode=a.mode, ctx=a.ctx, port=free_port(),
+    gpus = a.gpus
+    rig: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if a.same_card:
+        from throughput import same_card_rig
+
+        rig, gpus = same_card_rig(int(a.gpus.split(",")[0]), 2), "0,1"
+    with rig, arcsplit.serve(model, gpus=gpus, backend=a.backend, mode=a.mode, ctx=a.ctx, port=free_port(),
                         cpu_memory_mib=a.cpu_memory if a.backend == "cpu" else None,
                         threads=1 if a.backend == "cpu" else None, max_restarts=10, rpc_cache=a.rpc_cache,
                         rpc_seed=not a.no_rpc_seed) as server:
@@ -100,6 +110,7 @@ def main() -> int:
         f"- machine: {platform.node()} ({os.cpu_count()} cores), GPUs: {gpu}",
         f"- model: {model} ({Path(model).stat().st_size / 1e9:.2f} GB)",
         f"- command: `python bench/recover.py --backend {a.backend} --gpus {a.gpus} --mode {a.mode} "
+        f"{'--same-card ' if a.same_card else ''}"
         f"--repeat {a.repeat}{' --rpc-cache' if a.rpc_cache else ''}{' --no-rpc-seed' if a.no_rpc_seed else ''}"
         f"{f' --synth-gb {a.synth_gb:g}' if a.synth_gb else ''}`",
         "",

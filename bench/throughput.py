@@ -80,6 +80,7 @@ class ModeResult:
     prefill: list[float] = field(default_factory=list)
     decode: list[float] = field(default_factory=list)
     streams: list[float] = field(default_factory=list)
+    ready: float | None = None  # seconds from arcsplit.serve() to a group answering /health (weights loaded)
     argv: dict[str, list[str]] = field(default_factory=dict)
     greedy: list[list[int]] = field(default_factory=list)
     greedy_argv: dict[str, list[str]] = field(default_factory=dict)
@@ -88,6 +89,8 @@ class ModeResult:
 
     def median(self, name: str) -> float | None:
         xs = getattr(self, name)
+        if not isinstance(xs, list):  # ready: one value per group
+            return xs
         return statistics.median(xs) if xs else None
 
 
@@ -269,8 +272,11 @@ def run_mode(a: argparse.Namespace, mode: str) -> ModeResult:
     amode, _ = serve_mode(mode, a.backend, a.same_card)
     res = ModeResult(mode, amode)
     gpus, kw = serve_kwargs(a, mode, ())
+    t0 = time.monotonic()
     with mode_env(mode), arcsplit.serve(a.model, gpus=gpus, **kw) as server, \
             httpx.Client(timeout=a.timeout) as client:
+        res.ready = time.monotonic() - t0
+        print(f"  {mode:<7} ready after {res.ready:.2f} s", flush=True)
         url = server.url
         res.argv = argv_of(server)
         prompt = long_prompt(client, url, PROMPT_TOKENS)
@@ -381,7 +387,8 @@ def spread_table(runs: list[list[ModeResult]]) -> list[str]:
     first = runs[0]
     native = native_of(first)
     lines = [f"| mode | -ub | -ngl (-ts) | prefill t/s | decode t/s | 4 streams t/s | prefill / native | "
-             f"decode / native | 4 streams / native | greedy = native |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"decode / native | 4 streams / native | greedy = native | ready s (min / median / max) | "
+             f"ready / native |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in first:
         ok = [x for results in runs for x in results if x.mode == r.mode and not x.error]
         if not ok:
@@ -391,9 +398,12 @@ def spread_table(runs: list[list[ModeResult]]) -> list[str]:
                for k in ("prefill", "decode", "streams")]
         failed = len(runs) - len(ok)
         ratios = [spread(run_ratios(runs, r.mode, k)) for k in ("prefill", "decode", "streams")]
+        ready = [x.ready for x in ok if x.ready is not None]
+        ready_cell = (f"{min(ready):.1f} / **{statistics.median(ready):.1f}** / {max(ready):.1f}" if ready else "-")
         lines.append(f"| {r.mode} ({r.arcsplit_mode}){f' ({failed} runs failed)' if failed else ''} | "
                      f"{server_flag(ok[0], '-ub') or '-'} | {layers_cell(ok[0])} | {' | '.join(tps)} | "
-                     f"{' | '.join(ratios)} | {greedy_cell(r, native)} |")
+                     f"{' | '.join(ratios)} | {greedy_cell(r, native)} | {ready_cell} | "
+                     f"{spread(run_ratios(runs, r.mode, 'ready'))} |")
     return lines
 
 
@@ -453,7 +463,8 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
     for k, run in enumerate(runs, 1):
         for r in run:
             if not r.error:
-                lines.append(f"- {f'run {k}, ' if len(runs) > 1 else ''}{r.mode}: prefill "
+                lines.append(f"- {f'run {k}, ' if len(runs) > 1 else ''}{r.mode}: ready after "
+                             f"{fmt(r.ready, 2)} s; prefill "
                              f"{', '.join(f'{x:.1f}' for x in r.prefill)}; decode "
                              f"{', '.join(f'{x:.2f}' for x in r.decode)}; 4 streams "
                              f"{', '.join(f'{x:.2f}' for x in r.streams)}")

@@ -21,10 +21,10 @@ from arcsplit.run.prepare import ServeRequest, measure_plan, preview
 MiB = 1024 * 1024
 
 
-def _gh(tmp: Path) -> Path:
-    """granitehybrid (Mamba-2 + attention): a family the formulas were never checked on, so they add their margin."""
-    return synth.write_granitehybrid(tmp / "gh.gguf", n_layer=12, n_embd=1024, n_head=16, n_head_kv=4, n_ff=2816,
-                                     d_inner=2048, d_state=128, head_dim=64, n_vocab=32000, header_only=True)
+def _gh(tmp: Path, ctx: int = 4096) -> Path:
+    """qwen2 (Llama's tensors): a family the formulas are not checked on (model.FAMILIES), so they add their margin."""
+    return synth.write_llama(tmp / f"q2_{ctx}.gguf", n_layer=12, n_embd=1024, n_head=16, n_head_kv=4, n_ff=2816,
+                             n_vocab=32000, ctx=ctx, header_only=True, arch="qwen2")
 
 
 def _cards(n: int, backend: str = "cpu") -> list[Card]:
@@ -88,23 +88,37 @@ def test_backends_without_measurements_keep_a_stated_margin(tmp_path: Path):
     prof = load_profile(synth.write_llama(tmp_path / "l.gguf", n_layer=8, n_embd=1024, n_head=16, n_head_kv=4,
                                           n_ff=2816, n_vocab=32000, header_only=True))
     cpu_row, cuda, sycl = (memory.backend_compute(b) for b in ("cpu", "cuda", "sycl"))
-    assert (cpu_row.factor, cpu_row.add_mib, cpu_row.label) == (1.0, 0, "")
-    assert cuda.measured and cuda.add_mib > 0  # measured on an H200: CUDA needs more on some cards, never less
-    assert sycl.factor > 1.0 and sycl.add_mib >= cuda.add_mib and not sycl.measured  # never measured: a margin
-    assert memory.backend_compute("metal") == memory.BackendCompute("metal", max(r.factor for r in (cpu_row, cuda, sycl)),
-                                                                    sycl.add_mib, "")
+    assert (cpu_row.factor, cpu_row.add_mib, cpu_row.label()) == (1.0, 0, "")
+    # measured on an H200: CUDA needs more on some cards (growing with -ub and n_embd, and with a quantized cache)
+    assert cuda.measured and cuda.embd_rows > 0 and cuda.quant_kv_cell > 0
+    # never measured: a margin, at least what CUDA needs on every term
+    assert sycl.factor > 1.0 and not sycl.measured and sycl.add_mib > cuda.add_mib
+    assert sycl.embd_rows >= cuda.embd_rows and sycl.quant_kv_cell >= cuda.quant_kv_cell
+    assert memory.backend_compute("metal") == memory.BackendCompute(
+        "metal", max(r.factor for r in (cpu_row, cuda, sycl)), sycl.add_mib, "", sycl.embd_rows, sycl.quant_kv_cell)
     opts = PlanOptions(n_ctx=4096, n_outputs=512)  # the rows llama-fit-params reserves: its numbers as they are
     cpu = plan_for_split(prof, _cards(2), opts, [4, 5], ["RPC0", "RPC1"])
     on_sycl = plan_for_split(prof, _cards(2, "sycl"), opts, [4, 5], ["SYCL0", "SYCL1"])
+    rows = prof.n_embd * 512 * 4  # n_embd x the ubatch's tokens x f32
     for c, s in zip(cpu.cards, on_sycl.cards):
-        assert s.compute == int(c.compute * sycl.factor) + sycl.add_mib * MiB
-        assert s.compute_source == f"formula {sycl.factor - 1:+.0%} +{sycl.add_mib} MiB sycl"
+        assert s.compute == int(c.compute * sycl.factor) + int(sycl.embd_rows * rows) + sycl.add_mib * MiB
+        assert s.compute_source == f"formula {sycl.factor - 1:+.0%} +{sycl.embd_rows:g} rows +{sycl.add_mib} MiB sycl"
+    # a quantized cache adds its term on top
+    q8 = plan_for_split(prof, _cards(2, "sycl"), PlanOptions(n_ctx=4096, n_outputs=512, cache_type_k="q8_0",
+                                                             cache_type_v="q8_0"), [4, 5], ["SYCL0", "SYCL1"])
+    cpu_q8 = plan_for_split(prof, _cards(2), PlanOptions(n_ctx=4096, n_outputs=512, cache_type_k="q8_0",
+                                                          cache_type_v="q8_0"), [4, 5], ["RPC0", "RPC1"])
+    for c, s in zip(cpu_q8.cards, q8.cards):
+        assert s.compute == (int(c.compute * sycl.factor) + int(sycl.embd_rows * rows) + sycl.add_mib * MiB
+                             + sycl.quant_kv_cell * 4096)  # bytes per cell of the context
+        assert s.compute_source.endswith(f"+{sycl.quant_kv_cell} B/cell quantized KV sycl")
     # a measurement on CPU devices standing in for absent Intel cards keeps the backend's row
     m = memory.MeasuredCompute("cpu", {(4096, 0, j, c.first_layer, c.end_layer): 50 * MiB
                                        for j, c in enumerate(on_sycl.cards)})
     again = plan_for_split(prof, _cards(2, "sycl"), opts, [4, 5], ["SYCL0", "SYCL1"], measured=m)
-    assert [c.compute for c in again.cards] == [int(50 * MiB * sycl.factor) + sycl.add_mib * MiB] * 2
-    assert {c.compute_source for c in again.cards} == {f"measured cpu {sycl.label}"}
+    assert [c.compute for c in again.cards] == [int(50 * MiB * sycl.factor) + int(sycl.embd_rows * rows)
+                                                + sycl.add_mib * MiB] * 2
+    assert {c.compute_source for c in again.cards} == {f"measured cpu {sycl.label()}"}
     # ... and one taken on the backend's own cards is used as it is
     own = plan_for_split(prof, _cards(2, "sycl"), opts, [4, 5], ["SYCL0", "SYCL1"],
                          measured=memory.MeasuredCompute("sycl", m.entries))
@@ -202,7 +216,7 @@ def test_measuring_makes_room_the_formulas_do_not_see(llama_bins, tmp_path: Path
 
     monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache"))
     model = _gh(tmp_path)
-    req = ServeRequest(model=str(model), gpus="0,1", backend="cpu", mode="rpc", ctx=4096, cpu_memory_mib=258,
+    req = ServeRequest(model=str(model), gpus="0,1", backend="cpu", mode="rpc", ctx=4096, cpu_memory_mib=234,
                        llama_dir=str(llama_bins.bin_dir))
     with pytest.raises(DoesNotFit):
         preview(req)
@@ -211,7 +225,7 @@ def test_measuring_makes_room_the_formulas_do_not_see(llama_bins, tmp_path: Path
     assert all(c.free_after >= 0 for c in fits.cards)
 
     monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache2"))  # (the split above is measured there now)
-    roomier = ServeRequest(**{**req.__dict__, "ctx": None, "cpu_memory_mib": 265})
+    roomier = ServeRequest(**{**req.__dict__, "ctx": None, "cpu_memory_mib": 239})
     formula = preview(roomier).config.plan
     assert formula.n_ctx < 4096 and formula.ctx_limit.startswith("RPC")
     measured = preview(ServeRequest(**{**roomier.__dict__, "measure": True})).config.plan
@@ -219,9 +233,7 @@ def test_measuring_makes_room_the_formulas_do_not_see(llama_bins, tmp_path: Path
 
     # a longer training context: each round measures the next context class on the same split while a card,
     # not the training context, stops --ctx max, so the context grows past the class the formulas stopped in
-    long = synth.write_granitehybrid(tmp_path / "gh32.gguf", n_layer=12, n_embd=1024, n_head=16, n_head_kv=4,
-                                     n_ff=2816, d_inner=2048, d_state=128, head_dim=64, n_vocab=32000, ctx=32768,
-                                     header_only=True)
+    long = _gh(tmp_path, ctx=32768)
     grow = ServeRequest(**{**roomier.__dict__, "model": str(long), "cpu_memory_mib": 300})
     formula = preview(grow).config.plan
     prepared = preview(grow)

@@ -149,3 +149,34 @@ def test_nemotron_h_mlp_layers_hold_neither_kv_nor_state(tmp_path: Path) -> None
     assert memory.kv_layer_bytes(prof, 2, cs) == 2 * 4096 * 2 * 64 * 2
     # the MLP has no gate: one n_ff-wide row at a time, not three
     assert memory.layer_rows(prof, 1) == memory.K_FFN_UP * 512 + memory.K_EMBD * 256
+
+
+def test_falcon_h1_layers_hold_both_kv_and_state(tmp_path: Path) -> None:
+    """Falcon-H1 runs attention and a Mamba-2 mixer side by side in every layer (llama.cpp's hybrid memory with
+    both layer filters always true): each layer has a KV cache and a recurrent state."""
+    prof = load_profile(synth.write_falcon_h1(tmp_path / "f.gguf", n_layer=3, n_embd=256, n_head=8, n_head_kv=2,
+                                              head_dim=64, n_ff=512, d_inner=384, d_state=64, n_vocab=32000,
+                                              header_only=True))
+    assert prof.known_arch and not prof.warnings
+    assert prof.is_recurrent == (True,) * 3 and prof.has_kv == (True,) * 3 and prof.recurrent_kind == "parallel"
+    cs = memory.context_sizes(prof, 4096)
+    conv = 3 * (384 + 2 * 64)  # (d_conv - 1) * (d_inner + 2 * n_group * d_state)
+    assert [memory.state_layer_bytes(prof, il, cs) for il in range(3)] == [(conv + 64 * 384) * 4] * 3
+    assert [memory.kv_layer_bytes(prof, il, cs) for il in range(3)] == [2 * 4096 * 2 * 64 * 2] * 3
+
+
+def test_a_mamba2_tail_runs_on_the_next_card_only_between_two_mixers(tmp_path: Path) -> None:
+    """llama.cpp pulls a Mamba-2 mixer's tail into the graph with the next layer that writes a cache: when that is
+    a mixer on the next card, in_proj's row goes there and z comes back (measured: +48 MiB on that card,
+    tests/test_plan_accuracy.py); an attention layer between them, or an MLP-only card, changes nothing."""
+    prof = load_profile(synth.write_nemotron_h(tmp_path / "n.gguf", pattern="M-M*-M", n_embd=256, n_head=4,
+                                               n_head_kv=2, head_dim=64, n_ff=512, d_inner=512, d_state=16,
+                                               n_group=2, n_vocab=32000, header_only=True))
+    x, conv = 512, 512 + 2 * 2 * 16
+    assert memory.mamba2_hybrid(prof)
+    bounce = memory.hybrid_ssm_bounce
+    assert (bounce(prof, 0, 2), bounce(prof, 2, 6)) == (x, x + conv)  # M - | M * - M
+    assert (bounce(prof, 0, 1), bounce(prof, 1, 2), bounce(prof, 2, 6)) == (x, 0, x + conv)  # M | - | M ...
+    assert (bounce(prof, 0, 3), bounce(prof, 3, 6)) == (0, 0)  # M - M | * - M: attention pulls the tail in
+    pure = load_profile(synth.write_mamba2(tmp_path / "m.gguf", n_layer=4, header_only=True))
+    assert not memory.mamba2_hybrid(pure) and bounce(pure, 0, 2) == 0  # pure Mamba-2's formulas fold it in

@@ -10,7 +10,7 @@
 #        (bench/plan_accuracy.py --cuda-device 0: plan_accuracy_cuda.md + compute_cuda.json under $OUT)
 #   bash bench/gpu/session.sh abpatch   # each patch ALONE on the pinned tree vs the same build switched off,
 #        MoE on one GPU (incremental rebuilds of the CUDA build; run it last: it rebuilds that build's tree)
-#   bash bench/gpu/session.sh pipeline  # build, accuracy, onecard MoE, onecard dense, abpatch, in that order;
+#   bash bench/gpu/session.sh pipeline  # PHASES="accuracy moe dense abpatch" (the default; recover1 too), in order;
 #        meant to run detached (setsid) while short device calls collect $OUT, e.g. (2026-12-02):
 #          W=/root/w; cp -r .device/tree .device/whl .device/llama-src.tar.gz $W/   # once per machine
 #          (cd $W/tree && OUT=$W/res WORK=$W FILES=$W setsid nohup bash bench/gpu/session.sh pipeline \
@@ -88,6 +88,14 @@ accuracy() {
   echo "plan_accuracy rc=$?"; tail -2 "$OUT/plan_accuracy_cuda.log"
 }
 
+recover1() {
+  # ONE GPU: SIGKILL an rpc-server of a hybrid group sharing card 0, REPEAT times; the new one reads its weights
+  # from the GGUF (patch 0006); issue 19's target is <= 10 s to serve again on the 14 GB model
+  build
+  python3 bench/recover.py --backend cuda --gpus 0 --same-card --mode "${RMODE:-hybrid}" --model "$MODEL" \
+    --ctx 8192 --repeat "${REPEAT:-3}" --out "$OUT/recover_cuda_onecard_${RMODE:-hybrid}.md"
+}
+
 abpatch() {
   # Each patch alone: the build's patched copy gets the touched files back from the stock tree, then one patch,
   # then an incremental rebuild of llama-server and ggml-rpc-server (cmake's cache names the directory it was
@@ -108,7 +116,8 @@ abpatch() {
       || { echo "$name: build failed"; continue; }
     echo "$name alone: rebuilt in $((SECONDS - t0)) s"
     printf 'only-%s\n%s\n' "$name" "$name" > "$bdir.partial/bin/.arcsplit-patches"
-    MODEL=$MOE ARCSPLIT_LLAMA_DIR=$bdir.partial/bin RUNS=${AB_RUNS:-1} REPS=${AB_REPS:-3} TAG=_only_$name onecard
+    MODEL=$MOE ARCSPLIT_LLAMA_DIR=$bdir.partial/bin RUNS=${AB_RUNS:-1} REPS=${AB_REPS:-3} TAG=_only_$name \
+      MODES=${AB_MODES:-${MODES:-native,hybrid,hybrid-stock,rpc,rpc-stock}} onecard
   done
   for f in $files; do cp "$WORK/src/$f" "$psrc/$f"; done  # back to the full set, so the build is what its key says
   for p in arcsplit/data/patches/*.patch; do apply1 "$p" >/dev/null; done
@@ -122,13 +131,21 @@ case "${1:-all}" in
   accuracy) accuracy ;;
   abpatch) abpatch ;;
   pipeline)
-    # everything in order of need; every phase writes under $OUT as it goes, so a cut-short run keeps its files
-    [ -n "${SKIP_ACCURACY:-}" ] && build || accuracy
-    MODEL=$MOE onecard
-    MODEL=$DENSE REPS=${DENSE_REPS:-3} onecard
-    abpatch
-    echo "pipeline done"
+    # everything in order of need; every phase writes under $OUT as it goes, so a cut-short run keeps its files.
+    # PHASES picks and orders them (default: accuracy moe dense abpatch); recover1 = the one-GPU recovery
+    for ph in ${PHASES:-accuracy moe dense abpatch}; do
+      echo "=== $ph at $SECONDS s"
+      case $ph in
+        accuracy) accuracy ;;
+        moe) MODEL=$MOE onecard ;;
+        dense) MODEL=$DENSE REPS=${DENSE_REPS:-3} onecard ;;
+        recover1) MODEL=$DENSE recover1 ;;
+        abpatch) abpatch ;;
+      esac
+    done
+    echo "pipeline done at $SECONDS s"
     ;;
+  recover1) recover1 ;;
   native)
     build
     nvidia-smi -L; nvidia-smi --query-gpu=index,memory.total,memory.used --format=csv
