@@ -31,6 +31,15 @@ SSH_OPTIONS = ("BatchMode=yes", "StrictHostKeyChecking=yes", "ServerAliveInterva
 LINK_CIPHERS = "Ciphers=^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
 
 
+# What `arcsplit plan` shows for the control socket: serve picks a fresh ssh-XXXXXXXX in arcsplit's runtime folder.
+CONTROL_SHOWN = "$XDG_RUNTIME_DIR/arcsplit/ssh-XXXXXXXX"
+
+
+def shares_connection(host: Host) -> bool:
+    """Whether the links to ``host`` ride its node agent's ssh connection (link "ssh", forwards "shared")."""
+    return host.link == "ssh" and host.forwards == "shared"
+
+
 def ssh_base(host: Host, control: str | None = None) -> list[str]:
     """``ssh`` and the options every connection to ``host`` uses; the destination is not included. ``control``:
     arcsplit's own control socket instead of ControlPath=none (ssh expands ``%`` in it, so it is escaped)."""

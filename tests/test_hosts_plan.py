@@ -398,6 +398,9 @@ def test_plan_cli_groups_processes_by_host_with_links_and_costs(tmp_path: Path, 
     assert procs["rpc3"]["argv"][1:3] == ["-H", "10.77.0.3"] and procs["rpc3"]["connect"] == "10.77.0.3:50055"
     assert [h["name"] for h in d["hosts"]] == ["b", "c"]
     assert d["hosts"][0]["node_argv"][-1] == "arcsplit node --stdio"
+    # b's forwards ride its node's ssh (forwards = "shared"): the plan shows that master and the -O forward
+    assert "ControlMaster=yes" in d["hosts"][0]["node_argv"] and "ControlMaster=yes" not in d["hosts"][1]["node_argv"]
+    assert procs["rpc1-link"]["argv"][-5:-3] == ["-O", "forward"]
     assert [lc["host"] for lc in d["links"]] == ["b", "c"]
     assert d["links"][1]["token"]["logits_bytes"] == 262144 * 4  # Gemma 3 ties its output: it stays on c's card
 
@@ -407,6 +410,7 @@ def test_plan_cli_groups_processes_by_host_with_links_and_costs(tmp_path: Path, 
     assert "host c (ssh me@c, link direct to 10.77.0.3):" in text
     b_part = text.split("host b (")[1].split("host c (")[0]
     assert "node: ssh" in b_part and "rpc1-link: ssh" in b_part and "(started there by the node)" in b_part
+    assert "(a forward added to the node's ssh here)" in b_part
     assert "links, at a full context of 2,048 tokens" in text and "  b (ssh, 1 Gbit/s assumed, 2 rpc-server(s)):" in text
 
 

@@ -32,7 +32,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from ..errors import ArcsplitError, BadInput, HostError
 from .._dirs import runtime_dir
-from ..hosts import check_inventory, control_argv, node_argv
+from ..hosts import check_inventory, control_argv, node_argv, shares_connection
 from ..llama.build import build_rpc_proto
 from ..llama.locate import LlamaBinaries, server_build_info
 from ..node import PROTO
@@ -530,7 +530,7 @@ class NodeLauncher:
     def _control(self, host: Host) -> Path | None:
         """The socket of ``host``'s session ssh as ControlMaster when its links ride it (forwards = "shared"),
         the same one for every generation (each session removes a stale one first); None: links are processes."""
-        if self.transport.shared is None or host.link != "ssh" or host.forwards != "shared":
+        if self.transport.shared is None or not shares_connection(host):
             return None
         if host.name not in self._controls:
             self._controls[host.name] = control_socket()
