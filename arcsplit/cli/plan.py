@@ -6,7 +6,7 @@ import argparse
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import BadInput
 from ..hosts import CONTROL_SHOWN, control_argv, node_argv, shares_connection
@@ -16,9 +16,6 @@ from ..rig import Rig, load_layout, save_layout
 from ..route import HOST_DEVICE
 from . import print_json
 from .serve import add_group_arguments, request_from_args, split_at_double_dash
-
-if TYPE_CHECKING:
-    from ..run.specs import ProcessSpec
 
 MiB = 1024 * 1024
 
@@ -64,7 +61,7 @@ def _plan(args: argparse.Namespace) -> int:
     secret = dict(config.secret_env)
     shared = {h.name: h for h in prepared.rig.hosts if shares_connection(h)}  # links added to the node's ssh
 
-    def argv(s: ProcessSpec) -> list[str]:
+    def argv(s: Any) -> list[str]:  # a run.specs.ProcessSpec (the CLI reaches run/ only through the API)
         if s.role == "link" and s.node in shared:
             return control_argv(shared[s.node], CONTROL_SHOWN, "forward", s.argv)
         return list(s.argv)
