@@ -191,6 +191,10 @@ def test_two_hosts_serve_the_same_greedy_tokens_as_one_host(demo_model: Path, ne
                                 capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stderr
         assert '"b"' in status.stdout  # ps shows the remote members with their host
+        text = subprocess.run([sys.executable, "-m", "arcsplit", "ps"], env=served.env(), capture_output=True,
+                              text=True, timeout=60).stdout
+        (row,) = [line for line in text.splitlines() if "rpc1-link" in line]
+        assert "link to b" in row and row.endswith("pid -"), text  # the forward lives in the node's ssh
         # a field report carries b's side too: what b said it runs, and b's rpc-server's log
         bundle = tmp_path / "report.tar.gz"
         r = subprocess.run([sys.executable, "-m", "arcsplit", "report", "-o", str(bundle), "--backend", "cpu"],
