@@ -82,6 +82,7 @@ class Card:
 
 LINKS = ("ssh", "direct")
 AGENTS = ("stdio", "standing")
+FORWARDS = ("shared", "own")
 _HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,31}")
 
 
@@ -92,7 +93,9 @@ class Host:
     127.0.0.1 there), "direct" straight to ``address`` (a LAN/VPN address of that host; faster, and anyone who
     can reach that address can drive the rpc-servers, since the RPC protocol has no authentication). ``agent``: how
     the node agent runs there - "stdio" started by each run over ssh, "standing" kept running by that host
-    (``arcsplit node --listen``, a systemd unit) and reached with ``arcsplit node --attach``."""
+    (``arcsplit node --listen``, a systemd unit) and reached with ``arcsplit node --attach``. ``forwards`` (link "ssh"):
+    "shared" - each link is a forward on the agent's own ssh connection (no login of its own), "own" - each link its
+    own ssh process and connection (its own core for the link's crypto)."""
 
     name: str
     ssh: str
@@ -103,6 +106,7 @@ class Host:
     bandwidth_gbit: float | None = None  # the link's bandwidth for the plan's cost estimate; None: the link's default
     agent: str = "stdio"
     model_dir: str | None = None  # where this host keeps the same GGUF files; None: the same path as here
+    forwards: str = "shared"
 
     def seed_path(self, local: str) -> str:
         """The path on this host of a GGUF that is at ``local`` here: its rpc-servers read the weights from it
@@ -123,6 +127,9 @@ class Host:
         if self.agent not in AGENTS:
             raise BadInput(f"{where}: agent = {self.agent!r} is unknown",
                            'use agent = "stdio" (started per run) or "standing" (kept running by that host)')
+        if self.forwards not in FORWARDS:
+            raise BadInput(f"{where}: forwards = {self.forwards!r} is unknown",
+                           'use forwards = "shared" (the links ride the agent\'s ssh connection) or "own"')
         if self.link == "direct":
             if not self.address:
                 raise BadInput(f"{where}: link = \"direct\" needs an address",
@@ -233,7 +240,7 @@ def load_layout(path: str | Path) -> Rig:
 
 _HOST_KEYS: dict[str, type | tuple[type, ...]] = {"name": str, "ssh": str, "link": str, "address": str,
               "ssh_config": str, "arcsplit": str,
-              "bandwidth_gbit": (int, float), "agent": str, "model_dir": str}
+              "bandwidth_gbit": (int, float), "agent": str, "model_dir": str, "forwards": str}
 
 
 def _host_from_toml(p: Path, i: int, raw: dict[str, Any]) -> Host:
@@ -252,7 +259,7 @@ def _host_from_toml(p: Path, i: int, raw: dict[str, Any]) -> Host:
         config = str(path if path.is_absolute() else (p.parent / path).absolute())  # relative to the layout
     return Host(name=raw["name"], ssh=raw["ssh"], link=raw.get("link", "ssh"), address=raw.get("address"),
                 ssh_config=config, arcsplit=raw.get("arcsplit", "arcsplit"), bandwidth_gbit=raw.get("bandwidth_gbit"),
-                agent=raw.get("agent", "stdio"), model_dir=raw.get("model_dir"))
+                agent=raw.get("agent", "stdio"), model_dir=raw.get("model_dir"), forwards=raw.get("forwards", "shared"))
 
 
 def _mib(p: Path, i: int, raw: dict[str, Any], key: str, default: float | None) -> int:
@@ -309,7 +316,7 @@ def dump_layout(rig: Rig, plan: dict[str, Any] | None = None) -> str:
         for key in _HOST_KEYS:
             value = getattr(h, key)
             if value is not None and (key, value) not in (("link", "ssh"), ("arcsplit", "arcsplit"),
-                                                          ("agent", "stdio")):  # the defaults
+                                                          ("agent", "stdio"), ("forwards", "shared")):  # defaults
                 lines.append(f"{key} = {_toml_value(value)}")
         lines.append("")
     for card in rig.cards:

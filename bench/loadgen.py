@@ -190,6 +190,7 @@ class Served:
     llama_args: tuple[str, ...] = ()
     layout: Path | None = None  # serve a layout's cards (several hosts: issue 15) instead of --gpus/--cpu-memory
     cache: Path | None = None  # arcsplit's cache dir shared across runs (steady state); None: a private one
+    runtime: Path | None = None  # ARCSPLIT_RUNTIME_DIR (control sockets: their paths must be short); None: base's
     port: int = field(default_factory=free_port)
     base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="arcsplit-served-")))
     proc: subprocess.Popen[bytes] | None = None
@@ -212,7 +213,8 @@ class Served:
         env = dict(os.environ)
         for name in ("state", "runtime", "tmp", "cache"):
             (self.base / name).mkdir(parents=True, exist_ok=True)
-        env.update(ARCSPLIT_STATE_DIR=str(self.base / "state"), ARCSPLIT_RUNTIME_DIR=str(self.base / "runtime"),
+        env.update(ARCSPLIT_STATE_DIR=str(self.base / "state"), ARCSPLIT_RUNTIME_DIR=str(self.runtime or
+                                                                                       self.base / "runtime"),
                    TMPDIR=str(self.tmpdir), PYTHONUNBUFFERED="1")
         # profiles are cached per user; a private cache keeps the run independent (the header read is ~0.1 s)
         env["ARCSPLIT_CACHE_DIR"] = str(self.cache or self.base / "cache")

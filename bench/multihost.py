@@ -1,12 +1,14 @@
 """Several hosts (issue 15): one host vs two "hosts" over a veth link, through SSH and direct, measured for real.
 
     sudo python bench/multihost.py [--runs 3] [--reps 3] [--n-predict 32] [--kills 3] [--model PATH] [--out FILE]
+                                   [--forwards shared|own]
 
 Host b is a Linux network namespace joined by a veth pair and reached over Debian's OpenSSH (tests/_netns.py: a
 throwaway sshd, key and known_hosts; root only). Every configuration serves the same model in mode rpc on two CPU
 cards of the same size with `arcsplit serve` (the CLI, a fresh process group per run; order rotated per run):
 - one host: both rpc-servers here (`--gpus 0,1`);
-- two hosts, ssh: one rpc-server here, one on b bound to b's 127.0.0.1, reached through an `ssh -N -L` member;
+- two hosts, ssh: one rpc-server here, one on b bound to b's 127.0.0.1, reached through an ssh forward (on the node
+  agent's own connection; `--forwards own`: an `ssh -N -L` member with its own login);
 - two hosts, direct: the one on b binds b's veth address and llama-server dials it (link = "direct").
 Per run: time to ready (`arcsplit serve` start to /health 200: planning, ssh, node agent, loads) and
 bench/throughput.py's prefill (512-token prompt), decode and 4-stream t/s (its measurers, medians of --reps after
@@ -67,7 +69,8 @@ def served(a: argparse.Namespace, net: NetHarness, tmp: Path, link: str | None, 
            parallel: int = STREAMS) -> Served:
     n = len(list(tmp.glob("layout-*.toml")))
     cards = [("", a.cards[0]), ("" if link is None else "b", a.cards[1])]
-    layout = net.layout(tmp / f"layout-{n}.toml", cards, link=link or "ssh", name=link or "one host")
+    layout = net.layout(tmp / f"layout-{n}.toml", cards, link=link or "ssh", name=link or "one host",
+                        forwards=a.forwards)
     base = tmp / f"served-{n}"
     base.mkdir()
     return Served(Path(a.model), ctx=a.ctx, parallel=parallel, layout=layout, base=base, cache=tmp / "cache",
@@ -86,7 +89,7 @@ def running(s: Served) -> Iterator[Served]:
 
 
 def commands(s: Served, net: NetHarness) -> dict[str, str]:
-    """What ran, for the report: llama-server and every rpc-server (here and on b), and the ssh forwards."""
+    """What ran, for the report: llama-server and every rpc-server (here and on b), and the ssh processes."""
     out = {"arcsplit": shlex.join(["arcsplit", *s.argv()[3:]])}
     kids = s.supervisor().children(recursive=True) + net.processes("b", "ggml-rpc-server")
     for p in kids:
@@ -95,7 +98,7 @@ def commands(s: Served, net: NetHarness) -> dict[str, str]:
         except psutil.Error:
             continue
         name = Path(cmd[0]).name if cmd else ""
-        if name in ("llama-server", "ggml-rpc-server") or (name == "ssh" and "-L" in cmd):
+        if name in ("llama-server", "ggml-rpc-server", "ssh"):  # ssh: the node session (carrying shared forwards)
             where = " (on b)" if p in net.processes("b") else ""
             out[f"{name}{where} {len(out)}"] = shlex.join(cmd)
     return out
@@ -271,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
                          "split about half and half, the output on the second card)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--forwards", choices=("shared", "own"), default="shared",
+                    help="the ssh forwards: on the node agent's connection (default) or each its own ssh login")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "multihost.md"))
     a = ap.parse_args(argv)
     if min(a.runs, a.reps, a.n_predict) < 1 or a.kills < 0:

@@ -13,7 +13,7 @@ import pytest
 from arcsplit import synth
 from arcsplit.cli import main
 from arcsplit.errors import BadInput
-from arcsplit.hosts import check_inventory, forward_argv, node_argv, ssh_base
+from arcsplit.hosts import LINK_CIPHERS, check_inventory, control_argv, forward_argv, node_argv, ssh_base
 from arcsplit.llama.build import CONFIG_FILE, build_rpc_proto
 from arcsplit.llama.mode import choose_mode
 from arcsplit.llama.source import RPC_HEADER, rpc_proto
@@ -62,6 +62,7 @@ name = "c"
 ssh = "me@c"
 link = "direct"
 address = "10.77.0.3"
+forwards = "own"
 [[cards]]
 backend = "cpu"
 host = "c"
@@ -87,6 +88,7 @@ def test_layout_keeps_each_hosts_cards_together_main_host_first_and_round_trips(
     rig = load_layout(_layout(tmp_path, TWO_HOSTS))
     assert [(c.host, c.index) for c in rig.cards] == [("", 0), ("b", 0), ("b", 1), ("c", 0)]  # index: nth on its host
     assert rig.host("c").address == "10.77.0.3" and rig.host("b").link == "ssh"
+    assert rig.host("b").forwards == "shared" and rig.host("c").forwards == "own"  # shared: the default
     assert rig.host("b").ssh_config == str(tmp_path / "ssh_config")  # relative to the layout file
     again = tmp_path / "again.toml"
     again.write_text(dump_layout(rig), encoding="utf-8")
@@ -107,6 +109,7 @@ BAD_LAYOUTS = [
     ('[[hosts]]\nname = "local"\nssh = "me@b"\n', "host name 'local' is not usable"),
     ('[[hosts]]\nname = "b"\n', "hosts[0] has no ssh"),
     ('[[hosts]]\nname = "b"\nssh = "me@b"\nlink = "udp"\n', "link = 'udp' is unknown"),
+    ('[[hosts]]\nname = "b"\nssh = "me@b"\nforwards = "mux"\n', "forwards = 'mux' is unknown"),
     ('[[hosts]]\nname = "b"\nssh = "me@b"\nbandwidth_gbit = 0\n', "bandwidth_gbit = 0 must be a positive number"),
 ]
 
@@ -330,6 +333,28 @@ def test_forward_argv() -> None:
     assert forward_argv(B, 41000, 50053, "fd00::2")[-2] == "127.0.0.1:41000:[fd00::2]:50053"
 
 
+def _opts(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == "-o"]
+
+
+def test_links_ride_the_agents_ssh_as_its_own_control_master() -> None:
+    """forwards = "shared": the agent's ssh is the ControlMaster of arcsplit's own socket (never a master of the
+    user's: every other ssh keeps ControlPath=none), it lives exactly as long as that session, and carries the
+    links' tensors, hence their ciphers; a link is an `ssh -O forward` on that socket that never logs in itself."""
+    master = node_argv(B, "/run/user/1000/arcsplit/ssh-0a1b2c3d")
+    opts = _opts(master)
+    assert {"ControlPath=/run/user/1000/arcsplit/ssh-0a1b2c3d", "ControlMaster=yes", "ControlPersist=no",
+            LINK_CIPHERS, "BatchMode=yes", "StrictHostKeyChecking=yes"} <= set(opts)
+    assert "ControlPath=none" not in opts and master[-2:] == node_argv(B)[-2:]
+    assert "ControlPath=none" in _opts(node_argv(B)) and "ControlMaster=yes" not in _opts(node_argv(B))
+    assert "ControlPath=/tmp/a%%b" in _opts(node_argv(B, "/tmp/a%b"))  # ssh expands % tokens in a ControlPath
+    link = forward_argv(B, 41000, 50053)
+    add = control_argv(B, "/run/user/1000/arcsplit/ssh-0a1b2c3d", "forward", link)
+    assert add[-7:] == ["-o", "ControlMaster=no", "-O", "forward", "-L", "127.0.0.1:41000:127.0.0.1:50053", "me@b"]
+    assert "ControlPath=/run/user/1000/arcsplit/ssh-0a1b2c3d" in _opts(add) and "-N" not in add
+    assert control_argv(B, "/s", "cancel", link)[-4:] == ["cancel", "-L", "127.0.0.1:41000:127.0.0.1:50053", "me@b"]
+
+
 def test_inventory_mismatch_names_both_sides() -> None:
     here = {"commit": "0c1e57098", "rpc_proto": "7.0.0"}
     with pytest.raises(BadInput) as exc:
@@ -373,6 +398,9 @@ def test_plan_cli_groups_processes_by_host_with_links_and_costs(tmp_path: Path, 
     assert procs["rpc3"]["argv"][1:3] == ["-H", "10.77.0.3"] and procs["rpc3"]["connect"] == "10.77.0.3:50055"
     assert [h["name"] for h in d["hosts"]] == ["b", "c"]
     assert d["hosts"][0]["node_argv"][-1] == "arcsplit node --stdio"
+    # b's forwards ride its node's ssh (forwards = "shared"): the plan shows that master and the -O forward
+    assert "ControlMaster=yes" in d["hosts"][0]["node_argv"] and "ControlMaster=yes" not in d["hosts"][1]["node_argv"]
+    assert procs["rpc1-link"]["argv"][-5:-3] == ["-O", "forward"]
     assert [lc["host"] for lc in d["links"]] == ["b", "c"]
     assert d["links"][1]["token"]["logits_bytes"] == 262144 * 4  # Gemma 3 ties its output: it stays on c's card
 
@@ -382,6 +410,7 @@ def test_plan_cli_groups_processes_by_host_with_links_and_costs(tmp_path: Path, 
     assert "host c (ssh me@c, link direct to 10.77.0.3):" in text
     b_part = text.split("host b (")[1].split("host c (")[0]
     assert "node: ssh" in b_part and "rpc1-link: ssh" in b_part and "(started there by the node)" in b_part
+    assert "(a forward added to the node's ssh here)" in b_part
     assert "links, at a full context of 2,048 tokens" in text and "  b (ssh, 1 Gbit/s assumed, 2 rpc-server(s)):" in text
 
 

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -57,10 +58,13 @@ def one_host(net: NetHarness, tmp_path: Path) -> Path:
 
 
 def served_in(tmp_path: Path, model: Path, layout: Path, extra: tuple[str, ...] = (), parallel: int = 1) -> Served:
-    """`arcsplit serve` on a layout's cards, with its private dirs under tmp_path."""
+    """`arcsplit serve` on a layout's cards, with its private dirs under tmp_path; its runtime folder (where the
+    ssh control socket goes) on a path short enough for a socket, as $XDG_RUNTIME_DIR/arcsplit is."""
     base = tmp_path / f"served-{len(list(tmp_path.glob('served-*')))}"
     base.mkdir()
-    return Served(Path(model), ctx=1024, parallel=parallel, layout=layout, extra_serve=(*SERVE, *extra), base=base)
+    runtime = Path(tempfile.mkdtemp(prefix="rt", dir=tmp_path.parent))
+    return Served(Path(model), ctx=1024, parallel=parallel, layout=layout, extra_serve=(*SERVE, *extra), base=base,
+                  runtime=runtime)
 
 
 @contextlib.contextmanager
@@ -101,7 +105,8 @@ def remote(net: NetHarness) -> dict[str, list[psutil.Process]]:
 
 
 def local_ssh(served: Served) -> dict[str, list[psutil.Process]]:
-    """The supervisor's ssh children: forwards (-L, link members) and node sessions."""
+    """The supervisor's ssh children: those carrying a forward (listening here: a link's local end) and those
+    running the node agent (a session). With forwards = "shared" one ssh is both."""
     out: dict[str, list[psutil.Process]] = {"link": [], "session": []}
     try:
         kids = served.supervisor().children(recursive=True)
@@ -110,10 +115,14 @@ def local_ssh(served: Served) -> dict[str, list[psutil.Process]]:
     for p in kids:
         try:
             cmd = p.cmdline()
+            listens = any(c.status == psutil.CONN_LISTEN for c in p.net_connections("tcp"))
         except psutil.Error:
             continue
         if cmd and Path(cmd[0]).name == "ssh":
-            out["link" if "-L" in cmd else "session"].append(p)
+            if listens:
+                out["link"].append(p)
+            if "node" in cmd[-1]:
+                out["session"].append(p)
     return out
 
 
@@ -176,12 +185,16 @@ def test_two_hosts_serve_the_same_greedy_tokens_as_one_host(demo_model: Path, ne
         # link = "ssh": b's rpc-server listens on b's loopback only; llama-server reaches it through a forward
         rpc_listen = [(a, port) for a, port, name in net.listening("b") if name == "ggml-rpc-server"]
         assert rpc_listen and all(a == "127.0.0.1" for a, _ in rpc_listen), rpc_listen
-        ssh = local_ssh(served)
-        assert len(ssh["link"]) == 1 and len(ssh["session"]) == 1, ssh
+        ssh = local_ssh(served)  # the forward rides the agent's ssh: one login, one ssh process for both
+        assert len(ssh["session"]) == 1 and ssh["link"] == ssh["session"], ssh
         status = subprocess.run([sys.executable, "-m", "arcsplit", "ps", "--json"], env=served.env(),
                                 capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stderr
         assert '"b"' in status.stdout  # ps shows the remote members with their host
+        text = subprocess.run([sys.executable, "-m", "arcsplit", "ps"], env=served.env(), capture_output=True,
+                              text=True, timeout=60).stdout
+        (row,) = [line for line in text.splitlines() if "rpc1-link" in line]
+        assert "link to b" in row and row.endswith("pid -"), text  # the forward lives in the node's ssh
         # a field report carries b's side too: what b said it runs, and b's rpc-server's log
         bundle = tmp_path / "report.tar.gz"
         r = subprocess.run([sys.executable, "-m", "arcsplit", "report", "-o", str(bundle), "--backend", "cpu"],
@@ -248,11 +261,16 @@ def _victim(kind: str, net: NetHarness, served: Served) -> psutil.Process:
     return p
 
 
-@pytest.mark.parametrize("kind", ["rpc-server", "node agent", "ssh forward"])
+@pytest.mark.parametrize("kind", ["rpc-server", "node agent", "ssh forward", "ssh forward of its own"])
 def test_sigkill_of_a_remote_member_serves_again(demo_model: Path, net: NetHarness, tmp_path: Path,
                                                  kind: str) -> None:
-    with serving(tmp_path, demo_model, two_hosts(net, tmp_path), ("--max-restarts", "20")) as served:
+    """"ssh forward": the agent's ssh, which carries the forward (forwards = "shared"); "of its own": the link's
+    separate `ssh -N -L` (forwards = "own")."""
+    forwards = "own" if kind.endswith("of its own") else "shared"
+    with serving(tmp_path, demo_model, two_hosts(net, tmp_path, forwards=forwards), ("--max-restarts", "20")) as served:
         before = greedy(served.url)
+        ssh = local_ssh(served)
+        assert len(ssh["link"]) == 1 and (ssh["link"] == ssh["session"]) == (forwards == "shared"), ssh
         victim = _victim(kind, net, served)
         victim.kill()
         wait_until(lambda: dead(victim), 10, f"the {kind} to die")

@@ -86,7 +86,7 @@ def launcher(llama_bins, hosts, node: Any = None, check: Any = "same build") -> 
 
     agent = node or (lambda h: [sys.executable, "-m", "arcsplit", "node", "--stdio", "--llama-dir",
                                 str(llama_bins.bin_dir)])
-    return NodeLauncher(hosts, transport=Transport(node=agent, link=local_forward), check=check)
+    return NodeLauncher(hosts, transport=Transport(node=agent, link=local_forward, shared=None), check=check)
 
 
 @contextlib.contextmanager

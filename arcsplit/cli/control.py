@@ -41,7 +41,8 @@ def _ps(args: argparse.Namespace) -> int:
         for name, p in procs.items():  # members on other hosts (pids there), and their links
             if p.get("host"):
                 where = f"link to {p['host']}" if p.get("role") == "link" else f"on {p['host']}"
-                print(f"  {name:<12} {where:<16} {str(p.get('state')):<9} pid {p.get('pid')}")
+                pid = p.get("pid") or "-"  # a link on its host's node ssh (forwards = "shared") has no process
+                print(f"  {name:<12} {where:<16} {str(p.get('state')):<9} pid {pid}")
     return 0
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadInput
-from ..hosts import node_argv
+from ..hosts import CONTROL_SHOWN, control_argv, node_argv, shares_connection
 from ..memory import CACHE_TYPES
 from ..planner import LinkCost, Plan
 from ..rig import Rig, load_layout, save_layout
@@ -59,12 +59,20 @@ def _plan(args: argparse.Namespace) -> int:
     for line in (*prepared.warnings, *prepared.notes):  # which backend auto picked, and why; stdout stays the plan
         print(f"arcsplit: {line}", file=sys.stderr, flush=True)
     secret = dict(config.secret_env)
-    processes: list[dict[str, Any]] = [{"name": s.name, "role": s.role, "cards": list(s.cards), "argv": list(s.argv),
+    shared = {h.name: h for h in prepared.rig.hosts if shares_connection(h)}  # links added to the node's ssh
+
+    def argv(s: Any) -> list[str]:  # a run.specs.ProcessSpec (the CLI reaches run/ only through the API)
+        if s.role == "link" and s.node in shared:
+            return control_argv(shared[s.node], CONTROL_SHOWN, "forward", s.argv)
+        return list(s.argv)
+
+    processes: list[dict[str, Any]] = [{"name": s.name, "role": s.role, "cards": list(s.cards), "argv": argv(s),
                   "env": {k: v for k, v in s.env if k not in secret}, "unset": list(s.env_unset), "node": s.node,
                   "connect": s.dial if s.role == "rpc" else None} for s in specs]
     used = [h for h in prepared.rig.hosts if any(c.card.host == h.name for c in plan.cards)]
     hosts: list[dict[str, Any]] = [{"name": h.name, "ssh": h.ssh, "link": h.link, "address": h.address,
-                                     "node_argv": node_argv(h)} for h in used]
+                                     "node_argv": node_argv(h, CONTROL_SHOWN if h.name in shared else None)}
+                                    for h in used]
     if args.json:
         print_json({**plan.to_dict(), "mode": config.mode, "reasons": list(prepared.decision.reasons),
                     "route": config.route.to_dict(), "processes": processes, "hosts": hosts})
@@ -84,7 +92,8 @@ def _plan(args: argparse.Namespace) -> int:
                 print(_process_line(proc) + "   (started there by the node)")
         for proc in processes:
             if proc["node"] == h["name"] and proc["role"] == "link":
-                print(_process_line(proc) + "   (runs here)")
+                print(_process_line(proc) + ("   (a forward added to the node's ssh here)" if h["name"] in shared
+                                             else "   (runs here)"))
     if not config.rpc_ports and len(processes) > 1:
         print("(rpc ports: free ones now; serve picks its own unless --rpc-ports fixes them)")
     if args.save:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 
 import anyio
-import httpx
 import psutil
 from anyio.abc import TaskStatus
 
@@ -102,6 +101,8 @@ class LocalLauncher:
 
     @asynccontextmanager
     async def health(self, spec: ProcessSpec, timeout: float) -> AsyncIterator[Health]:
+        import httpx  # here, not at the top: serve's warm start imports this module before it opens ssh (~0.2 s)
+
         url = f"http://{connect_host(spec.host)}:{spec.port}/health"
         async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
             async def check() -> int | None:

@@ -13,17 +13,19 @@ llama-server dials that. Secrets only ever reach llama-server, which runs here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import BadInput
 from ..hosts import forward_argv
 from ..llama.childenv import Dropped, overlay
 from ..llama.features import RPC_OPTIONAL, RPC_REQUIRED, Features, fit_args
 from ..llama.patches import SPIN_ENV
-from ..planner import Plan
 from ..rig import Host
 from ..route import HOST_DEVICE, Route
 from .weightcache import INDEX_ENV, SEED_FLAG, store
+
+if TYPE_CHECKING:  # the node agent builds ProcessSpecs too: it should not import the planner
+    from ..planner import Plan
 
 LOOPBACK = "127.0.0.1"
 # llama-server flags whose value is a secret, and the variable llama-server reads the same value from
