@@ -156,7 +156,9 @@ def test_close_leaves_no_namespace_veth_or_process(tmp_path: Path, llama_bins: L
 
 
 CHILD = """
-import sys, time
+import signal, sys, time
+# a Ctrl-C'd session: Python leaves SIGINT ignored when its parent did (a test run started in the background)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 from _netns import NetHarness
