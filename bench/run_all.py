@@ -311,7 +311,8 @@ FIGURES = [
     Figure("5d. The RPC route's tax on one GPU (H200, llama-server and rpc-servers share it; 3+ runs)",
            "hybrid >= 0.85 prefill, >= 0.93 decode and 4 streams; all-RPC >= 0.75 prefill, >= 0.85 decode "
            "(issue 19), and no route slower with the patches",
-           ("gpu/throughput_cuda_onecard_moe.md", "gpu/throughput_cuda_onecard_dense.md"), lambda t, f: v_one_gpu(t)),
+           ("gpu/throughput_cuda_onecard_moe_0787496fbe.md", "gpu/throughput_cuda_onecard_moe.md",
+            "gpu/throughput_cuda_onecard_dense.md"), lambda t, f: v_one_gpu(t)),
     Figure("5e. CPU cost of the RPC link's polling (patch 0005)", "measured (cores busy per token and idle)",
            ("poll_cost.md",), lambda t, f: v_generic(t)),
     Figure("6. Several hosts: two \"hosts\" (network namespaces on this machine) over SSH vs one (not started by "
