@@ -659,6 +659,33 @@ def write_falcon_h1(
     return m.write(path, header_only)
 
 
+def _rwkv_keys(m: _Model, n_ff: int, head_size: int) -> None:
+    """The keys RWKV-6 and RWKV-7 share (their own follow, then the token shifts: written by _rwkv_embeddings)."""
+    m.f32("attention.layer_norm_epsilon", 1e-5)
+    m.u32("feed_forward_length", n_ff)
+    m.u32("wkv.head_size", head_size)
+
+
+def _rwkv_embeddings(m: _Model) -> int:
+    """Two token shifts per layer, the embeddings and their layer norm (RWKV normalises the input); n_embd."""
+    m.u32("token_shift_count", 2)
+    e = m.n_embd
+    m.embeddings(False)
+    m.t("token_embd_norm.weight", e)
+    m.t("token_embd_norm.bias", e)
+    m.t("output_norm.bias", e)
+    return e
+
+
+def _rwkv_norms(m: _Model, i: int) -> str:
+    """Layer ``i``'s three layer norms (time mix in and out, channel mix in); the layer's tensor prefix."""
+    b = f"blk.{i}"
+    for name in ("attn_norm", "attn_norm_2", "time_mix_ln"):
+        m.t(f"{b}.{name}.weight", m.n_embd)
+        m.t(f"{b}.{name}.bias", m.n_embd)
+    return b
+
+
 def write_rwkv7(
     path: str | Path,
     n_layer: int = 12,
@@ -678,24 +705,14 @@ def write_rwkv7(
     """A small RWKV-7 (llama.cpp ``rwkv7``): every layer a time-mix (WKV-7 state of head_size^2 per head) and a
     channel-mix, no attention and no KV cache; two token shifts per layer (src/models/rwkv7.cpp)."""
     m = _Model("rwkv7", n_vocab, ctx, n_embd, n_layer, dtype, seed)
-    m.f32("attention.layer_norm_epsilon", 1e-5)
-    m.u32("feed_forward_length", n_ff)
-    m.u32("wkv.head_size", head_size)
+    _rwkv_keys(m, n_ff, head_size)
     m.u32("attention.decay_lora_rank", lora_decay)
     m.u32("attention.iclr_lora_rank", lora_iclr)
     m.u32("attention.value_residual_mix_lora_rank", lora_value_mix)
     m.u32("attention.gate_lora_rank", lora_gate)
-    m.u32("token_shift_count", 2)
-    e = n_embd
-    m.embeddings(False)
-    m.t("token_embd_norm.weight", e)
-    m.t("token_embd_norm.bias", e)
-    m.t("output_norm.bias", e)
+    e = _rwkv_embeddings(m)
     for i in range(n_layer):
-        b = f"blk.{i}"
-        for name in ("attn_norm", "attn_norm_2", "time_mix_ln"):
-            m.t(f"{b}.{name}.weight", e)
-            m.t(f"{b}.{name}.bias", e)
+        b = _rwkv_norms(m, i)
         for x, rank in (("w", lora_decay), ("a", lora_iclr), ("v", lora_iclr if i == 0 else lora_value_mix)):
             m.t(f"{b}.time_mix_{x}0.weight", e)
             m.t(f"{b}.time_mix_{x}1.weight", e, rank)
@@ -909,23 +926,13 @@ def write_rwkv6(
     five LoRA-mixed inputs) and a channel mix with receptance, no attention and no KV cache; two token shifts per
     layer (src/models/rwkv6.cpp, rwkv6-base.cpp; extra dims 32/64 as in RWKV-6 1.6B, n_ff 3.5 * n_embd)."""
     m = _Model("rwkv6", n_vocab, ctx, n_embd, n_layer, dtype, seed)
-    m.f32("attention.layer_norm_epsilon", 1e-5)
-    m.u32("feed_forward_length", n_ff)
-    m.u32("wkv.head_size", head_size)
+    _rwkv_keys(m, n_ff, head_size)
     m.u32("time_mix_extra_dim", time_mix_extra_dim)
     m.u32("time_decay_extra_dim", time_decay_extra_dim)
     m.u32("rescale_every_n_layers", rescale_every)
-    m.u32("token_shift_count", 2)
-    e = n_embd
-    m.embeddings(False)
-    m.t("token_embd_norm.weight", e)
-    m.t("token_embd_norm.bias", e)
-    m.t("output_norm.bias", e)
+    e = _rwkv_embeddings(m)
     for i in range(n_layer):
-        b = f"blk.{i}"
-        for name in ("attn_norm", "attn_norm_2", "time_mix_ln"):
-            m.t(f"{b}.{name}.weight", e)
-            m.t(f"{b}.{name}.bias", e)
+        b = _rwkv_norms(m, i)
         m.t(f"{b}.time_mix_w1.weight", e, time_mix_extra_dim * 5)
         m.t(f"{b}.time_mix_w2.weight", time_mix_extra_dim, e, 5)
         m.t(f"{b}.time_mix_lerp_x.weight", e, 1, 1, f32=True)

@@ -9,17 +9,16 @@ the same question (n_outputs = n_ubatch).
 
 from __future__ import annotations
 
-import subprocess
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from arcsplit import synth
 from arcsplit.model import load_profile
 from arcsplit.planner import PlanOptions, plan_for_split
 from arcsplit.rig import Card
+
+from _plan_load import load_plan
 
 from arcsplit.llama.fitparams import RpcServers, fit_print
 
@@ -111,9 +110,6 @@ def test_new_writers_load_in_llama_server_within_the_plan(llama_bins, rpc, tmp_p
     """The RWKV-7, Nemotron-H, Falcon-H1 and Granite-4 hybrid writers make models a real llama-server loads over two
     rpc-servers and generates from; the buffers it reports per card are within max(2 %, 16 MiB) of the plan and
     never above it by more than 16 MiB."""
-    from arcsplit.llama.logs import parse_buffer_line, sum_buffers
-    from arcsplit.run.ports import free_port
-
     if family == "rwkv7":
         path = synth.write_rwkv7(tmp_path / "r.gguf", n_layer=6, n_embd=512, head_size=64, n_ff=2048, n_vocab=4096)
     elif family == "nemotron_h":
@@ -129,30 +125,8 @@ def test_new_writers_load_in_llama_server_within_the_plan(llama_bins, rpc, tmp_p
     prof = load_profile(path)
     cards = [Card("cpu", i, f"rpc{i}", 65536 * MiB, 65536 * MiB, 0) for i in range(2)]
     plan = plan_for_split(prof, cards, PlanOptions(n_ctx=4096), [3, 4], ["RPC0", "RPC1"])
-    port = free_port()
-    argv = [str(llama_bins.server), "-m", str(path), "--rpc", ",".join(rpc.endpoints), "--host", "127.0.0.1",
-            "--port", str(port), "-t", "1", "-lv", "4", *plan.llama_server_args()]
-    log = tmp_path / "server.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            for _ in range(600):
-                try:
-                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert proc.poll() is None, log.read_text()[-2000:]
-                time.sleep(0.1)
-            r = httpx.post(f"{url}/completion", json={"prompt": "hello", "n_predict": 4, "temperature": 0}, timeout=120)
-            assert r.status_code == 200 and r.json()["tokens_predicted"] == 4
-        finally:
-            proc.terminate()
-            proc.wait(30)
-    used = sum_buffers(b for b in map(parse_buffer_line, log.read_text().splitlines()) if b)
+    used = load_plan(llama_bins, rpc, path, plan, tmp_path)
     for cp, ep in zip(plan.cards, rpc.endpoints):
-        assert {"model", "compute"} <= set(used[ep]), used  # llama-server reported this card's buffers
         real = sum(used[ep].values())
         assert cp.total >= real - 16 * MiB, (family, cp.device, cp.total / MiB, used[ep])
         if prof.compute_checked:

@@ -7,17 +7,16 @@ load_arch_hparams (head_count_kv 0), mamba.cpp and rwkv6.cpp (every layer).
 
 from __future__ import annotations
 
-import subprocess
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from arcsplit import memory, synth
 from arcsplit.model import load_profile
 from arcsplit.planner import PlanOptions, plan_for_split
 from arcsplit.rig import Card
+
+from _plan_load import load_plan
 
 MiB = 1024 * 1024
 
@@ -80,38 +79,13 @@ def test_writer_loads_in_llama_server_within_the_plan(llama_bins, rpc, tmp_path:
     """The file loads in a real llama-server over two rpc-servers and generates; each card's buffers as
     llama-server reports them are never above the plan by more than 16 MiB, and its weights and KV+state are the
     plan's to the MiB."""
-    from arcsplit.llama.logs import parse_buffer_line, sum_buffers
-    from arcsplit.run.ports import free_port
-
     path = _small(family, tmp_path)
     prof = load_profile(path)
     assert prof.known_arch and prof.arch == family
     cards = [Card("cpu", i, f"rpc{i}", 65536 * MiB, 65536 * MiB, 0) for i in range(2)]
     plan = plan_for_split(prof, cards, PlanOptions(n_ctx=4096), [3, 4], ["RPC0", "RPC1"])
-    port = free_port()
-    argv = [str(llama_bins.server), "-m", str(path), "--rpc", ",".join(rpc.endpoints), "--host", "127.0.0.1",
-            "--port", str(port), "-t", "1", "-lv", "4", *plan.llama_server_args()]
-    log = tmp_path / "server.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            for _ in range(600):
-                try:
-                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert proc.poll() is None, log.read_text()[-2000:]
-                time.sleep(0.1)
-            r = httpx.post(f"{url}/completion", json={"prompt": "hello", "n_predict": 4, "temperature": 0}, timeout=120)
-            assert r.status_code == 200 and r.json()["tokens_predicted"] == 4
-        finally:
-            proc.terminate()
-            proc.wait(30)
-    used = sum_buffers(b for b in map(parse_buffer_line, log.read_text().splitlines()) if b)
+    used = load_plan(llama_bins, rpc, path, plan, tmp_path)
     for cp, ep in zip(plan.cards, rpc.endpoints):
-        assert {"model", "compute"} <= set(used[ep]), used  # llama-server reported this card's buffers
         assert abs(cp.weights - used[ep]["model"]) <= MiB, (family, cp.device, cp.weights / MiB, used[ep])
         ctx = used[ep].get("KV", 0) + used[ep].get("RS", 0)
         assert abs(cp.kv + cp.state - ctx) <= MiB, (family, cp.device, (cp.kv + cp.state) / MiB, used[ep])
