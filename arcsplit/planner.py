@@ -437,6 +437,7 @@ class _Solver:
         self.pipeline = gpu_cards > 1 and not o.output_on_first and not o.moe_offload
         n_out = o.n_outputs if o.n_outputs is not None else max(1, o.n_parallel)
         self._shape = memory.ComputeShape(o.n_ubatch, min(n_out, o.n_ubatch), o.flash_attn, self.pipeline)
+        self._quant_kv = any(memory.CACHE_TYPES[t][0] > 1 for t in (o.cache_type_k, o.cache_type_v))
 
     def shape(self) -> Any:
         return self._shape
@@ -491,7 +492,7 @@ class _Solver:
             got = m.compute_bytes(self.profile, costs.cs, a, min(b, self.profile.n_layer), has_out, self._shape)
             source = "formula" if self.profile.compute_checked else f"formula +{m.UNCHECKED_COMPUTE_MARGIN:.0%}"
         rows = self.profile.n_embd * min(self._shape.n_ubatch, costs.cs.n_ctx) * 4
-        quant = any(m.CACHE_TYPES[t][0] > 1 for t in (self.options.cache_type_k, self.options.cache_type_v))
+        quant = self._quant_kv
         return backend.apply(got, rows, costs.cs.n_ctx if quant else 0), f"{source} {backend.label(quant)}".rstrip()
 
     def ratio(self, costs: _Costs, j: int, a: int, b: int) -> float:

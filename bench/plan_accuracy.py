@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 import tempfile
 from dataclasses import replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -237,9 +238,10 @@ def cuda_models(tmp: Path) -> list[tuple[str, Path]]:
     ]
 
 
+@lru_cache(maxsize=None)
 def header_sha(path: Path) -> str:
     """A digest of a model's header (the first 8 MiB: every key and tensor shape; header-only files are zeros
-    after it): a re-plan checks it was the same model the GPU measured."""
+    after it): a re-plan checks it was the same model the GPU measured. Read once per file."""
     import hashlib
 
     with open(path, "rb") as f:

@@ -252,6 +252,19 @@ class _Relayed(Tracked):
         self._on_line, self._on_exit = on_line, on_exit
         self._log_path = log_path
 
+    async def _hold(self, task_status: TaskStatus[None], grace: float) -> None:
+        """Report started, then live until the member ends; a cancelled holder stops it (``grace`` s) first."""
+        task_status.started()
+        try:
+            await self.done.wait()
+        except BaseException:
+            await self.stop(grace)
+            raise
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """Each kind ends its own way: a remote process through its agent, a shared forward with ``-O cancel``."""
+        raise NotImplementedError
+
     def lost(self, reason: str) -> None:
         """The session died: the process is gone with it (the agent kills its rpc-servers when its stdin closes;
         a forward ends with its ssh)."""
@@ -311,12 +324,7 @@ class RemoteMember(_Relayed):
                 "name": s.name, "argv": list(s.argv), "env": s.env_dict, "env_unset": list(s.env_unset),
                 "host": s.host, "port": s.port, "cards": list(s.cards), "devices": list(s.devices)}})
             await self._started.wait()
-        task_status.started()
-        try:
-            await self.done.wait()
-        except BaseException:
-            await self.stop(5.0)
-            raise
+        await self._hold(task_status, 5.0)
 
     async def stop(self, grace: float = 10.0) -> None:
         with anyio.CancelScope(shield=True):
@@ -393,12 +401,7 @@ class SharedLink(_Relayed):
                 self._finish(rc)
             elif not self.done.is_set():
                 self._added, self.started_at = True, time.time()
-        task_status.started()
-        try:
-            await self.done.wait()
-        except BaseException:
-            await self.stop(2.0)
-            raise
+        await self._hold(task_status, 2.0)
 
     async def _connected(self) -> str | None:
         """Wait until this generation's session exists and its ssh has logged in (the master's socket appears
