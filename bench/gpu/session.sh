@@ -17,6 +17,8 @@
 #             > $W/pipeline.log 2>&1 < /dev/null &)
 #          then each call waits on $W/pipeline.log and tars $W/res into $OUT. (.device/tree: a copy of the branch
 #          under test; a device call sends the session's own checkout, not a helper's worktree.)
+#   MODEL=moe bash bench/gpu/session.sh trace  # ONE GPU: a CUPTI timeline per route (bench/gpu_trace.py;
+#        phases trace / trace-dense in PHASES): where a decoded token's time goes, per process
 #   MODEL=moe bash bench/gpu/session.sh onecard  # ONE GPU: llama-server and rpc-servers share it (--same-card),
 #        RUNS independent runs (default 3) of MODES (default native,hybrid,hybrid-stock,rpc,rpc-stock);
 #        MODEL=moe: a 3.8 GiB F16 qwen3moe (16 layers, 32 experts, 4 used), MODEL=dense: the 7.2B F16 llama
@@ -80,6 +82,21 @@ onecard() {
     --out "$OUT/throughput_cuda_onecard_$name${TAG:-}.md"
 }
 
+trace() {
+  # issue 19: a CUPTI timeline of every process of each route on ONE GPU (bench/gpu_trace.py); TMODES, TOKENS
+  build
+  local cuda=${CUDA_HOME:-/usr/local/cuda} lib=$WORK/libcupti_trace.so name inc cl; name=$(basename "$MODEL" .gguf)
+  # CUPTI's headers and library: extras/CUPTI up to CUDA 12, targets/<arch>/ in CUDA 13's packages
+  inc=$(dirname "$(find -L "$cuda/" -name cupti.h 2>/dev/null | head -1)")
+  cl=$(dirname "$(find -L "$cuda/" -name 'libcupti.so*' 2>/dev/null | head -1)")
+  [ -f "$lib" ] || cc -O2 -shared -fPIC -I"$cuda/include" -I"$inc" bench/gpu/cupti_trace.c \
+    -L"$cl" -l:"$(basename "$(ls "$cl"/libcupti.so* | head -1)")" -Wl,-rpath,"$cl" -o "$lib" \
+    || { echo "tracer build failed"; return; }
+  python3 bench/gpu_trace.py --trace-lib "$lib" --backend cuda --gpus 0 --same-card --model "$MODEL" \
+    --modes "${TMODES:-native,hybrid,rpc}" --tokens "${TOKENS:-64}" --ctx 8192 --rpc-cache \
+    --out "$OUT/trace_cuda_onecard_$name${TAG:-}${ARCSPLIT_CUPTI_LIGHT:+_light}.md"
+}
+
 accuracy() {
   build
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
@@ -140,12 +157,15 @@ case "${1:-all}" in
         moe) MODEL=$MOE onecard ;;
         dense) MODEL=$DENSE REPS=${DENSE_REPS:-3} onecard ;;
         recover1) MODEL=$DENSE recover1 ;;
+        trace) MODEL=$MOE trace ;;
+        trace-dense) MODEL=$DENSE TMODES=${TMODES_DENSE:-native,hybrid} trace ;;
         abpatch) abpatch ;;
       esac
     done
     echo "pipeline done at $SECONDS s"
     ;;
   recover1) recover1 ;;
+  trace) trace ;;
   native)
     build
     nvidia-smi -L; nvidia-smi --query-gpu=index,memory.total,memory.used --format=csv

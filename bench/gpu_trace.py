@@ -1,0 +1,273 @@
+"""Where a decoded token's time goes on the RPC routes: a GPU timeline of every process of the group (issue 19).
+
+    python bench/gpu_trace.py --trace-lib libcupti_trace.so --backend cuda --gpus 0 --same-card \
+        --model M.gguf [--modes native,hybrid,rpc] [--tokens 64] [--out FILE]
+
+Every mode is served through ``arcsplit.serve`` exactly as bench/throughput.py serves it (same flags, the same
+one-GPU ``--same-card`` rig), with a CUPTI tracer injected into each of its CUDA processes
+(bench/gpu/cupti_trace.c via CUDA_INJECTION64_PATH; Nsight Systems is not on the lent machines). After a warm-up,
+one request decodes --tokens tokens (one stream, eos ignored). The tracer records every kernel, memcpy, memset
+and CUDA runtime call of llama-server and each rpc-server in one clock; this script takes the decode request's
+burst of GPU work (the last one, after an idle second) and divides it per decoded token:
+
+- wall: first kernel to last, per token (the request's own t/s, traced, is beside it: tracing costs a little);
+- busy: time the GPU ran work of that process (kernels, copies, memsets; the union of intervals);
+- all busy: the union over processes; idle = wall - all busy: the GPU doing nothing while the token waits for
+  a socket, a process waking up, a launch;
+- handoffs: idle gaps where the GPU's next work belongs to another process than its last (llama-server ->
+  rpc0 and back): the cost of crossing the link, per crossing;
+- the runtime calls each process spends most host time in (a cudaStreamSynchronize is a wait for the GPU).
+
+Writes bench/results/gpu/trace_<model>.md (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import arcsplit  # noqa: E402
+from throughput import (argv_of, build_line, complete, machine, mode_env, parse, same_card_rig,  # noqa: E402
+                        serve_kwargs, serve_mode)
+
+BURST_GAP_NS = 300_000_000  # 0.3 s of no GPU work separates the decode request from the warm-up
+
+
+@dataclass
+class Rec:
+    kind: str  # K kernel, M memcpy, S memset, R runtime call
+    start: int
+    end: int
+    name: str
+    nbytes: int = 0
+    graph: int = 0
+
+
+def read_trace(path: Path) -> list[Rec]:
+    out = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        f = line.split("\t")
+        try:
+            if f[0] == "K":
+                out.append(Rec("K", int(f[1]), int(f[2]), f[5], graph=int(f[4])))
+            elif f[0] == "M":
+                out.append(Rec("M", int(f[1]), int(f[2]), f"memcpy kind {f[5]}", nbytes=int(f[4])))
+            elif f[0] == "S":
+                out.append(Rec("S", int(f[1]), int(f[2]), "memset", nbytes=int(f[4])))
+            elif f[0] == "R":
+                out.append(Rec("R", int(f[1]), int(f[2]), f[4]))
+        except (IndexError, ValueError):
+            continue  # a line cut by a kill
+    return out
+
+
+def union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for s, e in sorted(intervals):
+        if merged and s <= merged[-1][1]:
+            if e > merged[-1][1]:
+                merged[-1] = (merged[-1][0], e)
+        else:
+            merged.append((s, e))
+    return merged
+
+
+def total(intervals: list[tuple[int, int]]) -> int:
+    return sum(e - s for s, e in intervals)
+
+
+def clip(intervals: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    return [(max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi]
+
+
+def last_burst(gpu: list[tuple[int, int]]) -> tuple[int, int]:
+    """The last stretch of GPU work without a pause of BURST_GAP_NS: the measured request."""
+    u = union(gpu)
+    lo = u[-1][0]
+    for (s0, e0), (s1, _) in zip(reversed(u[:-1]), reversed(u[1:])):
+        if s1 - e0 > BURST_GAP_NS:
+            break
+        lo = s0
+    return lo, u[-1][1]
+
+
+@dataclass
+class Breakdown:
+    mode: str
+    tokens: int
+    tps_traced: float
+    wall_us: float = 0.0
+    all_busy_us: float = 0.0
+    per_proc: dict[str, dict[str, float]] = field(default_factory=dict)
+    handoffs: dict[str, tuple[float, float]] = field(default_factory=dict)  # "a -> b": (per token, us each)
+    runtime: dict[str, list[tuple[str, float, float]]] = field(default_factory=dict)  # top calls: us/token, n/token
+    argv: dict[str, list[str]] = field(default_factory=dict)
+
+
+def analyse(mode: str, tokens: int, tps: float, traces: dict[str, list[Rec]]) -> Breakdown:
+    b = Breakdown(mode, tokens, tps)
+    gpu_all = [(r.start, r.end) for recs in traces.values() for r in recs if r.kind in "KMS"]
+    if not gpu_all:
+        return b
+    lo, hi = last_burst(gpu_all)
+    b.wall_us = (hi - lo) / 1e3 / tokens
+    owner: list[tuple[int, int, str]] = []
+    for name, recs in traces.items():
+        gpu = clip([(r.start, r.end) for r in recs if r.kind in "KMS"], lo, hi)
+        u = union(gpu)
+        owner += [(s, e, name) for s, e in u]
+        inside = [r for r in recs if r.kind in "KMS" and r.end > lo and r.start < hi]
+        b.per_proc[name] = {
+            "busy_us": total(u) / 1e3 / tokens,
+            "kernels": sum(r.kind == "K" for r in inside) / tokens,
+            "kernel_us": total(union([(r.start, r.end) for r in inside if r.kind == "K"])) / 1e3 / tokens,
+            "copies": sum(r.kind == "M" for r in inside) / tokens,
+            "copy_us": total(union([(r.start, r.end) for r in inside if r.kind == "M"])) / 1e3 / tokens,
+            "copy_bytes": sum(r.nbytes for r in inside if r.kind == "M") / tokens,
+            "graphs": len({r.graph for r in inside if r.kind == "K" and r.graph}),
+        }
+        calls: dict[str, list[int]] = collections.defaultdict(list)
+        for r in recs:
+            if r.kind == "R" and r.end > lo and r.start < hi:
+                calls[r.name].append(min(r.end, hi) - max(r.start, lo))
+        top = sorted(calls.items(), key=lambda kv: -sum(kv[1]))[:5]
+        b.runtime[name] = [(n, sum(v) / 1e3 / tokens, len(v) / tokens) for n, v in top]
+    b.all_busy_us = total(union([(s, e) for s, e, _ in owner])) / 1e3 / tokens
+    # handoffs: walk the merged timeline in order; an idle gap whose neighbours belong to different processes
+    owner.sort()
+    gaps: dict[str, list[int]] = collections.defaultdict(list)
+    end, last = owner[0][1], owner[0][2]
+    for s, e, name in owner[1:]:
+        if s > end and name != last:
+            gaps[f"{last} -> {name}"].append(s - end)
+        if e > end:
+            end, last = e, name
+    b.handoffs = {k: (len(v) / tokens, statistics.median(v) / 1e3) for k, v in sorted(gaps.items())}
+    return b
+
+
+def run_mode(a: argparse.Namespace, mode: str, tdir: Path) -> Breakdown:
+    os.environ["CUDA_INJECTION64_PATH"] = str(Path(a.trace_lib).resolve())
+    os.environ["ARCSPLIT_CUPTI_DIR"] = str(tdir)
+    try:
+        gpus, kw = serve_kwargs(a, mode, ())
+        with mode_env(mode), arcsplit.serve(a.model, gpus=gpus, **kw) as server, \
+                httpx.Client(timeout=a.timeout) as client:
+            argv = argv_of(server)
+            pids = {name: p.get("pid") for name, p in server.status()["processes"].items()}
+            body = {"prompt": "Write a long story about a lighthouse keeper.", "n_predict": a.tokens,
+                    "ignore_eos": True}
+            complete(client, server.url, body)  # warm-up: graphs built, CUDA graphs captured
+            time.sleep(1.0)
+            r = complete(client, server.url, body)
+            tps = float(r["timings"]["predicted_per_second"])
+            time.sleep(1.0)
+    finally:
+        os.environ.pop("CUDA_INJECTION64_PATH", None)
+        os.environ.pop("ARCSPLIT_CUPTI_DIR", None)
+    traces = {}
+    for name, pid in pids.items():
+        f = tdir / f"{pid}.tsv"
+        if pid and f.exists():
+            traces[name] = read_trace(f)
+    br = analyse(mode, a.tokens, tps, traces)
+    br.argv = argv
+    return br
+
+
+def report(a: argparse.Namespace, rows: list[Breakdown], cmdline: str) -> str:
+    native = next((r for r in rows if r.mode == "native"), None)
+    lines = ["# Where a decoded token's time goes on one GPU (CUPTI timeline of every process)", "",
+             f"- Build: {build_line(a.llama_dir, a.backend)}", f"- Machine: {machine(a.backend)}",
+             f"- Model: `{Path(a.model).name}`; every mode served by `arcsplit.serve` as bench/throughput.py "
+             f"serves it{' (--same-card: llama-server and the rpc-servers share one GPU)' if a.same_card else ''}; "
+             f"one request of {a.tokens} decoded tokens (one stream) after a warm-up, traced with CUPTI "
+             "(bench/gpu/cupti_trace.c): kernels, copies, memsets, runtime calls of each process, one clock.",
+             f"- Command: `{cmdline}`", "- One run per mode: a profile of where time goes, not a speed figure "
+             "(tracing every kernel slows each process a little; the t/s column is the traced request's).", "",
+             "| mode | traced t/s | wall us/token | GPU busy, all processes | GPU idle | per process: busy us "
+             "(kernels us, copies us), kernels, copies, bytes copied per token |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        procs = "; ".join(f"{n}: {p['busy_us']:.0f} ({p['kernel_us']:.0f}, {p['copy_us']:.0f}), "
+                          f"{p['kernels']:.0f} k, {p['copies']:.1f} c, {p['copy_bytes'] / 1024:.1f} KiB"
+                          for n, p in r.per_proc.items())
+        idle = r.wall_us - r.all_busy_us
+        lines.append(f"| {r.mode} | {r.tps_traced:.1f} | {r.wall_us:.0f} | {r.all_busy_us:.0f} | {idle:.0f} "
+                     f"({idle / r.wall_us:.0%}) | {procs} |" if r.wall_us else f"| {r.mode} | - | - | - | - | - |")
+    lines += ["", "Idle gaps at a change of process (the GPU waiting while the token crosses the link): "
+              "crossings per token, median us each.", ""]
+    for r in rows:
+        for k, (n, us) in r.handoffs.items():
+            lines.append(f"- {r.mode}: {k}: {n:.1f} per token, {us:.0f} us each")
+    lines += ["", "Host time in CUDA runtime calls inside the request, per token (top 5 per process; a "
+              "synchronize is a wait for the GPU):", ""]
+    for r in rows:
+        for n, calls in r.runtime.items():
+            lines.append(f"- {r.mode} / {n}: " + ", ".join(f"{c} {us:.0f} us ({k:.1f}x)" for c, us, k in calls))
+    if native and native.wall_us:
+        lines += ["", "Against native (us per token):", ""]
+        for r in rows:
+            if r is native or not r.wall_us:
+                continue
+            extra = r.wall_us - native.wall_us
+            lines.append(f"- {r.mode}: +{extra:.0f} us per token = GPU work +{r.all_busy_us - native.all_busy_us:.0f}"
+                         f" (kernels and copies of every process) + idle +{(r.wall_us - r.all_busy_us) - (native.wall_us - native.all_busy_us):.0f}")
+    lines += ["", "## Commands", ""]
+    for r in rows:
+        for n, argv in r.argv.items():
+            lines.append(f"- {r.mode} / {n}: `{shlex.join(argv)}`")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    raw = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--trace-lib", required=True, help="libcupti_trace.so built from bench/gpu/cupti_trace.c")
+    ap.add_argument("--tokens", type=int, default=64)
+    ours, rest = ap.parse_known_args(raw)
+    a = parse(rest)
+    a.trace_lib, a.tokens = ours.trace_lib, ours.tokens
+    if not Path(a.trace_lib).is_file():
+        raise SystemExit(f"--trace-lib {a.trace_lib}: no such file (build bench/gpu/cupti_trace.c first)")
+    if a.model is None:
+        raise SystemExit("--model is needed (a GGUF on the GPU machine)")
+    rows = []
+    with same_card_rig(a.gpu_list[0], a.same_card_cards) if a.same_card else _null():
+        for mode in a.mode_list:
+            serve_mode(mode, a.backend, a.same_card)
+            with tempfile.TemporaryDirectory(prefix=f"trace-{mode}-") as d:
+                print(f"{mode}: serving and tracing ...", flush=True)
+                rows.append(run_mode(a, mode, Path(d)))
+                print(f"  {mode}: {rows[-1].wall_us:.0f} us/token wall, {rows[-1].all_busy_us:.0f} busy", flush=True)
+    out = Path(a.out) if a.out else ROOT / "bench" / "results" / "gpu" / f"trace_{Path(a.model).stem}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = report(a, rows, shlex.join(["python", "bench/gpu_trace.py", *raw]))
+    out.write_text(text, encoding="utf-8")
+    print(text)
+    print(f"wrote {out}")
+    return 0
+
+
+def _null():  # type: ignore[no-untyped-def]
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
