@@ -341,6 +341,10 @@ class NetHarness:
         """Bytes this machine has sent to host ``name`` over its link (the veth's tx counter here)."""
         return int(Path(f"/sys/class/net/{self.hosts[name].veth}/statistics/tx_bytes").read_text())
 
+    def received_from(self, name: str = "b") -> int:
+        """Bytes this machine has received from host ``name`` over its link (the veth's rx counter here)."""
+        return int(Path(f"/sys/class/net/{self.hosts[name].veth}/statistics/rx_bytes").read_text())
+
     def link(self, name: str, up: bool) -> None:
         """Cut the link to ``name`` (its end of the veth goes down: packets vanish silently, as in a partition;
         this side keeps its route, marked linkdown) or bring it back."""

@@ -216,6 +216,21 @@ def test_two_hosts_serve_the_same_greedy_tokens_as_one_host(demo_model: Path, ne
 PER_HOST_MIB = (300, 150, 1024)
 
 
+LONG_PROMPT_TOKENS = 400
+
+
+def link_bytes(net: NetHarness, url: str) -> tuple[int, int]:
+    """(bytes over b's link both ways, prompt tokens) for one prompt of about LONG_PROMPT_TOKENS tokens and one
+    generated token (the second of two identical requests: the first sends the graphs, which repeat)."""
+    body = {"prompt": "one two three four " * (LONG_PROMPT_TOKENS // 4), "n_predict": 1, "temperature": 0,
+            "cache_prompt": False}
+    httpx.post(f"{url}/completion", json=body, timeout=120).raise_for_status()
+    before = net.sent_to("b") + net.received_from("b")
+    r = httpx.post(f"{url}/completion", json=body, timeout=120)
+    r.raise_for_status()
+    return net.sent_to("b") + net.received_from("b") - before, int(r.json()["tokens_evaluated"])
+
+
 def status_of(served: Served) -> dict[str, Any]:
     """The running group's status(), over its bus, as `arcsplit ps` reads it."""
     code = ("import json\nfrom arcsplit._api import attach, runs\n(info,) = runs()\n"
@@ -235,12 +250,20 @@ def test_one_rpc_server_per_host_holds_both_of_bs_cards(demo_model: Path, net: N
     with serving(tmp_path, demo_model, net.layout(tmp_path / "per_card.toml", cards)) as per_card:
         assert len(net.processes("b", "ggml-rpc-server")) == 2
         assert greedy(per_card.url) == reference
+        apart = link_bytes(net, per_card.url)
     nothing_left_on_b(net)
 
     layout = net.layout(tmp_path / "per_host.toml", cards, rpc_servers="per-host")
     with serving(tmp_path, demo_model, layout) as served:
         assert httpx.get(f"{served.url}/health", timeout=5).status_code == 200
         assert greedy(served.url) == reference
+        shared, tokens = link_bytes(net, served.url)
+        # the activation from b's first card to its second is copied on b, not read back here and sent again: the
+        # two crossings of the plan's link model (n_embd 640 x 4 bytes a token each way), within 15 %
+        saved, crossing = apart[0] - shared, tokens * 640 * 4
+        print(f"link bytes of a {tokens}-token prompt, both ways: per-card {apart[0]:,}, per-host {shared:,}, "
+              f"saved {saved:,} = {saved / crossing:.2f} crossings")
+        assert tokens == apart[1] and 1.7 * crossing < saved < 2.3 * crossing, (apart, shared, tokens)
         (rpc,) = net.processes("b", "ggml-rpc-server")
         argv = rpc.cmdline()
         assert argv[argv.index("-d") + 1] == "CPU,CPU", argv
