@@ -12,6 +12,7 @@ import pytest
 from arcsplit import synth
 from arcsplit.cli import main
 from arcsplit.errors import BadInput
+from arcsplit.llama.features import parse_help
 from arcsplit.llama.logs import parse_buffer_line, sum_buffers
 from arcsplit.model import load_profile
 from arcsplit.planner import PlanOptions, make_plan
@@ -147,6 +148,17 @@ def test_specs_one_rpc_server_one_port_one_link_for_bs_cards(untied) -> None:
     with pytest.raises(BadInput, match="3 rpc ports given for 2 rpc-servers"):
         ServeConfig(plan=config.plan, mode="hybrid", backend="cuda", server_bin="s", rpc_bin="r", hosts=config.hosts,
                     rpc_ports=(1, 2, 3))
+
+
+def test_an_rpc_server_build_without_d_cannot_hold_several_cards(untied) -> None:
+    from dataclasses import replace
+
+    old = parse_help("  -H HOST   host to bind to\n  -p PORT   port to bind to\n  -t N   threads\n")
+    config = replace(_config(untied), rpc_features=old)
+    with pytest.raises(BadInput, match="does not accept -d"):
+        build_specs(config, [50052, 50053], [41000, 41001])
+    per_card = replace(_config(untied, hosts=(Host("b", "me@b"), C)), rpc_features=old)
+    assert len(build_specs(per_card, [50052, 50053, 50054], [41000, 41001, 41002])) == 7  # no -d: as before
 
 
 def test_buffer_lines_of_one_rpc_server_are_told_apart_by_the_cards_index_on_it() -> None:
