@@ -19,6 +19,7 @@ and a card's ``host = "b"`` puts it there (default: the main host, the machine r
     name = "b"
     ssh = "user@b"            # the ssh destination (a Host alias of ssh_config works too)
     link = "ssh"              # or "direct" with address = "10.0.0.2": rpc-servers bind that address instead
+    rpc_servers = "per-host"  # optional: one rpc-server for all of b's cards (default "per-card"; not on sycl)
 
 The planner's layer order is the rig's card order, so each host's cards are kept together: the main host's
 first, then each host's in [[hosts]] order.

@@ -199,3 +199,18 @@ def test_plan_cli_shows_one_rpc_server_for_bs_cards(tmp_path: Path, demo_model: 
     rpc_lines = [line for line in b_part.splitlines() if "ggml-rpc-server" in line]
     assert len(rpc_lines) == 1 and "-p 50053" in rpc_lines[0] and "-d CPU,CPU" in rpc_lines[0], b_part
     assert "1 rpc-server(s) for 2 cards" in text
+
+
+def test_the_dashboard_shows_every_card_of_a_per_host_rpc_server() -> None:
+    from arcsplit.tui.state import DashState
+    from arcsplit.tui.widgets import process_rows
+
+    status = {"state": "ready", "route": Route.build("rpc", "cpu", [0, 0, 1], ["", "b", "b"], ("b",)).to_dict(),
+              "processes": {"rpc0": {"pid": 1, "state": "ready", "role": "rpc", "host": ""},
+                            "rpc1": {"pid": 2, "state": "ready", "role": "rpc", "host": "b"},
+                            "rpc1-link": {"pid": None, "state": "ready", "role": "link", "host": "b"},
+                            "server": {"pid": 3, "state": "ready", "role": "server", "host": ""}}}
+    state = DashState()
+    state.status = status
+    rows = {row[0]: (row[1], row[2]) for row in process_rows(state)}
+    assert rows["rpc1"] == ("rpc@b", "1,2") and rows["rpc0"] == ("rpc", "0")
