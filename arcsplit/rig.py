@@ -145,7 +145,7 @@ class Host:
                            'use forwards = "shared" (the links ride the agent\'s ssh connection) or "own"')
         if self.rpc_servers not in RPC_SERVERS:
             raise BadInput(f"{where}: rpc_servers = {self.rpc_servers!r} is unknown",
-                           'use rpc_servers = "per-card" (one rpc-server per card) or "per-host" (one for all its cards)')
+                           'use rpc_servers = "per-card" (one rpc-server per card) or "per-host" (one for all of them)')
         if self.link == "direct":
             if not self.address:
                 raise BadInput(f"{where}: link = \"direct\" needs an address",

@@ -149,9 +149,9 @@ class Route:
             env = tuple(sorted(be.visibility(mine).items()))
             select: tuple[str, ...] = ()
             if where[group[0]] in per_host:  # names as that process sees them: ascending index, as visibility shows
-                select = tuple("CPU" if backend == "cpu" else be.device_name(sorted(mine).index(i)) for i in mine)
-            rpcs.append(RouteProcess(f"rpc{k}", "rpc", tuple(group), tuple(f"RPC{first + j}" for j in range(len(group))),
-                                     env, where[group[0]], select))
+                select = tuple(be.own_name(sorted(mine).index(i)) for i in mine)
+            devices = tuple(f"RPC{first + j}" for j in range(len(group)))
+            rpcs.append(RouteProcess(f"rpc{k}", "rpc", tuple(group), devices, env, where[group[0]], select))
             first += len(group)
         server = RouteProcess(SERVER, "server", tuple(local), tuple(local_names[p] for p in local), server_env)
         processes = (*rpcs, server)

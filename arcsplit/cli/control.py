@@ -45,7 +45,8 @@ def _ps(args: argparse.Namespace) -> int:
                 where = f"link to {p['host']}" if p.get("role") == "link" else f"on {p['host']}"
                 pid = p.get("pid") or "-"  # a link on its host's node ssh (forwards = "shared") has no process
                 cards = ",".join(str(c) for c in p.get("cards") or [])  # one rpc-server may hold several (per-host)
-                print(f"  {name:<12} {where:<16} {str(p.get('state')):<9} pid {pid}" + (f"  cards {cards}" if cards else ""))
+                print(f"  {name:<12} {where:<16} {str(p.get('state')):<9} pid {pid}"
+                      + (f"  cards {cards}" if cards else ""))
     return 0
 
 
