@@ -289,12 +289,17 @@ def test_one_rpc_server_per_host_holds_both_of_bs_cards(demo_model: Path, net: N
     nothing_left_on_b(net)
 
 
-def test_sigkill_of_bs_one_rpc_server_restarts_the_group(demo_model: Path, net: NetHarness, tmp_path: Path) -> None:
+@pytest.mark.parametrize("link", ["ssh", "direct"])
+def test_sigkill_of_bs_one_rpc_server_restarts_the_group(demo_model: Path, net: NetHarness, tmp_path: Path,
+                                                         link: str) -> None:
     """The member that fails holds two cards: the group restarts as after any member's exit, b again runs one
-    rpc-server for both, and the tokens are the same."""
-    layout = net.layout(tmp_path / "per_host.toml", list(zip(["", "b", "b"], PER_HOST_MIB)), rpc_servers="per-host")
+    rpc-server for both, and the tokens are the same (over either link: direct, it listens on b's address)."""
+    layout = net.layout(tmp_path / "per_host.toml", list(zip(["", "b", "b"], PER_HOST_MIB)), link=link,
+                        rpc_servers="per-host")
     with serving(tmp_path, demo_model, layout, ("--max-restarts", "20")) as served:
         before = greedy(served.url)
+        rpc_listen = [(a, port) for a, port, name in net.listening("b") if name == "ggml-rpc-server"]
+        assert [a for a, _ in rpc_listen] == ["127.0.0.1" if link == "ssh" else net.host("b").addr], rpc_listen
         (victim,) = net.processes("b", "ggml-rpc-server")
         victim.kill()
         wait_until(lambda: dead(victim), 10, "b's rpc-server to die")
