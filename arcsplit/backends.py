@@ -49,6 +49,11 @@ class Backend:
         """The name llama.cpp gives the ``position``-th card a process sees."""
         return f"{self.prefix or 'CPU'}{position}"
 
+    def own_name(self, position: int) -> str:
+        """The name ggml gives the ``position``-th card a process sees, as rpc-server's -d takes it: the CPU
+        backend has one device, "CPU", which a per-host rpc-server names once per CPU card."""
+        return "CPU" if self.prefix is None else self.device_name(position)
+
     def visibility(self, indices: Sequence[int]) -> dict[str, str]:
         """Environment that shows exactly these card indices (ascending) to one process; {} on the CPU backend."""
         if self.visibility_var is None:

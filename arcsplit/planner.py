@@ -106,7 +106,8 @@ class LinkCost:
     link: str  # "ssh" | "direct"
     gbit: float  # bandwidth assumed for the estimates
     gbit_given: bool  # from the host's bandwidth_gbit (else DEFAULT_LINK_GBIT)
-    rpc_servers: int  # each gets one graph_compute per ubatch (sent, not waited for)
+    rpc_servers: int  # processes there: one per card, or one for all of them (rpc_servers = "per-host")
+    graph_computes: int  # one per card there per ubatch (sent, not waited for): ggml-rpc computes per device
     act_bytes: int  # one token's activations crossing once: n_embd x 4 bytes
     act_crossings: int  # how often every token's activations cross this link (both directions)
     out_crossings: int  # crossings of output rows only (after the last layer picked them): 0 rows in mid-prompt
@@ -181,7 +182,7 @@ class LinkCost:
                           "mask_bytes": self.mask_bytes, "logits_bytes": self.logits_bytes,
                           "round_trips": self.round_trips, "ms": round(self.token_ms, 3)},
                 "ubatch": {"tokens": self.n_ubatch, "bytes": self.ubatch_bytes, "round_trips": self.gets,
-                           "graph_computes": self.rpc_servers, "ms": round(self.ubatch_ms, 3)},
+                           "graph_computes": self.graph_computes, "ms": round(self.ubatch_ms, 3)},
                 "prefill_tps_max": {"empty_context": round(start) if start else None,
                                     "full_prompt": round(full) if full else None}}
 
@@ -199,8 +200,10 @@ def link_costs(profile: Any, cards: tuple["CardPlan", ...], hosts: tuple[Host, .
     """Per other host, what crosses its link: the layer path starts at llama-server (token embeddings) and visits each
     card holding layers in order; the last layer keeps only the output rows, which go on to the output layer's card
     when that is another one (the first, with -ot); llama-server reads the logits there. Each card over there gets
-    its attention masks."""
+    its attention masks. Between two cards of one rpc-server (a per-host host) the activation never leaves that host:
+    llama-server asks it to copy (ggml-rpc.cpp RPC_CMD_COPY_TENSOR, same dispatcher), one blocking round trip."""
     remote = list(dict.fromkeys(c.card.host for c in cards if c.card.host))
+    shared = {h.name for h in hosts if h.per_host}
     if not remote:
         return ()
     n_layer = profile.n_layer
@@ -213,6 +216,9 @@ def link_costs(profile: Any, cards: tuple["CardPlan", ...], hosts: tuple[Host, .
     if layered and out is not layered[-1]:
         hops.append((layered[-1].card.host, out.card.host, 1))
     for a, b, rows in hops:
+        if a and a == b and a in shared:
+            gets[a][rows] += 1  # the copy's reply; a few hundred bytes of descriptors, not counted
+            continue
         if a:
             crossings[a][rows] += 1
             gets[a][rows] += 1
@@ -229,7 +235,8 @@ def link_costs(profile: Any, cards: tuple["CardPlan", ...], hosts: tuple[Host, .
         gbit = h.bandwidth_gbit if h is not None and h.bandwidth_gbit else DEFAULT_LINK_GBIT
         mine = [_masks(profile, c) for c in cards if c.card.host == name]
         found.append(LinkCost(host=name, link=h.link if h is not None else "ssh", gbit=float(gbit),
-                              gbit_given=bool(h is not None and h.bandwidth_gbit), rpc_servers=len(mine),
+                              gbit_given=bool(h is not None and h.bandwidth_gbit),
+                              rpc_servers=1 if name in shared else len(mine), graph_computes=len(mine),
                               act_bytes=profile.n_embd * 4, act_crossings=crossings[name][0],
                               out_crossings=crossings[name][1],
                               logits_bytes=profile.n_vocab * 4 if logits_at == name else 0,

@@ -19,6 +19,7 @@ and a card's ``host = "b"`` puts it there (default: the main host, the machine r
     name = "b"
     ssh = "user@b"            # the ssh destination (a Host alias of ssh_config works too)
     link = "ssh"              # or "direct" with address = "10.0.0.2": rpc-servers bind that address instead
+    rpc_servers = "per-host"  # optional: one rpc-server for all of b's cards (default "per-card"; not on sycl)
 
 The planner's layer order is the rig's card order, so each host's cards are kept together: the main host's
 first, then each host's in [[hosts]] order.
@@ -31,7 +32,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Sequence
 
 from . import backends
 from .errors import BadInput
@@ -83,6 +84,10 @@ class Card:
 LINKS = ("ssh", "direct")
 AGENTS = ("stdio", "standing")
 FORWARDS = ("shared", "own")
+RPC_SERVERS = ("per-card", "per-host")
+# Why SYCL stays one rpc-server per card: one process's Level Zero context then spans several GPUs.
+PER_HOST_SYCL = ("Intel's compute runtime 25.44-26.26 on kernels before 7.1 fails every allocation once one Level "
+                 "Zero context spans two GPUs; one rpc-server per card is the workaround")
 _HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,31}")
 
 
@@ -95,7 +100,9 @@ class Host:
     the node agent runs there - "stdio" started by each run over ssh, "standing" kept running by that host
     (``arcsplit node --listen``, a systemd unit) and reached with ``arcsplit node --attach``. ``forwards`` (link "ssh"):
     "shared" - each link is a forward on the agent's own ssh connection (no login of its own), "own" - each link its
-    own ssh process and connection (its own core for the link's crypto)."""
+    own ssh process and connection (its own core for the link's crypto). ``rpc_servers``: "per-card" - each card
+    its own rpc-server; "per-host" - one rpc-server holds all of this host's cards (one port, one link; not on
+    SYCL, see PER_HOST_SYCL)."""
 
     name: str
     ssh: str
@@ -107,6 +114,12 @@ class Host:
     agent: str = "stdio"
     model_dir: str | None = None  # where this host keeps the same GGUF files; None: the same path as here
     forwards: str = "shared"
+    rpc_servers: str = "per-card"
+
+    @property
+    def per_host(self) -> bool:
+        """One rpc-server holds all of this host's cards."""
+        return self.rpc_servers == "per-host"
 
     def seed_path(self, local: str) -> str:
         """The path on this host of a GGUF that is at ``local`` here: its rpc-servers read the weights from it
@@ -130,6 +143,9 @@ class Host:
         if self.forwards not in FORWARDS:
             raise BadInput(f"{where}: forwards = {self.forwards!r} is unknown",
                            'use forwards = "shared" (the links ride the agent\'s ssh connection) or "own"')
+        if self.rpc_servers not in RPC_SERVERS:
+            raise BadInput(f"{where}: rpc_servers = {self.rpc_servers!r} is unknown",
+                           'use rpc_servers = "per-card" (one rpc-server per card) or "per-host" (one for all of them)')
         if self.link == "direct":
             if not self.address:
                 raise BadInput(f"{where}: link = \"direct\" needs an address",
@@ -181,6 +197,9 @@ class Rig:
                 raise BadInput(f"card {card.index} ({card.name}) names host {card.host!r}, which is not in [[hosts]]",
                                f"add a [[hosts]] entry named {card.host!r}, or use one of: "
                                f"{', '.join(names) or 'none (leave host out for this machine)'}")
+            if card.host and card.backend == "sycl" and self.host(card.host).per_host:
+                raise BadInput(f"host {card.host!r}: rpc_servers = \"per-host\" is refused on sycl ({PER_HOST_SYCL})",
+                               f'remove rpc_servers from host {card.host!r} (per-card is the default)')
         order = {"": 0, **{n: i + 1 for i, n in enumerate(names)}}
         object.__setattr__(self, "cards", tuple(sorted(self.cards, key=lambda c: order[c.host])))  # stable
 
@@ -191,6 +210,11 @@ class Rig:
                 return h
         raise BadInput(f"no host {name!r} in the layout",
                        f"use one of: {', '.join(h.name for h in self.hosts) or 'none'}")
+
+
+def per_host(hosts: Sequence[Host]) -> tuple[str, ...]:
+    """The hosts whose cards share one rpc-server (Route.build's ``per_host``)."""
+    return tuple(h.name for h in hosts if h.per_host)
 
 
 def load_layout(path: str | Path) -> Rig:
@@ -217,15 +241,15 @@ def load_layout(path: str | Path) -> Rig:
     try:
         hosts = tuple(_host_from_toml(p, i, raw) for i, raw in enumerate(raw_hosts))
         cards = []
-        per_host: dict[str, int] = {}
+        nth: dict[str, int] = {}
         for i, raw in enumerate(raw_cards):
             if not isinstance(raw, dict):
                 raise BadInput(f"cards[{i}] is not a table", "write each card as [[cards]]")
             host = raw.get("host", "")
             if not isinstance(host, str):
                 raise BadInput(f"cards[{i}].host is not a host name", 'write host = "<a [[hosts]] name>"')
-            cards.append(_card_from_toml(p, i, raw, per_host.get(host, 0), host))
-            per_host[host] = per_host.get(host, 0) + 1
+            cards.append(_card_from_toml(p, i, raw, nth.get(host, 0), host))
+            nth[host] = nth.get(host, 0) + 1
         pinned = data.get("plan", {})
         if not isinstance(pinned, dict):
             raise BadInput("[plan] is not a table", "write it as a [plan] table")
@@ -240,7 +264,8 @@ def load_layout(path: str | Path) -> Rig:
 
 _HOST_KEYS: dict[str, type | tuple[type, ...]] = {"name": str, "ssh": str, "link": str, "address": str,
               "ssh_config": str, "arcsplit": str,
-              "bandwidth_gbit": (int, float), "agent": str, "model_dir": str, "forwards": str}
+              "bandwidth_gbit": (int, float), "agent": str, "model_dir": str, "forwards": str,
+              "rpc_servers": str}
 
 
 def _host_from_toml(p: Path, i: int, raw: dict[str, Any]) -> Host:
@@ -259,7 +284,8 @@ def _host_from_toml(p: Path, i: int, raw: dict[str, Any]) -> Host:
         config = str(path if path.is_absolute() else (p.parent / path).absolute())  # relative to the layout
     return Host(name=raw["name"], ssh=raw["ssh"], link=raw.get("link", "ssh"), address=raw.get("address"),
                 ssh_config=config, arcsplit=raw.get("arcsplit", "arcsplit"), bandwidth_gbit=raw.get("bandwidth_gbit"),
-                agent=raw.get("agent", "stdio"), model_dir=raw.get("model_dir"), forwards=raw.get("forwards", "shared"))
+                agent=raw.get("agent", "stdio"), model_dir=raw.get("model_dir"), forwards=raw.get("forwards", "shared"),
+                rpc_servers=raw.get("rpc_servers", "per-card"))
 
 
 def _mib(p: Path, i: int, raw: dict[str, Any], key: str, default: float | None) -> int:
@@ -316,7 +342,8 @@ def dump_layout(rig: Rig, plan: dict[str, Any] | None = None) -> str:
         for key in _HOST_KEYS:
             value = getattr(h, key)
             if value is not None and (key, value) not in (("link", "ssh"), ("arcsplit", "arcsplit"),
-                                                          ("agent", "stdio"), ("forwards", "shared")):  # defaults
+                                                          ("agent", "stdio"), ("forwards", "shared"),
+                                                          ("rpc_servers", "per-card")):  # defaults
                 lines.append(f"{key} = {_toml_value(value)}")
         lines.append("")
     for card in rig.cards:

@@ -13,18 +13,22 @@ The group is zero or more rpc-servers (one per card that llama-server does not h
 What each process may see is set here per backend, because llama.cpp opens every device it can see.
 
 Cards on other machines (``hosts``: the layout host of each position, "" for this one) each get an rpc-server of
-their own on that host, also where one process could hold several cards of a backend (CUDA, Vulkan); the mode's
-rule applies to this machine's cards only. rpc-servers are named rpc0.. in --rpc order: this machine's first, then
-the other hosts' in layer order.
+their own on that host, unless the host is ``per_host`` (layout ``rpc_servers = "per-host"``): then one rpc-server
+there holds all of that host's cards (``ggml-rpc-server -d DEV1,DEV2``, in layer order), where one process can hold
+several cards (CPU, CUDA, Vulkan; never SYCL, rig.PER_HOST_SYCL). The mode's rule applies to this machine's cards
+only. rpc-servers are named rpc0.. in --rpc order: this machine's first, then the other hosts' in layer order.
+llama-server numbers RPC devices across its --rpc endpoints in that order, each endpoint's in its -d order
+(ggml-rpc.cpp ggml_backend_rpc_add_server), so RPCk is still the k-th card held by an rpc-server.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from . import backends
 from .errors import BadInput
+from .rig import PER_HOST_SYCL
 
 # How the cards share one model, fastest first where they work (llama/mode.py chooses among them).
 MODES = ("single", "multi", "multi+workaround", "hybrid", "rpc")
@@ -69,6 +73,7 @@ class RouteProcess:
     devices: tuple[str, ...]  # the llama-server device name of each of those cards
     env: Env  # visibility environment (what it may see of the backend's cards)
     host: str = ""  # the layout host it runs on; "" is this machine
+    select: tuple[str, ...] = ()  # an rpc-server's -d list (its cards' names in that process); () one card, no -d
 
 
 @dataclass(frozen=True)
@@ -81,10 +86,11 @@ class Route:
     processes: tuple[RouteProcess, ...]  # rpc-servers in --rpc order, then llama-server
 
     @classmethod
-    def build(cls, mode: str, backend: str, indices: Sequence[int], hosts: Sequence[str] | None = None) -> "Route":
+    def build(cls, mode: str, backend: str, indices: Sequence[int], hosts: Sequence[str] | None = None,
+              per_host: Collection[str] = ()) -> "Route":
         """The route of ``mode`` over the cards ``indices`` (in --gpus order) of ``backend``; ``hosts``: the layout
         host of each card ("" this machine; None: all here). Each host's cards must be together, this machine's
-        first, as Rig keeps them."""
+        first, as Rig keeps them. ``per_host``: the other hosts whose cards share one rpc-server."""
         be = backends.get(backend)
         if mode not in MODES:
             raise BadInput(f"unknown mode {mode!r}", f"use one of {', '.join(MODES)}")
@@ -127,10 +133,26 @@ class Route:
             order = sorted(indices[p] for p in local)  # a process numbers the cards it sees in ascending order
             local_names = {p: be.device_name(order.index(indices[p])) for p in local}
         server_env = tuple(sorted(be.visibility([indices[p] for p in local] if backend != "cpu" else []).items()))
+        if backend == "sycl" and any(where[p] in per_host for p in remote):
+            raise BadInput(f"one rpc-server per host is refused on sycl ({PER_HOST_SYCL})",
+                           'leave rpc_servers out of that [[hosts]] entry (per-card is the default)')
+        groups: list[list[int]] = []  # the positions of each rpc-server, in --rpc order
+        for p in remote:
+            if groups and where[p] and where[p] in per_host and where[groups[-1][0]] == where[p]:
+                groups[-1].append(p)
+            else:
+                groups.append([p])
         rpcs = []
-        for k, p in enumerate(remote):
-            env = tuple(sorted(be.visibility([indices[p]]).items()))
-            rpcs.append(RouteProcess(f"rpc{k}", "rpc", (p,), (f"RPC{k}",), env, where[p]))
+        first = 0  # llama-server's RPC device number of each rpc-server's first card
+        for k, group in enumerate(groups):
+            mine = [indices[p] for p in group]
+            env = tuple(sorted(be.visibility(mine).items()))
+            select: tuple[str, ...] = ()
+            if where[group[0]] in per_host:  # names as that process sees them: ascending index, as visibility shows
+                select = tuple(be.own_name(sorted(mine).index(i)) for i in mine)
+            devices = tuple(f"RPC{first + j}" for j in range(len(group)))
+            rpcs.append(RouteProcess(f"rpc{k}", "rpc", tuple(group), devices, env, where[group[0]], select))
+            first += len(group)
         server = RouteProcess(SERVER, "server", tuple(local), tuple(local_names[p] for p in local), server_env)
         processes = (*rpcs, server)
         cards: list[RouteCard] = []
@@ -209,7 +231,8 @@ class Route:
                 "cards": [{"position": c.position, "index": c.index, "holder": c.holder, "device": c.device,
                            "env": dict(c.env), "host": c.host} for c in self.cards],
                 "processes": [{"name": p.name, "role": p.role, "cards": list(p.cards), "devices": list(p.devices),
-                               "env": dict(p.env), "host": p.host} for p in self.processes]}
+                               "env": dict(p.env), "host": p.host, "select": list(p.select)}
+                              for p in self.processes]}
 
 
 def holders(status: Mapping[str, Any]) -> list[str]:

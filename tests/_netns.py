@@ -341,6 +341,10 @@ class NetHarness:
         """Bytes this machine has sent to host ``name`` over its link (the veth's tx counter here)."""
         return int(Path(f"/sys/class/net/{self.hosts[name].veth}/statistics/tx_bytes").read_text())
 
+    def received_from(self, name: str = "b") -> int:
+        """Bytes this machine has received from host ``name`` over its link (the veth's rx counter here)."""
+        return int(Path(f"/sys/class/net/{self.hosts[name].veth}/statistics/rx_bytes").read_text())
+
     def link(self, name: str, up: bool) -> None:
         """Cut the link to ``name`` (its end of the veth goes down: packets vanish silently, as in a partition;
         this side keeps its route, marked linkdown) or bring it back."""
@@ -348,9 +352,10 @@ class NetHarness:
         ip("-n", h.ns, "link", "set", h.peer, "up" if up else "down")
 
     def layout(self, path: Path, cards: list[tuple[str, int]], *, link: str = "ssh", name: str = "test rig",
-               arcsplit: dict[str, Path] | None = None, forwards: str = "shared") -> Path:
+               arcsplit: dict[str, Path] | None = None, forwards: str = "shared",
+               rpc_servers: str = "per-card") -> Path:
         """A layout (issue 15's TOML) with the hosts its cards name; ``cards``: (host name or "", memory MiB);
-        ``forwards``: the hosts' (written when not the default)."""
+        ``forwards``, ``rpc_servers``: the hosts' (written when not the default)."""
         lines = [f'name = "{name}"', ""]
         for h in (h for h in self.hosts.values() if any(c == h.name for c, _ in cards)):
             lines += ["[[hosts]]", f'name = "{h.name}"', f'ssh = "{h.name}"', f'ssh_config = "{self.ssh_config}"',
@@ -359,6 +364,8 @@ class NetHarness:
                 lines.append(f'address = "{h.addr}"')
             if forwards != "shared":
                 lines.append(f'forwards = "{forwards}"')
+            if rpc_servers != "per-card":
+                lines.append(f'rpc_servers = "{rpc_servers}"')
             lines.append("")
         index = {h: 0 for h in ["", *self.hosts]}
         for host, mib in cards:

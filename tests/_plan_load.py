@@ -39,6 +39,7 @@ def load_plan(llama_bins: Any, rpc: Any, model: Path, plan: Any, tmp_path: Path)
             proc.terminate()
             proc.wait(30)
     used = sum_buffers(b for b in map(parse_buffer_line, log.read_text().splitlines()) if b)
-    for ep in rpc.endpoints:
+    for ep in rpc.endpoints:  # one card per rpc-server: its buffer type is RPC0[endpoint]
+        used[ep] = used[f"RPC0[{ep}]"]
         assert {"model", "compute"} <= set(used[ep]), used  # llama-server reported this card's buffers
     return used

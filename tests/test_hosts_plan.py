@@ -276,7 +276,7 @@ def test_specs_for_two_hosts_ssh_and_direct(untied) -> None:
     rpc = server.argv[server.argv.index("--rpc") + 1]
     assert rpc == "127.0.0.1:50052,127.0.0.1:41000,10.77.0.3:50054"
     card = card_of_buffer(specs, None)
-    assert [card("127.0.0.1:50052"), card("127.0.0.1:41000"), card("10.77.0.3:50054")] == [1, 2, 3]
+    assert [card("RPC0[127.0.0.1:50052]"), card("RPC0[127.0.0.1:41000]"), card("RPC0[10.77.0.3:50054]")] == [1, 2, 3]
 
 
 def test_mode_rpc_brings_the_output_layer_home_to_the_first_rpc_servers_buffer(untied) -> None:

@@ -45,8 +45,8 @@ def test_rpc_buffers_are_told_apart_by_endpoint_not_name():
     assert (first.kind, first.buffer, first.endpoint) == ("model", "RPC0", "127.0.0.1:50301")
     assert first.bytes == int(32.39 * MiB)
     totals = sum_buffers(parsed)
-    assert totals["127.0.0.1:50302"]["model"] == int(202.77 * MiB)
-    assert totals["127.0.0.1:50301"]["KV"] == int(1.0 * MiB) + int(8.0 * MiB)  # SWA and non-SWA caches add up
+    assert totals["RPC0[127.0.0.1:50302]"]["model"] == int(202.77 * MiB)
+    assert totals["RPC0[127.0.0.1:50301]"]["KV"] == int(1.0 * MiB) + int(8.0 * MiB)  # SWA and non-SWA caches add up
     assert totals["CPU"] == {"output": int(1.0 * MiB), "compute": int(14.33 * MiB)}
     assert totals["CPU_Mapped"] == {"model": int(170.0 * MiB)}
 

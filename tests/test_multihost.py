@@ -212,6 +212,105 @@ def test_two_hosts_serve_the_same_greedy_tokens_as_one_host(demo_model: Path, ne
     nothing_left_on_b(net)
 
 
+# b's two cards: the first small, so that both hold layers (layers 10-11 and 12-17 with the output, by the plan)
+PER_HOST_MIB = (300, 150, 1024)
+
+
+LONG_PROMPT_TOKENS = 400
+
+
+def link_bytes(net: NetHarness, url: str) -> tuple[int, int]:
+    """(bytes over b's link both ways, prompt tokens) for one prompt of about LONG_PROMPT_TOKENS tokens and one
+    generated token (the second of two identical requests: the first sends the graphs, which repeat)."""
+    body = {"prompt": "one two three four " * (LONG_PROMPT_TOKENS // 4), "n_predict": 1, "temperature": 0,
+            "cache_prompt": False}
+    httpx.post(f"{url}/completion", json=body, timeout=120).raise_for_status()
+    before = net.sent_to("b") + net.received_from("b")
+    r = httpx.post(f"{url}/completion", json=body, timeout=120)
+    r.raise_for_status()
+    return net.sent_to("b") + net.received_from("b") - before, int(r.json()["tokens_evaluated"])
+
+
+def status_of(served: Served) -> dict[str, Any]:
+    """The running group's status(), over its bus, as `arcsplit ps` reads it."""
+    code = ("import json\nfrom arcsplit._api import attach, runs\n(info,) = runs()\n"
+            "with attach(info.run_id, timeout=10) as c:\n    print(json.dumps(c.status()))")
+    r = subprocess.run([sys.executable, "-c", code], env=served.env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_one_rpc_server_per_host_holds_both_of_bs_cards(demo_model: Path, net: NetHarness, tmp_path: Path) -> None:
+    """rpc_servers = "per-host": b's two CPU cards are one `ggml-rpc-server -d CPU,CPU` there, one port, one
+    forward; llama-server sees two devices at that endpoint (RPC1, RPC2 in --device order) and the greedy tokens are
+    those of the same three cards on one host and of one rpc-server per card on b."""
+    cards = list(zip(["", "b", "b"], PER_HOST_MIB))
+    with serving(tmp_path, demo_model, net.layout(tmp_path / "one.toml", [("", m) for _, m in cards])) as one:
+        reference = greedy(one.url)
+    with serving(tmp_path, demo_model, net.layout(tmp_path / "per_card.toml", cards)) as per_card:
+        assert len(net.processes("b", "ggml-rpc-server")) == 2
+        assert greedy(per_card.url) == reference
+        apart = link_bytes(net, per_card.url)
+    nothing_left_on_b(net)
+
+    layout = net.layout(tmp_path / "per_host.toml", cards, rpc_servers="per-host")
+    with serving(tmp_path, demo_model, layout) as served:
+        assert httpx.get(f"{served.url}/health", timeout=5).status_code == 200
+        assert greedy(served.url) == reference
+        shared, tokens = link_bytes(net, served.url)
+        # the activation from b's first card to its second is copied on b, not read back here and sent again: the
+        # two crossings of the plan's link model (n_embd 640 x 4 bytes a token each way), within 15 %
+        saved, crossing = apart[0] - shared, tokens * 640 * 4
+        print(f"link bytes of a {tokens}-token prompt, both ways: per-card {apart[0]:,}, per-host {shared:,}, "
+              f"saved {saved:,} = {saved / crossing:.2f} crossings")
+        assert tokens == apart[1] and 1.7 * crossing < saved < 2.3 * crossing, (apart, shared, tokens)
+        (rpc,) = net.processes("b", "ggml-rpc-server")
+        argv = rpc.cmdline()
+        assert argv[argv.index("-d") + 1] == "CPU,CPU", argv
+        rpc_listen = [(a, port) for a, port, name in net.listening("b") if name == "ggml-rpc-server"]
+        assert len(rpc_listen) == 1 and rpc_listen[0][0] == "127.0.0.1", rpc_listen
+        ssh = local_ssh(served)
+        assert len(ssh["session"]) == 1 and ssh["link"] == ssh["session"], ssh  # one forward, on the agent's ssh
+        server = served.children()["server"].cmdline()
+        assert len(server[server.index("--rpc") + 1].split(",")) == 2, server  # here's rpc-server, then b's
+        assert server[server.index("--device") + 1] == "RPC0,RPC1,RPC2", server
+        status = status_of(served)
+        assert sorted(status["processes"]) == ["rpc0", "rpc1", "rpc1-link", "server"]
+        (b_proc,) = [p for p in status["route"]["processes"] if p["host"] == "b"]
+        assert (b_proc["name"], b_proc["cards"], b_proc["devices"], b_proc["select"]) == (
+            "rpc1", [1, 2], ["RPC1", "RPC2"], ["CPU", "CPU"])
+        # llama-server's buffer lines name each card by its index on that rpc-server: both of b's cards got theirs
+        assert all(c["actual"].get("model") for c in status["buffers"]["cards"]), status["buffers"]
+        text = subprocess.run([sys.executable, "-m", "arcsplit", "ps"], env=served.env(), capture_output=True,
+                              text=True, timeout=60).stdout
+        (row,) = [line for line in text.splitlines() if line.strip().startswith("rpc1 ")]
+        assert "on b" in row and row.endswith("cards 1,2"), text
+    assert served.leftovers() == NO_LEFTOVERS
+    nothing_left_on_b(net)
+
+
+@pytest.mark.parametrize("link", ["ssh", "direct"])
+def test_sigkill_of_bs_one_rpc_server_restarts_the_group(demo_model: Path, net: NetHarness, tmp_path: Path,
+                                                         link: str) -> None:
+    """The member that fails holds two cards: the group restarts as after any member's exit, b again runs one
+    rpc-server for both, and the tokens are the same (over either link: direct, it listens on b's address)."""
+    layout = net.layout(tmp_path / "per_host.toml", list(zip(["", "b", "b"], PER_HOST_MIB)), link=link,
+                        rpc_servers="per-host")
+    with serving(tmp_path, demo_model, layout, ("--max-restarts", "20")) as served:
+        before = greedy(served.url)
+        rpc_listen = [(a, port) for a, port, name in net.listening("b") if name == "ggml-rpc-server"]
+        assert [a for a, _ in rpc_listen] == ["127.0.0.1" if link == "ssh" else net.host("b").addr], rpc_listen
+        (victim,) = net.processes("b", "ggml-rpc-server")
+        victim.kill()
+        wait_until(lambda: dead(victim), 10, "b's rpc-server to die")
+        serves_again(served, before)
+        (fresh,) = net.processes("b", "ggml-rpc-server")
+        assert fresh.pid != victim.pid and "CPU,CPU" in fresh.cmdline()
+        assert status_of(served)["processes"]["rpc1"]["restarts"] >= 1
+    assert served.leftovers() == NO_LEFTOVERS
+    nothing_left_on_b(net)
+
+
 def test_an_untied_output_layer_comes_home_from_b(net: NetHarness, tmp_path: Path) -> None:
     """A model with an output layer of its own (most big models): b holds the last layers, the output layer comes
     to the first card here (-ot with that rpc-server's buffer type), and the text is one host's."""

@@ -33,7 +33,8 @@ LOAD_LINES = [
     "0.14.589.656 I llama_kv_cache: RPC0[127.0.0.1:47101] KV buffer size =     0.50 MiB",
 ]
 BUFFERS = [b for b in map(parse_buffer_line, LOAD_LINES) if b is not None]
-SIZES = {"CPU_Mapped": int(170.00 * MiB), "127.0.0.1:47101": int(35.82 * MiB), "127.0.0.1:47102": int(199.34 * MiB)}
+SIZES = {"CPU_Mapped": int(170.00 * MiB), "RPC0[127.0.0.1:47101]": int(35.82 * MiB),
+         "RPC0[127.0.0.1:47102]": int(199.34 * MiB)}
 
 
 def test_a_load_fills_the_buffers_in_llama_cpps_order():
@@ -43,10 +44,10 @@ def test_a_load_fills_the_buffers_in_llama_cpps_order():
     half = load_progress(BUFFERS, 0.5)  # mmap: in the printed order, the host's mapped weights first
     total = sum(SIZES.values())
     assert half["CPU_Mapped"] == (SIZES["CPU_Mapped"],) * 2
-    assert half["127.0.0.1:47101"][0] == pytest.approx(total / 2 - SIZES["CPU_Mapped"], abs=1)
-    assert half["127.0.0.1:47102"][0] == 0
+    assert half["RPC0[127.0.0.1:47101]"][0] == pytest.approx(total / 2 - SIZES["CPU_Mapped"], abs=1)
+    assert half["RPC0[127.0.0.1:47102]"][0] == 0
     staged = load_progress(BUFFERS, 0.5, mmap=False)  # without mmap the device buffers go first
-    assert staged["127.0.0.1:47101"][0] == SIZES["127.0.0.1:47101"] and staged["CPU_Mapped"][0] == 0
+    assert staged["RPC0[127.0.0.1:47101]"][0] == SIZES["RPC0[127.0.0.1:47101]"] and staged["CPU_Mapped"][0] == 0
     previous = {k: 0 for k in SIZES}
     for step in range(101):
         now = load_progress(BUFFERS, step / 100)

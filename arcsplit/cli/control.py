@@ -19,9 +19,11 @@ def _ps(args: argparse.Namespace) -> int:
             with attach(info.run_id, timeout=2.0) as client:
                 status = client.status()
             row["state"], row["mode"] = status.get("state"), status.get("mode")
+            held = {q.get("name"): q for q in (status.get("route") or {}).get("processes") or []}  # Route's
             row["processes"] = {name: {"state": p.get("state"), "pid": p.get("pid"), "restarts": p.get("restarts"),
                                         "paused": p.get("paused", False), "host": p.get("host", ""),
-                                        "role": p.get("role")}
+                                        "role": p.get("role"), "cards": (held.get(name) or {}).get("cards", []),
+                                        "devices": (held.get(name) or {}).get("devices", [])}
                                 for name, p in status.get("processes", {}).items()}
         except Exception as exc:  # one unresponsive instance must not hide the others
             row["state"] = f"not answering ({exc})"
@@ -42,7 +44,9 @@ def _ps(args: argparse.Namespace) -> int:
             if p.get("host"):
                 where = f"link to {p['host']}" if p.get("role") == "link" else f"on {p['host']}"
                 pid = p.get("pid") or "-"  # a link on its host's node ssh (forwards = "shared") has no process
-                print(f"  {name:<12} {where:<16} {str(p.get('state')):<9} pid {pid}")
+                cards = ",".join(str(c) for c in p.get("cards") or [])  # one rpc-server may hold several (per-host)
+                print(f"  {name:<12} {where:<16} {str(p.get('state')):<9} pid {pid}"
+                      + (f"  cards {cards}" if cards else ""))
     return 0
 
 

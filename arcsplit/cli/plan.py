@@ -123,11 +123,13 @@ def _link_lines(links: tuple[LinkCost, ...]) -> list[str]:
                  f"attention masks {_size(lc.mask_bytes)}"]
         parts += [f"logits {_size(lc.logits_bytes)}"] if lc.logits_bytes else []
         lines.append(f"  {lc.host} ({lc.link}, {lc.gbit:g} Gbit/s {'given' if lc.gbit_given else 'assumed'}, "
-                     f"{lc.rpc_servers} rpc-server(s)):")
+                     f"{lc.rpc_servers} rpc-server(s)"
+                     + (f" for {lc.graph_computes} cards, which copy between themselves there" if
+                        lc.graph_computes > lc.rpc_servers else "") + "):")
         lines.append(f"    per decoded token: {_size(lc.token_bytes)} ({', '.join(parts)}), {lc.round_trips} round "
                      f"trip(s), {lc.token_ms:.2f} ms")
         lines.append(f"    per prefill ubatch of {lc.n_ubatch}: {_size(lc.ubatch_bytes)}, {lc.gets} round trip(s) "
-                     f"+ {lc.rpc_servers} graph_compute(s), {lc.ubatch_ms:.1f} ms")
+                     f"+ {lc.graph_computes} graph_compute(s), {lc.ubatch_ms:.1f} ms")
         start, full = lc.prefill_tps_start, lc.prefill_tps_full
         if start and full:
             lines.append(f"    prefill at most {start:,.0f} tokens/s at an empty context, about {full:,.0f} over a "

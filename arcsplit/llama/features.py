@@ -47,7 +47,7 @@ RPC_OPTIONAL: dict[str, tuple[bool, str | None]] = {
     "-c": (False, "--rpc-cache (this rpc-server has no local weight cache)"),
     "--seed-cache": (True, "weights read from the local GGUF (they cross the socket instead; patch 0006)"),
 }
-RPC_REQUIRED = ("-H", "-p")
+RPC_REQUIRED = ("-H", "-p", "-d")  # -d only in a per-host rpc-server's argv (required only where it is passed)
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,12 @@ class BufferLine:
     endpoint: str | None  # "127.0.0.1:50153" for RPC buffers (names repeat across servers; endpoints don't)
     bytes: int
 
+    @property
+    def key(self) -> str:
+        """Which buffer type: "RPC1[127.0.0.1:50153]" (the card's index on that rpc-server, which may hold several,
+        and its endpoint), else the name ("SYCL0", "CPU_Mapped")."""
+        return f"{self.buffer}[{self.endpoint}]" if self.endpoint else self.buffer
+
 
 def parse_buffer_line(line: str) -> BufferLine | None:
     m = _BUFFER.search(line)
@@ -90,7 +96,7 @@ def load_mode_mmaps(mode: str) -> bool:
 
 
 def load_progress(buffers: Sequence[BufferLine], value: float, mmap: bool = True) -> dict[str, tuple[int, int]]:
-    """(bytes loaded, bytes) per model buffer key (endpoint or name) at llama-server's load fraction ``value``.
+    """(bytes loaded, bytes) per model buffer key (BufferLine.key) at llama-server's load fraction ``value``.
 
     llama.cpp loads one buffer type after another, in the order it printed their model buffer sizes (its ctx_map,
     sorted by buffer type name: src/llama-model-loader.h ctx_key_comparator), and reports loaded / all weight
@@ -105,9 +111,8 @@ def load_progress(buffers: Sequence[BufferLine], value: float, mmap: bool = True
     for b in model:
         done = int(min(left, b.bytes))
         left -= done
-        key = b.endpoint or b.buffer
-        d, t = out.get(key, (0, 0))
-        out[key] = (d + done, t + b.bytes)
+        d, t = out.get(b.key, (0, 0))
+        out[b.key] = (d + done, t + b.bytes)
     return out
 
 
@@ -127,10 +132,9 @@ def error_lines(lines: Iterable[str], limit: int = 3) -> list[str]:
 
 
 def sum_buffers(buffers: Iterable[BufferLine]) -> dict[str, dict[str, int]]:
-    """Bytes per buffer key (endpoint for RPC, else the buffer name) and kind."""
+    """Bytes per buffer key (BufferLine.key) and kind."""
     out: dict[str, dict[str, int]] = {}
     for b in buffers:
-        key = b.endpoint or b.buffer
-        slot = out.setdefault(key, {})
+        slot = out.setdefault(b.key, {})
         slot[b.kind] = slot.get(b.kind, 0) + b.bytes
     return out

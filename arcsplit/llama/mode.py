@@ -143,7 +143,7 @@ def _across_hosts(backend: str, n_here: int, n_remote: int, forced: str | None, 
                   probe_results: Iterable[ProbeLike] | Mapping[str, bool] | None) -> ModeDecision:
     """A layout with cards on other hosts: those are rpc-servers there whatever the mode; the mode is this
     machine's."""
-    there = f"the {n_remote} card(s) on other hosts: one rpc-server each there"
+    there = f"the {n_remote} card(s) on other hosts: rpc-servers there (one per card, or per host: rpc_servers)"
     if forced == "single":
         raise BadInput("--mode single runs one card on this machine, but the layout has cards on other hosts",
                        "use --mode hybrid or rpc, or drop --mode")

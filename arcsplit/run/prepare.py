@@ -28,7 +28,7 @@ from ..llama.patches import SPIN_ENV
 from ..llama.webui import serve_dir
 from ..model import load_profile
 from ..planner import Plan, PlanOptions, make_plan
-from ..rig import Rig
+from ..rig import Rig, per_host
 from . import weightcache
 from .ports import check_free, check_host, free_port
 from ..route import MODES, OUTPUT_LAYER_CHOICES, Route
@@ -156,7 +156,8 @@ def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: bo
 
 def _plan_and_key(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: bool
                   ) -> tuple[Plan, compute_cache.CacheKey]:
-    route = Route.build(mode, req.backend, [c.index for c in rig.cards], [c.host for c in rig.cards])
+    route = Route.build(mode, req.backend, [c.index for c in rig.cards], [c.host for c in rig.cards],
+                        per_host(rig.hosts))
     ubatch = req.ubatch if req.ubatch is not None else route.ubatch
     options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel, n_ubatch=ubatch, n_batch=max(2048, ubatch),
                           kv_unified=req.kv_unified, cache_type_k=req.cache_type, cache_type_v=req.cache_type,
@@ -345,7 +346,7 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     _, dropped = clean_env(req.backend, os.environ)
     cores = os.cpu_count() or 1
     route = Route.build(decision.mode, req.backend, [c.card.index for c in plan.cards],
-                        [c.card.host for c in plan.cards])
+                        [c.card.host for c in plan.cards], per_host(rig.hosts))
     rpc_features = binary_features(binaries.rpc_server) if binaries and foreign else None
     # rpc-servers read the weights from the GGUF (patch 0006): here, and on a layout's other hosts from their copy
     seed = bool(req.rpc_seed and route.rpc and binaries

@@ -20,7 +20,7 @@ from ..hosts import forward_argv
 from ..llama.childenv import Dropped, overlay
 from ..llama.features import RPC_OPTIONAL, RPC_REQUIRED, Features, fit_args
 from ..llama.patches import SPIN_ENV
-from ..rig import Host
+from ..rig import Host, per_host
 from ..route import HOST_DEVICE, Route
 from .weightcache import INDEX_ENV, SEED_FLAG, store
 
@@ -133,7 +133,7 @@ class ServeConfig:
     def route(self) -> Route:
         """Who holds which card: from the mode, the backend and the plan's cards (in --gpus order)."""
         return Route.build(self.mode, self.backend, [c.card.index for c in self.plan.cards],
-                           [c.card.host for c in self.plan.cards])
+                           [c.card.host for c in self.plan.cards], per_host(self.hosts))
 
     def host_named(self, name: str) -> Host:
         """The layout host a card names; a plan naming one the config lacks is a one-line error."""
@@ -196,6 +196,8 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int], link_ports: Seque
             binary = node_bins.get(remote.name, "ggml-rpc-server")
             bind = remote.address if remote.link == "direct" and remote.address else LOOPBACK
         rpc_argv = [binary, "-H", bind, "-p", str(port), "-t", str(threads)]
+        if proc.select:  # one rpc-server for several cards: each by its name there, in layer order
+            rpc_argv += ["-d", ",".join(proc.select)]
         if config.rpc_cache_dir and remote is None:
             rpc_argv.append("-c")
             env["LLAMA_CACHE"] = config.rpc_cache_dir  # the server keeps tensors > 10 MiB under <this>/rpc
@@ -231,8 +233,7 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int], link_ports: Seque
                        "--metrics"]
     if route.rpc:
         argv += ["--rpc", ",".join(s.dial for s in rpc_specs)]  # before --device
-    # -ot names a buffer type: an RPC device's is its index on its server (0: one card each) and its endpoint
-    rpc_buffers = {f"RPC{i}": f"RPC0[{s.dial}]" for i, s in enumerate(rpc_specs)}
+    rpc_buffers = rpc_buffer_types(rpc_specs)
     argv += plan.llama_server_args(devices=route.server_devices, buffers=rpc_buffers)
     if config.backend == "cpu" and route.rpc:
         argv += ["-t", str(threads)]  # llama-server computes the host card's layers; share cores evenly
@@ -247,12 +248,18 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int], link_ports: Seque
     return tuple(specs)
 
 
+def rpc_buffer_types(specs: Sequence[ProcessSpec]) -> dict[str, str]:
+    """llama-server's RPC device name of each card an rpc-server holds -> its buffer type name, which -ot takes and
+    the buffer lines print: the card's index on its server (its place in -d) and the endpoint (ggml-rpc.cpp)."""
+    return {d: f"RPC{j}[{s.dial}]" for s in specs if s.role == "rpc" for j, d in enumerate(s.devices)}
+
+
 def card_of_buffer(specs: Sequence[ProcessSpec], host_position: int | None) -> Callable[[str], int | None]:
-    """A buffer key of llama-server's log (an rpc endpoint, a device name, CPU...) -> the plan card it is on."""
+    """A buffer key of llama-server's log (an RPC buffer type, a device name, CPU...) -> the plan card it is on."""
     table: dict[str, int] = {}
     for s in specs:
-        if s.role == "rpc":
-            table[s.dial] = s.cards[0]  # RPC0[host:port]: names repeat across restarts, endpoints don't
+        if s.role == "rpc":  # RPCj[host:port]: device names repeat across restarts, endpoints don't
+            table.update((f"RPC{j}[{s.dial}]", pos) for j, pos in enumerate(s.cards))
         else:
             table.update((d, pos) for d, pos in zip(s.devices, s.cards) if d != HOST_DEVICE)
 
