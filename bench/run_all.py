@@ -248,6 +248,21 @@ def v_gpu_load(text: str, name: str) -> Verdict:
                    + ", ".join(f"{k} {v}x" for k, v in ready.items()) + " (hybrid target <= 2x)")
 
 
+def v_trace(text: str) -> Verdict:
+    """gpu/trace_*.md (bench/gpu_trace.py): each route's extra time per token over native, split into GPU work
+    and GPU idle, and its largest idle crossing between processes."""
+    extra = re.findall(r"^- (\S+): \+(\d+) us per token = GPU work \+?(-?\d+) .* idle \+?(-?\d+)$", text, re.M)
+    hand = re.findall(r"^- (\S+): (\S+ -> \S+): [\d.]+ per token, (\d+) us each$", text, re.M)
+    if not extra:
+        return Verdict("info", "no route against native in the file")
+    parts = []
+    for mode, total, work, idle in extra:
+        worst = max(((int(us), k) for m, k, us in hand if m == mode), default=None)
+        parts.append(f"{mode} +{total} us/token (GPU work {work}, GPU idle {idle}"
+                     + (f"; largest crossing {worst[1]} {worst[0]} us" if worst else "") + ")")
+    return Verdict("info", "traced (CUPTI slows every process): " + "; ".join(parts))
+
+
 def v_loadtool(text: str) -> Verdict:
     """Locust's row against loadgen's: every request answered, and the median output tokens/s of each."""
     rows = {r[0]: r for r in table_rows(text) if len(r) >= 7 and r[0] in ("Locust", "bench/loadgen.py")}
@@ -315,6 +330,9 @@ FIGURES = [
             "gpu/throughput_cuda_onecard_dense.md"), lambda t, f: v_one_gpu(t)),
     Figure("5e. CPU cost of the RPC link's polling (patch 0005)", "measured (cores busy per token and idle)",
            ("poll_cost.md",), lambda t, f: v_generic(t)),
+    Figure("5f. Where a decoded token's time goes on one GPU (CUPTI timeline of every process, H200)",
+           "find where the RPC route's per-token time goes (issue 19): GPU work vs GPU idle, per crossing",
+           ("gpu/trace_cuda_onecard_moe16x32.md", "gpu/trace_cuda_onecard_model7b.md"), lambda t, f: v_trace(t)),
     Figure("6. Several hosts: two \"hosts\" (network namespaces on this machine) over SSH vs one (not started by "
            "run_all: root, sshd)", "over SSH decode >= 0.90x and time to ready <= 1.2x of the same split on one host",
            ("multihost.md",), lambda t, f: v_generic(t)),

@@ -296,7 +296,7 @@ class Agent:
                 if child.alive:
                     self.emit({"ev": "ready", "name": child.spec.name})
                 return
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.02)  # as the supervisor's own probe: only during a start
 
     def _on_line(self, child: Child, line: str) -> None:
         self.emit({"ev": "line", "name": child.spec.name, "line": line})

@@ -1,0 +1,60 @@
+"""bench/gpu_trace.py's reading of a CUPTI timeline (the tracer itself needs a CUDA GPU; it ran on an H200,
+bench/results/gpu/trace_*.md). Records are in the tracer's line format (bench/gpu/cupti_trace.c)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import gpu_trace  # noqa: E402
+import run_all  # noqa: E402
+
+MS = 1_000_000  # ns
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_the_tracer_lines_are_read_and_a_line_cut_by_a_kill_is_skipped(tmp_path):
+    f = _write(tmp_path / "1.tsv", ["K\t100\t200\t7\t3\tmul_mat_vec", "M\t200\t210\t7\t8192\t2",
+                                    "S\t210\t215\t7\t64", "R\t90\t220\t5\tcudaStreamSynchronize_v3020", "K\t300\t4"])
+    recs = gpu_trace.read_trace(f)
+    assert [(r.kind, r.start, r.end) for r in recs] == [("K", 100, 200), ("M", 200, 210), ("S", 210, 215),
+                                                         ("R", 90, 220)]
+    assert recs[0].graph == 3 and recs[1].nbytes == 8192 and recs[3].name.startswith("cudaStreamSynchronize")
+
+
+def _hybrid_tokens(n: int, t0: int) -> tuple[list[gpu_trace.Rec], list[gpu_trace.Rec]]:
+    """n tokens: llama-server 100 us of kernels, 20 us idle, rpc0 80 us + a 10 us copy, 50 us idle, next token."""
+    server, rpc = [], []
+    t = t0
+    for _ in range(n):
+        server.append(gpu_trace.Rec("K", t, t + 100_000, "a", graph=1))
+        rpc.append(gpu_trace.Rec("K", t + 120_000, t + 200_000, "b"))
+        rpc.append(gpu_trace.Rec("M", t + 200_000, t + 210_000, "m", nbytes=4096))
+        t += 260_000
+    return server, rpc
+
+
+def test_a_token_is_split_into_each_process_work_and_the_idle_crossings_between_them():
+    warm_s, warm_r = _hybrid_tokens(4, 0)  # the warm-up request, a second before the measured one
+    s, r = _hybrid_tokens(10, 1000 * MS)
+    b = gpu_trace.analyse("hybrid", 10, 100.0, {"server": warm_s + s, "rpc0": warm_r + r})
+    # wall: first kernel to the last copy of the measured burst only (the warm-up is left out)
+    assert b.wall_us == (9 * 260 + 210) / 10
+    assert b.per_proc["server"]["busy_us"] == 100 and b.per_proc["rpc0"]["busy_us"] == 90
+    assert b.per_proc["rpc0"]["copy_bytes"] == 4096 and b.per_proc["rpc0"]["kernels"] == 1
+    assert b.all_busy_us == 190
+    assert b.handoffs["server -> rpc0"] == (1.0, 20.0)
+    assert b.handoffs["rpc0 -> server"] == (0.9, 50.0)  # 9 crossings back in 10 tokens (the last one ends it)
+
+
+def test_results_summary_reads_the_extra_time_of_each_route_over_native():
+    text = (ROOT / "bench" / "results" / "gpu" / "trace_cuda_onecard_moe16x32.md").read_text(encoding="utf-8")
+    v = run_all.v_trace(text)
+    assert "hybrid +793 us/token (GPU work 4, GPU idle 790; largest crossing rpc0 -> server 505 us)" in v.detail
