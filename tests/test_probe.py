@@ -172,7 +172,11 @@ def test_cpu_probe_times_out_and_cleans_up(llama_bins, demo_model, timeout):
 @pytest.mark.slow
 def test_ctrl_c_during_probe_leaves_nothing(llama_bins, demo_model):
     before = _tmp_before()
+    # As in a terminal: a child of a background job starts with SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt; a user's Ctrl-C reaches a process whose SIGINT is Python's default handler.
     script = textwrap.dedent(f"""
+        import signal
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from pathlib import Path
         from arcsplit.llama.locate import find_llama
         from arcsplit.llama.probe import run_probe
