@@ -32,6 +32,8 @@ from _netns import NetHarness  # noqa: E402
 from _procs import dead  # noqa: E402
 from loadgen import LoadGen, Served  # noqa: E402
 
+from arcsplit.telemetry import Telemetry  # noqa: E402
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 # rpc mode: one rpc-server per card on both sides, so the one-host reference (a layout with both cards here) splits
@@ -191,6 +193,24 @@ def test_two_hosts_serve_the_same_greedy_tokens_as_one_host(demo_model: Path, ne
                                 capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stderr
         assert '"b"' in status.stdout  # ps shows the remote members with their host
+        # telemetry of b's rpc-server: this machine cannot sample it; b's agent reports it every second
+        (real,) = net.processes("b", "ggml-rpc-server")
+
+        async def two_samples() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+            tel = Telemetry(nvml=False)
+            try:
+                first = (await tel.sample(status_of(served)))["processes"]["rpc1"]
+                await anyio.sleep(2.2)
+                usage = status_of(served)["processes"]["rpc1"]["usage"]
+                return first, usage, (await tel.sample(status_of(served)))["processes"]["rpc1"]
+            finally:
+                await tel.aclose()
+
+        first, usage, second = anyio.run(two_samples)
+        assert first["host"] == second["host"] == "b" and second["pid"] == real.pid, (first, second)
+        assert 0.5 < usage["rss"] / real.memory_info().rss < 2, (usage, real.memory_info())
+        assert usage["threads"] == real.num_threads() and second["rss"] > 0
+        assert second["cpu"] is not None and 0 <= second["cpu"] < 100 * (os.cpu_count() or 1), second
         text = subprocess.run([sys.executable, "-m", "arcsplit", "ps"], env=served.env(), capture_output=True,
                               text=True, timeout=60).stdout
         (row,) = [line for line in text.splitlines() if "rpc1-link" in line]

@@ -149,7 +149,8 @@ class Agent:
                 self._write_state()
 
     async def _watch(self, tg: TaskGroup) -> None:
-        """Stats every second (CPU for the supervisor's stall timeout); give up when pings stop."""
+        """Stats every second (CPU for the supervisor's stall timeout; CPU, RSS and threads for the telemetry
+        of the main host, which cannot see these processes); give up when pings stop."""
         while True:
             await anyio.sleep(1.0)
             silent = time.monotonic() - self._last_heard
@@ -157,18 +158,21 @@ class Agent:
                 self.emit({"ev": "error", "name": "", "message": f"no ping for {silent:.0f} s: stopping"})
                 tg.cancel_scope.cancel()
                 return
-            cpu, stopped = {}, []
+            cpu, rss, threads, stopped = {}, {}, {}, []
             for name, child in self.children.items():
                 if child.alive and child.pid:
                     try:
                         p = psutil.Process(child.pid)
-                        t = p.cpu_times()
-                        cpu[name] = round(t.user + t.system, 3)
-                        if p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
-                            stopped.append(name)
+                        with p.oneshot():
+                            t = p.cpu_times()
+                            cpu[name] = round(t.user + t.system, 3)
+                            rss[name] = p.memory_info().rss
+                            threads[name] = p.num_threads()
+                            if p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                                stopped.append(name)
                     except psutil.Error:
                         pass
-            self.emit({"ev": "stats", "cpu": cpu, "stopped": stopped})
+            self.emit({"ev": "stats", "cpu": cpu, "rss": rss, "threads": threads, "stopped": stopped})
 
     async def _handle(self, tg: TaskGroup, raw: bytes) -> None:
         try:

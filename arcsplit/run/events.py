@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Required, TypedDict
+from typing import Any, Literal, Mapping, NotRequired, Required, TypedDict
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -19,6 +19,16 @@ EventKind = Literal["state", "log", "plan", "buffers", "group", "progress", "ver
 
 
 # -- what each kind carries in ``data`` (docs/bus.md); on the wire these are plain JSON objects ------------------
+
+class Usage(TypedDict):
+    """A process on another host as its node agent last reported it (this machine cannot sample it): CPU seconds
+    so far, resident bytes, threads, and when the report arrived here (time.time())."""
+
+    cpu_s: float
+    rss: int | None
+    threads: int | None
+    at: float
+
 
 class MemberSnapshot(TypedDict):
     """``state`` events: one member after a change of state."""
@@ -32,6 +42,7 @@ class MemberSnapshot(TypedDict):
     argv: list[str]
     paused: bool
     host: str  # the layout host it runs on ("" this machine; a link: the host it reaches); its pid is there
+    usage: NotRequired[Usage]  # a running process on another host: its agent's last report
 
 
 class GroupData(TypedDict, total=False):

@@ -38,7 +38,7 @@ from ..llama.locate import LlamaBinaries, server_build_info
 from ..node import PROTO
 from ..rig import Host
 from .child import Child, describe_exit
-from .events import MemberSnapshot, member_snapshot
+from .events import MemberSnapshot, Usage, member_snapshot
 from .launch import Health, Launcher, LocalLauncher, Member
 from .specs import ProcessSpec
 from .states import MemberState, Tracked
@@ -115,6 +115,7 @@ class NodeSession:
         self.hello: dict[str, Any] | None = None
         self.members: dict[str, RemoteMember] = {}
         self.stats: dict[str, float] = {}
+        self.usage: dict[str, Usage] = {}  # each member's last reported CPU seconds, RSS and threads there
         self.stopped: set[str] = set()
         self.notes: deque[str] = deque(maxlen=20)  # lines that are not messages: ssh's and the agent's stderr
         self.dead: str | None = None
@@ -218,6 +219,10 @@ class NodeSession:
         ev, name = msg["ev"], msg.get("name")
         if ev == "stats":
             self.stats = {str(k): float(v) for k, v in (msg.get("cpu") or {}).items()}
+            rss, threads, at = msg.get("rss") or {}, msg.get("threads") or {}, time.time()
+            self.usage = {k: Usage(cpu_s=v, rss=int(rss[k]) if k in rss else None,
+                                   threads=int(threads[k]) if k in threads else None, at=at)
+                          for k, v in self.stats.items()}
             self.stopped = set(msg.get("stopped") or ())
         elif ev in ("hello", "ports") or (ev == "error" and not name):
             self._answer = msg
@@ -295,7 +300,15 @@ class _Relayed(Tracked):
 
     def snapshot(self) -> MemberSnapshot:
         end = self.exited_at or time.time()
-        return member_snapshot(self, (end - self.started_at) if self.started_at else None)
+        snap = member_snapshot(self, (end - self.started_at) if self.started_at else None)
+        usage = self.usage()
+        if usage is not None:
+            snap["usage"] = usage
+        return snap
+
+    def usage(self) -> Usage | None:
+        """What its host's agent last said of it (None: nothing yet, not running, or a link)."""
+        return None
 
 
 class RemoteMember(_Relayed):
@@ -366,6 +379,9 @@ class RemoteMember(_Relayed):
 
     def cpu_seconds(self) -> float:
         return self.session.stats.get(self.spec.name, 0.0) if self.alive else 0.0
+
+    def usage(self) -> Usage | None:
+        return self.session.usage.get(self.spec.name) if self.alive else None
 
 
 class SharedLink(_Relayed):

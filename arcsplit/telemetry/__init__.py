@@ -5,8 +5,9 @@
     await run_telemetry(sup, interval=2.0)     # publishes Event("telemetry", "group", data) until cancelled
 
 Sources by card backend: Intel (sycl, vulkan on an Intel card) -> fdinfo/sysfs/hwmon (intel.py), CUDA -> NVML
-(nvidia.py, optional), CPU -> psutil of the process that holds the card (cpu.py); llama-server -> /metrics and
-/slots (server.py). Each sample is a few file reads and two local HTTP GETs: no subprocess, no root.
+(nvidia.py, optional), CPU -> psutil of the process that holds the card (cpu.py); a process on another host ->
+its node agent's report of CPU seconds, RSS and threads (cpu.RemoteSampler; that host's GPU use is not reported);
+llama-server -> /metrics and /slots (server.py). Each sample is a few file reads and two local HTTP GETs: no subprocess, no root.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import anyio
 
 from .. import backends
 from ..route import holders
-from .cpu import ProcessSampler, cpu_card, threads_of
+from .cpu import ProcessSampler, RemoteSampler, cpu_card, threads_of
 from .intel import IntelSampler
 from .nvidia import NvidiaSampler
 from .server import ServerSampler
@@ -38,6 +39,7 @@ class Telemetry:
         self._intel: IntelSampler | None = None
         self._nvidia: NvidiaSampler | None = None
         self._procs = ProcessSampler()
+        self._remote = RemoteSampler()
         self._server: ServerSampler | None = None
 
     def _intel_sampler(self) -> IntelSampler:
@@ -55,7 +57,7 @@ class Telemetry:
         pids = {name: p["pid"] for name, p in procs_status.items()  # another host's pid is not one of ours
                 if p.get("pid") and p.get("state") not in ("exited", "stopped", "failed", "new")
                 and not (p.get("host") and p.get("role") != "link")}
-        procs = self._procs.sample(pids)
+        procs = {**self._procs.sample(pids), **self._remote.sample(procs_status)}  # the others: their agents' word
         cards = (status.get("plan") or {}).get("cards") or []
         rows: list[dict[str, Any]] = []
         intel = nvidia = None

@@ -37,6 +37,35 @@ class ProcessSampler:
         return out
 
 
+class RemoteSampler:
+    """Processes on other hosts, from their node agents' reports in the status (``usage``): CPU use is the change in
+    CPU seconds between two reports, so it is None until a second one arrived."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, Any], dict[str, Any]] = {}
+
+    def sample(self, procs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """name -> {pid, cpu, rss, threads, host} for each process whose status carries a usage report."""
+        out: dict[str, dict[str, Any]] = {}
+        last: dict[tuple[str, Any], dict[str, Any]] = {}
+        for name, p in procs.items():
+            u = p.get("usage")
+            if not u:
+                continue
+            key = (name, p.get("pid"))
+            prev = self._last.get(key)
+            cpu = None
+            if prev is not None and u["at"] > prev["at"]:
+                cpu = max(0.0, (u["cpu_s"] - prev["cpu_s"]) / (u["at"] - prev["at"]) * 100)
+            elif prev is not None:  # no new report since: keep the last rate
+                cpu = prev.get("cpu")
+            last[key] = {**u, "cpu": cpu}
+            out[name] = {"pid": p.get("pid"), "cpu": cpu, "rss": u.get("rss"), "threads": u.get("threads"),
+                         "host": p.get("host")}
+        self._last = last
+        return out
+
+
 def threads_of(argv: list[str] | None) -> int | None:
     """The ``-t N`` a process was started with (its share of cores), if any."""
     argv = argv or []
