@@ -144,7 +144,6 @@ def analyse(mode: str, tokens: int, tps: float, traces: dict[str, list[Rec]]) ->
             "copies": sum(r.kind == "M" for r in inside) / tokens,
             "copy_us": total(union([(r.start, r.end) for r in inside if r.kind == "M"])) / 1e3 / tokens,
             "copy_bytes": sum(r.nbytes for r in inside if r.kind == "M") / tokens,
-            "graphs": len({r.graph for r in inside if r.kind == "K" and r.graph}),
         }
         calls: dict[str, list[int]] = collections.defaultdict(list)
         for r in recs:

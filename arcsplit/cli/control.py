@@ -22,9 +22,9 @@ def _ps(args: argparse.Namespace) -> int:
             held = {q.get("name"): q for q in (status.get("route") or {}).get("processes") or []}  # Route's
             row["processes"] = {name: {"state": p.get("state"), "pid": p.get("pid"), "restarts": p.get("restarts"),
                                         "paused": p.get("paused", False), "host": p.get("host", ""),
-                                        "role": p.get("role"), "cards": (held.get(name) or {}).get("cards", []),
-                                        "devices": (held.get(name) or {}).get("devices", [])}
-                                for name, p in status.get("processes", {}).items()}
+                                        "role": p.get("role"), "cards": r.get("cards", []),
+                                        "devices": r.get("devices", [])}
+                                for name, p in status.get("processes", {}).items() for r in [held.get(name) or {}]}
         except Exception as exc:  # one unresponsive instance must not hide the others
             row["state"] = f"not answering ({exc})"
         rows.append(row)

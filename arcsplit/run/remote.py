@@ -114,7 +114,6 @@ class NodeSession:
         self.backend = backend
         self.hello: dict[str, Any] | None = None
         self.members: dict[str, RemoteMember] = {}
-        self.stats: dict[str, float] = {}
         self.usage: dict[str, Usage] = {}  # each member's last reported CPU seconds, RSS and threads there
         self.stopped: set[str] = set()
         self.notes: deque[str] = deque(maxlen=20)  # lines that are not messages: ssh's and the agent's stderr
@@ -218,11 +217,10 @@ class NodeSession:
             return
         ev, name = msg["ev"], msg.get("name")
         if ev == "stats":
-            self.stats = {str(k): float(v) for k, v in (msg.get("cpu") or {}).items()}
             rss, threads, at = msg.get("rss") or {}, msg.get("threads") or {}, time.time()
-            self.usage = {k: Usage(cpu_s=v, rss=int(rss[k]) if k in rss else None,
-                                   threads=int(threads[k]) if k in threads else None, at=at)
-                          for k, v in self.stats.items()}
+            self.usage = {str(k): Usage(cpu_s=float(v), rss=int(rss[k]) if k in rss else None,
+                                        threads=int(threads[k]) if k in threads else None, at=at)
+                          for k, v in (msg.get("cpu") or {}).items()}
             self.stopped = set(msg.get("stopped") or ())
         elif ev in ("hello", "ports") or (ev == "error" and not name):
             self._answer = msg
@@ -378,7 +376,8 @@ class RemoteMember(_Relayed):
         return changed
 
     def cpu_seconds(self) -> float:
-        return self.session.stats.get(self.spec.name, 0.0) if self.alive else 0.0
+        usage = self.usage()
+        return usage["cpu_s"] if usage else 0.0
 
     def usage(self) -> Usage | None:
         return self.session.usage.get(self.spec.name) if self.alive else None

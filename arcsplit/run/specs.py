@@ -248,10 +248,15 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int], link_ports: Seque
     return tuple(specs)
 
 
+def _rpc_buffer_type(spec: ProcessSpec, j: int) -> str:
+    """The buffer type of the ``j``-th card an rpc-server holds, which -ot takes and the buffer lines print
+    (logs.BufferLine.key): its index on its server (its place in -d) and the endpoint (ggml-rpc.cpp)."""
+    return f"RPC{j}[{spec.dial}]"
+
+
 def rpc_buffer_types(specs: Sequence[ProcessSpec]) -> dict[str, str]:
-    """llama-server's RPC device name of each card an rpc-server holds -> its buffer type name, which -ot takes and
-    the buffer lines print: the card's index on its server (its place in -d) and the endpoint (ggml-rpc.cpp)."""
-    return {d: f"RPC{j}[{s.dial}]" for s in specs if s.role == "rpc" for j, d in enumerate(s.devices)}
+    """llama-server's RPC device name of each card an rpc-server holds -> its buffer type name."""
+    return {d: _rpc_buffer_type(s, j) for s in specs if s.role == "rpc" for j, d in enumerate(s.devices)}
 
 
 def card_of_buffer(specs: Sequence[ProcessSpec], host_position: int | None) -> Callable[[str], int | None]:
@@ -259,7 +264,7 @@ def card_of_buffer(specs: Sequence[ProcessSpec], host_position: int | None) -> C
     table: dict[str, int] = {}
     for s in specs:
         if s.role == "rpc":  # RPCj[host:port]: device names repeat across restarts, endpoints don't
-            table.update((f"RPC{j}[{s.dial}]", pos) for j, pos in enumerate(s.cards))
+            table.update((_rpc_buffer_type(s, j), pos) for j, pos in enumerate(s.cards))
         else:
             table.update((d, pos) for d, pos in zip(s.devices, s.cards) if d != HOST_DEVICE)
 

@@ -7,7 +7,8 @@
 Sources by card backend: Intel (sycl, vulkan on an Intel card) -> fdinfo/sysfs/hwmon (intel.py), CUDA -> NVML
 (nvidia.py, optional), CPU -> psutil of the process that holds the card (cpu.py); a process on another host ->
 its node agent's report of CPU seconds, RSS and threads (cpu.RemoteSampler; that host's GPU use is not reported);
-llama-server -> /metrics and /slots (server.py). Each sample is a few file reads and two local HTTP GETs: no subprocess, no root.
+llama-server -> /metrics and /slots (server.py). Each sample is a few file reads and two local HTTP GETs: no
+subprocess, no root.
 """
 
 from __future__ import annotations
