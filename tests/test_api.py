@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import stat
 import subprocess
@@ -21,7 +22,7 @@ import zmq
 import arcsplit
 from arcsplit.errors import NotRunning, RunError
 from arcsplit.run.bus import TOPIC_PREFIX, list_runs
-from arcsplit.run.ports import free_port
+from arcsplit.run.ports import free_port, is_free
 from _instance import ENV_KEYS, isolated_env
 
 pytestmark = pytest.mark.slow
@@ -262,9 +263,19 @@ llm.close()
     assert result["tokens"] == greedy(server.url)
 
 
+def _free_pair_below_ephemeral() -> int:
+    """A port P with P and P+1 free, below the kernel's ephemeral range: a port from free_port() is in that range,
+    and any outgoing connection of the suite (HTTP clients, probes) may take P+1 before the bus binds it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.Random().sample(range(max(1024, low - 12000), low - 1), 200):
+        if is_free("127.0.0.1", port) and is_free("127.0.0.1", port + 1):
+            return port
+    raise RuntimeError("no two consecutive free ports below the ephemeral range")
+
+
 def test_tcp_bus_needs_the_private_curve_keys(demo_model):
     """Over TCP the bus is only for whoever can read the 0600 keys file: a client without them gets nothing."""
-    port = free_port()
+    port = _free_pair_below_ephemeral()
     with arcsplit.serve(demo_model, gpus=[0, 1], backend="cpu", cpu_memory_mib=1024, ctx=512, threads=1,
                         port=free_port(), bus_tcp=f"tcp://127.0.0.1:{port}") as srv:
         info = next(r for r in list_runs() if r.run_id == srv.run_id)
