@@ -98,6 +98,32 @@ def test_help_is_read_once_per_binary_version(llama_bins, tmp_path, monkeypatch)
 
 
 @pytest.mark.slow  # needs the llama.cpp build
+def test_version_is_read_once_per_binary_version(llama_bins, tmp_path, monkeypatch):
+    """`llama-server --version` (asked on every serve and every node agent's hello) runs once per binary file;
+    a changed binary is asked again; a binary that cannot run is never cached as good."""
+    from arcsplit.errors import LlamaError
+    from arcsplit.llama.locate import server_build_info
+
+    monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache"))
+    copy = tmp_path / "bin" / "llama-server"
+    copy.parent.mkdir()
+    shutil.copy2(llama_bins.server, copy)
+    for lib in llama_bins.bin_dir.glob("*.so*"):
+        os.symlink(lib, copy.parent / lib.name)
+    bins = llama_bins.__class__(**{**llama_bins.__dict__, "server": copy})
+    first = server_build_info(bins)
+    assert first.commit and first.commit == server_build_info(llama_bins).commit
+    copy.chmod(0o644)  # cannot run any more: only the cache can answer now
+    assert server_build_info(bins) == first
+    os.utime(copy, ns=(0, 1))  # another mtime: another binary, asked again, and it cannot run
+    with pytest.raises(LlamaError, match="--version failed"):
+        server_build_info(bins)
+    copy.chmod(0o755)
+    assert server_build_info(bins) == first
+    assert len(list((tmp_path / "cache" / "version").glob("*.json"))) == 3  # the original, the copy at two mtimes
+
+
+@pytest.mark.slow  # needs the llama.cpp build
 def test_serve_with_a_foreign_build_probes_it(llama_bins, demo_model, tmp_path, monkeypatch):
     """--llama-dir (not the managed build): prepare asks its --help; this build lacks nothing."""
     from arcsplit.run.prepare import ServeRequest, prepare

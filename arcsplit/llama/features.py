@@ -9,16 +9,14 @@ features are off; a flag the route cannot do without (``--rpc``, ``--device``, .
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .._dirs import cache_dir
 from ..errors import BadInput, LlamaError
+from .answers import answer, cache_path
 
 CACHE_VERSION = 1
 # One option line of `--help` (common/arg.cpp common_arg::to_string: aliases joined by ", ", then the value hint,
@@ -123,38 +121,24 @@ def fit_args(argv: Sequence[str], features: Features | None, binary: str = "llam
     return tuple(out), tuple(off)
 
 
-def _cache_path(binary: Path) -> Path:
-    st = binary.stat()
-    key = f"v{CACHE_VERSION}|{binary.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    return cache_dir() / "features" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
-
-
 def binary_features(binary: Path, timeout: float = 30.0) -> Features:
-    """Ask ``binary --help`` once; the answer is cached until the file changes (path, size, mtime)."""
+    """Ask ``binary --help`` once; the answer is cached until the file changes (llama/answers.py)."""
     try:
-        path = _cache_path(binary)
+        path = cache_path(binary, "features", CACHE_VERSION)
     except OSError as exc:
         raise LlamaError(f"cannot read {binary}: {exc.strerror}", "point --llama-dir at a llama.cpp build") from None
-    try:
-        return Features.from_dict(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # no or damaged cache entry: ask the binary
-    try:
-        out = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=timeout,
-                             stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise LlamaError(f"`{binary} --help` failed: {exc}", "check that the binary runs, or use `arcsplit llama build`") from None
-    features = parse_help(out.stdout + "\n" + out.stderr, str(binary))
-    if not features.flags:
-        raise LlamaError(f"`{binary} --help` printed no options (exit {out.returncode})",
-                         "check that its shared libraries load, or use `arcsplit llama build`")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(json.dumps(features.to_dict()), encoding="utf-8")
-        tmp.replace(path)
-    except OSError:
-        pass  # a cache that cannot be written costs one --help per start
-    finally:
-        tmp.unlink(missing_ok=True)
-    return features
+
+    def ask() -> dict[str, object]:
+        try:
+            out = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=timeout,
+                                 stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise LlamaError(f"`{binary} --help` failed: {exc}",
+                             "check that the binary runs, or use `arcsplit llama build`") from None
+        features = parse_help(out.stdout + "\n" + out.stderr, str(binary))
+        if not features.flags:
+            raise LlamaError(f"`{binary} --help` printed no options (exit {out.returncode})",
+                             "check that its shared libraries load, or use `arcsplit llama build`")
+        return features.to_dict()
+
+    return answer(path, ask, Features.from_dict)

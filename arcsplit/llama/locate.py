@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LlamaError
+from .answers import answer, cache_path
 from .build import ManagedBuild, managed_builds
 
 RPC_NAMES = ("ggml-rpc-server", "rpc-server")
@@ -167,13 +168,24 @@ def _checked(found: LlamaBinaries) -> LlamaBinaries:
 
 
 def server_build_info(binaries: LlamaBinaries, timeout: float = 30.0) -> BuildInfo:
+    """What ``llama-server --version`` says (its build info is compiled in), asked once per binary file
+    (llama/answers.py): every serve and every node agent's hello asks."""
+    exe = binaries.server
     try:
-        out = subprocess.run([str(binaries.server), "--version"], capture_output=True, text=True,
-                             timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise LlamaError(f"{binaries.server} --version failed: {exc}", "rebuild with `arcsplit llama build`") from None
-    info = parse_version(out.stdout + out.stderr)
-    if info.version is None:
-        raise LlamaError(f"{binaries.server} --version printed no version (exit {out.returncode})",
-                         "check that its shared libraries load; rebuild with `arcsplit llama build`")
-    return info
+        path = cache_path(exe, "version")
+    except OSError as exc:
+        raise LlamaError(f"cannot read {exe}: {exc.strerror}", "rebuild with `arcsplit llama build`") from None
+
+    def ask() -> dict[str, Any]:
+        try:
+            out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=timeout,
+                                 stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise LlamaError(f"{exe} --version failed: {exc}", "rebuild with `arcsplit llama build`") from None
+        info = parse_version(out.stdout + out.stderr)
+        if info.version is None:
+            raise LlamaError(f"{exe} --version printed no version (exit {out.returncode})",
+                             "check that its shared libraries load; rebuild with `arcsplit llama build`")
+        return asdict(info)
+
+    return answer(path, ask, lambda d: BuildInfo(**d))

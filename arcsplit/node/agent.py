@@ -28,7 +28,7 @@ from ..llama.locate import RPC_NAMES
 from ..run.child import Child
 from ..run.ports import free_port, is_free, probe_once
 from ..run.rundir import RunDir, supervisor_identity, sweep
-from ..run.specs import LOOPBACK, ProcessSpec
+from ..run.procspec import LOOPBACK, ProcessSpec
 from ..run.weightcache import SEED_FLAG, can_seed
 from . import PROTO
 

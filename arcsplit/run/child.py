@@ -23,7 +23,7 @@ import psutil
 from anyio.abc import Process, TaskStatus
 
 from .events import MemberSnapshot, member_snapshot
-from .specs import ProcessSpec
+from .procspec import ProcessSpec
 from .states import MemberState, Tracked
 
 _SHIM = str(Path(__file__).with_name("_exec.py"))

@@ -22,12 +22,12 @@ from ..llama.features import RPC_OPTIONAL, RPC_REQUIRED, Features, fit_args
 from ..llama.patches import SPIN_ENV
 from ..rig import Host, per_host
 from ..route import HOST_DEVICE, Route
+from .procspec import LOOPBACK, ProcessSpec
 from .weightcache import INDEX_ENV, SEED_FLAG, store
 
 if TYPE_CHECKING:  # the node agent builds ProcessSpecs too: it should not import the planner
     from ..planner import Plan
 
-LOOPBACK = "127.0.0.1"
 # llama-server flags whose value is a secret, and the variable llama-server reads the same value from
 # (common/arg.cpp: `--api-key` .set_env("LLAMA_API_KEY")). argv shows in `ps`, state.json, logs and events;
 # the environment does not.
@@ -55,39 +55,6 @@ def split_secrets(args: Sequence[str]) -> tuple[tuple[str, ...], tuple[tuple[str
             out.append(args[i])
         i += 1
     return tuple(out), tuple(sorted(env.items()))
-
-
-@dataclass(frozen=True)
-class ProcessSpec:
-    """One process to run: what to exec, with which environment, and what it serves."""
-
-    name: str  # "rpc0", "rpc1", ..., "rpc0-link", ..., "server"
-    role: str  # "rpc" | "link" | "server"
-    argv: tuple[str, ...]
-    env: tuple[tuple[str, str], ...]  # set on top of the supervisor's environment (the node's, on another host)
-    host: str  # the address it listens on, on the machine that runs it
-    port: int
-    cards: tuple[int, ...]  # positions in plan.cards this process holds
-    devices: tuple[str, ...] = ()  # llama-server's name for each of those cards (RPC0, SYCL0, CPU, ...)
-    ignore_sigpipe: bool = False
-    keep_stdin: bool = False  # llama-server in the router's child protocol: told to exit on stdin
-    env_unset: tuple[str, ...] = ()  # removed from the supervisor's environment (llama/childenv.py)
-    features_off: tuple[str, ...] = ()  # what this binary lacks, so arcsplit left out (llama/features.py)
-    node: str = ""  # the layout host that runs it ("" this machine); a link: the host it forwards to
-    connect: str = ""  # what llama-server dials for this rpc-server when not ``endpoint`` (an ssh forward's end)
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    @property
-    def dial(self) -> str:
-        """The --rpc entry of an rpc-server: where llama-server reaches it from this machine."""
-        return self.connect or self.endpoint
-
-    @property
-    def env_dict(self) -> dict[str, str]:
-        return dict(self.env)
 
 
 @dataclass(frozen=True)

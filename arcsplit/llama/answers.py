@@ -1,0 +1,46 @@
+"""What a llama.cpp binary answered (``--help``, ``--version``), asked once per file and kept under arcsplit's cache.
+
+Asking runs the binary: about 10 ms on CPU, far longer where it initialises a GPU runtime, and it is asked on
+every ``serve`` and every node agent's hello. The answer is keyed by the file's resolved path, size and mtime,
+so a rebuilt or replaced binary is asked again. Only good answers are kept; a cache that cannot be written costs
+the next run one ask.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from .._dirs import cache_dir
+
+
+def cache_path(binary: Path, kind: str, version: int = 1) -> Path:
+    """Where ``binary``'s ``kind`` answer is kept (OSError when the binary cannot be read)."""
+    st = binary.stat()
+    key = f"v{version}|{binary.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    return cache_dir() / kind / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def answer(path: Path, ask: Callable[[], dict[str, Any]],
+           read: Callable[[dict[str, Any]], Any] = lambda d: d) -> Any:
+    """``read`` of the answer kept at ``path``, else of ``ask()``'s, which is then kept (``ask`` raises on a bad
+    answer: nothing is kept)."""
+    try:
+        return read(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no or damaged entry: ask the binary
+    data = ask()
+    result = read(data)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return result
