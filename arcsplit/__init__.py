@@ -19,6 +19,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+__version__ = "0.1.0"  # the package version (pyproject reads it): cheap to read, unlike importlib.metadata
+
 from .errors import ArcsplitError, BadInput, DoesNotFit, LlamaError, ModelError, NotRunning, PortBusy, RunError
 
 if TYPE_CHECKING:  # pragma: no cover

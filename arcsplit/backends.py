@@ -106,6 +106,8 @@ REGISTRY: dict[str, Backend] = {
 }
 NAMES: tuple[str, ...] = tuple(REGISTRY)
 GPU_NAMES: tuple[str, ...] = tuple(n for n, b in REGISTRY.items() if b.prefix is not None)
+AUTO = "auto"  # --backend: let llama/detect.py pick from the cards and builds here
+CHOICES: tuple[str, ...] = (AUTO, *NAMES)
 
 
 def get(name: str) -> Backend:

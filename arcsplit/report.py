@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from . import __version__
 from ._dirs import cache_dir
 from .errors import BadInput
 from .redact import Redactor, secret_env
@@ -119,7 +120,7 @@ def collect(run: str | None, doctor: tuple[dict[str, Any], str] | None, which: d
     r = redactor(environ, extra)
     files["env.json"] = json.dumps(r.env(env), indent=1)
     files["system.json"] = json.dumps({"platform": platform.platform(), "python": sys.version.split()[0],
-                                       "arcsplit": _version(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                       "arcsplit": __version__, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                        "cpus": os.cpu_count()}, indent=1)
     files["README.txt"] = (
         "arcsplit report: attach this file to a bug report.\n"
@@ -128,15 +129,6 @@ def collect(run: str | None, doctor: tuple[dict[str, Any], str] | None, which: d
         "build.json, builds/: the llama.cpp binaries; run/: the last run's state and log tails; env.json: the\n"
         "GPU-related environment.\n")
     return {name: r.text(text) for name, text in files.items()}
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("arcsplit")
-    except PackageNotFoundError:
-        return "not installed"
 
 
 def write_bundle(files: Mapping[str, str], out: Path) -> Path:

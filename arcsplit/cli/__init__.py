@@ -43,7 +43,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 class _Version(argparse.Action):
-    """--version, read from the package metadata only when asked (a lookup costs ~0.2 s on every command)."""
+    """--version (arcsplit.__version__, which pyproject reads too)."""
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
         print(_version())
@@ -51,12 +51,9 @@ class _Version(argparse.Action):
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from .. import __version__
 
-    try:
-        return f"arcsplit {version('arcsplit')}"
-    except PackageNotFoundError:
-        return "arcsplit (not installed)"
+    return f"arcsplit {__version__}"
 
 
 def say(text: str) -> None:

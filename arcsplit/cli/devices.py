@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from ..llama.detect import CHOICES, BackendChoice, resolve
-from ..llama.devices import card_rows, discover_rig, parse_gpus
-from ..llama.locate import find_llama
+from .. import backends
 from . import print_json
 from .llama import add_llama_dir
+
+if TYPE_CHECKING:
+    from ..llama.detect import BackendChoice
 
 
 def add_card_options(p: argparse.ArgumentParser) -> None:
     """--backend, --gpus and --cpu-memory: how every command names the cards it uses."""
-    p.add_argument("--backend", choices=CHOICES, default="auto",
+    p.add_argument("--backend", choices=backends.CHOICES, default="auto",
                    help="ggml backend (default auto: the cards in sysfs and the llama.cpp builds present decide, "
                         "e.g. sycl on Intel Arc cards with a SYCL build; cpu when there is no GPU)")
     p.add_argument("--gpus", metavar="LIST", help="cards to use, in order, e.g. 0,1 (default: all; cpu: one)")
@@ -30,6 +32,10 @@ def say_choice(choice: BackendChoice | None) -> None:
 
 
 def _devices(args: argparse.Namespace) -> int:
+    from ..llama.detect import resolve
+    from ..llama.devices import card_rows, discover_rig, parse_gpus
+    from ..llama.locate import find_llama
+
     gpus = parse_gpus(args.gpus)
     backend, choice = resolve(args.backend, args.llama_dir)
     binaries = None if backend == "cpu" else find_llama(args.llama_dir, backend=backend, build=args.build)

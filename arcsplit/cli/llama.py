@@ -5,19 +5,26 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
+from ..backends import CHOICES
 from ..errors import BadInput
-from ..llama.detect import CHOICES, resolve
-from ..llama.build import BuildConfig, build, build_rpc_proto, managed_builds, sycl_flags
-from ..llama.locate import find_llama, server_build_info
-from ..llama.patches import build_patches, patches
 from ..llama.source import SDIST_VERSION
-from ..llama.webui import build_ui, ui_dir
 from . import print_json
+
+if TYPE_CHECKING:
+    from ..llama.build import BuildConfig
+
+# The llama.cpp modules are imported by each command when it runs: every command's parser imports this module
+# (add_llama_dir), and the node agent, started over ssh at each group start, should not pay for the build code.
 
 
 def _build(args: argparse.Namespace) -> int:
+    from ..llama.build import BuildConfig, sycl_flags
+    from ..llama.detect import resolve
+    from ..llama.patches import patches
+    from ..llama.webui import ui_dir
+
     from .devices import say_choice
 
     args.backend, choice = resolve(args.backend, purpose="build")
@@ -47,6 +54,9 @@ def build_with_progress(config: BuildConfig, jobs: int | None = None, force: boo
                         source: Path | None = None, ui: bool = True) -> tuple[Path, str | None]:
     """Build llama.cpp, then its web UI, with progress on stderr (`llama build`; `demo` on a machine without a
     build). Returns the bin dir and why the UI is missing (None: built or not asked for)."""
+    from ..llama.build import build
+    from ..llama.webui import build_ui
+
     show = _progress_printer()
     bin_dir = build(config, jobs=jobs, force=force, source=source, progress=show)
     if sys.stderr.isatty():
@@ -73,6 +83,11 @@ def _progress_printer() -> Callable[[str, int | None], None]:
 
 def which_data(llama_dir: str | None, backend: str, build: str | None = None) -> dict[str, Any]:
     """The binaries arcsplit will run and their build (``llama which --json``; ``arcsplit report`` bundles it)."""
+    from ..llama.build import build_rpc_proto
+    from ..llama.detect import resolve
+    from ..llama.locate import find_llama, server_build_info
+    from ..llama.patches import build_patches
+
     backend, _choice = resolve(backend, llama_dir)
     bins = find_llama(llama_dir, backend=backend, build=build)
     info = server_build_info(bins)
@@ -113,6 +128,8 @@ def _which(args: argparse.Namespace) -> int:
 
 def _list_builds(args: argparse.Namespace) -> int:
     """Every managed build, whichever backend: the keys ``--build`` takes."""
+    from ..llama.build import managed_builds
+
     builds = managed_builds()
     if args.json:
         print_json({"builds": [b.to_dict() for b in builds]})

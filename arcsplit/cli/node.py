@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ..errors import ArcsplitError, BadInput
-from ..llama.detect import CHOICES
+from ..backends import CHOICES
 from .llama import add_llama_dir
 
 
@@ -18,18 +18,13 @@ def inventory(args: argparse.Namespace, backend: str | None = None) -> dict[str,
 
     A missing build or card list is reported, not raised: the supervisor names both sides in its error.
     """
-    from importlib.metadata import PackageNotFoundError, version
-
+    from .. import __version__
     from ..llama.detect import resolve
     from ..llama.devices import card_rows, discover_rig
     from ..llama.locate import find_llama
     from .llama import which_data
 
-    try:
-        ours = version("arcsplit")
-    except PackageNotFoundError:
-        ours = None
-    out: dict[str, Any] = {"arcsplit": ours}
+    out: dict[str, Any] = {"arcsplit": __version__}
     try:
         backend, _ = resolve(backend or args.backend, args.llama_dir)
         w = which_data(args.llama_dir, backend, args.build)

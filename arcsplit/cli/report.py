@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from ..errors import ArcsplitError
-from ..llama.detect import CHOICES
+from ..backends import CHOICES
 from ..llama.probe import DEFAULT_TIMEOUT_S
 from .llama import add_llama_dir
 

@@ -19,10 +19,10 @@ from .. import backends
 from ..errors import ArcsplitError, BadInput
 from .facts import CardFact, _run, discover_cards, parse_sycl_ls
 
-AUTO = "auto"
+AUTO = backends.AUTO
 ENV = "ARCSPLIT_BACKEND"  # what auto means when set: a machine's standing choice (the test suite pins cpu with it)
 SYSFS_ROOT = "/sys"  # read at call time: tests point it at a recorded tree
-CHOICES = (AUTO, *backends.NAMES)
+CHOICES = backends.CHOICES
 _VENDOR_LABEL = {"intel": "Intel", "nvidia": "NVIDIA", "amd": "AMD"}
 _BACKEND_LABEL = {"sycl": "SYCL", "cuda": "CUDA", "vulkan": "Vulkan", "cpu": "CPU"}
 # A llama.cpp build made with BUILD_SHARED_LIBS (arcsplit's, and most distributions') keeps one library per ggml

@@ -20,7 +20,7 @@ from anyio.abc import TaskStatus
 from .child import Child
 from .ports import probe_once
 from .events import MemberSnapshot
-from .specs import ProcessSpec
+from .procspec import ProcessSpec
 from .states import MemberState
 
 Health = Callable[[], Awaitable["int | None"]]

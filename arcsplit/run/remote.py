@@ -33,14 +33,12 @@ from anyio.abc import TaskGroup, TaskStatus
 from ..errors import ArcsplitError, BadInput, HostError
 from .._dirs import runtime_dir
 from ..hosts import check_inventory, control_argv, node_argv, shares_connection
-from ..llama.build import build_rpc_proto
-from ..llama.locate import LlamaBinaries, server_build_info
 from ..node import PROTO
 from ..rig import Host
 from .child import Child, describe_exit
 from .events import MemberSnapshot, Usage, member_snapshot
 from .launch import Health, Launcher, LocalLauncher, Member
-from .specs import ProcessSpec
+from .procspec import ProcessSpec
 from .states import MemberState, Tracked
 
 PING_EVERY = 2.0  # the agent's default --heartbeat is 10 s
@@ -478,6 +476,9 @@ def same_build(server_bin: str) -> Callable[[Host, Mapping[str, Any]], None]:
             raise BadInput(f"host {host.name} ({host.ssh}) has no llama.cpp build: {llama.get('error')}",
                            f"run `{host.arcsplit} llama build` there")
         if not here:
+            from ..llama.build import build_rpc_proto
+            from ..llama.locate import LlamaBinaries, server_build_info
+
             exe = Path(server_bin)
             info = server_build_info(LlamaBinaries(server=exe, rpc_server=exe, cli=None, bench=None, fit_params=None,
                                                    found_by="config"))
