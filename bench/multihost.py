@@ -52,6 +52,7 @@ from throughput import (STREAMS, build_line, greedy, long_prompt, machine, measu
 from arcsplit.demo import ensure_demo_model  # noqa: E402
 
 CONFIGS = {"one host": None, "two hosts, ssh": "ssh", "two hosts, direct": "direct"}
+KEX = "ssh-kex"  # --kex: two hosts over SSH, with a key exchange named in the host's ssh_config
 DECODE_TARGET, READY_TARGET = 0.90, 1.2  # issue 15: over SSH, of the same split on one host
 
 
@@ -69,8 +70,14 @@ def served(a: argparse.Namespace, net: NetHarness, tmp: Path, link: str | None, 
            parallel: int = STREAMS) -> Served:
     n = len(list(tmp.glob("layout-*.toml")))
     cards = [("", a.cards[0]), ("" if link is None else "b", a.cards[1])]
-    layout = net.layout(tmp / f"layout-{n}.toml", cards, link=link or "ssh", name=link or "one host",
-                        forwards=a.forwards)
+    layout = net.layout(tmp / f"layout-{n}.toml", cards, link="ssh" if link in (None, KEX) else link,
+                        name=link or "one host", forwards=a.forwards)
+    if link == KEX:  # the same host through an ssh_config that names the key exchange (what a user's would)
+        kex_config = tmp / "ssh_config_kex"
+        if not kex_config.exists():
+            kex_config.write_text(net.ssh_config.read_text().replace(
+                "\n  BatchMode yes", f"\n  BatchMode yes\n  KexAlgorithms {a.kex}"))
+        layout.write_text(layout.read_text().replace(str(net.ssh_config), str(kex_config)))
     base = tmp / f"served-{n}"
     base.mkdir()
     return Served(Path(a.model), ctx=a.ctx, parallel=parallel, layout=layout, base=base, cache=tmp / "cache",
@@ -276,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--forwards", choices=("shared", "own"), default="shared",
                     help="the ssh forwards: on the node agent's connection (default) or each its own ssh login")
+    ap.add_argument("--kex", metavar="ALG",
+                    help="one more configuration: two hosts over SSH whose ssh_config names this key exchange "
+                         "(e.g. curve25519-sha256: OpenSSH before 9.9 defaults to sntrup761x25519-sha512, which "
+                         "costs each login more CPU)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "multihost.md"))
     a = ap.parse_args(argv)
     if min(a.runs, a.reps, a.n_predict) < 1 or a.kills < 0:
@@ -299,22 +310,23 @@ def main(argv: list[str] | None = None) -> int:
 
     llama_dir = find_llama(None, backend="cpu").bin_dir
     os.environ["ARCSPLIT_LLAMA_DIR"] = str(llama_dir)  # Served gives every run a private cache dir: name the build
-    runs: dict[str, list[Run]] = {name: [] for name in CONFIGS}
+    configs = {**CONFIGS, **({f"two hosts, ssh, {a.kex}": KEX} if a.kex else {})}
+    runs: dict[str, list[Run]] = {name: [] for name in configs}
     rec: dict[tuple[str, bool], Recovery] = {}
     with tempfile.TemporaryDirectory(prefix="arcsplit-multihost-") as tmpdir, \
             NetHarness(Path(tmpdir) / "net", ("b",), llama_dir) as net:
         tmp = Path(tmpdir)
-        names = list(CONFIGS)
+        names = list(configs)
         # Repeated starts of one model, as a user's are: one untimed start per configuration first, which indexes
         # the GGUF for the rpc-servers' weight cache here and on b (once per file version; its cost is said apart)
         for name in names:
-            with running(served(a, net, tmp, CONFIGS[name])) as warm:
+            with running(served(a, net, tmp, configs[name])) as warm:
                 a.first_start[name] = first = warm.wait_ready(600)
             print(f"first start {name:<18} ready {first:6.2f} s (untimed: indexes the model once)", flush=True)
         for i in range(a.runs):
             for k in range(len(names)):
                 name = names[(i + k) % len(names)]
-                r = measure(a, net, tmp, CONFIGS[name])
+                r = measure(a, net, tmp, configs[name])
                 runs[name].append(r)
                 print(f"run {i + 1} {name:<18} ready {r.ready:6.2f} s  prefill {r.prefill:7.1f}  decode "
                       f"{r.decode:6.2f}  {STREAMS} streams {r.streams:6.2f} t/s", flush=True)

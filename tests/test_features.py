@@ -116,7 +116,7 @@ def test_version_is_read_once_per_binary_version(llama_bins, tmp_path, monkeypat
     copy.chmod(0o644)  # cannot run any more: only the cache can answer now
     assert server_build_info(bins) == first
     os.utime(copy, ns=(0, 1))  # another mtime: another binary, asked again, and it cannot run
-    with pytest.raises(LlamaError, match="--version failed"):
+    with pytest.raises(LlamaError, match="--version` failed"):
         server_build_info(bins)
     copy.chmod(0o755)
     assert server_build_info(bins) == first

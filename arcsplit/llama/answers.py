@@ -11,10 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
 from .._dirs import cache_dir
+from ..errors import LlamaError
 
 
 def cache_path(binary: Path, kind: str, version: int = 1) -> Path:
@@ -22,6 +24,16 @@ def cache_path(binary: Path, kind: str, version: int = 1) -> Path:
     st = binary.stat()
     key = f"v{version}|{binary.resolve()}|{st.st_size}|{st.st_mtime_ns}"
     return cache_dir() / kind / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def run_flag(binary: Path, flag: str, fix: str, timeout: float = 30.0) -> tuple[str, int]:
+    """``binary flag``'s output (stdout, then stderr) and exit code; LlamaError naming ``fix`` when it cannot run."""
+    try:
+        out = subprocess.run([str(binary), flag], capture_output=True, text=True, timeout=timeout,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LlamaError(f"`{binary} {flag}` failed: {exc}", fix) from None
+    return out.stdout + "\n" + out.stderr, out.returncode
 
 
 def answer(path: Path, ask: Callable[[], dict[str, Any]],

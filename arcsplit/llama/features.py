@@ -10,13 +10,12 @@ features are off; a flag the route cannot do without (``--rpc``, ``--device``, .
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from ..errors import BadInput, LlamaError
-from .answers import answer, cache_path
+from .answers import answer, cache_path, run_flag
 
 CACHE_VERSION = 1
 # One option line of `--help` (common/arg.cpp common_arg::to_string: aliases joined by ", ", then the value hint,
@@ -129,15 +128,10 @@ def binary_features(binary: Path, timeout: float = 30.0) -> Features:
         raise LlamaError(f"cannot read {binary}: {exc.strerror}", "point --llama-dir at a llama.cpp build") from None
 
     def ask() -> dict[str, object]:
-        try:
-            out = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=timeout,
-                                 stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise LlamaError(f"`{binary} --help` failed: {exc}",
-                             "check that the binary runs, or use `arcsplit llama build`") from None
-        features = parse_help(out.stdout + "\n" + out.stderr, str(binary))
+        text, rc = run_flag(binary, "--help", "check that the binary runs, or use `arcsplit llama build`", timeout)
+        features = parse_help(text, str(binary))
         if not features.flags:
-            raise LlamaError(f"`{binary} --help` printed no options (exit {out.returncode})",
+            raise LlamaError(f"`{binary} --help` printed no options (exit {rc})",
                              "check that its shared libraries load, or use `arcsplit llama build`")
         return features.to_dict()
 

@@ -13,13 +13,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import LlamaError
-from .answers import answer, cache_path
+from .answers import answer, cache_path, run_flag
 from .build import ManagedBuild, managed_builds
 
 RPC_NAMES = ("ggml-rpc-server", "rpc-server")
@@ -177,14 +176,10 @@ def server_build_info(binaries: LlamaBinaries, timeout: float = 30.0) -> BuildIn
         raise LlamaError(f"cannot read {exe}: {exc.strerror}", "rebuild with `arcsplit llama build`") from None
 
     def ask() -> dict[str, Any]:
-        try:
-            out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=timeout,
-                                 stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise LlamaError(f"{exe} --version failed: {exc}", "rebuild with `arcsplit llama build`") from None
-        info = parse_version(out.stdout + out.stderr)
+        text, rc = run_flag(exe, "--version", "rebuild with `arcsplit llama build`", timeout)
+        info = parse_version(text)
         if info.version is None:
-            raise LlamaError(f"{exe} --version printed no version (exit {out.returncode})",
+            raise LlamaError(f"{exe} --version printed no version (exit {rc})",
                              "check that its shared libraries load; rebuild with `arcsplit llama build`")
         return asdict(info)
 
