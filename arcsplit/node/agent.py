@@ -14,7 +14,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import anyio
 import psutil
@@ -31,6 +31,10 @@ from ..run.rundir import RunDir, supervisor_identity, sweep
 from ..run.procspec import LOOPBACK, ProcessSpec
 from ..run.weightcache import SEED_FLAG, can_seed
 from . import PROTO
+
+if TYPE_CHECKING:
+    from ..telemetry.intel import IntelSampler
+    from ..telemetry.nvidia import NvidiaSampler
 
 # ggml-rpc-server's own options (tools/rpc/rpc-server.cpp): the only ones a client may pass. True: takes a value.
 RPC_FLAGS = {"-H": True, "--host": True, "-p": True, "--port": True, "-t": True, "--threads": True,
@@ -111,16 +115,62 @@ def drop_missing_seeds(argv: tuple[str, ...], can_seed: bool) -> tuple[tuple[str
     return tuple(out), notes
 
 
+class GpuReporter:
+    """This host's cards as the main host's telemetry would sample them were they local: the samplers of the
+    group's backend (backends.REGISTRY[...].sampler), made at the first report and kept for their rates. Every card
+    of that kind here is reported (the main host matches plan cards to them as it does its own); memory counts only
+    the agent's children. Plain file reads (Intel) or NVML calls, no subprocess; a sampler that is not available,
+    or that fails, reports nothing. The samplers are imported at the first report, not at the agent's start (the
+    telemetry package pulls in the route and HTTP)."""
+
+    def __init__(self, sys_root: Path, proc_root: Path, nvml: bool) -> None:
+        self._sys_root, self._proc_root, self._want_nvml = sys_root, proc_root, nvml
+        self._intel: IntelSampler | None = None
+        self._nvidia: NvidiaSampler | None = None
+
+    def sample(self, backend: str | None, pids: list[int]) -> dict[str, dict[str, dict[str, Any]]]:
+        """-> {"intel": {pci: row}} or {"cuda": {"index": row}} (JSON keys are strings); {} when there is none."""
+        known = backends.REGISTRY.get(backend or "")
+        kind = known.sampler if known else None
+        try:
+            if kind == "intel":
+                if self._intel is None:
+                    from ..telemetry.intel import IntelSampler
+
+                    self._intel = IntelSampler(self._sys_root, self._proc_root)
+                rows = self._intel.sample(pids) if self._intel.available else {}
+                return {"intel": rows} if rows else {}
+            if kind == "nvidia" and self._want_nvml:
+                if self._nvidia is None:
+                    from ..telemetry.nvidia import NvidiaSampler
+
+                    self._nvidia = NvidiaSampler()
+                if not self._nvidia.available:
+                    return {}
+                nv = self._nvidia.sample(range(self._nvidia.count()), pids)
+                return {"cuda": {str(i): row for i, row in nv.items()}} if nv else {}
+        except Exception:  # a sampler's surprise must not end the agent (and its rpc-servers) or the stats
+            pass
+        return {}
+
+    def close(self) -> None:
+        if self._nvidia is not None:
+            self._nvidia.close()
+
+
 class Agent:
     """One agent process: its children by name, its run dir, the time of the last message from the client."""
 
     def __init__(self, emit: Emit, *, heartbeat: float, allow_bind: tuple[str, ...],
-                 inventory: Callable[[str | None], dict[str, Any]]) -> None:
+                 inventory: Callable[[str | None], dict[str, Any]], sys_root: Path = Path("/sys/class/drm"),
+                 proc_root: Path = Path("/proc"), nvml: bool = True) -> None:
         self._emit = emit
         self.heartbeat = heartbeat
         self.allow_bind = allow_bind
         self._inventory_fn = inventory
         self.inventory: dict[str, Any] | None = None
+        self.backend: str | None = None  # the hello's: which sampler reads this host's cards
+        self._gpus = GpuReporter(sys_root, proc_root, nvml)
         self.run_dir: RunDir | None = None
         self.children: dict[str, Child] = {}
         self._last_heard = time.monotonic()
@@ -147,10 +197,10 @@ class Agent:
                     for child in self.children.values():
                         tg.start_soon(child.stop, 2.0)
                 self._write_state()
+                self._gpus.close()
 
     async def _watch(self, tg: TaskGroup) -> None:
-        """Stats every second (CPU for the supervisor's stall timeout; CPU, RSS and threads for the telemetry
-        of the main host, which cannot see these processes); give up when pings stop."""
+        """Stats every second; give up when pings stop."""
         while True:
             await anyio.sleep(1.0)
             silent = time.monotonic() - self._last_heard
@@ -158,21 +208,32 @@ class Agent:
                 self.emit({"ev": "error", "name": "", "message": f"no ping for {silent:.0f} s: stopping"})
                 tg.cancel_scope.cancel()
                 return
-            cpu, rss, threads, stopped = {}, {}, {}, []
-            for name, child in self.children.items():
-                if child.alive and child.pid:
-                    try:
-                        p = psutil.Process(child.pid)
-                        with p.oneshot():
-                            t = p.cpu_times()
-                            cpu[name] = round(t.user + t.system, 3)
-                            rss[name] = p.memory_info().rss
-                            threads[name] = p.num_threads()
-                            if p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
-                                stopped.append(name)
-                    except psutil.Error:
-                        pass
-            self.emit({"ev": "stats", "cpu": cpu, "rss": rss, "threads": threads, "stopped": stopped})
+            self.emit(self.stats())
+
+    def stats(self) -> dict[str, Any]:
+        """The ``stats`` event: CPU for the supervisor's stall timeout; CPU, RSS, threads and the cards' use for
+        the telemetry of the main host, which cannot see these processes or cards."""
+        cpu, rss, threads, stopped = {}, {}, {}, []
+        pids = []
+        for name, child in self.children.items():
+            if child.alive and child.pid:
+                pids.append(child.pid)
+                try:
+                    p = psutil.Process(child.pid)
+                    with p.oneshot():
+                        t = p.cpu_times()
+                        cpu[name] = round(t.user + t.system, 3)
+                        rss[name] = p.memory_info().rss
+                        threads[name] = p.num_threads()
+                        if p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                            stopped.append(name)
+                except psutil.Error:
+                    pass
+        event: dict[str, Any] = {"ev": "stats", "cpu": cpu, "rss": rss, "threads": threads, "stopped": stopped}
+        gpus = self._gpus.sample(self.backend, pids) if pids else {}
+        if gpus:
+            event["gpus"] = gpus
+        return event
 
     async def _handle(self, tg: TaskGroup, raw: bytes) -> None:
         try:
@@ -218,6 +279,7 @@ class Agent:
         backend = msg.get("backend")  # the group's backend: that build's rpc-server, not whatever auto picks here
         if backend is not None and backend not in backends.NAMES:
             raise BadInput(f"backend {backend!r} is unknown here", f"use one of {', '.join(backends.NAMES)}")
+        self.backend = backend
         if self.run_dir is None:
             killed = await anyio.to_thread.run_sync(sweep, nodes_root())
             if killed:

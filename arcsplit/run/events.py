@@ -30,6 +30,17 @@ class Usage(TypedDict):
     at: float
 
 
+class GpuReport(TypedDict):
+    """Another host's cards as its node agent last sampled them (this machine cannot read them): each card's row as
+    the local samplers give it, with memory counted for that agent's processes only; every card there of the
+    group's sampler kind, so plan cards match them as local ones do. ``intel``: by PCI address; ``cuda``: by CUDA
+    index as a string (JSON keys); ``at``: when the report arrived here (time.time()), one a second."""
+
+    intel: dict[str, dict[str, Any]]
+    cuda: dict[str, dict[str, Any]]
+    at: float
+
+
 class MemberSnapshot(TypedDict):
     """``state`` events: one member after a change of state."""
 
@@ -43,6 +54,7 @@ class MemberSnapshot(TypedDict):
     paused: bool
     host: str  # the layout host it runs on ("" this machine; a link: the host it reaches); its pid is there
     usage: NotRequired[Usage]  # a running process on another host: its agent's last report
+    gpus: NotRequired[GpuReport]  # the same, of its host's cards (the whole host's: telemetry picks the held ones)
 
 
 class GroupData(TypedDict, total=False):

@@ -36,7 +36,7 @@ from ..hosts import check_inventory, control_argv, node_argv, shares_connection
 from ..node import PROTO
 from ..rig import Host
 from .child import Child, describe_exit
-from .events import MemberSnapshot, Usage, member_snapshot
+from .events import GpuReport, MemberSnapshot, Usage, member_snapshot
 from .launch import Health, Launcher, LocalLauncher, Member
 from .procspec import ProcessSpec
 from .states import MemberState, Tracked
@@ -113,6 +113,7 @@ class NodeSession:
         self.hello: dict[str, Any] | None = None
         self.members: dict[str, RemoteMember] = {}
         self.usage: dict[str, Usage] = {}  # each member's last reported CPU seconds, RSS and threads there
+        self.gpus: GpuReport | None = None  # the host's cards as last reported (an agent with no GPU sampler: None)
         self.stopped: set[str] = set()
         self.notes: deque[str] = deque(maxlen=20)  # lines that are not messages: ssh's and the agent's stderr
         self.dead: str | None = None
@@ -220,6 +221,9 @@ class NodeSession:
                                         threads=int(threads[k]) if k in threads else None, at=at)
                           for k, v in (msg.get("cpu") or {}).items()}
             self.stopped = set(msg.get("stopped") or ())
+            gpus = msg.get("gpus")
+            self.gpus = (GpuReport(intel=dict(gpus.get("intel") or {}), cuda=dict(gpus.get("cuda") or {}), at=at)
+                         if isinstance(gpus, dict) else None)
         elif ev in ("hello", "ports") or (ev == "error" and not name):
             self._answer = msg
             self._reply.set()
@@ -300,10 +304,17 @@ class _Relayed(Tracked):
         usage = self.usage()
         if usage is not None:
             snap["usage"] = usage
+        gpus = self.gpus()
+        if gpus is not None:
+            snap["gpus"] = gpus
         return snap
 
     def usage(self) -> Usage | None:
         """What its host's agent last said of it (None: nothing yet, not running, or a link)."""
+        return None
+
+    def gpus(self) -> GpuReport | None:
+        """What its host's agent last said of that host's cards (None: nothing, not running, or a link)."""
         return None
 
 
@@ -379,6 +390,9 @@ class RemoteMember(_Relayed):
 
     def usage(self) -> Usage | None:
         return self.session.usage.get(self.spec.name) if self.alive else None
+
+    def gpus(self) -> GpuReport | None:
+        return self.session.gpus if self.alive else None
 
 
 class SharedLink(_Relayed):

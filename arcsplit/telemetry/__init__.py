@@ -6,9 +6,10 @@
 
 Sources by card backend: Intel (sycl, vulkan on an Intel card) -> fdinfo/sysfs/hwmon (intel.py), CUDA -> NVML
 (nvidia.py, optional), CPU -> psutil of the process that holds the card (cpu.py); a process on another host ->
-its node agent's report of CPU seconds, RSS and threads (cpu.RemoteSampler; that host's GPU use is not reported);
-llama-server -> /metrics and /slots (server.py). Each sample is a few file reads and two local HTTP GETs: no
-subprocess, no root.
+its node agent's report of CPU seconds, RSS and threads (cpu.RemoteSampler), and a GPU card held there -> that
+agent's rows of its host's cards, sampled there by these same samplers (one report a second; older than
+STALE_AFTER: no reading); llama-server -> /metrics and /slots (server.py). Each sample is a few file reads and two
+local HTTP GETs: no subprocess, no root.
 """
 
 from __future__ import annotations
@@ -29,6 +30,29 @@ from .server import ServerSampler
 __all__ = ["Telemetry", "sample", "run_telemetry"]
 
 _INTEL_BACKENDS = tuple(n for n, b in backends.REGISTRY.items() if b.sampler == "intel")
+STALE_AFTER = 5.0  # s: a remote card's report older than this (its agent sends one a second) is no reading
+
+
+def _elsewhere(proc: dict[str, Any]) -> bool:
+    """Whether a status process runs on another host (a link names its host but runs here)."""
+    return bool(proc.get("host")) and proc.get("role") != "link"
+
+
+def card_row(card: dict[str, Any], pos: int, intel: dict[str, dict[str, Any]] | None,
+             nvidia: dict[int, dict[str, Any]] | None) -> dict[str, Any] | None:
+    """A GPU plan card's row among one host's sampled cards: Intel by the card's PCI address, else the i-th Intel
+    card of that host by PCI address (Level Zero's order); CUDA by index. None: no reading of it."""
+    backend = card.get("backend")
+    if backend in _INTEL_BACKENDS and intel:
+        pdev = card.get("pci")
+        if pdev not in intel:
+            order = sorted(intel)
+            idx = int(card.get("index", pos))
+            pdev = order[idx] if idx < len(order) else None
+        return intel.get(pdev) if pdev else None
+    if backend == "cuda" and nvidia:
+        return nvidia.get(int(card.get("index", pos)))
+    return None
 
 
 class Telemetry:
@@ -57,37 +81,35 @@ class Telemetry:
         procs_status: dict[str, dict[str, Any]] = status.get("processes") or {}
         pids = {name: p["pid"] for name, p in procs_status.items()  # another host's pid is not one of ours
                 if p.get("pid") and p.get("state") not in ("exited", "stopped", "failed", "new")
-                and not (p.get("host") and p.get("role") != "link")}
+                and not _elsewhere(p)}
         procs = {**self._procs.sample(pids), **self._remote.sample(procs_status)}  # the others: their agents' word
         cards = (status.get("plan") or {}).get("cards") or []
+        held_by = holders(status)
+        held = [procs_status.get(held_by[pos] if pos < len(held_by) else "") or {} for pos in range(len(cards))]
+        here = [c for c, h in zip(cards, held) if not _elsewhere(h)]
         rows: list[dict[str, Any]] = []
         intel = nvidia = None
-        if any(c.get("backend") in _INTEL_BACKENDS for c in cards):
+        if any(c.get("backend") in _INTEL_BACKENDS for c in here):
             sampler = self._intel_sampler()
             if sampler.available:
                 intel = sampler.sample(pids.values())
-        if any(c.get("backend") == "cuda" for c in cards):
+        if any(c.get("backend") == "cuda" for c in here):
             nv = self._nvidia_sampler()
             if nv is not None and nv.available:
-                nvidia = nv.sample([int(c["index"]) for c in cards if c.get("backend") == "cuda"], pids.values())
-        intel_order = sorted(intel) if intel else []
-        held_by = holders(status)
-        for pos, card in enumerate(cards):
+                nvidia = nv.sample([int(c["index"]) for c in here if c.get("backend") == "cuda"], pids.values())
+        now = time.time()
+        for pos, (card, by) in enumerate(zip(cards, held)):
             holder = held_by[pos] if pos < len(held_by) else ""
             base = {"pos": pos, "device": card.get("device"), "backend": card.get("backend"), "holder": holder}
             row: dict[str, Any] | None = None
-            backend = card.get("backend")
-            if backend == "cpu" or card.get("device") == "CPU":
-                argv = (procs_status.get(holder) or {}).get("argv")
-                row = cpu_card(procs.get(holder), card.get("free"), threads_of(argv))
-            elif backend in _INTEL_BACKENDS and intel:
-                pdev = card.get("pci")
-                if pdev not in intel:
-                    idx = int(card.get("index", pos))
-                    pdev = intel_order[idx] if idx < len(intel_order) else None
-                row = intel.get(pdev) if pdev else None
-            elif backend == "cuda" and nvidia:
-                row = nvidia.get(int(card.get("index", pos)))
+            if card.get("backend") == "cpu" or card.get("device") == "CPU":
+                row = cpu_card(procs.get(holder), card.get("free"), threads_of(by.get("argv")))
+            elif _elsewhere(by):  # held on another host: its agent's report of that host's cards, if fresh
+                report = by.get("gpus")
+                if report and now - report["at"] <= STALE_AFTER:
+                    row = card_row(card, pos, report["intel"], {int(i): r for i, r in report["cuda"].items()})
+            else:
+                row = card_row(card, pos, intel, nvidia)
             rows.append({**base, **(row or {"source": None})})
         server = None
         if status.get("state") == "ready" and status.get("url"):

@@ -25,6 +25,15 @@ class NvidiaSampler:
     def available(self) -> bool:
         return self._nvml is not None
 
+    def count(self) -> int:
+        """How many cards NVML sees (0 when it cannot say)."""
+        if self._nvml is None:
+            return 0
+        try:
+            return int(self._nvml.nvmlDeviceGetCount())
+        except Exception:
+            return 0
+
     def sample(self, indices: Iterable[int], pids: Iterable[int]) -> dict[int, dict[str, Any]]:
         """CUDA index -> {used (by our pids), total, util, temp, power}; a failed read leaves that field None."""
         if self._nvml is None:
