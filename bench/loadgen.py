@@ -177,6 +177,25 @@ def port_free(port: int) -> bool:
     return True
 
 
+def _exit_on_sigterm() -> None:
+    """SIGTERM or SIGHUP to the bench raise SystemExit, so the ``finally`` that stops each Served runs: a serve runs in
+    a session of its own, and a bench killed by the default action left it serving. The exit unwinds every ``with``
+    (a netns harness's too, whose own handler, when set after this one, cleans up and then calls this one)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        previous = signal.getsignal(sig)
+        if getattr(previous, "_stops_served", False):
+            continue
+
+        def handler(signum: int, frame: Any, previous: Any = previous) -> None:
+            raise SystemExit(128 + signum)
+
+        handler._stops_served = True  # type: ignore[attr-defined]
+        try:
+            signal.signal(sig, handler)
+        except ValueError:  # not the main thread: leave the signal as it is
+            return
+
+
 @dataclass
 class Served:
     """`arcsplit serve MODEL --backend cpu` as a real subprocess with private dirs; see the module docstring."""
@@ -230,6 +249,7 @@ class Served:
         return argv
 
     def start(self) -> None:
+        _exit_on_sigterm()
         self.log = open(self.base / "serve.log", "wb")
         self.proc = subprocess.Popen(self.argv(), cwd=ROOT, env=self.env(), stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
