@@ -481,8 +481,23 @@ class SharedLink(_Relayed):
 
 def same_build(server_bin: str) -> Callable[[Host, Mapping[str, Any]], None]:
     """The hello check: the host has a build, of this machine's llama.cpp commit and RPC protocol
-    (hosts.check_inventory). This machine's side is read once, at the first hello."""
+    (hosts.check_inventory). This machine's side is read now, while the sessions open (between a hello and its
+    host's rpc-servers it would delay the group); a read that fails is tried again, and raised, at the first hello."""
     here: dict[str, Any] = {}
+
+    def read_here() -> None:
+        from ..llama.build import build_rpc_proto
+        from ..llama.locate import LlamaBinaries, server_build_info
+
+        exe = Path(server_bin)
+        info = server_build_info(LlamaBinaries(server=exe, rpc_server=exe, cli=None, bench=None, fit_params=None,
+                                               found_by="config"))
+        here.update(commit=info.commit, rpc_proto=build_rpc_proto(exe.parent))
+
+    try:
+        read_here()
+    except ArcsplitError:
+        pass
 
     def check(host: Host, hello: Mapping[str, Any]) -> None:
         llama = hello.get("llama") or {}
@@ -490,13 +505,7 @@ def same_build(server_bin: str) -> Callable[[Host, Mapping[str, Any]], None]:
             raise BadInput(f"host {host.name} ({host.ssh}) has no llama.cpp build: {llama.get('error')}",
                            f"run `{host.arcsplit} llama build` there")
         if not here:
-            from ..llama.build import build_rpc_proto
-            from ..llama.locate import LlamaBinaries, server_build_info
-
-            exe = Path(server_bin)
-            info = server_build_info(LlamaBinaries(server=exe, rpc_server=exe, cli=None, bench=None, fit_params=None,
-                                                   found_by="config"))
-            here.update(commit=info.commit, rpc_proto=build_rpc_proto(exe.parent))
+            read_here()
         check_inventory(here, llama, host)
 
     return check
