@@ -261,6 +261,8 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
                      f"{ev.data.get('delay'):.1f} s")
         elif ev.kind == "verdict":
             _say(f"recorded: {ev.data.get('failed_mode')} fails here; now {ev.data.get('fallback')}")
+        elif ev.kind == "host":
+            _say(f"host {ev.name} ({ev.data.get('ssh')}): ssh login and node agent in {ev.data.get('opened_s'):.2f} s")
 
 
 def _card_loads(cards: list[dict[str, Any]]) -> str:

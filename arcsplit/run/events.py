@@ -15,7 +15,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from .states import GroupState, MemberState
 
-EventKind = Literal["state", "log", "plan", "buffers", "group", "progress", "verdict", "telemetry", "sync"]
+EventKind = Literal["state", "log", "plan", "buffers", "group", "progress", "verdict", "telemetry", "sync", "host"]
 
 
 # -- what each kind carries in ``data`` (docs/bus.md); on the wire these are plain JSON objects ------------------
@@ -67,6 +67,16 @@ class GroupData(TypedDict, total=False):
     delay: float  # backoff: seconds until the next start
     failures: int  # backoff: failures in a row
     error: str | None  # backoff: the last error
+
+
+class HostData(TypedDict):
+    """``host`` events (name: the layout host): its node session opened for a generation. ``opened_s``: from
+    starting its ssh to the agent's first message (the login and the agent's start: what a start across hosts
+    adds; a slow login shows here first)."""
+
+    ssh: str
+    opened_s: float
+    generation: int
 
 
 class LogData(TypedDict):

@@ -117,6 +117,8 @@ class NodeSession:
         self.stopped: set[str] = set()
         self.notes: deque[str] = deque(maxlen=20)  # lines that are not messages: ssh's and the agent's stderr
         self.dead: str | None = None
+        self.opened_in: float | None = None  # s from the spawn to the agent's first message: login and agent start
+        self._spawned = 0.0
         self._child = Child(ProcessSpec(name=f"node-{host.name}", role="node", argv=tuple(argv), env=(), host="",
                                         port=0, cards=(), keep_stdin=True),
                             on_line=self._on_line, on_exit=self._on_exit)
@@ -134,8 +136,10 @@ class NodeSession:
     async def spawn(self, tg: TaskGroup) -> None:
         """Start the transport (ssh's login and the agent's start run on from here) and its keepalive; the agent
         answers pings and sends stats before any hello."""
+        self._spawned = time.monotonic()
         await tg.start(self._child.run)
         tg.start_soon(self._keepalive)
+        await self.send({"op": "ping"})  # its pong is the agent's first word: when the login and its start are done
 
     async def open(self, tg: TaskGroup) -> dict[str, Any]:
         """Start the transport unless :meth:`spawn` did, say hello; the hello's inventory, or HostError with the
@@ -214,6 +218,8 @@ class NodeSession:
                 for m in self.members.values():
                     m.line(f"[{self.host.name}] {line}")
             return
+        if self.opened_in is None:
+            self.opened_in = time.monotonic() - self._spawned
         ev, name = msg["ev"], msg.get("name")
         if ev == "stats":
             rss, threads, at = msg.get("rss") or {}, msg.get("threads") or {}, time.time()

@@ -33,7 +33,7 @@ from ..llama import logs
 from ..llama.hostcheck import host_ram_short
 from .child import describe_exit
 from .launch import Launcher, LocalLauncher, Member
-from .events import Event, EventBus, EventKind, MemberSnapshot, MemberStatus, Status
+from .events import Event, EventBus, EventKind, HostData, MemberSnapshot, MemberStatus, Status
 from .ports import free_port, is_free
 from .remote import NodeLauncher, runs_remote, same_build
 from .states import GROUP_TRANSITIONS, GroupState, MemberState, advance
@@ -454,6 +454,11 @@ class Supervisor:
             # or ssh setup (the error says which), so the user hears it now; once the group has run, it is retried.
             fatal = isinstance(exc, BadInput) or not self._ready_event.is_set()
             raise _StartFailed("group", str(exc), "fatal" if fatal else None, exc if fatal else None) from None
+        for name in hosts:
+            session = self.launcher.sessions.get(name)
+            if session is not None and session.opened_in is not None:
+                self._publish("host", name, HostData(ssh=session.host.ssh, opened_s=round(session.opened_in, 3),
+                                                     generation=self._generation))
         bins = self.launcher.node_bins()
         if bins != self.config.node_bins:
             self.config = replace(self.config, node_bins=bins)
