@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shlex
 import signal
 import statistics
@@ -64,6 +65,13 @@ class Run:
     streams: float
     greedy: list[list[int]]
     argv: dict[str, str] = field(default_factory=dict)
+    opened: float = float("nan")  # serve's own figure for b: its ssh's start to the node agent's first message
+
+
+def opened_s(s: Served) -> float:
+    """What serve printed for host b's session (ssh login and node agent); NaN on one host."""
+    found = re.findall(r"host b \([^)]*\): ssh login and node agent in ([0-9.]+) s", s.output())
+    return float(found[0]) if found else float("nan")
 
 
 def served(a: argparse.Namespace, net: NetHarness, tmp: Path, link: str | None, extra: tuple[str, ...] = (),
@@ -119,7 +127,7 @@ def measure(a: argparse.Namespace, net: NetHarness, tmp: Path, link: str | None)
             with httpx.Client(timeout=a.timeout) as client:
                 tokens = greedy(client, s.url, a.n_predict)
             nan = float("nan")
-            return Run(ready, nan, nan, nan, tokens, commands(s, net))
+            return Run(ready, nan, nan, nan, tokens, commands(s, net), opened_s(s))
         with httpx.Client(timeout=a.timeout) as client:
             prompt = long_prompt(client, s.url, 512)
             p, d, st = [], [], []
@@ -131,7 +139,8 @@ def measure(a: argparse.Namespace, net: NetHarness, tmp: Path, link: str | None)
                     d.append(x[1])
                     st.append(x[2])
             tokens = greedy(client, s.url, a.n_predict)
-        return Run(ready, statistics.median(p), statistics.median(d), statistics.median(st), tokens, commands(s, net))
+        return Run(ready, statistics.median(p), statistics.median(d), statistics.median(st), tokens, commands(s, net),
+                   opened_s(s))
 
 
 def victim(s: Served, net: NetHarness, link: str | None) -> psutil.Process:
@@ -202,24 +211,27 @@ def report(a: argparse.Namespace, runs: dict[str, list[Run]], rec: dict[tuple[st
              f"- {a.runs} runs, every configuration a fresh `arcsplit serve` per run (order rotated); per run the "
              f"median of {a.reps} repetitions after a warm-up: prefill = 512-token prompt, decode = n_predict "
              f"{a.n_predict}, {STREAMS} streams = {STREAMS} concurrent decode requests (bench/throughput.py's "
-             "measurers); time to ready = `arcsplit serve` start to /health 200. Cells: min / **median** / max "
-             "over runs.",
+             "measurers); time to ready = `arcsplit serve` start to /health 200, of which `serve`'s own figure "
+             "for b's session (its ssh's start to the node agent's first message; it overlaps the planning here). "
+             "Cells: min / **median** / max over runs.",
              "- Repeated starts, as a user's are: one arcsplit cache for every run, after one untimed start per "
              "configuration, which indexed the GGUF for the rpc-servers' weight cache here and on b (once per "
              "file version); those first starts took " + ", ".join(f"{k} {v:.2f} s" for k, v in a.first_start.items())
              + ".", "",
-             "| configuration | time to ready s | prefill t/s | decode t/s | 4 streams t/s | ready / one host | "
-             "prefill / one host | decode / one host | 4 streams / one host | greedy = one host |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| configuration | time to ready s | of which ssh login + node agent s | prefill t/s | decode t/s | "
+             "4 streams t/s | ready / one host | prefill / one host | decode / one host | 4 streams / one host | "
+             "greedy = one host |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, rs in runs.items():
         if not rs:
-            lines.append(f"| {name} | failed | | | | | | | | |")
+            lines.append(f"| {name} | failed | | | | | | | | | |")
             continue
         ratios = [f"{med(name, k) / med('one host', k):.2f}x" if base and med(name, k) == med(name, k) else "-"
                   for k in ("ready", "prefill", "decode", "streams")]
         same = sum(r.greedy == ref for r in rs)
         eq = "(reference)" if name == "one host" else f"{'yes' if same == len(rs) else 'NO'} ({same}/{len(rs)} runs)"
-        lines.append(f"| {name} | {mmm([r.ready for r in rs])} | {mmm([r.prefill for r in rs], 1)} | "
+        lines.append(f"| {name} | {mmm([r.ready for r in rs])} | {mmm([r.opened for r in rs])} | "
+                     f"{mmm([r.prefill for r in rs], 1)} | "
                      f"{mmm([r.decode for r in rs])} | {mmm([r.streams for r in rs])} | {' | '.join(ratios)} | {eq} |")
     lines.append("")
     if base and runs["two hosts, ssh"]:

@@ -629,6 +629,10 @@ def test_multihost_bench_writes_its_table(llama_bins: Any, demo_model: Path, tmp
     assert rows["one host"].rstrip().endswith("(reference) |")
     assert rows["two hosts, ssh"].rstrip().endswith("yes (1/1 runs) |") and "yes (1/1 runs)" in rows["two hosts, direct"]
     assert "Result: over SSH decode is" in text and "share this one machine" in text
+    # the column read from serve's own line for b's session: a figure on two hosts, none on one
+    assert rows["one host"].split("|")[3].strip() == "-", rows["one host"]
+    for name in ("two hosts, ssh", "two hosts, direct"):
+        assert re.fullmatch(r" [0-9.]+ / \*\*[0-9.]+\*\* / [0-9.]+ ", rows[name].split("|")[3]), rows[name]
     # what ran: b's rpc-server on its loopback behind an ssh forward, or on b's address for direct
     assert re.search(r"two hosts, ssh / ggml-rpc-server \(on b\): `\S+ -H 127\.0\.0\.1 ", text), text
     assert re.search(r"two hosts, direct / ggml-rpc-server \(on b\): `\S+ -H 10\.77\.\d+\.2 ", text), text
