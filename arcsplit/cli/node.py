@@ -7,8 +7,8 @@ import argparse
 import sys
 from typing import Any
 
-from ..errors import ArcsplitError, BadInput
 from ..backends import CHOICES
+from ..errors import ArcsplitError, BadInput
 from .llama import add_llama_dir
 
 
