@@ -33,3 +33,20 @@ def runtime_dir() -> Path:
     path.mkdir(parents=True, exist_ok=True)
     path.chmod(0o700)
     return path
+
+
+def keep_json(path: Path, data: object, indent: int | None = None) -> bool:
+    """Write ``data`` as JSON to a cache or state file by rename, so a reader never sees half of it. Best effort:
+    False when it cannot be written (a read-only cache only costs the next run the work it saved)."""
+    import json
+
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=indent), encoding="utf-8")
+        tmp.replace(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -859,14 +859,8 @@ def _cache_get(key: str) -> ModelProfile | None:
 
 
 def _cache_put(key: str, profile: ModelProfile) -> None:
-    import json
     from dataclasses import asdict
 
-    f = _cache_file(key)
-    tmp = f.with_name(f"{f.name}.{os.getpid()}.tmp")
-    try:
-        f.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(asdict(profile)), encoding="utf-8")
-        tmp.replace(f)
-    except OSError:
-        tmp.unlink(missing_ok=True)  # a read-only cache only costs speed
+    from ._dirs import keep_json
+
+    keep_json(_cache_file(key), asdict(profile))  # a read-only cache only costs speed

@@ -78,15 +78,21 @@ def test_real_help_of_this_build(llama_bins, tmp_path, monkeypatch):
         assert specs_for(cfg)[-1].argv == specs_for(plain)[-1].argv, mode
 
 
+def server_copy(llama_bins, bin_dir: Path) -> Path:
+    """A copy of the build's llama-server (a file of its own to chmod and touch) that still finds its libraries."""
+    bin_dir.mkdir()
+    copy = bin_dir / "llama-server"
+    shutil.copy2(llama_bins.server, copy)
+    for lib in llama_bins.bin_dir.glob("*.so*"):
+        os.symlink(lib, bin_dir / lib.name)
+    return copy
+
+
 @pytest.mark.slow  # needs the llama.cpp build
 def test_help_is_read_once_per_binary_version(llama_bins, tmp_path, monkeypatch):
     """Cached by path, size and mtime: a second ask does not run the binary; a changed binary is asked again."""
     monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache"))
-    copy = tmp_path / "bin" / "llama-server"
-    copy.parent.mkdir()
-    shutil.copy2(llama_bins.server, copy)
-    for lib in llama_bins.bin_dir.glob("*.so*"):
-        os.symlink(lib, copy.parent / lib.name)
+    copy = server_copy(llama_bins, tmp_path / "bin")
     first = binary_features(copy)
     assert len(list((tmp_path / "cache" / "features").glob("*.json"))) == 1
     copy.chmod(0o644)  # not executable any more: only the cache can answer now
@@ -105,11 +111,7 @@ def test_version_is_read_once_per_binary_version(llama_bins, tmp_path, monkeypat
     from arcsplit.llama.locate import server_build_info
 
     monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache"))
-    copy = tmp_path / "bin" / "llama-server"
-    copy.parent.mkdir()
-    shutil.copy2(llama_bins.server, copy)
-    for lib in llama_bins.bin_dir.glob("*.so*"):
-        os.symlink(lib, copy.parent / lib.name)
+    copy = server_copy(llama_bins, tmp_path / "bin")
     bins = llama_bins.__class__(**{**llama_bins.__dict__, "server": copy})
     first = server_build_info(bins)
     assert first.commit and first.commit == server_build_info(llama_bins).commit

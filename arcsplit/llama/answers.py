@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
-from .._dirs import cache_dir
+from .._dirs import cache_dir, keep_json
 from ..errors import LlamaError
 
 
@@ -46,13 +45,5 @@ def answer(path: Path, ask: Callable[[], dict[str, Any]],
         pass  # no or damaged entry: ask the binary
     data = ask()
     result = read(data)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data), encoding="utf-8")
-        tmp.replace(path)
-    except OSError:
-        pass
-    finally:
-        tmp.unlink(missing_ok=True)
+    keep_json(path, data)
     return result

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._dirs import cache_dir
+from .._dirs import cache_dir, keep_json
 from ..memory import MeasuredCompute
 
 VERSION = 1
@@ -83,12 +82,5 @@ def store(key: CacheKey, backend: str, entries: dict[tuple[int, ...], int]) -> M
     merged.update(entries)
     items = list(merged.items())[-MAX_ENTRIES:]
     data = {"version": VERSION, "key": key.fields, "backend": backend, "entries": [[*k, v] for k, v in items]}
-    path = key.path
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data), encoding="utf-8")
-        tmp.replace(path)
-    except OSError:
-        tmp.unlink(missing_ok=True)  # a read-only cache only costs the measurement next time
+    keep_json(key.path, data)  # a read-only cache only costs the measurement next time
     return MeasuredCompute(backend, dict(items))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .. import backends
-from .._dirs import cache_dir
+from .._dirs import cache_dir, keep_json
 from ..errors import ArcsplitError, BadInput
 from ..llama import compute_cache
 from ..llama.childenv import clean_env
@@ -102,13 +102,7 @@ def record_observed(backend: str, mode: str, ok: bool, message: str) -> None:
     except (OSError, ValueError):
         data = {}
     data[mode] = {"ok": ok, "message": message[:500], "time": time.time()}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        tmp.replace(path)
-    except OSError:
-        pass
+    keep_json(path, data, indent=1)
 
 
 def _ports(ports: Sequence[int] | str | None) -> list[int] | None:
