@@ -122,6 +122,75 @@ class Breakdown:
     handoffs: dict[str, tuple[float, float]] = field(default_factory=dict)  # "a -> b": (per token, us each)
     runtime: dict[str, list[tuple[str, float, float]]] = field(default_factory=dict)  # top calls: us/token, n/token
     argv: dict[str, list[str]] = field(default_factory=dict)
+    gaps: list[GapKind] = field(default_factory=list)  # the idle gaps by what ends and starts them, largest first
+
+
+COPY_KINDS = {1: "H2D", 2: "D2H", 8: "D2D", 10: "P2P"}  # CUpti_ActivityMemcpyKind
+
+
+def what(r: Rec) -> str:
+    """A GPU record as a gap's neighbour: kernel, graph (light mode), copy H2D/D2H, memset."""
+    if r.kind == "K":
+        return "graph" if r.name == "(cuda graph)" else "kernel"
+    if r.kind == "M":
+        code = r.name.rsplit(" ", 1)[-1]
+        return "copy " + (COPY_KINDS.get(int(code), "?") if code.isdigit() else "?")
+    return "memset"
+
+
+@dataclass
+class GapKind:
+    """Idle gaps of one kind (what ran on the GPU before, what after) and where each process spent them."""
+    label: str  # "rpc0 copy D2H -> server kernel"
+    per_token: float
+    median_us: float
+    total_us: float  # per token
+    # (process, runtime call, occurrence in the gap): median start and end offset from the gap's start (us),
+    # and the share of these gaps that had it; calls that began before the gap start at a negative offset
+    steps: list[tuple[str, str, float, float, float]] = field(default_factory=list)
+    outside_us: dict[str, float] = field(default_factory=dict)  # median per gap: in no CUDA call of that process
+
+
+def anatomy(label: str, gaps: list[tuple[int, int]], calls: dict[str, list[Rec]], tokens: int) -> GapKind:
+    """What each process's CUDA runtime calls did inside gaps of one kind, as median offsets from the gap's start:
+    a synchronize returning is that process seeing its GPU work end; a process's time in no CUDA call is its CPU
+    (sampling, building the next graph) or a socket (the link) — the host side of the wait."""
+    lens = [e - s for s, e in gaps]
+    kind = GapKind(label, len(gaps) / tokens, statistics.median(lens) / 1e3, sum(lens) / 1e3 / tokens)
+    seen: dict[tuple[str, str, int], list[tuple[int, int]]] = collections.defaultdict(list)
+    outside: dict[str, list[int]] = collections.defaultdict(list)
+    for gs, ge in gaps:
+        for proc, recs in calls.items():
+            inside = [r for r in recs if r.end > gs and r.start < ge]
+            count: dict[str, int] = collections.Counter()
+            for r in inside:
+                seen[(proc, r.name, count[r.name])].append((r.start - gs, r.end - gs))
+                count[r.name] += 1
+            outside[proc].append(ge - gs - total(union(clip([(r.start, r.end) for r in inside], gs, ge))))
+    for (proc, name, n), offs in seen.items():
+        share = len(offs) / len(gaps)
+        if share >= 0.5:
+            kind.steps.append((proc, name if n == 0 else f"{name} #{n + 1}", statistics.median(o[0] for o in offs) / 1e3,
+                               statistics.median(o[1] for o in offs) / 1e3, share))
+    kind.steps.sort(key=lambda st: (st[2], st[3]))
+    kind.outside_us = {proc: statistics.median(v) / 1e3 for proc, v in outside.items()}
+    return kind
+
+
+def gap_kinds(owner: list[tuple[int, int, str, str]], calls: dict[str, list[Rec]], tokens: int,
+              top: int = 4) -> list[GapKind]:
+    """Every idle gap inside the request, grouped by its neighbours (process and kind of the GPU work before and
+    after), the ``top`` kinds by time per token with their anatomy. ``owner``: (start, end, process, what)."""
+    by: dict[str, list[tuple[int, int]]] = collections.defaultdict(list)
+    ordered = sorted(owner)
+    end, last = ordered[0][1], ordered[0][2:]
+    for s, e, proc, w in ordered[1:]:
+        if s > end:
+            by[f"{last[0]} {last[1]} -> {proc} {w}"].append((end, s))
+        if e > end:
+            end, last = e, (proc, w)
+    ranked = sorted(by.items(), key=lambda kv: -sum(e - s for s, e in kv[1]))[:top]
+    return [anatomy(label, gaps, calls, tokens) for label, gaps in ranked]
 
 
 def analyse(mode: str, tokens: int, tps: float, traces: dict[str, list[Rec]]) -> Breakdown:
@@ -162,6 +231,10 @@ def analyse(mode: str, tokens: int, tps: float, traces: dict[str, list[Rec]]) ->
         if e > end:
             end, last = e, name
     b.handoffs = {k: (len(v) / tokens, statistics.median(v) / 1e3) for k, v in sorted(gaps.items())}
+    records = [(r.start, r.end, name, what(r)) for name, recs in traces.items() for r in recs
+               if r.kind in "KMS" and r.end > lo and r.start < hi]
+    calls = {name: [r for r in recs if r.kind == "R" and r.end > lo and r.start < hi] for name, recs in traces.items()}
+    b.gaps = gap_kinds(records, calls, tokens)
     return b
 
 
@@ -201,7 +274,10 @@ def report(a: argparse.Namespace, rows: list[Breakdown], cmdline: str) -> str:
              f"- Model: `{Path(a.model).name}`; every mode served by `arcsplit.serve` as bench/throughput.py "
              f"serves it{' (--same-card: llama-server and the rpc-servers share one GPU)' if a.same_card else ''}; "
              f"one request of {a.tokens} decoded tokens (one stream) after a warm-up, traced with CUPTI "
-             "(bench/gpu/cupti_trace.c): kernels, copies, memsets, runtime calls of each process, one clock.",
+             "(bench/gpu/cupti_trace.c): kernels, copies, memsets, runtime calls of each process, one clock"
+             + ("; light mode (ARCSPLIT_CUPTI_LIGHT=1): a CUDA graph is one record, kernels outside graphs are not "
+                "seen, so GPU busy is a lower bound and the gaps' timing is closer to an untraced run."
+                if os.environ.get("ARCSPLIT_CUPTI_LIGHT") == "1" else "."),
              f"- Command: `{cmdline}`", "- One run per mode: a profile of where time goes, not a speed figure "
              "(tracing every kernel slows each process a little; the t/s column is the traced request's).", "",
              "| mode | traced t/s | wall us/token | GPU busy, all processes | GPU idle | per process: busy us "
@@ -224,6 +300,16 @@ def report(a: argparse.Namespace, rows: list[Breakdown], cmdline: str) -> str:
     for r in rows:
         for n, calls in r.runtime.items():
             lines.append(f"- {r.mode} / {n}: " + ", ".join(f"{c} {us:.0f} us ({k:.1f}x)" for c, us, k in calls))
+    lines += ["", "Idle gaps by what ends and starts them (the largest kinds, per token), and what each process did "
+              "meanwhile: its CUDA runtime calls as median offsets from the gap's start (us; negative: begun "
+              "before), and its median time in no CUDA call (CPU work: sampling, the next graph; or a socket).", ""]
+    for r in rows:
+        for g in r.gaps:
+            steps = "; ".join(f"{p} {n.split('_v')[0]} {a:+.0f}..{b:+.0f}" + (f" ({sh:.0%})" if sh < 0.95 else "")
+                              for p, n, a, b, sh in g.steps)
+            free = ", ".join(f"{p} {us:.0f}" for p, us in g.outside_us.items())
+            lines.append(f"- {r.mode}: {g.label}: {g.per_token:.1f} per token, median {g.median_us:.0f} us, "
+                         f"{g.total_us:.0f} us per token. Calls: {steps or 'none'}. In no CUDA call: {free}")
     if native and native.wall_us:
         lines += ["", "Against native (us per token):", ""]
         for r in rows:

@@ -58,3 +58,39 @@ def test_results_summary_reads_the_extra_time_of_each_route_over_native():
     text = (ROOT / "bench" / "results" / "gpu" / "trace_cuda_onecard_moe16x32.md").read_text(encoding="utf-8")
     v = run_all.v_trace(text)
     assert "hybrid +793 us/token (GPU work 4, GPU idle 790; largest crossing rpc0 -> server 505 us)" in v.detail
+
+
+def test_each_kind_of_idle_gap_shows_what_every_process_did_meanwhile(monkeypatch):
+    """A crossing back: rpc0's synchronize returns 5 us into the gap, llama-server's first CUDA call (the next
+    token's input copy) starts 30 us in; the anatomy gives those offsets and each process's time outside CUDA."""
+    server, rpc = [], []
+    t = 1000 * MS
+    for _ in range(10):
+        server.append(gpu_trace.Rec("K", t, t + 100_000, "a", graph=1))
+        server.append(gpu_trace.Rec("R", t - 10_000, t + 2_000, "cudaGraphLaunch_v10000"))
+        rpc.append(gpu_trace.Rec("K", t + 120_000, t + 200_000, "b"))
+        rpc.append(gpu_trace.Rec("M", t + 200_000, t + 210_000, "memcpy kind 2", nbytes=4096))
+        rpc.append(gpu_trace.Rec("R", t + 150_000, t + 215_000, "cudaStreamSynchronize_v3020"))
+        server.append(gpu_trace.Rec("R", t + 240_000, t + 245_000, "cudaMemcpyAsync_v3020"))
+        t += 260_000
+    b = gpu_trace.analyse("hybrid", 10, 100.0, {"server": server, "rpc0": rpc})
+    back = next(g for g in b.gaps if g.label == "rpc0 copy D2H -> server kernel")
+    assert back.per_token == 0.9 and back.median_us == 50 and back.total_us == 45
+    steps = {(p, n): (a, e) for p, n, a, e, _ in back.steps}
+    assert steps[("rpc0", "cudaStreamSynchronize_v3020")] == (-60, 5)
+    assert steps[("server", "cudaMemcpyAsync_v3020")] == (30, 35)
+    assert steps[("server", "cudaGraphLaunch_v10000")] == (40, 52)  # the next token's launch, begun in the gap
+    assert back.outside_us == {"server": 35, "rpc0": 45}
+    out = next(g for g in b.gaps if g.label == "server kernel -> rpc0 kernel")
+    assert out.per_token == 1.0 and out.median_us == 20
+    monkeypatch.setattr(gpu_trace, "build_line", lambda *a: "build")
+    monkeypatch.setattr(gpu_trace, "machine", lambda *a: "machine")
+    text = gpu_trace.report(_args(), [b], "cmd")
+    assert "- hybrid: rpc0 copy D2H -> server kernel: 0.9 per token, median 50 us, 45 us per token." in text
+    assert "rpc0 cudaStreamSynchronize -60..+5" in text and "In no CUDA call: server 35, rpc0 45" in text
+
+
+def _args():
+    import argparse
+
+    return argparse.Namespace(llama_dir=None, backend="cuda", model="m.gguf", tokens=10, same_card=True)

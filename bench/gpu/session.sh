@@ -19,6 +19,8 @@
 #          under test; a device call sends the session's own checkout, not a helper's worktree.)
 #   MODEL=moe bash bench/gpu/session.sh trace  # ONE GPU: a CUPTI timeline per route (bench/gpu_trace.py;
 #        phases trace / trace-dense in PHASES): where a decoded token's time goes, per process
+#   phases trace-light / trace-dense-light: the same with ARCSPLIT_CUPTI_LIGHT=1 (one record per CUDA graph);
+#   phases moe-mps / dense-mps: onecard under NVIDIA MPS (one shared GPU context: the time-slicing's share)
 #   MODEL=moe bash bench/gpu/session.sh onecard  # ONE GPU: llama-server and rpc-servers share it (--same-card),
 #        RUNS independent runs (default 3) of MODES (default native,hybrid,hybrid-stock,rpc,rpc-stock);
 #        MODEL=moe: a 3.8 GiB F16 qwen3moe (16 layers, 32 experts, 4 used), MODEL=dense: the 7.2B F16 llama
@@ -80,6 +82,21 @@ onecard() {
     --modes "${MODES:-native,hybrid,hybrid-stock,rpc,rpc-stock}" --runs "${RUNS:-3}" --reps "${REPS:-5}" \
     --n-predict "${NPREDICT:-128}" --greedy-tokens 32 --ctx 8192 --rpc-cache \
     --out "$OUT/throughput_cuda_onecard_$name${TAG:-}.md"
+}
+
+mps() {
+  # issue 19: how much of the one-GPU tax is two CUDA contexts time-slicing the card (which a second card would
+  # not have) and not the link: the same onecard bench with NVIDIA's multi-process service (MPS) running, so the
+  # group's processes share one context. The daemon is started here in private folders and quit when the phase
+  # ends (every exit path); the card's settings (compute mode, MIG) are not touched.
+  command -v nvidia-cuda-mps-control >/dev/null || { echo "no nvidia-cuda-mps-control here: MPS rows skipped"; return; }
+  (
+    export CUDA_MPS_PIPE_DIRECTORY=$WORK/mps/pipe CUDA_MPS_LOG_DIRECTORY=$WORK/mps/log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d || { echo "MPS daemon did not start"; exit 0; }
+    trap 'echo quit | nvidia-cuda-mps-control; sleep 1; tail -3 "$CUDA_MPS_LOG_DIRECTORY/control.log"' EXIT
+    MODES=${MPS_MODES:-native,hybrid,rpc} TAG=_mps${TAG:-} onecard
+  )
 }
 
 trace() {
@@ -158,6 +175,10 @@ case "${1:-all}" in
         dense) MODEL=$DENSE REPS=${DENSE_REPS:-3} onecard ;;
         recover1) MODEL=$DENSE recover1 ;;
         trace) MODEL=$MOE trace ;;
+        trace-light) MODEL=$MOE ARCSPLIT_CUPTI_LIGHT=1 trace ;;
+        trace-dense-light) MODEL=$DENSE TMODES=${TMODES_DENSE:-native,hybrid} ARCSPLIT_CUPTI_LIGHT=1 trace ;;
+        moe-mps) MODEL=$MOE mps ;;
+        dense-mps) MODEL=$DENSE REPS=${DENSE_REPS:-3} mps ;;
         trace-dense) MODEL=$DENSE TMODES=${TMODES_DENSE:-native,hybrid} trace ;;
         abpatch) abpatch ;;
       esac
