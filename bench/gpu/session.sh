@@ -95,7 +95,7 @@ mps() {
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
     nvidia-cuda-mps-control -d || { echo "MPS daemon did not start"; exit 0; }
     trap 'echo quit | nvidia-cuda-mps-control; sleep 1; tail -3 "$CUDA_MPS_LOG_DIRECTORY/control.log"' EXIT
-    MODES=${MPS_MODES:-native,hybrid,rpc} TAG=_mps${TAG:-} onecard
+    MODES=${MPS_MODES:-native,hybrid,rpc} TMODES=${MPS_MODES:-native,hybrid,rpc} TAG=_mps${TAG:-} "${1:-onecard}"
   )
 }
 
@@ -178,6 +178,7 @@ case "${1:-all}" in
         trace-light) MODEL=$MOE ARCSPLIT_CUPTI_LIGHT=1 trace ;;
         trace-dense-light) MODEL=$DENSE TMODES=${TMODES_DENSE:-native,hybrid} ARCSPLIT_CUPTI_LIGHT=1 trace ;;
         moe-mps) MODEL=$MOE mps ;;
+        trace-light-mps) MODEL=$MOE ARCSPLIT_CUPTI_LIGHT=1 mps trace ;;
         dense-mps) MODEL=$DENSE REPS=${DENSE_REPS:-3} mps ;;
         trace-dense) MODEL=$DENSE TMODES=${TMODES_DENSE:-native,hybrid} trace ;;
         abpatch) abpatch ;;
