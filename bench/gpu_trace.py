@@ -21,7 +21,7 @@ burst of GPU work (the last one, after an idle second) and divides it per decode
 Tracing every kernel costs each process time per launch (on the H200 the traced native decode ran at 508 t/s
 against 673 untraced), so the absolute figures are inflated and the split between routes is what to read.
 ``ARCSPLIT_CUPTI_LIGHT=1`` makes the tracer record a CUDA graph as one record instead of its kernels (far less
-overhead; kernels outside graphs are then not seen): written and compiled, not yet run on a GPU.
+overhead; kernels outside graphs are then not seen; run on an H200: bench/results/gpu/trace_*_light.md).
 
 Writes bench/results/gpu/trace_<model>.md (or --out).
 """
@@ -169,12 +169,25 @@ def anatomy(label: str, gaps: list[tuple[int, int]], calls: dict[str, list[Rec]]
             outside[proc].append(ge - gs - total(union(clip([(r.start, r.end) for r in inside], gs, ge))))
     for (proc, name, n), offs in seen.items():
         share = len(offs) / len(gaps)
-        if share >= 0.5:
+        if share >= 0.9:
             kind.steps.append((proc, name if n == 0 else f"{name} #{n + 1}", statistics.median(o[0] for o in offs) / 1e3,
                                statistics.median(o[1] for o in offs) / 1e3, share))
     kind.steps.sort(key=lambda st: (st[2], st[3]))
     kind.outside_us = {proc: statistics.median(v) / 1e3 for proc, v in outside.items()}
     return kind
+
+
+def condense(steps: list[tuple[str, str, float, float, float]]) -> list[tuple[str, str, int, float, float]]:
+    """Runs of one call in a row by one process (26 cudaGetDevice before a graph launch) as one step with a count:
+    (process, call without its _vNNNN suffix, count, first start, last end)."""
+    out: list[tuple[str, str, int, float, float]] = []
+    for proc, name, a, b, _ in steps:
+        base = name.split(" #")[0].split("_v")[0]
+        if out and out[-1][0] == proc and out[-1][1] == base:
+            out[-1] = (proc, base, out[-1][2] + 1, out[-1][3], max(out[-1][4], b))
+        else:
+            out.append((proc, base, 1, a, b))
+    return out
 
 
 def gap_kinds(owner: list[tuple[int, int, str, str]], calls: dict[str, list[Rec]], tokens: int,
@@ -189,7 +202,9 @@ def gap_kinds(owner: list[tuple[int, int, str, str]], calls: dict[str, list[Rec]
             by[f"{last[0]} {last[1]} -> {proc} {w}"].append((end, s))
         if e > end:
             end, last = e, (proc, w)
-    ranked = sorted(by.items(), key=lambda kv: -sum(e - s for s, e in kv[1]))[:top]
+    # a kind seen in fewer than half the tokens (the request's first token, its prompt) is not a per-token cost
+    ranked = sorted(((k, v) for k, v in by.items() if len(v) * 2 >= tokens),
+                    key=lambda kv: -sum(e - s for s, e in kv[1]))[:top]
     return [anatomy(label, gaps, calls, tokens) for label, gaps in ranked]
 
 
@@ -301,12 +316,15 @@ def report(a: argparse.Namespace, rows: list[Breakdown], cmdline: str) -> str:
         for n, calls in r.runtime.items():
             lines.append(f"- {r.mode} / {n}: " + ", ".join(f"{c} {us:.0f} us ({k:.1f}x)" for c, us, k in calls))
     lines += ["", "Idle gaps by what ends and starts them (the largest kinds, per token), and what each process did "
-              "meanwhile: its CUDA runtime calls as median offsets from the gap's start (us; negative: begun "
-              "before), and its median time in no CUDA call (CPU work: sampling, the next graph; or a socket).", ""]
+              "meanwhile: its CUDA runtime calls found in at least 90% of these gaps, as median offsets from the "
+              "gap's start (us; negative: begun before; xN: N calls in a row), and its median time in no CUDA call "
+              "(CPU work: sampling, the next graph; or a socket).", ""]
     for r in rows:
         for g in r.gaps:
-            steps = "; ".join(f"{p} {n.split('_v')[0]} {a:+.0f}..{b:+.0f}" + (f" ({sh:.0%})" if sh < 0.95 else "")
-                              for p, n, a, b, sh in g.steps)
+            shown = [f"{p} {n}{f' x{k}' if k > 1 else ''} {a:+.0f}..{b:+.0f}" for p, n, k, a, b in condense(g.steps)]
+            if len(shown) > 16:
+                shown = shown[:8] + [f"({len(shown) - 16} more)"] + shown[-8:]
+            steps = "; ".join(shown)
             free = ", ".join(f"{p} {us:.0f}" for p, us in g.outside_us.items())
             lines.append(f"- {r.mode}: {g.label}: {g.per_token:.1f} per token, median {g.median_us:.0f} us, "
                          f"{g.total_us:.0f} us per token. Calls: {steps or 'none'}. In no CUDA call: {free}")

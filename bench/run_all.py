@@ -326,13 +326,16 @@ FIGURES = [
     Figure("5d. The RPC route's tax on one GPU (H200, llama-server and rpc-servers share it; 3+ runs)",
            "hybrid >= 0.85 prefill, >= 0.93 decode and 4 streams; all-RPC >= 0.75 prefill, >= 0.85 decode "
            "(issue 19), and no route slower with the patches",
-           ("gpu/throughput_cuda_onecard_moe_0787496fbe.md", "gpu/throughput_cuda_onecard_moe.md",
+           ("gpu/throughput_cuda_onecard_moe_0787496fbe.md", "gpu/throughput_cuda_onecard_moe16x32_mps.md",
+            "gpu/throughput_cuda_onecard_dense_0787496fbe.md", "gpu/throughput_cuda_onecard_moe.md",
             "gpu/throughput_cuda_onecard_dense.md"), lambda t, f: v_one_gpu(t)),
     Figure("5e. CPU cost of the RPC link's polling (patch 0005)", "measured (cores busy per token and idle)",
            ("poll_cost.md",), lambda t, f: v_generic(t)),
     Figure("5f. Where a decoded token's time goes on one GPU (CUPTI timeline of every process, H200)",
            "find where the RPC route's per-token time goes (issue 19): GPU work vs GPU idle, per crossing",
-           ("gpu/trace_cuda_onecard_moe16x32.md", "gpu/trace_cuda_onecard_model7b.md"), lambda t, f: v_trace(t)),
+           ("gpu/trace_cuda_onecard_moe16x32_light.md", "gpu/trace_cuda_onecard_moe16x32_run2_light.md",
+            "gpu/trace_cuda_onecard_moe16x32_mps_light.md", "gpu/trace_cuda_onecard_model7b_light.md",
+            "gpu/trace_cuda_onecard_moe16x32.md", "gpu/trace_cuda_onecard_model7b.md"), lambda t, f: v_trace(t)),
     Figure("6. Several hosts: two \"hosts\" (network namespaces on this machine) over SSH vs one (not started by "
            "run_all: root, sshd)", "over SSH decode >= 0.90x and time to ready <= 1.2x of the same split on one host",
            ("multihost.md",), lambda t, f: v_generic(t)),

@@ -90,6 +90,14 @@ def test_each_kind_of_idle_gap_shows_what_every_process_did_meanwhile(monkeypatc
     assert "rpc0 cudaStreamSynchronize -60..+5" in text and "In no CUDA call: server 35, rpc0 45" in text
 
 
+def test_a_run_of_one_call_is_one_step_with_its_count():
+    steps = [("server", "cudaGetDevice_v3020", 4.0, 4.0, 1.0), ("server", "cudaGetDevice_v3020 #2", 5.0, 6.0, 1.0),
+             ("server", "cudaGraphLaunch_v10000", 19.0, 59.0, 1.0), ("rpc0", "cudaGetDevice_v3020 #3", 60.0, 61.0, 1.0)]
+    assert gpu_trace.condense(steps) == [("server", "cudaGetDevice", 2, 4.0, 6.0),
+                                         ("server", "cudaGraphLaunch", 1, 19.0, 59.0),
+                                         ("rpc0", "cudaGetDevice", 1, 60.0, 61.0)]
+
+
 def _args():
     import argparse
 
