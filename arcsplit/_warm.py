@@ -1,29 +1,39 @@
 """A layout's other hosts, opened before the serving stack is imported (the API side of ``serve``'s warm start).
 
-An ssh login and the node agent's start take ~0.6 s; ``arcsplit serve`` spends about as long importing the serving
-stack and planning. This module imports only run/remote (not the supervisor, the bus or the planner), so the CLI
-can start the sessions first and plan while they open; the supervisor's first generation greets them.
+An ssh login and the node agent's start take ~0.5 s; ``arcsplit serve`` spends about as long importing the serving
+stack and planning. ``cli.main`` asks :func:`layout_hosts` first and, for a layout with other hosts, starts their
+sessions (:func:`run_early`, importing only the layout reader, the ssh command lines and anyio) before it imports
+anything else; the CLI then imports, parses and plans in a worker thread while the sessions open, and the
+supervisor's first generation greets them. run/remote is imported only by :func:`warm_hosts`.
 """
 
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Mapping, Sequence
 
 import anyio
+import anyio.to_thread
 
-from .rig import Host
-from .run.remote import NodeLauncher, same_build
+from .errors import ArcsplitError
+from .rig import Host, Rig, load_layout
+from .run.early import Early, end, start_sessions
+
+if TYPE_CHECKING:
+    from .run.remote import NodeLauncher
 
 
 @asynccontextmanager
-async def warm_hosts(hosts: Sequence[Host]) -> AsyncIterator[NodeLauncher]:
-    """A NodeLauncher whose sessions to ``hosts`` are starting; every one ended on exit, greeted or not. Before
-    a group runs on it, name this machine's llama-server with :func:`check_builds`."""
+async def warm_hosts(hosts: Sequence[Host], early: Mapping[str, Early] | None = None) -> AsyncIterator[NodeLauncher]:
+    """A NodeLauncher whose sessions to ``hosts`` are starting (``early``: those already running, run/early.py);
+    every one ended on exit, greeted or not. Before a group runs on it, name this machine's llama-server with
+    :func:`check_builds`."""
+    from .run.remote import NodeLauncher
+
     launcher = NodeLauncher(hosts)
     try:
         async with anyio.create_task_group() as tg:
-            await launcher.warm(tg, [h.name for h in hosts])
+            await launcher.warm(tg, [h.name for h in hosts], early)
             try:
                 yield launcher
             finally:
@@ -34,4 +44,46 @@ async def warm_hosts(hosts: Sequence[Host]) -> AsyncIterator[NodeLauncher]:
 
 def check_builds(launcher: NodeLauncher, server_bin: str) -> None:
     """Each host's hello is checked against this machine's llama.cpp (hosts.check_inventory)."""
+    from .run.remote import same_build
+
     launcher.check = same_build(server_bin)
+
+
+def layout_hosts(argv: Sequence[str]) -> Rig | None:
+    """The layout of ``arcsplit serve ... --layout FILE`` when it names other hosts and the run will serve (not
+    --help, not the dashboard's own start); None otherwise, and for a layout that does not load (the CLI then
+    reports it as usual)."""
+    if argv[:1] != ["serve"] or any(a in ("-h", "--help", "--tui") for a in argv):
+        return None
+    path = None
+    for i, a in enumerate(argv):
+        if a == "--":
+            break
+        if a == "--layout" and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif a.startswith("--layout="):
+            path = a.split("=", 1)[1]
+    if path is None:
+        return None
+    try:
+        rig = load_layout(path)
+    except (ArcsplitError, OSError):
+        return None
+    return rig if rig.hosts else None
+
+
+def run_early(rig: Rig, dispatch: Callable[[dict[str, Early]], int]) -> int:
+    """Start every host's session, then run ``dispatch`` (the CLI: imports, parsing, serve) in a worker thread;
+    serve comes back into this event loop (anyio.from_thread) to run the group on the sessions, from the thread
+    that forked them (their parent-death signal follows it). A session no launcher took is ended on the way out."""
+
+    async def main() -> int:
+        early = await start_sessions(rig.hosts)
+        try:
+            return await anyio.to_thread.run_sync(dispatch, early)
+        finally:
+            for e in early.values():
+                if not e.taken:
+                    await end(e)
+
+    return anyio.run(main)

@@ -68,8 +68,21 @@ def print_json(data: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:  # a layout with other hosts: their ssh sessions start before anything is imported
+        from .._warm import layout_hosts, run_early
+
+        rig = layout_hosts(argv)
+        if rig is not None:
+            return run_early(rig, lambda early: _main(argv, early))
+    return _main(argv)
+
+
+def _main(argv: list[str], early: Any = None) -> int:
+    """``early``: serve's host sessions already running (run/early.py); this then runs in a worker thread."""
     parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
+    if early is not None:
+        args.early = early
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

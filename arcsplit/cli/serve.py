@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.from_thread
 
 from ..errors import ArcsplitError, BadInput
 from ..rig import MiB, Rig, load_layout
@@ -68,6 +69,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     rig = load_layout(args.layout) if getattr(args, "layout", None) else None
     if rig is not None and rig.hosts and not args.tui:
+        early = getattr(args, "early", None)
+        if early is not None:  # started by cli.main before the imports; this thread is a worker of that loop
+            return anyio.from_thread.run(_serve_warm, args, rig, early)
         return anyio.run(_serve_warm, args, rig)
     from .._api import prepare
 
@@ -78,15 +82,15 @@ def _serve(args: argparse.Namespace) -> int:
     return anyio.run(_run, prepared, args)
 
 
-async def _serve_warm(args: argparse.Namespace, rig: Rig) -> int:
-    """A layout with other hosts: their ssh logins and node agents start first, then this process plans (and
-    imports the serving stack: ~0.5 s of the ~0.6 s a login and an agent take), so the group starts on
-    sessions already open. Everything started is ended on every exit path (NodeLauncher.close)."""
+async def _serve_warm(args: argparse.Namespace, rig: Rig, early: Any = None) -> int:
+    """A layout with other hosts: their ssh logins and node agents start first (``early``: cli.main started them
+    before its imports), then this process plans, so the group starts on sessions already open. Everything
+    started is ended on every exit path (NodeLauncher.close)."""
     from .._warm import check_builds, warm_hosts
 
     failure: ArcsplitError | None = None
     rc = 1
-    async with warm_hosts(rig.hosts) as launcher:
+    async with warm_hosts(rig.hosts, early) as launcher:
         try:
             prepared = await anyio.to_thread.run_sync(_prepare_layout, args, rig)
             _tell(prepared, args)

@@ -9,10 +9,7 @@ from cancellation because anyio's own cancel of a process is a bare SIGKILL.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
-import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -22,12 +19,10 @@ import anyio
 import psutil
 from anyio.abc import Process, TaskStatus
 
+from . import spawn
 from .events import MemberSnapshot, member_snapshot
 from .procspec import ProcessSpec
 from .states import MemberState, Tracked
-
-_SHIM = str(Path(__file__).with_name("_exec.py"))
-_STDBUF = shutil.which("stdbuf")  # stdout of llama.cpp tools is block-buffered on a pipe: force line buffering
 
 # What llama-server's router sends a child to make it exit (tools/server/server-models.cpp).
 STDIN_EXIT = b"cmd_router_to_child:exit\n"
@@ -59,18 +54,16 @@ class Child(Tracked):
     # -- running --------------------------------------------------------------------------------------------
 
     def command(self) -> list[str]:
-        shim = [sys.executable, "-I", "-S", _SHIM, "--parent", str(os.getpid())]
-        if self.spec.ignore_sigpipe:
-            shim.append("--ignore-sigpipe")
-        buf = [_STDBUF, "-oL", "-eL"] if _STDBUF else []
-        return [*shim, "--", *buf, *self.spec.argv]
+        return spawn.command(self.spec)
+
+    def adopt(self, process: Process) -> None:
+        """Run on a process already started from ``spec`` (spawn.start: serve's early ssh sessions) instead of
+        starting one; call before :meth:`run`."""
+        self._process = process
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Spawn, report started, then pump output until the process exits and its pipe is drained."""
-        env = dict(os.environ)
-        for var in self.spec.env_unset:
-            env.pop(var, None)
-        env.update(self.spec.env_dict)
+        """Spawn (or take the adopted process), report started, then pump output until the process exits and its
+        pipe is drained."""
         if self._log_path is not None:
             try:  # a full or unwritable log disk costs log lines, never the group
                 self._log = open(self._log_path, "a", encoding="utf-8", errors="replace", buffering=1)
@@ -79,9 +72,8 @@ class Child(Tracked):
             self._log_write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} start {' '.join(self.spec.argv)}\n")
         self.state = MemberState.STARTING
         try:
-            self._process = await anyio.open_process(
-                self.command(), stdin=subprocess.PIPE if self.spec.keep_stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            if self._process is None:
+                self._process = await spawn.start(self.spec)
         except OSError as exc:
             self._finish(127, f"cannot start {self.spec.argv[0]}: {exc.strerror}")
             task_status.started()

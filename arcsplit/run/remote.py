@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import secrets
-import socket
 import subprocess
 import time
 from collections import deque
@@ -31,13 +28,13 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from ..errors import ArcsplitError, BadInput, HostError
-from .._dirs import runtime_dir
 from ..hosts import check_inventory, control_argv, node_argv, shares_connection
 from ..node import PROTO
 from ..rig import Host
 from .child import Child, describe_exit
 from .events import GpuReport, MemberSnapshot, Usage, member_snapshot
 from .launch import Health, Launcher, LocalLauncher, Member
+from .early import Early, control_socket, session_spec
 from .procspec import ProcessSpec
 from .states import MemberState, Tracked
 
@@ -62,28 +59,6 @@ class Transport:
     shared: Callable[[Host, str], Sequence[str]] | None = node_argv
 
 
-CONTROL_NAME = re.compile(r"ssh-[0-9a-f]{8}")  # ssh binds "<path>.<16 random chars>" first, then links it here
-SUN_PATH = 104  # the shortest sockaddr_un.sun_path among the systems OpenSSH runs on (BSDs, macOS)
-
-
-def control_socket() -> Path | None:
-    """A fresh path for a session's ControlMaster socket in arcsplit's private runtime folder (0700: only this user
-    reaches it; ssh checks the peer's uid too), or None where the path would be too long for a socket. Sockets
-    that no master answers any more (a run that was SIGKILLed) are removed first."""
-    folder = runtime_dir()
-    for old in folder.iterdir():
-        if CONTROL_NAME.fullmatch(old.name):
-            with socket.socket(socket.AF_UNIX) as probe:
-                try:
-                    probe.connect(str(old))
-                except ConnectionRefusedError:
-                    old.unlink(missing_ok=True)
-                except OSError:
-                    pass
-    path = folder / f"ssh-{secrets.token_hex(4)}"
-    return path if len(os.fsencode(path)) + 17 < SUN_PATH else None
-
-
 def ssh_fix(host: Host, why: str) -> str:
     """What to do about a session that ended before its hello, from ssh's own words."""
     if "Host key verification failed" in why or "IDENTIFICATION HAS CHANGED" in why:
@@ -102,10 +77,10 @@ class NodeSession:
     """One host's agent for one generation; members register by name and get their events."""
 
     def __init__(self, host: Host, argv: Sequence[str], run_id: str = "", backend: str | None = None,
-                 control: Path | None = None) -> None:
+                 control: Path | None = None, early: Early | None = None) -> None:
         self.host = host
         self.control = control  # the socket of this ssh as ControlMaster: its links are SharedLinks
-        if control is not None:  # a master of this launcher that was killed left it: ssh would not bind over it
+        if control is not None and early is None:  # a master of this launcher that was killed left it
             control.unlink(missing_ok=True)
         self.links: dict[str, SharedLink] = {}
         self.run_id = run_id
@@ -119,9 +94,8 @@ class NodeSession:
         self.dead: str | None = None
         self.opened_in: float | None = None  # s from the spawn to the agent's first message: login and agent start
         self._spawned = 0.0
-        self._child = Child(ProcessSpec(name=f"node-{host.name}", role="node", argv=tuple(argv), env=(), host="",
-                                        port=0, cards=(), keep_stdin=True),
-                            on_line=self._on_line, on_exit=self._on_exit)
+        self._child = Child(session_spec(host, argv), on_line=self._on_line, on_exit=self._on_exit)
+        self._early = early  # started before serve's imports (run/early.py): adopted at spawn
         self._reply: anyio.Event = anyio.Event()
         self._answer: dict[str, Any] | None = None
         self._ask = anyio.Lock()
@@ -137,6 +111,9 @@ class NodeSession:
         """Start the transport (ssh's login and the agent's start run on from here) and its keepalive; the agent
         answers pings and sends stats before any hello."""
         self._spawned = time.monotonic()
+        if self._early is not None:
+            self._child.adopt(self._early.process)
+            self._early.taken, self._spawned = True, self._early.at
         await tg.start(self._child.run)
         tg.start_soon(self._keepalive)
         await self.send({"op": "ping"})  # its pong is the agent's first word: when the login and its start are done
@@ -536,13 +513,19 @@ class NodeLauncher:
         self._controls: dict[str, Path | None] = {}  # each host's ControlMaster socket, for this launcher's life
         self.inventories: dict[str, dict[str, Any]] = {}  # each host's last hello: its build, devices, arcsplit
 
-    async def warm(self, tg: TaskGroup, names: Sequence[str]) -> None:
+    async def warm(self, tg: TaskGroup, names: Sequence[str], early: Mapping[str, Early] | None = None) -> None:
         """Start the transports to ``names`` now, before the group exists (``serve`` does while it plans: an ssh
         login and the agent's start take ~0.6 s); the first :meth:`open` greets them instead of starting its own.
-        ``tg`` must outlive the first generation; :meth:`close` ends a session never greeted."""
+        ``early``: sessions already running (run/early.py), adopted with their control sockets. ``tg`` must
+        outlive the first generation; :meth:`close` ends a session never greeted."""
         for name in names:
             host = self.hosts[name]
-            session = self._session(host)
+            pre = (early or {}).get(name)
+            if pre is not None:
+                self._controls[name] = pre.control
+                session = NodeSession(host, pre.argv, control=pre.control, early=pre)
+            else:
+                session = self._session(host)
             self._warm[name] = session
             await session.spawn(tg)
 
