@@ -16,6 +16,8 @@ a warm-up), greedy token ids compared with one host's. Then recovery: SIGKILL of
 card (on b for two hosts) --kills times, the seconds until a completion returns the same greedy tokens again,
 with and without the weight cache (`serve --rpc-cache`). Writes bench/results/multihost.md.
 
+arcsplit's bytecode is compiled first (compileall), as `pip install` does.
+
 Both "hosts" share this one machine: ssh, sshd and both rpc-servers compete with llama.cpp for the same cores, and
 the "link" is a veth pair (no wire, no NIC).
 """
@@ -23,6 +25,7 @@ the "link" is a veth pair (no wire, no NIC).
 from __future__ import annotations
 
 import argparse
+import compileall
 import contextlib
 import os
 import re
@@ -316,6 +319,10 @@ def main(argv: list[str] | None = None) -> int:
 
         a.model = str(load_model(a.gb))
     a.model = a.model or str(ensure_demo_model())
+    # arcsplit as installed: pip compiles a package's bytecode, an editable checkout (under PYTHONDONTWRITEBYTECODE,
+    # as on this project's CI machines) does not, which costs every Python start here and on b 0.1-0.2 s of
+    # compiling, in every configuration alike
+    compileall.compile_dir(str(ROOT / "arcsplit"), quiet=1)
     cmdline = shlex.join(["python", "bench/multihost.py", *(argv if argv is not None else sys.argv[1:])])
     build, mach = build_line(None, "cpu"), machine("cpu")
     from arcsplit.llama.locate import find_llama
