@@ -10,7 +10,8 @@ supervisor's first generation greets them. run/remote is imported only by :func:
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 import anyio
 import anyio.to_thread
@@ -72,17 +73,29 @@ def layout_hosts(argv: Sequence[str]) -> Rig | None:
     return rig if rig.hosts else None
 
 
-def run_early(rig: Rig, dispatch: Callable[[dict[str, Early]], int]) -> int:
-    """Start every host's session, then run ``dispatch`` (the CLI: imports, parsing, serve) in a worker thread;
-    serve comes back into this event loop (anyio.from_thread) to run the group on the sessions, from the thread
-    that forked them (their parent-death signal follows it). A session no launcher took is ended on the way out."""
+@dataclass
+class EarlyStart:
+    """serve's sessions started before its imports, and what serve will run on them (set by cli.serve)."""
+
+    sessions: dict[str, Early]
+    then: Callable[[], Awaitable[int]] | None = None
+
+
+def run_early(rig: Rig, dispatch: Callable[[EarlyStart], int]) -> int:
+    """Start every host's session, then run ``dispatch`` (the CLI: imports, parsing, checks) in a worker thread
+    while this thread's event loop holds the sessions; what serve leaves in ``then`` runs here afterwards, from
+    the thread that forked the sessions (their parent-death signal follows it), as a child of this task so that a
+    Ctrl-C cancels it in order. A session no launcher took is ended on the way out."""
 
     async def main() -> int:
-        early = await start_sessions(rig.hosts)
+        start = EarlyStart(await start_sessions(rig.hosts))
         try:
-            return await anyio.to_thread.run_sync(dispatch, early)
+            # abandoned on cancel: a Ctrl-C during the imports (asyncio's SIGINT handler cancels this task) ends the
+            # run now, as it would during the imports of a plain start
+            rc = await anyio.to_thread.run_sync(dispatch, start, abandon_on_cancel=True)
+            return rc if start.then is None else await start.then()
         finally:
-            for e in early.values():
+            for e in start.sessions.values():
                 if not e.taken:
                     await end(e)
 

@@ -67,10 +67,10 @@ def test_a_session_the_run_never_takes_is_ended(tmp_path, monkeypatch):
     rig = _warm.layout_hosts(["serve", "m.gguf", "--layout", _layout(tmp_path)])
     seen: dict[str, early_mod.Early] = {}
 
-    def dispatch(early: dict[str, early_mod.Early]) -> int:
-        seen.update(early)
-        assert psutil.pid_exists(early["b"].process.pid)
-        control = early["b"].control
+    def dispatch(start: _warm.EarlyStart) -> int:
+        seen.update(start.sessions)
+        assert psutil.pid_exists(start.sessions["b"].process.pid)
+        control = start.sessions["b"].control
         assert control is not None and control.parent == tmp_path / "run"
         control.touch()  # where ssh, as ControlMaster, would have bound it
         raise SystemExit(2)

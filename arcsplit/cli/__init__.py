@@ -73,12 +73,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         rig = layout_hosts(argv)
         if rig is not None:
-            return run_early(rig, lambda early: _main(argv, early))
+            try:
+                return run_early(rig, lambda early: _main(argv, early))
+            except ArcsplitError as exc:  # raised by serve, run in run_early's event loop after _main
+                print(f"arcsplit: {exc}", file=sys.stderr)
+                return exc.exit_code
+            except KeyboardInterrupt:  # before serve's own handling: every session started is ended already
+                print("arcsplit: interrupted", file=sys.stderr)
+                return 130
     return _main(argv)
 
 
 def _main(argv: list[str], early: Any = None) -> int:
-    """``early``: serve's host sessions already running (run/early.py); this then runs in a worker thread."""
+    """``early``: serve's host sessions already running (_warm.EarlyStart); this then runs in a worker thread and
+    serve leaves its run in ``early.then``."""
     parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     if early is not None:
@@ -99,4 +107,9 @@ def _main(argv: list[str], early: Any = None) -> int:
 
 
 def run() -> None:
-    sys.exit(main())
+    try:
+        rc = main()
+    except KeyboardInterrupt:  # a Ctrl-C during the imports, before any command's own handling
+        print("arcsplit: interrupted", file=sys.stderr)
+        rc = 130
+    sys.exit(rc)

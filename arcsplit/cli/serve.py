@@ -10,6 +10,7 @@ a mistake is one line and exit 2 with nothing left running.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import signal
 import sys
@@ -17,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.from_thread
 
 from ..errors import ArcsplitError, BadInput
 from ..rig import MiB, Rig, load_layout
@@ -70,8 +70,9 @@ def _serve(args: argparse.Namespace) -> int:
     rig = load_layout(args.layout) if getattr(args, "layout", None) else None
     if rig is not None and rig.hosts and not args.tui:
         early = getattr(args, "early", None)
-        if early is not None:  # started by cli.main before the imports; this thread is a worker of that loop
-            return anyio.from_thread.run(_serve_warm, args, rig, early)
+        if early is not None:  # cli.main started the sessions before its imports: the run is its event loop's
+            early.then = functools.partial(_serve_warm, args, rig, early.sessions)
+            return 0
         return anyio.run(_serve_warm, args, rig)
     from .._api import prepare
 
