@@ -338,7 +338,8 @@ FIGURES = [
             "gpu/trace_cuda_onecard_moe16x32.md", "gpu/trace_cuda_onecard_model7b.md"), lambda t, f: v_trace(t)),
     Figure("6. Several hosts: two \"hosts\" (network namespaces on this machine) over SSH vs one (not started by "
            "run_all: root, sshd)", "over SSH decode >= 0.90x and time to ready <= 1.2x of the same split on one host",
-           ("multihost.md",), lambda t, f: v_generic(t)),
+           ("multihost.md", "multihost_ready_repeat.md", "multihost_ab_early_after.md", "multihost_ab_early_before.md"),
+           lambda t, f: v_generic(t)),
     Figure("6b. Several hosts, time to ready on a 1.5 GB model with real-sized tensors (not started by run_all)",
            "time to ready <= 1.2x of the same split on one host", ("multihost_big.md",), lambda t, f: v_generic(t)),
     Figure("Supervisor CPU while idle", "< 0.5 % of one core", ("idle_cpu.md",), lambda t, f: v_generic(t)),
