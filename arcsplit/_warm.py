@@ -75,8 +75,10 @@ def layout_hosts(argv: Sequence[str]) -> Rig | None:
 
 @dataclass
 class EarlyStart:
-    """serve's sessions started before its imports, and what serve will run on them (set by cli.serve)."""
+    """serve's layout and its sessions started before its imports, and what serve will run on them (set by
+    cli.serve, which takes the layout from here instead of reading the file again)."""
 
+    rig: Rig
     sessions: dict[str, Early]
     then: Callable[[], Awaitable[int]] | None = None
 
@@ -88,7 +90,7 @@ def run_early(rig: Rig, dispatch: Callable[[EarlyStart], int]) -> int:
     Ctrl-C cancels it in order. A session no launcher took is ended on the way out."""
 
     async def main() -> int:
-        start = EarlyStart(await start_sessions(rig.hosts))
+        start = EarlyStart(rig, await start_sessions(rig.hosts))
         try:
             # abandoned on cancel: a Ctrl-C during the imports (asyncio's SIGINT handler cancels this task) ends the
             # run now, as it would during the imports of a plain start

@@ -67,12 +67,12 @@ def _serve(args: argparse.Namespace) -> int:
 
         args.metrics = MetricsEndpoint(args.host, args.metrics_port)
 
+    early = getattr(args, "early", None)
+    if early is not None:  # cli.main read the layout and started its sessions before its imports
+        early.then = functools.partial(_serve_warm, args, early.rig, early.sessions)  # run in cli.main's event loop
+        return 0
     rig = load_layout(args.layout) if getattr(args, "layout", None) else None
     if rig is not None and rig.hosts and not args.tui:
-        early = getattr(args, "early", None)
-        if early is not None:  # cli.main started the sessions before its imports: the run is its event loop's
-            early.then = functools.partial(_serve_warm, args, rig, early.sessions)
-            return 0
         return anyio.run(_serve_warm, args, rig)
     from .._api import prepare
 
