@@ -24,6 +24,7 @@
 #   MODEL=moe bash bench/gpu/session.sh onecard  # ONE GPU: llama-server and rpc-servers share it (--same-card),
 #        RUNS independent runs (default 3) of MODES (default native,hybrid,hybrid-stock,rpc,rpc-stock);
 #        MODEL=moe: a 3.8 GiB F16 qwen3moe (16 layers, 32 experts, 4 used), MODEL=dense: the 7.2B F16 llama
+#        (UBATCH=N: -ub N in every mode, native too; default arcsplit's choice per route)
 # Needs (carried, git-ignored): .device/llama-src.tar.gz (the extracted pinned tree), .device/whl (py3.12 wheels);
 # FILES=DIR names another folder holding those two.
 # Make them here once (the stock pinned tree; the device build patches a copy of it):
@@ -80,7 +81,7 @@ onecard() {
   local name; name=$(basename "$MODEL" .gguf)
   python3 bench/throughput.py --backend cuda --gpus 0 --same-card --model "$MODEL" \
     --modes "${MODES:-native,hybrid,hybrid-stock,rpc,rpc-stock}" --runs "${RUNS:-3}" --reps "${REPS:-5}" \
-    --n-predict "${NPREDICT:-128}" --greedy-tokens 32 --ctx 8192 --rpc-cache \
+    --n-predict "${NPREDICT:-128}" --greedy-tokens 32 --ctx 8192 --rpc-cache ${UBATCH:+--ubatch $UBATCH} \
     --out "$OUT/throughput_cuda_onecard_$name${TAG:-}.md"
 }
 
