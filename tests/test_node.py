@@ -258,3 +258,26 @@ def test_a_hosts_model_dir_names_where_it_keeps_the_same_file():
     assert Host(name="b", ssh="b", model_dir="/srv/m").seed_path("/home/me/x.gguf") == "/srv/m/x.gguf"
     with pytest.raises(BadInput, match="model_dir"):
         Host(name="b", ssh="b", model_dir="models")
+
+
+@pytest.mark.slow
+def test_the_agent_supervises_what_its_first_phase_started(agents, tmp_path):
+    """After the handover the rpc-server started before anyio is a Child of the agent: its output reaches the log,
+    a SIGKILL is reported as its exit, and a new one starts under the same name."""
+    a = agents()
+    a.hello("run-adopt")
+    first = a.start_rpc()
+    a.wait("ready", "rpc0")
+    a.send(op="ping")
+    a.wait("pong")
+    a.wait("stats")  # the agent itself is running: the handover is done
+    os.kill(first["pid"], signal.SIGKILL)
+    assert a.wait("exit", "rpc0")["returncode"] == -signal.SIGKILL
+    log = (tmp_path / "state" / "nodes" / "run-adopt" / "rpc0.log").read_text()
+    assert "start " in log and "exited" in log
+    second = a.start_rpc()
+    a.wait("ready", "rpc0")
+    assert second["pid"] != first["pid"]
+    a.send(op="stop", name="rpc0", grace=5)
+    a.wait("exit", "rpc0")
+    assert _gone(second["pid"], 5)

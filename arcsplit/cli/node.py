@@ -65,7 +65,7 @@ def _node(args: argparse.Namespace) -> int:
         return standing.attach(standing.socket_path(args.attach or None))
     if args.listen is not None:
         return standing.listen(standing.socket_path(args.listen or None), _session_argv(args))
-    from ..node.agent import run_stdio
+    from ..node.quick import run_stdio  # answers the first ops before it imports anyio
 
     return run_stdio(heartbeat=args.heartbeat, allow_bind=tuple(args.allow_bind or ()),
                      inventory=lambda backend: inventory(args, backend))

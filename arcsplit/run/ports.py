@@ -5,8 +5,6 @@ from __future__ import annotations
 import errno
 import socket
 
-import anyio
-
 from ..errors import BadInput, PortBusy
 
 
@@ -53,6 +51,8 @@ def check_free(host: str, port: int, what: str, flag: str) -> None:
 
 async def probe_once(host: str, port: int, timeout: float = 1.0) -> bool:
     """One connect-and-close. An rpc-server serves one client at a time: never call this after llama-server connects."""
+    import anyio  # here, not at the top: the node agent picks ports before it imports anyio (node/quick.py)
+
     try:
         with anyio.fail_after(timeout):
             stream = await anyio.connect_tcp(host, port)
@@ -60,3 +60,13 @@ async def probe_once(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
     await stream.aclose()
     return True
+
+
+def accepts_now(host: str, port: int) -> bool:
+    """:func:`probe_once` without an event loop, for a loopback or LAN address that answers at once: one
+    connect-and-close with a short timeout."""
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False

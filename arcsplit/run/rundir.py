@@ -14,11 +14,15 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import psutil
+from typing import TYPE_CHECKING, Any
 
 from .._dirs import state_dir
+
+if TYPE_CHECKING:
+    import psutil
+
+# psutil is imported where a process is looked at, not at the top: the node agent creates its run dir and sweeps
+# (usually nothing) before it has imported anything it does not need to start its first rpc-server.
 
 KEEP_RUNS = 20
 
@@ -73,12 +77,16 @@ class RunDir:
 
 
 def supervisor_identity() -> dict[str, Any]:
+    import psutil
+
     me = psutil.Process()
     return {"pid": me.pid, "create_time": me.create_time()}
 
 
 def same_process(pid: int, create_time: float, cmdline: list[str] | None = None) -> psutil.Process | None:
     """The live process with this pid *and* start time (and argv, when given): never a reused pid."""
+    import psutil
+
     try:
         p = psutil.Process(pid)
         if abs(p.create_time() - create_time) > 0.05:
@@ -105,6 +113,8 @@ def sweep(root: Path | None = None, grace: float = 3.0) -> list[int]:
             continue
         if not state.get("processes"):
             continue
+        import psutil
+
         sup = state.get("supervisor") or {}
         if sup and same_process(int(sup.get("pid", -1)), float(sup.get("create_time", 0))):
             continue  # another arcsplit is running it

@@ -1,8 +1,9 @@
 """Starting one process the supervisor's way: through the exec shim (it dies with the supervisor), line-buffered,
 in a session of its own, stdout and stderr on one pipe.
 
-Its own light module (anyio and the standard library) so ``serve --layout`` can start its ssh sessions before it
-imports the serving stack (run/early.py), and every Child starts the same way.
+Its own light module (the standard library; anyio only when :func:`start` runs) so ``serve --layout`` can start its
+ssh sessions before it imports the serving stack (run/early.py), the node agent can start an rpc-server before it
+imports anyio (node/quick.py: :func:`popen`), and every Child starts the same way.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-
-import anyio
-from anyio.abc import Process
+from typing import TYPE_CHECKING
 
 from .procspec import ProcessSpec
+
+if TYPE_CHECKING:
+    from anyio.abc import Process
 
 _SHIM = str(Path(__file__).with_name("_exec.py"))
 _STDBUF = shutil.which("stdbuf")  # stdout of llama.cpp tools is block-buffered on a pipe: force line buffering
@@ -31,13 +33,29 @@ def command(spec: ProcessSpec) -> list[str]:
     return [*shim, "--", *buf, *spec.argv]
 
 
-async def start(spec: ProcessSpec) -> Process:
-    """Spawn ``spec`` from this thread (the parent-death signal follows the thread that forks: the event loop's).
-    OSError when the shim cannot run; a missing program is the shim's exit 127 with its reason."""
+def environment(spec: ProcessSpec) -> dict[str, str]:
+    """This process's environment without ``spec.env_unset``, with ``spec.env`` on top."""
     env = dict(os.environ)
     for var in spec.env_unset:
         env.pop(var, None)
     env.update(spec.env_dict)
+    return env
+
+
+async def start(spec: ProcessSpec) -> Process:
+    """Spawn ``spec`` from this thread (the parent-death signal follows the thread that forks: the event loop's).
+    OSError when the shim cannot run; a missing program is the shim's exit 127 with its reason."""
+    import anyio
+
     return await anyio.open_process(
         command(spec), stdin=subprocess.PIPE if spec.keep_stdin else subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=environment(spec), start_new_session=True)
+
+
+def popen(spec: ProcessSpec) -> subprocess.Popen[bytes]:
+    """:func:`start` without an event loop (the node agent before anyio is imported); run/popen.py's
+    PopenProcess lets a Child adopt it. Spawned from the calling thread, which must outlive the child's
+    supervision (the parent-death signal follows it)."""
+    return subprocess.Popen(
+        command(spec), stdin=subprocess.PIPE if spec.keep_stdin else subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=environment(spec), start_new_session=True)

@@ -1,0 +1,170 @@
+"""The node agent's first moments, before it has imported anyio: ping, hello, ports and start answered at once.
+
+Over SSH the agent starts after the login, and everything on that host waits for it: on a small machine anyio,
+asyncio and psutil take 0.2-0.3 s to import, longer than the rest of the agent's start. So ``--stdio`` begins
+here, with the standard library and arcsplit's light modules: it answers the first ops with node/ops.py (the
+agent's own code for them) and starts each rpc-server with run/spawn.py's ``popen`` (the same shim, environment
+and session as every child). The heavy imports run in a thread once the first rpc-server is started, or once no op
+has come for ``IDLE`` s (the client is still planning): never during a hello, so the two do not share one
+interpreter lock. Meanwhile this loop probes each started rpc-server and says ``ready`` as the agent would. When
+the imports are done, node/agent.py takes over (``Handover``): its Children adopt the processes, and it handles
+whatever this loop did not: every other op, and anything unusual (an error is reported by the agent, once).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import select
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..run.ports import accepts_now
+from ..run.procspec import ProcessSpec
+from ..run.rundir import RunDir
+from ..run.spawn import popen
+from . import PROTO
+from .ops import Inventory, greet, hello_args, pick_ports, rpc_process, write_state
+
+IDLE = 0.02  # s without an op before the heavy imports start anyway (the client has not sent its next op yet)
+POLL = 0.005  # s between probes of a started rpc-server while the imports run
+HEAVY = "arcsplit.node.agent"  # anyio, psutil and the Child supervision it needs
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class Started:
+    """An rpc-server this loop started: the agent adopts ``popen`` as a Child."""
+
+    spec: ProcessSpec
+    popen: subprocess.Popen[bytes]
+    create_time: float | None = None
+    ready: bool = False  # its port accepted a connection and ``ready`` was sent
+
+
+@dataclass
+class Handover:
+    """What the agent carries on from: the hello's results, the rpc-servers started, the input not handled yet."""
+
+    run_dir: RunDir | None = None
+    inventory: dict[str, Any] | None = None
+    backend: str | None = None
+    started: list[Started] = field(default_factory=list)
+    lines: list[bytes] = field(default_factory=list)  # complete lines, in order, for the agent to handle
+    rest: bytes = b""  # the start of a line not complete yet
+    eof: bool = False  # stdin ended
+
+
+def first_ops(fd: int, emit: Emit, *, allow_bind: tuple[str, ...], inventory: Inventory,
+              load: Callable[[], object] = lambda: importlib.import_module(HEAVY)) -> Handover:
+    """Answer the ops this module knows from ``fd`` until ``load`` has run (in a thread) or input ends."""
+    h = Handover()
+    loader: threading.Thread | None = None
+    deferred = False  # a line was left to the agent: read nothing more, keep the order
+
+    def begin() -> None:
+        nonlocal loader
+        if loader is None:
+            loader = threading.Thread(target=load, name="imports", daemon=True)
+            loader.start()
+
+    while loader is None or loader.is_alive():
+        for s in h.started:
+            if not s.ready and s.popen.poll() is None and accepts_now(s.spec.host, s.spec.port):
+                s.ready = True
+                emit({"ev": "ready", "name": s.spec.name})
+        if deferred or h.eof:
+            begin()
+            time.sleep(POLL)
+            continue
+        wait = POLL if loader is not None else IDLE
+        if not select.select([fd], [], [], wait)[0]:
+            if loader is None:
+                begin()  # idle: the client is busy; import meanwhile
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            h.eof = True
+            continue
+        *lines, h.rest = (h.rest + chunk).split(b"\n")
+        for raw in lines:
+            if not raw.strip():
+                continue
+            if deferred or not _handle(raw, h, emit, allow_bind, inventory):
+                deferred = True
+                h.lines.append(raw)
+        if h.started:
+            begin()
+    return h
+
+
+def _handle(raw: bytes, h: Handover, emit: Emit, allow_bind: tuple[str, ...], inventory: Inventory) -> bool:
+    """One op on the happy path; False leaves it (and all after it) to the agent, which also reports errors."""
+    try:
+        msg = json.loads(raw)
+        op = msg.get("op") if isinstance(msg, dict) else None
+        if op == "ping":
+            emit({"ev": "pong"})
+        elif op == "hello":
+            run, backend = hello_args(msg)
+            if h.run_dir is None:
+                h.run_dir, h.inventory, killed = greet(run, backend, inventory)
+                if killed:
+                    emit({"ev": "line", "name": "", "line": f"swept leftovers of a dead agent: pids {killed}"})
+            h.backend = backend
+            emit({"ev": "hello", "proto": PROTO, **(h.inventory or {}), "pid": os.getpid()})
+        elif op == "ports" and h.run_dir is not None:
+            emit({"ev": "ports", "ports": pick_ports(msg, allow_bind)})
+        elif op == "start" and h.run_dir is not None and isinstance(msg.get("spec"), dict):
+            if any(s.spec.name == msg["spec"].get("name") for s in h.started):
+                return False
+            spec, dropped = rpc_process(msg["spec"], h.inventory, allow_bind)
+            _start(spec, dropped, h, emit)
+        else:
+            return False
+    except Exception:  # noqa: BLE001 - nothing was started: the agent handles the line again and says what is wrong
+        return False
+    return True
+
+
+def _start(spec: ProcessSpec, notes: list[str], h: Handover, emit: Emit) -> None:
+    """Spawn, then say ``started`` as the agent would (OSError: nothing started)."""
+    started = Started(spec, popen(spec))
+    h.started.append(started)
+    import psutil  # after the spawn: the rpc-server starts meanwhile
+
+    try:
+        started.create_time = psutil.Process(started.popen.pid).create_time()
+    except psutil.Error:
+        pass
+    emit({"ev": "started", "name": spec.name, "pid": started.popen.pid, "create_time": started.create_time})
+    for note in notes:
+        emit({"ev": "line", "name": spec.name, "line": f"arcsplit node: {note}"})
+    assert h.run_dir is not None
+    write_state(h.run_dir, [(s.spec, s.popen.pid, s.create_time) for s in h.started if s.popen.poll() is None])
+
+
+def run_stdio(*, heartbeat: float, allow_bind: tuple[str, ...], inventory: Inventory) -> int:
+    """The ``--stdio`` agent: JSON lines on stdin/stdout until EOF or ``heartbeat`` seconds without a message."""
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
+    os.dup2(2, 1)  # a stray print anywhere goes to stderr, never into the message stream
+    lock = threading.Lock()
+
+    def emit(event: dict[str, Any]) -> None:
+        try:
+            with lock:
+                out.write(json.dumps(event, separators=(",", ":")) + "\n")
+        except (BrokenPipeError, OSError):
+            pass  # the client is gone: stdin's EOF ends the loop
+
+    h = first_ops(0, emit, allow_bind=allow_bind, inventory=inventory)
+    if h.eof and not h.started and not h.lines:
+        return 0  # the client left before asking for anything this agent would have to stop
+    from .agent import serve_stdio
+
+    return serve_stdio(emit, h, heartbeat=heartbeat, allow_bind=allow_bind, inventory=inventory)

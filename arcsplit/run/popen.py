@@ -1,0 +1,99 @@
+"""A process started without an event loop (spawn.popen), seen as anyio's Process so a Child can adopt it.
+
+The node agent starts its first rpc-servers before it has imported anyio (node/quick.py), then supervises them
+like every other child. Output is read from the pipe when the loop says it is readable, and the exit is awaited
+on a pidfd: nothing blocks a worker thread, so cancelling a Child's task behaves as with anyio's own processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import anyio
+from anyio.abc import ByteReceiveStream, ByteSendStream, Process
+
+
+class _PipeStream(ByteReceiveStream):
+    """The read end of a pipe, non-blocking, read when anyio.wait_readable says so."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self._fd: int | None = fd
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        while True:
+            if self._fd is None:
+                raise anyio.ClosedResourceError
+            try:
+                data = os.read(self._fd, max_bytes)
+            except BlockingIOError:
+                await anyio.wait_readable(self._fd)
+                continue
+            if not data:
+                raise anyio.EndOfStream
+            return data
+
+    async def aclose(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+
+class PopenProcess(Process):
+    """``subprocess.Popen`` (stdout a pipe, stdin and stderr not) behind anyio's Process interface."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        assert popen.stdout is not None
+        self._popen = popen
+        self._stdout = _PipeStream(os.dup(popen.stdout.fileno()))
+        popen.stdout.close()  # the duplicate is the one read from now on
+        self._pidfd: int | None = None
+
+    async def wait(self) -> int:
+        while (rc := self._popen.poll()) is None:
+            if self._pidfd is None:
+                try:
+                    self._pidfd = os.pidfd_open(self._popen.pid)
+                except (OSError, AttributeError):  # no pidfd (an old kernel): look again shortly
+                    await anyio.sleep(0.05)
+                    continue
+            await anyio.wait_readable(self._pidfd)  # readable once the process has exited
+        return rc
+
+    def terminate(self) -> None:
+        self._popen.terminate()
+
+    def kill(self) -> None:
+        self._popen.kill()
+
+    def send_signal(self, sig: signal.Signals) -> None:
+        self._popen.send_signal(sig)
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.returncode
+
+    @property
+    def stdin(self) -> ByteSendStream | None:
+        return None
+
+    @property
+    def stdout(self) -> ByteReceiveStream | None:
+        return self._stdout
+
+    @property
+    def stderr(self) -> ByteReceiveStream | None:
+        return None
+
+    async def aclose(self) -> None:
+        await self._stdout.aclose()
+        if self._pidfd is not None:
+            fd, self._pidfd = self._pidfd, None
+            os.close(fd)
+        await self.wait()

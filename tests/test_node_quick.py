@@ -1,0 +1,136 @@
+"""The node agent's first phase (arcsplit/node/quick.py): an rpc-server started and ready before anyio is imported,
+then supervised by the agent like any other (run/popen.py's PopenProcess adopted by a Child)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from arcsplit.run.child import Child
+from arcsplit.run.popen import PopenProcess
+from arcsplit.run.procspec import ProcessSpec
+from arcsplit.run.spawn import popen
+
+from _node_client import gone as _gone
+
+
+def _spec(*argv: str) -> ProcessSpec:
+    return ProcessSpec(name="p", role="rpc", argv=argv, env=(("ARCSPLIT_T", "x"),), host="127.0.0.1", port=1,
+                       cards=())
+
+
+# -- a process started without an event loop, adopted by a Child -------------------------------------------
+
+def test_an_adopted_process_gives_its_lines_its_environment_and_its_exit_code(tmp_path):
+    proc = popen(_spec("sh", "-c", 'echo one; echo "$ARCSPLIT_T"; printf last; exit 3'))
+    child = Child(_spec("sh"), log_path=tmp_path / "p.log")
+    child.adopt(PopenProcess(proc))
+
+    async def main() -> None:
+        with anyio.fail_after(10):
+            await child.run()
+
+    anyio.run(main)
+    assert list(child.lines) == ["one", "x", "last"]
+    assert child.returncode == 3 and child.pid == proc.pid
+    assert "one" in (tmp_path / "p.log").read_text()
+
+
+def test_an_adopted_process_is_stopped_like_a_spawned_one(tmp_path):
+    proc = popen(_spec("sh", "-c", "echo up; exec sleep 30"))
+    child = Child(_spec("sh"))
+    child.adopt(PopenProcess(proc))
+
+    async def main() -> None:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                await tg.start(child.run)
+                while not child.lines:
+                    await anyio.sleep(0.01)
+                await child.stop(grace=5.0)
+
+    anyio.run(main)
+    assert child.returncode == -signal.SIGTERM
+    assert _gone(proc.pid, 5)
+
+
+# -- the first phase for real: hello, ports, start, ready with anyio not imported ------------------------------
+
+QUICK = textwrap.dedent("""
+    import argparse, json, signal, sys, threading
+    from arcsplit.cli.node import inventory
+    from arcsplit.node import quick
+
+    gate = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda *_: gate.set())  # the test lets the heavy imports finish
+    args = argparse.Namespace(backend="cpu", llama_dir=sys.argv[1], build=None)
+
+    def emit(ev):
+        if ev["ev"] == "ready":
+            ev["heavy"] = sorted(m for m in ("anyio", "asyncio", "arcsplit.node.agent") if m in sys.modules)
+        print(json.dumps(ev), flush=True)
+
+    h = quick.first_ops(0, emit, allow_bind=(), inventory=lambda b: inventory(args, b), load=lambda: gate.wait(30))
+    print(json.dumps({"ev": "handover", "started": [s.spec.name for s in h.started],
+                      "ready": [s.ready for s in h.started], "lines": [l.decode() for l in h.lines]}), flush=True)
+    for s in h.started:
+        s.popen.kill()
+        s.popen.wait()
+""")
+
+
+@pytest.mark.slow
+def test_the_first_rpc_server_is_ready_before_the_agent_imports_anyio(tmp_path, llama_bins):
+    """What makes a start over SSH quicker: the agent's first phase answers hello, ports and start and sees the
+    rpc-server ready while the heavy imports (held here until then) have not run."""
+    p = subprocess.Popen([sys.executable, "-c", QUICK, str(llama_bins.bin_dir)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, env={**os.environ, "ARCSPLIT_STATE_DIR": str(tmp_path)})
+    assert p.stdin is not None and p.stdout is not None
+
+    def send(**msg: object) -> None:
+        assert p.stdin is not None
+        p.stdin.write(json.dumps(msg) + "\n")
+        p.stdin.flush()
+
+    def wait(ev: str) -> dict:
+        assert p.stdout is not None
+        for line in p.stdout:
+            msg = json.loads(line)
+            if msg["ev"] == ev:
+                return msg
+        raise AssertionError(f"no {ev}: exit {p.wait()}")
+
+    try:
+        send(op="ping")
+        send(op="hello", run="run-q", proto=1, backend="cpu")
+        assert Path(wait("hello")["llama"]["rpc_bin"]).resolve() == llama_bins.rpc_server.resolve()
+        send(op="ports", n=1, bind="127.0.0.1")
+        port = wait("ports")["ports"][0]
+        send(op="start", spec={"name": "rpc0", "argv": ["ggml-rpc-server", "-H", "127.0.0.1", "-p", str(port),
+                                                        "-t", "1"]})
+        started = wait("started")
+        assert started["name"] == "rpc0" and started["create_time"]
+        state = json.loads((tmp_path / "nodes" / "run-q" / "state.json").read_text())
+        assert [r["pid"] for r in state["processes"]] == [started["pid"]]  # the next agent can sweep it
+        ready = wait("ready")
+        assert ready["name"] == "rpc0" and ready["heavy"] == []
+        send(op="stop", name="rpc0")  # not this phase's: left to the agent, in order
+        time.sleep(0.5)  # read (the phase polls its input every few ms), then the imports may end
+        p.send_signal(signal.SIGUSR1)
+        handover = wait("handover")
+        assert handover == {"ev": "handover", "started": ["rpc0"], "ready": [True],
+                            "lines": ['{"op": "stop", "name": "rpc0"}']}
+        assert p.wait(10) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
