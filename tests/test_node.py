@@ -25,9 +25,10 @@ from _node_client import NodeClient, gone as _gone
 class Agent(NodeClient):
     """An agent process (`arcsplit node --stdio`) and its event stream."""
 
-    def __init__(self, state_dir: Path, bin_dir: Path, *extra: str) -> None:
+    def __init__(self, state_dir: Path, bin_dir: Path, *extra: str, quick: bool = True) -> None:
         super().__init__([sys.executable, "-m", "arcsplit", "node", "--stdio", "--llama-dir", str(bin_dir), *extra],
-                         env={**os.environ, "ARCSPLIT_STATE_DIR": str(state_dir)})
+                         env={**os.environ, "ARCSPLIT_STATE_DIR": str(state_dir),
+                              "ARCSPLIT_NODE_QUICK": "1" if quick else "0"})
 
     def hello(self, run: str) -> dict[str, Any]:
         self.send(op="hello", run=run, proto=1)
@@ -52,8 +53,8 @@ class Agent(NodeClient):
 def agents(tmp_path, llama_bins):
     made: list[Agent] = []
 
-    def make(*extra: str) -> Agent:
-        a = Agent(tmp_path / "state", llama_bins.bin_dir, *extra)
+    def make(*extra: str, quick: bool = True) -> Agent:
+        a = Agent(tmp_path / "state", llama_bins.bin_dir, *extra, quick=quick)
         made.append(a)
         return a
 
@@ -97,8 +98,11 @@ def test_argv_check_without_a_build_names_the_fix():
 # -- the agent for real ------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_hello_reports_the_build_and_rpc_server_gets_ready_then_dies_with_stdin(agents, llama_bins):
-    a = agents()
+@pytest.mark.parametrize("quick", [True, False], ids=["first-phase", "imports-first"])
+def test_hello_reports_the_build_and_rpc_server_gets_ready_then_dies_with_stdin(agents, llama_bins, quick):
+    """The same answers whether the first ops are handled before the imports (the default) or after them
+    (ARCSPLIT_NODE_QUICK=0, the fallback and bench/node_start.py's comparison)."""
+    a = agents(quick=quick)
     hello = a.hello("run-a")
     assert hello["proto"] == 1 and hello["pid"] == a.proc.pid
     assert Path(hello["llama"]["rpc_bin"]).resolve() == llama_bins.rpc_server.resolve()

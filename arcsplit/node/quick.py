@@ -162,7 +162,10 @@ def run_stdio(*, heartbeat: float, allow_bind: tuple[str, ...], inventory: Inven
         except (BrokenPipeError, OSError):
             pass  # the client is gone: stdin's EOF ends the loop
 
-    h = first_ops(0, emit, allow_bind=allow_bind, inventory=inventory)
+    if os.environ.get("ARCSPLIT_NODE_QUICK", "1") == "0":  # off: the agent does everything (bench/node_start.py)
+        h = Handover()
+    else:
+        h = first_ops(0, emit, allow_bind=allow_bind, inventory=inventory)
     if h.eof and not h.started and not h.lines:
         return 0  # the client left before asking for anything this agent would have to stop
     from .agent import serve_stdio

@@ -1,0 +1,120 @@
+"""How soon the node agent has an rpc-server up: `arcsplit node --stdio` from its exec to pong, hello, started and
+ready, with its first phase (arcsplit/node/quick.py: the first ops answered before anyio is imported) and without
+it (ARCSPLIT_NODE_QUICK=0: the agent imports everything first), alternating, real rpc-server, no ssh.
+
+    python bench/node_start.py [--runs 15] [--out bench/results/node_start.md]
+
+The client sends ping and hello at once (as `serve` does when its planning is done before the agent starts), then
+ports, then start after each answer. This is the agent's part of a start over SSH: on another host it runs after the
+login, on that host's own cores. Here it shares this machine's cores with nothing else of the bench (no serve).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from throughput import build_line, machine  # noqa: E402
+
+EVENTS = ("pong", "hello", "started", "ready")
+
+
+def one(quick: bool, state: Path, llama_dir: Path, run: int) -> dict[str, float]:
+    env = {**os.environ, "ARCSPLIT_STATE_DIR": str(state), "ARCSPLIT_NODE_QUICK": "1" if quick else "0"}
+    t0 = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-m", "arcsplit", "node", "--stdio", "--backend", "cpu",
+                          "--llama-dir", str(llama_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         cwd=ROOT, env=env)
+    assert p.stdin is not None and p.stdout is not None
+
+    def send(**msg: object) -> None:
+        assert p.stdin is not None
+        p.stdin.write((json.dumps(msg) + "\n").encode())
+        p.stdin.flush()
+
+    marks: dict[str, float] = {}
+    try:
+        send(op="ping")
+        send(op="hello", run=f"bench-{os.getpid()}-{run}-{int(quick)}", proto=1, backend="cpu")
+        for line in p.stdout:
+            ev = json.loads(line)
+            kind = ev.get("ev")
+            if kind in EVENTS and kind not in marks:
+                marks[kind] = time.perf_counter() - t0
+            if kind == "hello":
+                send(op="ports", n=1, bind="127.0.0.1")
+            elif kind == "ports":
+                send(op="start", spec={"name": "rpc0", "argv": ["ggml-rpc-server", "-H", "127.0.0.1", "-p",
+                                                                str(ev["ports"][0]), "-t", "1"]})
+            elif kind == "ready":
+                break
+            elif kind == "error":
+                raise SystemExit(f"node_start: the agent said {ev.get('message')}")
+    finally:
+        p.stdin.close()
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    return marks
+
+
+def cell(xs: list[float]) -> str:
+    ms = sorted(x * 1000 for x in xs)
+    return f"{ms[0]:.0f} / **{statistics.median(ms):.0f}** / {ms[-1]:.0f}" if ms else "-"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "node_start.md"))
+    a = ap.parse_args()
+    import compileall
+
+    compileall.compile_dir(str(ROOT / "arcsplit"), quiet=1)  # as pip install does (see bench/multihost.py)
+    from arcsplit.llama.locate import find_llama
+
+    llama_dir = find_llama(None, backend="cpu").bin_dir
+    got: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+    with tempfile.TemporaryDirectory(prefix="arcsplit-node-start-") as tmp:
+        one(True, Path(tmp), llama_dir, -1)  # warm the page cache and the build's answers cache
+        for i in range(a.runs):
+            for quick in ((True, False) if i % 2 == 0 else (False, True)):
+                got[quick].append(one(quick, Path(tmp), llama_dir, i))
+    rows = ["| agent | " + " | ".join(f"{e} ms" for e in EVENTS) + " |", "|---|" + "---|" * len(EVENTS)]
+    for quick, label in ((False, "imports first (ARCSPLIT_NODE_QUICK=0)"), (True, "first phase (default)")):
+        rows.append(f"| {label} | " + " | ".join(cell([m[e] for m in got[quick] if e in m]) for e in EVENTS) + " |")
+    ready = {q: statistics.median(m["ready"] for m in got[q]) for q in got}
+    text = "\n".join([
+        "# The node agent's start: exec to an rpc-server ready",
+        "",
+        f"- Build: {build_line(None, 'cpu')}",
+        f"- Machine: {machine('cpu')}",
+        f"- Command: `python bench/node_start.py --runs {a.runs}`",
+        f"- {a.runs} runs of each, alternating; ms from the agent's exec; cells: min / **median** / max.",
+        "",
+        *rows,
+        "",
+        f"Median exec to ready: {ready[False] * 1000:.0f} ms -> {ready[True] * 1000:.0f} ms "
+        f"({(ready[False] - ready[True]) * 1000:.0f} ms sooner with the first phase).",
+        "",
+    ])
+    Path(a.out).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
