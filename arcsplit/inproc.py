@@ -29,7 +29,7 @@ from .llama.devices import discover_rig
 from .llama.locate import LlamaBinaries, find_llama
 from .model import load_profile
 from .planner import Plan, PlanOptions, make_plan
-from .run.ports import free_port
+from .run.ports import accepts_now, free_port
 from .route import Route
 from .run.specs import ServeConfig, build_specs
 
@@ -87,11 +87,9 @@ def _wait_listening(proc: subprocess.Popen, host: str, port: int, timeout: float
         if proc.poll() is not None:
             raise RunError(f"rpc-server on {host}:{port} exited with {proc.returncode} before listening",
                            "see its log in the run directory")
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return  # one connect-and-close; never probe again once llama.cpp is connected
-        except OSError:
-            time.sleep(0.05)
+        if accepts_now(host, port, timeout=0.5):
+            return
+        time.sleep(0.05)
     raise RunError(f"rpc-server on {host}:{port} did not listen within {timeout:.0f} s")
 
 

@@ -62,11 +62,11 @@ async def probe_once(host: str, port: int, timeout: float = 1.0) -> bool:
     return True
 
 
-def accepts_now(host: str, port: int) -> bool:
+def accepts_now(host: str, port: int, timeout: float = 0.2) -> bool:
     """:func:`probe_once` without an event loop, for a loopback or LAN address that answers at once: one
-    connect-and-close with a short timeout."""
+    connect-and-close (safe before llama.cpp connects; never after: an rpc-server serves one client)."""
     try:
-        with socket.create_connection((host, port), timeout=0.2):
+        with socket.create_connection((host, port), timeout=timeout):
             return True
     except OSError:
         return False
