@@ -327,6 +327,8 @@ FIGURES = [
            "hybrid >= 0.85 prefill, >= 0.93 decode and 4 streams; all-RPC >= 0.75 prefill, >= 0.85 decode "
            "(issue 19), and no route slower with the patches",
            ("gpu/throughput_cuda_onecard_moe_0787496fbe.md", "gpu/throughput_cuda_onecard_moe16x32_mps.md",
+            "gpu/throughput_cuda_onecard_moe16x32_outlocal.md", "gpu/throughput_cuda_onecard_moe16x32_mps_outlocal.md",
+            "gpu/throughput_cuda_onecard_moe16x32_mps_ub512.md",
             "gpu/throughput_cuda_onecard_dense_0787496fbe.md", "gpu/throughput_cuda_onecard_moe.md",
             "gpu/throughput_cuda_onecard_dense.md"), lambda t, f: v_one_gpu(t)),
     Figure("5e. CPU cost of the RPC link's polling (patch 0005)", "measured (cores busy per token and idle)",
@@ -338,10 +340,14 @@ FIGURES = [
             "gpu/trace_cuda_onecard_moe16x32.md", "gpu/trace_cuda_onecard_model7b.md"), lambda t, f: v_trace(t)),
     Figure("6. Several hosts: two \"hosts\" (network namespaces on this machine) over SSH vs one (not started by "
            "run_all: root, sshd)", "over SSH decode >= 0.90x and time to ready <= 1.2x of the same split on one host",
-           ("multihost.md", "multihost_ready_repeat.md", "multihost_ab_early_after.md", "multihost_ab_early_before.md"),
+           ("multihost.md", "multihost_ready_repeat.md", "multihost_ab_early_after.md", "multihost_ab_early_before.md",
+            "multihost_quick_after.md", "multihost_quick_before.md"),
            lambda t, f: v_generic(t)),
     Figure("6b. Several hosts, time to ready on a 1.5 GB model with real-sized tensors (not started by run_all)",
            "time to ready <= 1.2x of the same split on one host", ("multihost_big.md",), lambda t, f: v_generic(t)),
+    Figure("6c. The node agent's start: exec to its rpc-server ready, with and without its first phase (the agent "
+           "alone, no ssh; not started by run_all)", "sooner with the first phase (node/quick.py)",
+           ("node_start.md",), lambda t, f: Verdict("info", first_line_with(t, "Median exec to ready"))),
     Figure("Supervisor CPU while idle", "< 0.5 % of one core", ("idle_cpu.md",), lambda t, f: v_generic(t)),
     Figure("Dashboard frame time under a log flood", "frames under 50 ms at realistic log rates",
            ("dash_frame.md",), lambda t, f: v_generic(t)),
