@@ -17,7 +17,6 @@ import ctypes
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -29,11 +28,11 @@ from .llama.devices import discover_rig
 from .llama.locate import LlamaBinaries, find_llama
 from .model import load_profile
 from .planner import Plan, PlanOptions, make_plan
+from .run import spawn
 from .run.ports import accepts_now, free_port
 from .route import Route
 from .run.specs import ServeConfig, build_specs
 
-_SHIM = str(Path(__file__).parent / "run" / "_exec.py")
 _registered: set[str] = set()
 _live: list[tuple[weakref.ref, list[subprocess.Popen]]] = []
 _lock = threading.Lock()
@@ -145,12 +144,10 @@ def load(model: str | os.PathLike[str], gpus: Sequence[int] = (0, 1), *, backend
     specs = [s for s in build_specs(config, [free_port() for _ in plan.cards]) if s.role == "rpc"]
     procs: list[subprocess.Popen] = []
     try:
-        for spec in specs:
-            env = {**os.environ, **spec.env_dict}
-            procs.append(subprocess.Popen(
-                [sys.executable, "-I", "-S", _SHIM, "--parent", str(os.getpid()), "--ignore-sigpipe", "--",
-                 *spec.argv], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True))
+        for spec in specs:  # the supervisor's way (exec shim, environment, own session); output not read here
+            procs.append(subprocess.Popen(spawn.command(spec), env=spawn.environment(spec), stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                          start_new_session=True))
         for spec, proc in zip(specs, procs):
             _wait_listening(proc, spec.host, spec.port, ready_timeout)
         for spec in specs:
