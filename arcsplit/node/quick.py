@@ -78,6 +78,8 @@ def first_ops(fd: int, emit: Emit, *, allow_bind: tuple[str, ...], inventory: In
             if not s.ready and s.popen.poll() is None and accepts_now(s.spec.host, s.spec.port):
                 s.ready = True
                 emit({"ev": "ready", "name": s.spec.name})
+        if h.eof and not h.started and not h.lines:
+            return h  # the client left: nothing to stop, nothing to answer, no reason to import the rest
         if deferred or h.eof:
             begin()
             time.sleep(POLL)
