@@ -96,7 +96,10 @@ def test_telemetry_events_on_the_bus_follow_the_work(inst):
             seen.append(msg["data"])
             if len(seen) == 1:
                 complete(inst.url, 8)
-            if len(seen) >= 4 or time.monotonic() - t0 > 20:
+            servers = [d["server"] for d in seen if d.get("server")]
+            grown = len(servers) >= 3 and (servers[-1]["tokens_predicted_total"]
+                                           >= servers[0]["tokens_predicted_total"] + 8)
+            if grown or time.monotonic() - t0 > 30:  # a slow machine's scrape may trail the reply by a sample
                 break
     servers = [d["server"] for d in seen if d.get("server")]
     assert len(servers) >= 3
