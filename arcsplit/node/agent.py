@@ -27,9 +27,8 @@ from ..run.child import Child
 from ..run.popen import PopenProcess
 from ..run.ports import probe_once
 from ..run.rundir import RunDir
-from . import PROTO
-from .ops import (Inventory, check_rpc_argv, drop_missing_seeds, greet, hello_args, nodes_root, pick_ports, rpc_process,
-                  write_state)
+from .ops import (Inventory, check_rpc_argv, drop_missing_seeds, greet, hello_args, hello_events, nodes_root, pick_ports,
+                  rpc_process, started_events, write_state)
 
 if TYPE_CHECKING:
     from ..telemetry.intel import IntelSampler
@@ -206,13 +205,11 @@ class Agent:
         if self.run_dir is None:
             self.run_dir, self.inventory, killed = await anyio.to_thread.run_sync(greet, run, self.backend,
                                                                                   self._inventory_fn)
-            self._greeted(killed)
-        self.emit({"ev": "hello", "proto": PROTO, **(self.inventory or {}), "pid": os.getpid()})
-
-    def _greeted(self, killed: list[int]) -> None:
-        if killed:
-            self.emit({"ev": "line", "name": "", "line": f"swept leftovers of a dead agent: pids {killed}"})
-        self._write_state()
+            self._write_state()
+        else:
+            killed = []
+        for event in hello_events(self.inventory, killed):
+            self.emit(event)
 
     async def _start(self, tg: TaskGroup, spec: dict[str, Any]) -> None:
         name = str(spec.get("name", ""))
@@ -227,9 +224,8 @@ class Agent:
         """Supervise ``child``, say so, and probe it."""
         self.children[child.spec.name] = child
         await tg.start(child.run)
-        self.emit({"ev": "started", "name": child.spec.name, "pid": child.pid, "create_time": child.create_time})
-        for note in notes:
-            self.emit({"ev": "line", "name": child.spec.name, "line": f"arcsplit node: {note}"})
+        for event in started_events(child.spec, child.pid, child.create_time, notes):
+            self.emit(event)
         self._write_state()
         tg.start_soon(self._probe, child)
 

@@ -122,6 +122,19 @@ def greet(run: str, backend: str | None, inventory: Inventory) -> tuple[RunDir, 
     return run_dir, inventory(backend), killed
 
 
+def hello_events(inventory: dict[str, Any] | None, killed: list[int]) -> list[dict[str, Any]]:
+    """What a hello is answered with: a line naming what was swept (if anything), then the hello itself."""
+    swept = [{"ev": "line", "name": "", "line": f"swept leftovers of a dead agent: pids {killed}"}] if killed else []
+    return [*swept, {"ev": "hello", "proto": PROTO, **(inventory or {}), "pid": os.getpid()}]
+
+
+def started_events(spec: ProcessSpec, pid: int | None, create_time: float | None,
+                   notes: list[str]) -> list[dict[str, Any]]:
+    """What a start is answered with: ``started``, then one line per note (a ``--seed-cache`` file dropped)."""
+    return [{"ev": "started", "name": spec.name, "pid": pid, "create_time": create_time},
+            *({"ev": "line", "name": spec.name, "line": f"arcsplit node: {note}"} for note in notes)]
+
+
 def pick_ports(msg: dict[str, Any], allow_bind: tuple[str, ...]) -> list[int]:
     """The ``ports`` op: ``n`` ports free here (``want``: exactly these; ``prefer``: these where free)."""
     n, bind = int(msg.get("n", 1)), str(msg.get("bind", LOOPBACK))

@@ -27,8 +27,7 @@ from ..run.ports import accepts_now
 from ..run.procspec import ProcessSpec
 from ..run.rundir import RunDir
 from ..run.spawn import popen
-from . import PROTO
-from .ops import Inventory, greet, hello_args, pick_ports, rpc_process, write_state
+from .ops import Inventory, greet, hello_args, hello_events, pick_ports, rpc_process, started_events, write_state
 
 IDLE = 0.02  # s without an op before the heavy imports start anyway (the client has not sent its next op yet)
 POLL = 0.005  # s between probes of a started rpc-server while the imports run
@@ -114,12 +113,12 @@ def _handle(raw: bytes, h: Handover, emit: Emit, allow_bind: tuple[str, ...], in
             emit({"ev": "pong"})
         elif op == "hello":
             run, backend = hello_args(msg)
+            killed: list[int] = []
             if h.run_dir is None:
                 h.run_dir, h.inventory, killed = greet(run, backend, inventory)
-                if killed:
-                    emit({"ev": "line", "name": "", "line": f"swept leftovers of a dead agent: pids {killed}"})
             h.backend = backend
-            emit({"ev": "hello", "proto": PROTO, **(h.inventory or {}), "pid": os.getpid()})
+            for event in hello_events(h.inventory, killed):
+                emit(event)
         elif op == "ports" and h.run_dir is not None:
             emit({"ev": "ports", "ports": pick_ports(msg, allow_bind)})
         elif op == "start" and h.run_dir is not None and isinstance(msg.get("spec"), dict):
@@ -144,9 +143,8 @@ def _start(spec: ProcessSpec, notes: list[str], h: Handover, emit: Emit) -> None
         started.create_time = psutil.Process(started.popen.pid).create_time()
     except psutil.Error:
         pass
-    emit({"ev": "started", "name": spec.name, "pid": started.popen.pid, "create_time": started.create_time})
-    for note in notes:
-        emit({"ev": "line", "name": spec.name, "line": f"arcsplit node: {note}"})
+    for event in started_events(spec, started.popen.pid, started.create_time, notes):
+        emit(event)
     assert h.run_dir is not None
     write_state(h.run_dir, [(s.spec, s.popen.pid, s.create_time) for s in h.started if s.popen.poll() is None])
 
