@@ -81,12 +81,18 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "node_start.md"))
     a = ap.parse_args()
+    if a.runs < 1:
+        ap.error("--runs must be at least 1")
     import compileall
 
     compileall.compile_dir(str(ROOT / "arcsplit"), quiet=1)  # as pip install does (see bench/multihost.py)
+    from arcsplit.errors import ArcsplitError
     from arcsplit.llama.locate import find_llama
 
-    llama_dir = find_llama(None, backend="cpu").bin_dir
+    try:
+        llama_dir = find_llama(None, backend="cpu").bin_dir
+    except ArcsplitError as exc:
+        raise SystemExit(f"node_start: {exc}") from None
     got: dict[bool, list[dict[str, float]]] = {True: [], False: []}
     with tempfile.TemporaryDirectory(prefix="arcsplit-node-start-") as tmp:
         one(True, Path(tmp), llama_dir, -1)  # warm the page cache and the build's answers cache
