@@ -2,19 +2,19 @@
 
 An ssh login and the node agent's start take ~0.5 s; ``arcsplit serve`` spends about as long importing the serving
 stack and planning. ``cli.main`` asks :func:`layout_hosts` first and, for a layout with other hosts, starts their
-sessions (:func:`run_early`, importing only the layout reader, the ssh command lines and anyio) before it imports
-anything else; the CLI then imports, parses and plans in a worker thread while the sessions open, and the
+sessions (:func:`run_early`, importing only the layout reader and the ssh command lines; anyio comes after the
+spawn, while ssh logs in) before it imports anything else; the CLI then imports, parses and plans in a worker thread while the sessions open, and the
 supervisor's first generation greets them. run/remote is imported only by :func:`warm_hosts`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Mapping, Sequence
-
-import anyio
-import anyio.to_thread
 
 from .errors import ArcsplitError
 from .rig import Host, Rig, load_layout
@@ -29,6 +29,8 @@ async def warm_hosts(hosts: Sequence[Host], early: Mapping[str, Early] | None = 
     """A NodeLauncher whose sessions to ``hosts`` are starting (``early``: those already running, run/early.py);
     every one ended on exit, greeted or not. Before a group runs on it, name this machine's llama-server with
     :func:`check_builds`."""
+    import anyio
+
     from .run.remote import NodeLauncher
 
     launcher = NodeLauncher(hosts)
@@ -89,8 +91,17 @@ def run_early(rig: Rig, dispatch: Callable[[EarlyStart], int]) -> int:
     the thread that forked the sessions (their parent-death signal follows it), as a child of this task so that a
     Ctrl-C cancels it in order. A session no launcher took is ended on the way out."""
 
+    start = EarlyStart(rig, start_sessions(rig.hosts))  # before anyio's import: the logins begin meanwhile
+    try:
+        import anyio
+        import anyio.to_thread
+    except BaseException:  # a Ctrl-C during the import: the sessions go with it
+        for e in start.sessions.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(e.process.pid, signal.SIGKILL)
+        raise
+
     async def main() -> int:
-        start = EarlyStart(rig, await start_sessions(rig.hosts))
         try:
             # abandoned on cancel: a Ctrl-C during the imports (asyncio's SIGINT handler cancels this task) ends the
             # run now, as it would during the imports of a plain start

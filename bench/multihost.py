@@ -19,7 +19,8 @@ with and without the weight cache (`serve --rpc-cache`). Writes bench/results/mu
 arcsplit's bytecode is compiled first (compileall), as `pip install` does.
 
 Both "hosts" share this one machine: ssh, sshd and both rpc-servers compete with llama.cpp for the same cores, and
-the "link" is a veth pair (no wire, no NIC).
+the "link" is a veth pair (no wire, no NIC). Host b's login shell reads Debian's stock ~/.bashrc, as a fresh host's
+would (tests/_netns.py); `--machine-rc` keeps this machine's own, whose `pyenv init` costs every ssh command ~0.3 s.
 """
 
 from __future__ import annotations
@@ -206,7 +207,10 @@ def report(a: argparse.Namespace, runs: dict[str, list[Run]], rec: dict[tuple[st
     lines = ["# Several hosts: one host vs two over a veth link (SSH and direct)", "",
              f"- Build: {build}", f"- Machine: {mach}. **Both \"hosts\" share this one machine**: host b is a network "
              "namespace joined by a veth pair, so ssh, sshd and both rpc-servers compete with llama.cpp for the same "
-             "cores, and the link has no wire or NIC; these are the costs of the route and its processes, not of a LAN.",
+             "cores, and the link has no wire or NIC; these are the costs of the route and its processes, not of a LAN. "
+             + ("Host b's login shell reads this machine's own ~/.bashrc (--machine-rc)." if a.machine_rc else
+                "Host b's login shell reads Debian's stock ~/.bashrc (a fresh host's; this machine's own runs "
+                "`pyenv init`, ~0.3 s per ssh command: --machine-rc)."),
              f"- Model: `{Path(a.model).name}`; mode rpc on two CPU cards of {a.cards[0]} and {a.cards[1]} MiB (a "
              f"layout; one rpc-server each; on two hosts the second card is on b), ctx {a.ctx}, -np {STREAMS}, "
              f"threads {a.threads} per process.",
@@ -302,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="one more configuration: two hosts over SSH whose ssh_config names this key exchange "
                          "(e.g. curve25519-sha256: OpenSSH before 9.9 defaults to sntrup761x25519-sha512, which "
                          "costs each login more CPU)")
+    ap.add_argument("--machine-rc", action="store_true",
+                    help="host b's login shell reads this machine's own ~/.bashrc (default: Debian's stock one, as "
+                         "on a fresh host; every ssh command runs the login shell's rc)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "multihost.md"))
     a = ap.parse_args(argv)
     if min(a.runs, a.reps, a.n_predict) < 1 or a.kills < 0:
@@ -333,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[Run]] = {name: [] for name in configs}
     rec: dict[tuple[str, bool], Recovery] = {}
     with tempfile.TemporaryDirectory(prefix="arcsplit-multihost-") as tmpdir, \
-            NetHarness(Path(tmpdir) / "net", ("b",), llama_dir) as net:
+            NetHarness(Path(tmpdir) / "net", ("b",), llama_dir, machine_rc=a.machine_rc) as net:
         tmp = Path(tmpdir)
         names = list(configs)
         # Repeated starts of one model, as a user's are: one untimed start per configuration first, which indexes

@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import itertools
 import os
+import pwd
 import re
 import shlex
 import shutil
@@ -159,9 +160,11 @@ class RemoteHost:
 class NetHarness:
     """Namespaces + veth + sshd for ``hosts``; ``close()`` removes every trace (idempotent)."""
 
-    def __init__(self, root: Path, hosts: tuple[str, ...] = ("b",), llama_dir: Path | None = None) -> None:
+    def __init__(self, root: Path, hosts: tuple[str, ...] = ("b",), llama_dir: Path | None = None, *,
+                 machine_rc: bool = False) -> None:
         self.root = root
         self.llama_dir = llama_dir
+        self.machine_rc = machine_rc  # True: the login shell on each host reads this machine's own ~/.bashrc
         self.hosts: dict[str, RemoteHost] = {}
         self.sshd: dict[str, subprocess.Popen[bytes]] = {}
         self.ssh_config = root / "ssh_config"
@@ -238,9 +241,29 @@ class NetHarness:
         h.arcsplit.chmod(0o755)
         log = open(h.dir / "sshd.log", "wb")
         self.sshd[name] = subprocess.Popen(
-            ["ip", "netns", "exec", h.ns, SSHD, "-D", "-e", "-f", str(h.dir / "sshd_config")],
+            ["ip", "netns", "exec", h.ns, *self._stock_shell(h), SSHD, "-D", "-e", "-f", str(h.dir / "sshd_config")],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
+
+    def _stock_shell(self, h: RemoteHost) -> list[str]:
+        """The argv prefix that gives the host's sshd a private mount namespace in which the login user's
+        ``~/.bashrc`` is Debian's stock one (``/etc/skel/.bashrc``: it returns at once in a non-interactive shell).
+
+        sshd runs every ssh command through the user's login shell, and bash reads ``~/.bashrc`` when sshd starts
+        it. On this project's machines root's rc runs ``pyenv init`` (0.3 s per ssh command): a cost of this
+        machine's setup, not of a second host, so by default a test host gets the rc a fresh Debian host has.
+        ``machine_rc=True`` keeps this machine's. Nothing changes outside the namespace (the bind mount is private
+        to it and goes with sshd)."""
+        user = pwd.getpwnam("root")  # ssh_config_text logs in as root
+        rc = Path(user.pw_dir) / ".bashrc"
+        stock = Path("/etc/skel/.bashrc")
+        if self.machine_rc or Path(user.pw_shell).name != "bash" or not rc.is_file() or not shutil.which("unshare"):
+            return []
+        if not stock.is_file():  # no Debian skeleton: an empty rc is what a stock non-interactive shell runs
+            stock = h.dir / "stock.bashrc"
+            stock.write_text("")
+        return ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
+                'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(stock), str(rc)]
 
     def _write_client_files(self) -> None:
         lines = []

@@ -6,6 +6,7 @@ StrictHostKeyChecking refuses a host key that does not match; nothing of the bed
 from __future__ import annotations
 
 import contextlib
+import pwd
 import signal
 import socket
 import struct
@@ -77,6 +78,22 @@ def test_ssh_runs_commands_inside_the_remote_namespace(net: NetHarness) -> None:
     r = net.run("b", [str(b.arcsplit), "--version"])
     assert r.returncode == 0, r.stderr
     assert str(b.state_dir) in b.arcsplit.read_text()
+
+
+def test_the_remote_login_shell_reads_a_stock_bashrc_and_this_machines_stays(net: NetHarness) -> None:
+    """Every ssh command runs the login shell's rc: host b gets a fresh host's (Debian's skeleton), not this
+    machine's (here ``pyenv init``, 0.3 s per command), and only inside its namespace."""
+    rc = Path(pwd.getpwnam("root").pw_dir) / ".bashrc"
+    if Path(pwd.getpwnam("root").pw_shell).name != "bash" or not rc.is_file():
+        pytest.skip("root's login shell is not bash with a ~/.bashrc: nothing to replace")
+    mine = rc.read_bytes()
+    seen = net.run("b", ["cat", str(rc)])
+    assert seen.returncode == 0, seen.stderr
+    skel = Path("/etc/skel/.bashrc")
+    assert seen.stdout.encode() == (skel.read_bytes() if skel.is_file() else b"")
+    assert rc.read_bytes() == mine  # the bind mount is private to b's namespace
+    # the shell sshd starts for a command is non-interactive: the stock rc returns at once, so nothing it sets is set
+    assert net.run("b", ["sh", "-c", "echo ${PYENV_ROOT:-unset}"]).stdout.strip() == "unset"
 
 
 def test_loopback_rpc_server_is_reachable_only_through_an_ssh_forward(net: NetHarness,

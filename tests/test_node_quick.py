@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -43,6 +44,32 @@ def test_an_adopted_process_gives_its_lines_its_environment_and_its_exit_code(tm
     assert list(child.lines) == ["one", "x", "last"]
     assert child.returncode == 3 and child.pid == proc.pid
     assert "one" in (tmp_path / "p.log").read_text()
+
+
+def test_an_adopted_process_takes_requests_on_stdin_and_ends_at_eof(tmp_path):
+    """serve's early ssh sessions (run/early.py) are spawned before anyio's import and adopted the same way: the
+    agent's requests go down their stdin, and closing it (EOF) is how a session is ended."""
+    spec = ProcessSpec(name="p", role="node", argv=("sh", "-c", 'while read -r l; do echo "got $l"; done; exit 5'),
+                       env=(), host="", port=0, cards=(), keep_stdin=True)
+    proc = popen(spec)
+    child = Child(spec)
+    child.adopt(PopenProcess(proc))
+
+    async def main() -> None:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                await tg.start(child.run)
+                big = b"x" * 200_000  # more than a pipe holds: the write waits until the reader drains it
+                assert await child.send(b"ping\n" + big + b"\n")
+                while len(child.lines) < 2:
+                    await anyio.sleep(0.01)
+                await child.close_input()
+                await child.done.wait()
+                assert not await child.send(b"late\n")  # a closed session takes nothing
+
+    anyio.run(main)
+    assert list(child.lines)[0] == "got ping" and list(child.lines)[1] == "got " + "x" * 200_000
+    assert child.returncode == 5
 
 
 def test_an_adopted_process_is_stopped_like_a_spawned_one(tmp_path):
@@ -134,3 +161,37 @@ def test_the_first_rpc_server_is_ready_before_the_agent_imports_anyio(tmp_path, 
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+@pytest.mark.parametrize("asked, reads", [("cpu", [None]), ("sycl", [None, "sycl"])])
+def test_the_hellos_inventory_is_read_while_the_client_is_still_planning(tmp_path, monkeypatch, asked, reads):
+    """An agent up before the client's hello (the usual case over SSH: serve plans meanwhile) reads this host's
+    build and cards while idle, so the hello is answered without that wait; a hello for another backend than the
+    one read gets its own."""
+    from arcsplit.node import quick
+
+    monkeypatch.setenv("ARCSPLIT_STATE_DIR", str(tmp_path))
+    calls: list[str | None] = []
+
+    def inventory(backend: str | None) -> dict:
+        calls.append(backend)
+        return {"llama": {"backend": backend or "cpu", "rpc_bin": "/x/ggml-rpc-server"}}
+
+    r, w = os.pipe()
+    events: list[dict] = []
+    os.write(w, b'{"op":"ping"}\n')
+    done = threading.Thread(target=lambda: events.append(
+        {"handover": quick.first_ops(r, events.append, allow_bind=(), inventory=inventory, load=lambda: time.sleep(0.3))}))
+    done.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not calls and time.monotonic() < deadline:  # read during the idle wait after the ping
+            time.sleep(0.005)
+        assert calls == [None]
+        os.write(w, json.dumps({"op": "hello", "run": "run-p", "proto": 1, "backend": asked}).encode() + b"\n")
+    finally:
+        os.close(w)
+        done.join(10)
+        os.close(r)
+    hello = next(e for e in events if e.get("ev") == "hello")
+    assert hello["llama"]["backend"] == asked and calls == reads

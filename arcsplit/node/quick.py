@@ -63,6 +63,7 @@ def first_ops(fd: int, emit: Emit, *, allow_bind: tuple[str, ...], inventory: In
               load: Callable[[], object] = lambda: importlib.import_module(HEAVY)) -> Handover:
     """Answer the ops this module knows from ``fd`` until ``load`` has run (in a thread) or input ends."""
     h = Handover()
+    early = _Early(inventory)
     loader: threading.Thread | None = None
     deferred = False  # a line was left to the agent: read nothing more, keep the order
 
@@ -86,6 +87,8 @@ def first_ops(fd: int, emit: Emit, *, allow_bind: tuple[str, ...], inventory: In
         wait = POLL if loader is not None else IDLE
         if not select.select([fd], [], [], wait)[0]:
             if loader is None:
+                if h.run_dir is None:
+                    inventory = early.fetch()  # idle before the hello: read this host's build and cards now
                 begin()  # idle: the client is busy; import meanwhile
             continue
         chunk = os.read(fd, 65536)
@@ -102,6 +105,28 @@ def first_ops(fd: int, emit: Emit, *, allow_bind: tuple[str, ...], inventory: In
         if h.started:
             begin()
     return h
+
+
+class _Early:
+    """The hello's inventory read while the client is still planning (it takes ~20 ms: llama.cpp's build info and
+    the cards), kept for a hello that asks for the backend it resolved to; any other hello reads its own."""
+
+    def __init__(self, inventory: Inventory) -> None:
+        self.inventory = inventory
+        self.got: dict[str, Any] | None = None
+
+    def fetch(self) -> Inventory:
+        try:
+            self.got = self.inventory(None)
+        except Exception:  # noqa: BLE001 - the hello reads it again and reports what is wrong
+            self.got = None
+        return self
+
+    def __call__(self, backend: str | None) -> dict[str, Any]:
+        got, self.got = self.got, None
+        if got is not None and (backend is None or (got.get("llama") or {}).get("backend") == backend):
+            return got
+        return self.inventory(backend)
 
 
 def _handle(raw: bytes, h: Handover, emit: Emit, allow_bind: tuple[str, ...], inventory: Inventory) -> bool:

@@ -2,8 +2,9 @@
 
 A start across hosts waits for each other host's ssh login and node agent (~0.5 s), since that host's rpc-servers
 start only after its agent's hello. Importing the supervisor, the planner and the CLI's flags takes ~0.2 s on a
-small machine. This module imports only the ssh command lines and anyio, so ``serve`` (arcsplit/_warm.py) starts
-each host's session that much sooner. The launcher adopts each one (NodeLauncher.warm) and runs it like one it
+small machine. This module imports only the ssh command lines, and spawns each session before anything imports
+anyio (run/popen.py then presents it as anyio's Process), so ``serve`` (arcsplit/_warm.py) starts each host's
+session that much sooner. The launcher adopts each one (NodeLauncher.warm) and runs it like one it
 started itself; :func:`end` ends one the run never takes (a usage error).
 """
 
@@ -16,16 +17,16 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
-
-import anyio
-from anyio.abc import Process
+from typing import TYPE_CHECKING, Sequence
 
 from .._dirs import runtime_dir
 from ..hosts import node_argv, shares_connection
 from ..rig import Host
 from . import spawn
 from .procspec import ProcessSpec
+
+if TYPE_CHECKING:
+    from anyio.abc import Process
 
 CONTROL_NAME = re.compile(r"ssh-[0-9a-f]{8}")  # ssh binds "<path>.<16 random chars>" first, then links it here
 SUN_PATH = 104  # the shortest sockaddr_un.sun_path among the systems OpenSSH runs on (BSDs, macOS)
@@ -67,23 +68,28 @@ class Early:
     taken: bool = False
 
 
-async def start_sessions(hosts: Sequence[Host]) -> dict[str, Early]:
+def start_sessions(hosts: Sequence[Host]) -> dict[str, Early]:
     """Each host's session ssh, run as NodeLauncher would run it (hosts.node_argv; a ControlMaster where its links
-    share the connection). A session that cannot start is left to the launcher, which reports why."""
-    started: dict[str, Early] = {}
+    share the connection). A session that cannot start is left to the launcher, which reports why. No event loop
+    is needed: every ssh is spawned (spawn.popen) before anyio is imported, which happens while they log in."""
+    spawned = []
     for host in hosts:
         control = control_socket() if shares_connection(host) else None
         argv = node_argv(host, str(control) if control is not None else None)
         try:
-            process = await spawn.start(session_spec(host, argv))
+            popen = spawn.popen(session_spec(host, argv))
         except OSError:
             continue
-        started[host.name] = Early(process, tuple(argv), control, time.monotonic())
-    return started
+        spawned.append((host.name, popen, tuple(argv), control, time.monotonic()))
+    from .popen import PopenProcess
+
+    return {name: Early(PopenProcess(popen), argv, control, at) for name, popen, argv, control, at in spawned}
 
 
 async def end(early: Early) -> None:
     """A session no launcher took: EOF to the agent, then ssh's process group; its control socket removed."""
+    import anyio
+
     with anyio.CancelScope(shield=True):
         if early.process.stdin is not None:
             await early.process.stdin.aclose()

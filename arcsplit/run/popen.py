@@ -1,7 +1,8 @@
 """A process started without an event loop (spawn.popen), seen as anyio's Process so a Child can adopt it.
 
 The node agent starts its first rpc-servers before it has imported anyio (node/quick.py), then supervises them
-like every other child. Output is read from the pipe when the loop says it is readable, and the exit is awaited
+like every other child; ``serve --layout`` starts its hosts' ssh sessions the same way before it imports anyio
+(run/early.py), and their stdin carries the agent's requests. Output is read from the pipe when the loop says it is readable, and the exit is awaited
 on a pidfd: nothing blocks a worker thread, so cancelling a Child's task behaves as with anyio's own processes.
 """
 
@@ -41,14 +42,43 @@ class _PipeStream(ByteReceiveStream):
             os.close(fd)
 
 
+class _PipeSend(ByteSendStream):
+    """The write end of a pipe, non-blocking, written when anyio.wait_writable says so (a node session's stdin)."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self._fd: int | None = fd
+
+    async def send(self, item: bytes) -> None:
+        view = memoryview(item)
+        while view:
+            if self._fd is None:
+                raise anyio.ClosedResourceError
+            try:
+                view = view[os.write(self._fd, view):]
+            except BlockingIOError:
+                await anyio.wait_writable(self._fd)
+            except BrokenPipeError:
+                raise anyio.BrokenResourceError from None
+
+    async def aclose(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+
 class PopenProcess(Process):
-    """``subprocess.Popen`` (stdout a pipe, stdin and stderr not) behind anyio's Process interface."""
+    """``subprocess.Popen`` (stdout a pipe, stdin a pipe or not, stderr not) behind anyio's Process interface."""
 
     def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         assert popen.stdout is not None
         self._popen = popen
         self._stdout = _PipeStream(os.dup(popen.stdout.fileno()))
         popen.stdout.close()  # the duplicate is the one read from now on
+        self._stdin: _PipeSend | None = None
+        if popen.stdin is not None:
+            self._stdin = _PipeSend(os.dup(popen.stdin.fileno()))
+            popen.stdin.close()
         self._pidfd: int | None = None
 
     async def wait(self) -> int:
@@ -81,7 +111,7 @@ class PopenProcess(Process):
 
     @property
     def stdin(self) -> ByteSendStream | None:
-        return None
+        return self._stdin
 
     @property
     def stdout(self) -> ByteReceiveStream | None:
@@ -92,6 +122,8 @@ class PopenProcess(Process):
         return None
 
     async def aclose(self) -> None:
+        if self._stdin is not None:
+            await self._stdin.aclose()
         await self._stdout.aclose()
         if self._pidfd is not None:
             fd, self._pidfd = self._pidfd, None
