@@ -47,6 +47,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -570,6 +571,8 @@ def main(argv: list[str] | None = None) -> int:
                     amode, _ = serve_mode(mode, a.backend, a.same_card)
                     results.append(ModeResult(mode, amode, error=str(exc).splitlines()[0][:200]))
                     print(f"  {mode} failed: {exc}", flush=True)
+                    traceback.print_exception(exc, file=sys.stdout)  # an ExceptionGroup's members too, for the log
+                    sys.stdout.flush()
             runs.append(results)
             if k == 1:
                 print("greedy check ...", flush=True)
