@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 import anyio
 from anyio.from_thread import start_blocking_portal
 
-from .errors import RunError
+from .errors import ArcsplitError, RunError
 from .planner import Plan
 from .rig import load_layout
 from .run.bus import BusInfo, Client, attach, list_runs
@@ -146,12 +146,30 @@ async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None
     for text in prepared.warnings:
         warnings.warn(text, stacklevel=3)
     inst = instance(prepared, max_restarts=max_restarts, stall_timeout=stall_timeout, bus=bus, bus_tcp=bus_tcp)
-    async with anyio.create_task_group() as tg:
-        await tg.start(inst.run)
-        try:
-            yield AsyncServer(inst)
-        finally:
-            inst.stop()
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(inst.run)
+            try:
+                yield AsyncServer(inst)
+            finally:
+                inst.stop()
+    except BaseExceptionGroup as group:
+        raise _unwrapped(group) from None
+
+
+def _unwrapped(group: BaseExceptionGroup) -> BaseException:
+    """What a caller catches: the one error inside the task group's wrapper (a group that could not start raises
+    its RunError, the block's own exception comes out as itself), an ArcsplitError among several, else the group."""
+    leaves: list[BaseException] = []
+
+    def walk(g: BaseExceptionGroup) -> None:
+        for e in g.exceptions:
+            walk(e) if isinstance(e, BaseExceptionGroup) else leaves.append(e)
+
+    walk(group)
+    if len(leaves) == 1:
+        return leaves[0]
+    return next((e for e in leaves if isinstance(e, ArcsplitError)), group)
 
 
 class Server:

@@ -292,3 +292,19 @@ def test_tcp_bus_needs_the_private_curve_keys(demo_model):
         plain.close(0)
         ctx.term()
         assert not answered, "a client without the CURVE keys must not be answered"
+
+
+def test_a_group_that_cannot_start_raises_its_run_error_and_the_blocks_own_error_comes_out_as_itself(demo_model):
+    """The API's errors are what a caller catches (ArcsplitError, or its own), never anyio's ExceptionGroup wrapper:
+    llama-server refusing an argument gives up with the RunError that names it; a KeyError in the block is that
+    KeyError, after the group stopped."""
+    opts = dict(gpus=[0, 1], backend="cpu", cpu_memory_mib=1024, ctx=1024, threads=1, bus=False, max_restarts=0)
+    with pytest.raises(RunError, match="invalid argument: --no-such-flag"):
+        with arcsplit.serve(demo_model, port=free_port(), extra_args=["--no-such-flag"], **opts):
+            pass
+    port = free_port()
+    with pytest.raises(KeyError, match="mine"):
+        with arcsplit.serve(demo_model, port=port, **opts) as srv:
+            assert httpx.get(f"{srv.url}/health", timeout=10).status_code == 200
+            raise KeyError("mine")
+    assert is_free("127.0.0.1", port)  # stopped on the way out
