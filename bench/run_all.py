@@ -340,7 +340,8 @@ FIGURES = [
             "gpu/trace_cuda_onecard_moe16x32.md", "gpu/trace_cuda_onecard_model7b.md"), lambda t, f: v_trace(t)),
     Figure("6. Several hosts: two \"hosts\" (network namespaces on this machine) over SSH vs one (not started by "
            "run_all: root, sshd)", "over SSH decode >= 0.90x and time to ready <= 1.2x of the same split on one host",
-           ("multihost.md", "multihost_ready_repeat.md", "multihost_ab_early_after.md", "multihost_ab_early_before.md",
+           ("multihost.md", "multihost_ready_stockrc.md", "multihost_ready_stockrc_1.md", "multihost_ready_machinerc.md",
+            "multihost_ready_morning_machinerc.md", "multihost_ready_morning_stockrc.md", "multihost_ready_repeat.md", "multihost_ab_early_after.md", "multihost_ab_early_before.md",
             "multihost_quick_after.md", "multihost_quick_before.md", "multihost_quick_repeat.md"),
            lambda t, f: v_generic(t)),
     Figure("6b. Several hosts, time to ready on a 1.5 GB model with real-sized tensors (not started by run_all)",
