@@ -3,8 +3,9 @@
 An ssh login and the node agent's start take ~0.5 s; ``arcsplit serve`` spends about as long importing the serving
 stack and planning. ``cli.main`` asks :func:`layout_hosts` first and, for a layout with other hosts, starts their
 sessions (:func:`run_early`, importing only the layout reader and the ssh command lines; anyio comes after the
-spawn, while ssh logs in) before it imports anything else; the CLI then imports, parses and plans in a worker thread while the sessions open, and the
-supervisor's first generation greets them. run/remote is imported only by :func:`warm_hosts`.
+spawn, while ssh logs in) before it imports anything else; the CLI then imports, parses and plans in a worker
+thread while the sessions open, and the supervisor's first generation greets them. run/remote is imported only
+by :func:`warm_hosts`.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import pytest
 from arcsplit.errors import BadInput
 from arcsplit.node.agent import check_rpc_argv
 from arcsplit.run.ports import free_port
+from arcsplit.run.rundir import since_boot
 
 from _node_client import NodeClient, gone as _gone
 
@@ -213,7 +214,8 @@ def test_a_new_agent_sweeps_what_a_killed_agent_left(agents, tmp_path, llama_bin
     orphan = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         state["processes"][0].update(pid=orphan.pid, pgid=orphan.pid, argv=argv,
-                                     create_time=psutil.Process(orphan.pid).create_time())
+                                     create_time=psutil.Process(orphan.pid).create_time(),
+                                     since_boot=since_boot(orphan.pid))
         state_file.write_text(json.dumps(state))
         b = agents()
         b.hello("run-new")

@@ -180,8 +180,8 @@ def test_the_hellos_inventory_is_read_while_the_client_is_still_planning(tmp_pat
     r, w = os.pipe()
     events: list[dict] = []
     os.write(w, b'{"op":"ping"}\n')
-    done = threading.Thread(target=lambda: events.append(
-        {"handover": quick.first_ops(r, events.append, allow_bind=(), inventory=inventory, load=lambda: time.sleep(0.3))}))
+    done = threading.Thread(target=lambda: quick.first_ops(r, events.append, allow_bind=(), inventory=inventory,
+                                                           load=lambda: time.sleep(0.3)))
     done.start()
     try:
         deadline = time.monotonic() + 5

@@ -54,3 +54,36 @@ def test_two_instances_of_one_process_in_one_second_get_their_own_run_dirs(tmp_p
     dirs = [RunDir.create().path for _ in range(3)]
     assert [d.name for d in dirs] == ["20261201-000000-42", "20261201-000000-42-2", "20261201-000000-42-3"]
     assert RunDir.create("20261201-000000-42").path == dirs[0]  # a run id given by the caller is reused
+
+
+def test_a_clock_step_leaves_a_live_run_alive_and_its_children_unswept(tmp_path):
+    """psutil's create_time is the start since boot plus the boot time as the wall clock gives it now: a step of
+    the clock (NTP, a virtual machine resumed) moves it. What a run recorded before the step must still name the
+    same live processes: the bus lists the run, the sweep leaves it alone; a dead run's leftover still goes."""
+    from arcsplit.run.bus import BusInfo
+    from arcsplit.run.rundir import since_boot, supervisor_identity
+
+    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    owned, leftover = (subprocess.Popen(argv) for _ in range(2))
+    try:
+        me = supervisor_identity()
+        step = 2.5  # the recorded wall times are off by this much after the step
+        stepped = {**me, "create_time": me["create_time"] - step}
+        _write(tmp_path, "live", stepped, [{**_entry(owned, argv, psutil.Process(owned.pid).create_time() - step),
+                                             "since_boot": since_boot(owned.pid)}])
+        _write(tmp_path, "dead", {"pid": 2 ** 22 + 1, "create_time": 1.0, "since_boot": 1.0},
+               [{**_entry(leftover, argv, psutil.Process(leftover.pid).create_time() - step),
+                 "since_boot": since_boot(leftover.pid)}])
+        assert sweep(tmp_path, grace=5) == [leftover.pid]
+        assert owned.poll() is None and leftover.wait(5) is not None
+        info = BusInfo(run_id="r", run_dir=str(tmp_path), pub="", ctl="", pid=me["pid"],
+                       create_time=stepped["create_time"], started=0.0, since_boot=me["since_boot"])
+        assert info.alive()
+        # a file from before since_boot was recorded falls back to the wall clock, as it did
+        old = BusInfo(run_id="r", run_dir=str(tmp_path), pub="", ctl="", pid=me["pid"],
+                      create_time=me["create_time"], started=0.0)
+        assert old.alive() and not BusInfo(**{**old.__dict__, "create_time": me["create_time"] - step}).alive()
+    finally:
+        for p in (owned, leftover):
+            p.kill()
+            p.wait()

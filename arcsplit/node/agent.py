@@ -224,9 +224,9 @@ class Agent:
         """Supervise ``child``, say so, and probe it."""
         self.children[child.spec.name] = child
         await tg.start(child.run)
+        self._write_state()  # recorded before it is announced: a next agent's sweep can find it from then on
         for event in started_events(child.spec, child.pid, child.create_time, notes):
             self.emit(event)
-        self._write_state()
         tg.start_soon(self._probe, child)
 
     def _log(self, name: str) -> Path:

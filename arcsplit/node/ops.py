@@ -17,7 +17,7 @@ from ..errors import BadInput
 from ..llama.locate import RPC_NAMES
 from ..run.ports import free_port, is_free
 from ..run.procspec import LOOPBACK, ProcessSpec
-from ..run.rundir import RunDir, supervisor_identity, sweep
+from ..run.rundir import RunDir, since_boot, supervisor_identity, sweep
 from ..run.weightcache import SEED_FLAG, can_seed
 from . import PROTO
 
@@ -199,8 +199,8 @@ def rpc_process(spec: dict[str, Any], inventory: dict[str, Any] | None,
 def write_state(run_dir: RunDir, procs: Iterable[tuple[ProcessSpec, int, float | None]]) -> None:
     """The run dir's state.json: each live rpc-server (spec, pid, create time), so the next agent's hello sweeps
     what this one leaves if it dies some way the parent-death signal does not cover."""
-    rows = [{"name": spec.name, "pid": pid, "pgid": pid, "create_time": create_time, "port": spec.port,
-             "argv": list(spec.argv)} for spec, pid, create_time in procs]
+    rows = [{"name": spec.name, "pid": pid, "pgid": pid, "create_time": create_time, "since_boot": since_boot(pid),
+             "port": spec.port, "argv": list(spec.argv)} for spec, pid, create_time in procs]
     try:
         run_dir.write_state({"supervisor": supervisor_identity(), "node": True, "processes": rows})
     except OSError:

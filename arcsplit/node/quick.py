@@ -168,10 +168,10 @@ def _start(spec: ProcessSpec, notes: list[str], h: Handover, emit: Emit) -> None
         started.create_time = psutil.Process(started.popen.pid).create_time()
     except psutil.Error:
         pass
+    assert h.run_dir is not None  # recorded before it is announced: a next agent's sweep can find it from then on
+    write_state(h.run_dir, [(s.spec, s.popen.pid, s.create_time) for s in h.started if s.popen.poll() is None])
     for event in started_events(spec, started.popen.pid, started.create_time, notes):
         emit(event)
-    assert h.run_dir is not None
-    write_state(h.run_dir, [(s.spec, s.popen.pid, s.create_time) for s in h.started if s.popen.poll() is None])
 
 
 def run_stdio(*, heartbeat: float, allow_bind: tuple[str, ...], inventory: Inventory) -> int:

@@ -73,12 +73,13 @@ class BusInfo:
     url: str | None = None
     model: str | None = None
     keys: str | None = None
+    since_boot: float | None = None  # the writer's start, since boot (rundir.since_boot): a clock step leaves it
 
     def alive(self) -> bool:
         """Still the process that wrote this file (a reused pid is not)."""
         from .rundir import same_process
 
-        return same_process(self.pid, self.create_time) is not None
+        return same_process(self.pid, self.create_time, started=self.since_boot) is not None
 
     @classmethod
     def read(cls, path: Path) -> "BusInfo":
@@ -172,10 +173,12 @@ class BusServer:
                 raise BadInput(f"cannot bind the bus at {pub_ep}: {exc}", "pick another --bus address") from None
             for f in files:
                 f.chmod(0o600)
+            from .rundir import since_boot
+
             me = psutil.Process()
             self.info = BusInfo(run_id=self.run_id, run_dir=str(self.run_dir), pub=pub_ep, ctl=ctl_ep,
                                 pid=me.pid, create_time=me.create_time(), started=time.time(),
-                                url=self.url, model=self.model, keys=keys)
+                                url=self.url, model=self.model, keys=keys, since_boot=since_boot(me.pid))
             _write_private(info_path, json.dumps(asdict(self.info), indent=1))
             task_status.started(self.info)
             async with anyio.create_task_group() as tg:

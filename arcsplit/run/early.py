@@ -4,8 +4,8 @@ A start across hosts waits for each other host's ssh login and node agent (~0.5 
 start only after its agent's hello. Importing the supervisor, the planner and the CLI's flags takes ~0.2 s on a
 small machine. This module imports only the ssh command lines, and spawns each session before anything imports
 anyio (run/popen.py then presents it as anyio's Process), so ``serve`` (arcsplit/_warm.py) starts each host's
-session that much sooner. The launcher adopts each one (NodeLauncher.warm) and runs it like one it
-started itself; :func:`end` ends one the run never takes (a usage error).
+session that much sooner. The launcher adopts each one (NodeLauncher.warm) and runs it like one it started
+itself; :func:`end` ends one the run never takes (a usage error).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 The node agent starts its first rpc-servers before it has imported anyio (node/quick.py), then supervises them
 like every other child; ``serve --layout`` starts its hosts' ssh sessions the same way before it imports anyio
-(run/early.py), and their stdin carries the agent's requests. Output is read from the pipe when the loop says it is readable, and the exit is awaited
-on a pidfd: nothing blocks a worker thread, so cancelling a Child's task behaves as with anyio's own processes.
+(run/early.py), and their stdin carries the agent's requests. Output is read from the pipe when the loop says it
+is readable, and the exit is awaited on a pidfd: nothing blocks a worker thread, so cancelling a Child's task
+behaves as with anyio's own processes.
 """
 
 from __future__ import annotations

@@ -76,20 +76,41 @@ class RunDir:
         tmp.replace(self.state_file)
 
 
+def since_boot(pid: int) -> float | None:
+    """When ``pid`` started, in seconds since boot (``/proc/PID/stat``'s starttime): what tells a process from a
+    later one with its pid. psutil's create_time adds the boot time as the system clock gives it *now*, so a step
+    of the clock (NTP, a virtual machine resumed) moves it, and a live process would read as another one: its run
+    missing from ``ps``, its processes swept as leftovers. This does not move. None once gone, or off Linux."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()  # the command name, in parentheses, may hold spaces
+        return int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat(5)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def supervisor_identity() -> dict[str, Any]:
+    """This process, as state.json names its supervisor (``create_time`` for older readers)."""
     import psutil
 
     me = psutil.Process()
-    return {"pid": me.pid, "create_time": me.create_time()}
+    return {"pid": me.pid, "create_time": me.create_time(), "since_boot": since_boot(me.pid)}
 
 
-def same_process(pid: int, create_time: float, cmdline: list[str] | None = None) -> psutil.Process | None:
-    """The live process with this pid *and* start time (and argv, when given): never a reused pid."""
+def same_process(pid: int, create_time: float, cmdline: list[str] | None = None,
+                 started: float | None = None) -> psutil.Process | None:
+    """The live process with this pid *and* start time (and argv, when given): never a reused pid. ``started``:
+    its :func:`since_boot` as recorded, compared instead of the wall-clock ``create_time`` (files written before
+    it existed have only the latter)."""
     import psutil
 
     try:
         p = psutil.Process(pid)
-        if abs(p.create_time() - create_time) > 0.05:
+        if started is not None:
+            now = since_boot(pid)
+            if now is None or abs(now - started) > 0.02:  # starttime counts clock ticks (10 ms)
+                return None
+        elif abs(p.create_time() - create_time) > 0.05:
             return None
         if cmdline is not None and p.cmdline() != cmdline:
             return None
@@ -98,6 +119,10 @@ def same_process(pid: int, create_time: float, cmdline: list[str] | None = None)
         return p
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def sweep(root: Path | None = None, grace: float = 3.0) -> list[int]:
@@ -116,11 +141,13 @@ def sweep(root: Path | None = None, grace: float = 3.0) -> list[int]:
         import psutil
 
         sup = state.get("supervisor") or {}
-        if sup and same_process(int(sup.get("pid", -1)), float(sup.get("create_time", 0))):
+        if sup and same_process(int(sup.get("pid", -1)), float(sup.get("create_time") or 0),
+                                started=_float(sup.get("since_boot"))):
             continue  # another arcsplit is running it
         victims = []
         for proc in state.get("processes", []):
-            p = same_process(int(proc.get("pid", -1)), float(proc.get("create_time", 0)), list(proc.get("argv", [])))
+            p = same_process(int(proc.get("pid", -1)), float(proc.get("create_time") or 0), list(proc.get("argv", [])),
+                             started=_float(proc.get("since_boot")))
             if p is not None:
                 victims.append(p)
         for p in victims:

@@ -37,7 +37,7 @@ from .events import Event, EventBus, EventKind, HostData, MemberSnapshot, Member
 from .ports import free_port, is_free
 from .remote import NodeLauncher, runs_remote, same_build
 from .states import GROUP_TRANSITIONS, GroupState, MemberState, advance
-from .rundir import RunDir, supervisor_identity, sweep
+from .rundir import RunDir, since_boot, supervisor_identity, sweep
 from .specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, card_of_buffer, n_links
 
 # llama-server's load progress in the router's child protocol (specs.ROUTER_PORT_ENV opts in), one per 200 ms.
@@ -675,7 +675,7 @@ class Supervisor:
         for c in self._children.values():
             if c.pid is not None and c.alive and not ended and not runs_remote(c.spec):  # a host's agent sweeps its own
                 procs.append({"name": c.spec.name, "pid": c.pid, "pgid": c.pid, "create_time": c.create_time,
-                              "port": c.spec.port, "argv": list(c.spec.argv)})
+                              "since_boot": since_boot(c.pid), "port": c.spec.port, "argv": list(c.spec.argv)})
         state = {"supervisor": supervisor_identity(), "started": self._started_at, "url": self.url,
                  "mode": self.config.mode, "group": self._group_state, "processes": procs,
                  # for `arcsplit report`: what this run was asked to do, and its last error
