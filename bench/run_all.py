@@ -338,6 +338,10 @@ FIGURES = [
            ("gpu/trace_cuda_onecard_moe16x32_light.md", "gpu/trace_cuda_onecard_moe16x32_run2_light.md",
             "gpu/trace_cuda_onecard_moe16x32_mps_light.md", "gpu/trace_cuda_onecard_model7b_light.md",
             "gpu/trace_cuda_onecard_moe16x32.md", "gpu/trace_cuda_onecard_model7b.md"), lambda t, f: v_trace(t)),
+    Figure("5g. Each llama.cpp patch alone on the pinned tree, with vs switched off (one H200, MoE; all-RPC and hybrid)",
+           "a row per patch (issue 19): it applies and builds alone, and its speed on vs off in one run",
+           ("gpu/patches_alone.md", "gpu/patches_alone_hybrid.md"),
+           lambda t, f: Verdict("info", first_line_with(t, "Reading"))),
     Figure("6. Several hosts: two \"hosts\" (network namespaces on this machine) over SSH vs one (not started by "
            "run_all: root, sshd)", "over SSH decode >= 0.90x and time to ready <= 1.2x of the same split on one host",
            ("multihost.md", "multihost_ready_stockrc.md", "multihost_ready_stockrc_1.md", "multihost_ready_machinerc.md",
