@@ -100,6 +100,27 @@ def test_argv_check_without_a_build_names_the_fix():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("quick", [True, False], ids=["first-phase", "imports-first"])
+def test_the_hello_says_how_long_the_agent_took_to_start_from_its_process_creation(tmp_path, llama_bins, quick):
+    """Over SSH the agent's process is the login shell sshd forked, so its age at the first answer includes the
+    shell's rc: a wrapper that sleeps 1 s before exec'ing the agent (a slow ~/.bashrc) shows up in ``started_s``."""
+    ages = {}
+    for rc in (0.0, 1.0):
+        argv = [sys.executable, "-m", "arcsplit", "node", "--stdio", "--llama-dir", str(llama_bins.bin_dir)]
+        env = {**os.environ, "ARCSPLIT_STATE_DIR": str(tmp_path / f"s{rc}"), "ARCSPLIT_NODE_QUICK": "1" if quick else "0"}
+        a = NodeClient(["sh", "-c", f'sleep {rc}; exec "$@"', "sh", *argv], env=env)
+        try:
+            a.send(op="ping")
+            a.wait("pong")
+            a.send(op="hello", run="run-age", proto=1)
+            ages[rc] = a.wait("hello")["started_s"]
+        finally:
+            a.proc.kill()
+            a.proc.wait(10)
+    assert 0 < ages[0.0] < 5 and ages[1.0] >= 1.0 and ages[1.0] - ages[0.0] > 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quick", [True, False], ids=["first-phase", "imports-first"])
 def test_hello_reports_the_build_and_rpc_server_gets_ready_then_dies_with_stdin(agents, llama_bins, quick):
     """The same answers whether the first ops are handled before the imports (the default) or after them
     (ARCSPLIT_NODE_QUICK=0, the fallback and bench/node_start.py's comparison)."""

@@ -15,7 +15,7 @@ import json
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import anyio
 
@@ -267,7 +267,24 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
         elif ev.kind == "verdict":
             _say(f"recorded: {ev.data.get('failed_mode')} fails here; now {ev.data.get('fallback')}")
         elif ev.kind == "host":
-            _say(f"host {ev.name} ({ev.data.get('ssh')}): ssh login and node agent in {ev.data.get('opened_s'):.2f} s")
+            _say(host_line(ev.name, ev.data))
+
+
+SLOW_AGENT_START_S = 0.3  # Python and the agent's first imports take ~0.1-0.15 s on a small machine
+
+
+def host_line(name: str, data: Mapping[str, Any]) -> str:
+    """What serve says when a host's session opens: the login and the agent's start, and of that the agent's own
+    start there (from sshd's fork of the login shell), with a hint when it is slow: the shell's rc runs on every
+    start."""
+    line = f"host {name} ({data.get('ssh')}): ssh login and node agent in {data.get('opened_s'):.2f} s"
+    started = data.get("started_s")
+    if isinstance(started, (int, float)):
+        line += f", of which the agent's start there {started:.2f} s"
+        if started > SLOW_AGENT_START_S:
+            line += (f" (slow: the login shell's rc on {name} runs first on every start; `time ssh "
+                     f"{data.get('ssh')} true` shows it, docs/multihost.md)")
+    return line
 
 
 def _card_loads(cards: list[dict[str, Any]]) -> str:

@@ -27,8 +27,8 @@ from ..run.child import Child
 from ..run.popen import PopenProcess
 from ..run.ports import probe_once
 from ..run.rundir import RunDir
-from .ops import (Inventory, check_rpc_argv, drop_missing_seeds, greet, hello_args, hello_events, nodes_root, pick_ports,
-                  rpc_process, started_events, write_state)
+from .ops import (Inventory, answering, check_rpc_argv, drop_missing_seeds, greet, hello_args, hello_events,
+                  nodes_root, pick_ports, rpc_process, started_events, write_state)
 
 if TYPE_CHECKING:
     from ..telemetry.intel import IntelSampler
@@ -177,6 +177,7 @@ class Agent:
         op, name = msg.get("op"), ""
         try:
             if op == "ping":
+                answering()
                 self.emit({"ev": "pong"})
             elif op == "hello":
                 await self._hello(msg)

@@ -27,7 +27,8 @@ from ..run.ports import accepts_now
 from ..run.procspec import ProcessSpec
 from ..run.rundir import RunDir
 from ..run.spawn import popen
-from .ops import Inventory, greet, hello_args, hello_events, pick_ports, rpc_process, started_events, write_state
+from .ops import (Inventory, answering, greet, hello_args, hello_events, pick_ports, rpc_process, started_events,
+                  write_state)
 
 IDLE = 0.02  # s without an op before the heavy imports start anyway (the client has not sent its next op yet)
 POLL = 0.005  # s between probes of a started rpc-server while the imports run
@@ -135,6 +136,7 @@ def _handle(raw: bytes, h: Handover, emit: Emit, allow_bind: tuple[str, ...], in
         msg = json.loads(raw)
         op = msg.get("op") if isinstance(msg, dict) else None
         if op == "ping":
+            answering()
             emit({"ev": "pong"})
         elif op == "hello":
             run, backend = hello_args(msg)

@@ -77,6 +77,8 @@ class HostData(TypedDict):
     ssh: str
     opened_s: float
     generation: int
+    started_s: float | None  # of which the agent's own start there: from sshd's fork of the login shell to its
+    # first answer (the shell's rc, Python, the agent's imports); None from an agent that does not say
 
 
 class LogData(TypedDict):

@@ -457,8 +457,10 @@ class Supervisor:
         for name in hosts:
             session = self.launcher.sessions.get(name)
             if session is not None and session.opened_in is not None:
+                started = (session.hello or {}).get("started_s")
                 self._publish("host", name, HostData(ssh=session.host.ssh, opened_s=round(session.opened_in, 3),
-                                                     generation=self._generation))
+                                                     generation=self._generation,
+                                                     started_s=started if isinstance(started, (int, float)) else None))
         bins = self.launcher.node_bins()
         if bins != self.config.node_bins:
             self.config = replace(self.config, node_bins=bins)
