@@ -7,6 +7,7 @@ is paid on the critical path of a start over SSH.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
@@ -123,25 +124,21 @@ def greet(run: str, backend: str | None, inventory: Inventory) -> tuple[RunDir, 
     return run_dir, inventory(backend), killed
 
 
-_first_answer: list[float | None] = []  # the process's age when it first answered (see :func:`answering`)
-
-
-def answering() -> None:
-    """Note, once, how long this process took from its creation to its first answer. Over SSH the process is the
-    one sshd forked for the login shell, so this is the shell's rc, the exec of Python and the agent's imports:
-    what a slow ``~/.bashrc`` there adds to every start (the hello reports it as ``started_s``)."""
-    if not _first_answer:
-        started = since_boot(os.getpid())
-        _first_answer.append(None if started is None else
-                             round(time.clock_gettime(time.CLOCK_BOOTTIME) - started, 3))
+@functools.cache
+def answering() -> float | None:
+    """How long this process took from its creation to its first answer, noted on the first call (the first
+    pong, or the hello). Over SSH the process is the one sshd forked for the login shell, so this is the shell's
+    rc, the exec of Python and the agent's imports: what a slow ``~/.bashrc`` there adds to every start (the hello
+    reports it as ``started_s``)."""
+    started = since_boot(os.getpid())
+    return None if started is None else round(time.clock_gettime(time.CLOCK_BOOTTIME) - started, 3)
 
 
 def hello_events(inventory: dict[str, Any] | None, killed: list[int]) -> list[dict[str, Any]]:
     """What a hello is answered with: a line naming what was swept (if anything), then the hello itself."""
-    answering()
     swept = [{"ev": "line", "name": "", "line": f"swept leftovers of a dead agent: pids {killed}"}] if killed else []
     return [*swept, {"ev": "hello", "proto": PROTO, **(inventory or {}), "pid": os.getpid(),
-                     "started_s": _first_answer[0]}]
+                     "started_s": answering()}]
 
 
 def started_events(spec: ProcessSpec, pid: int | None, create_time: float | None,

@@ -64,7 +64,7 @@ def first_ops(fd: int, emit: Emit, *, allow_bind: tuple[str, ...], inventory: In
               load: Callable[[], object] = lambda: importlib.import_module(HEAVY)) -> Handover:
     """Answer the ops this module knows from ``fd`` until ``load`` has run (in a thread) or input ends."""
     h = Handover()
-    early = _Early(inventory)
+    prefetched = _Prefetched(inventory)
     loader: threading.Thread | None = None
     deferred = False  # a line was left to the agent: read nothing more, keep the order
 
@@ -88,8 +88,9 @@ def first_ops(fd: int, emit: Emit, *, allow_bind: tuple[str, ...], inventory: In
         wait = POLL if loader is not None else IDLE
         if not select.select([fd], [], [], wait)[0]:
             if loader is None:
-                if h.run_dir is None:
-                    inventory = early.fetch()  # idle before the hello: read this host's build and cards now
+                if h.run_dir is None:  # idle before the hello: read this host's build and cards now
+                    prefetched.fetch()
+                    inventory = prefetched
                 begin()  # idle: the client is busy; import meanwhile
             continue
         chunk = os.read(fd, 65536)
@@ -108,7 +109,7 @@ def first_ops(fd: int, emit: Emit, *, allow_bind: tuple[str, ...], inventory: In
     return h
 
 
-class _Early:
+class _Prefetched:
     """The hello's inventory read while the client is still planning (it takes ~20 ms: llama.cpp's build info and
     the cards), kept for a hello that asks for the backend it resolved to; any other hello reads its own."""
 
@@ -116,12 +117,11 @@ class _Early:
         self.inventory = inventory
         self.got: dict[str, Any] | None = None
 
-    def fetch(self) -> Inventory:
+    def fetch(self) -> None:
         try:
             self.got = self.inventory(None)
         except Exception:  # noqa: BLE001 - the hello reads it again and reports what is wrong
             self.got = None
-        return self
 
     def __call__(self, backend: str | None) -> dict[str, Any]:
         got, self.got = self.got, None
