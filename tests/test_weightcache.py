@@ -134,8 +134,24 @@ def test_indexing_before_the_group_starts_fails_with_the_fix_when_the_binary_can
         weightcache.ensure_index(true, str(tmp_path / "c"), [str(model)], dict(os.environ))
     index = weightcache.index_of(model, tmp_path / "c")
     index.parent.mkdir(parents=True)
-    index.write_text(f"ggml-rpc-fnv-index 1\n{model}\n")
+    index.write_text(f"{weightcache.INDEX_MAGIC}\n{model}\n")
     assert weightcache.ensure_index(true, str(tmp_path / "c"), [str(model)], dict(os.environ)) is None
+
+
+def test_an_index_of_an_older_version_is_rebuilt_before_the_group_starts(tmp_path):
+    """Version 1 listed tensors from 1 MiB only: serve runs the indexer again (a real build rewrites it, see the
+    real-build test below); a build that predates version 2 keeps its own index, which is no error."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(64))
+    index = weightcache.index_of(model, tmp_path / "c")
+    index.parent.mkdir(parents=True)
+    index.write_text(f"ggml-rpc-fnv-index 1\n{model}\n")
+    marker = tmp_path / "ran"
+    indexer = tmp_path / "indexer"
+    indexer.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    indexer.chmod(0o755)
+    took = weightcache.ensure_index(str(indexer), str(tmp_path / "c"), [str(model)], dict(os.environ))
+    assert marker.exists() and took is not None
 
 
 # -- the real build ---------------------------------------------------------------------------------------------
@@ -143,11 +159,13 @@ def test_indexing_before_the_group_starts_fails_with_the_fix_when_the_binary_can
 PROMPT = "Once upon a time"
 SET_TENSOR = re.compile(r"\[set_tensor\] .*size: (\d+)")
 HASH_HIT = re.compile(r"\[set_tensor_hash\] .*size: (\d+)")
+KV = 1024 * 128 * 2  # bytes of one K or V weight of _model: indexed since version 2 of the index (from 64 KiB)
 
 
 def _model(tmp_path: Path) -> Path:
-    """Small, but with weights from 1 MiB (the ones the index covers) up to above llama.cpp's 10 MiB threshold."""
-    return write_llama(tmp_path / "llama.gguf", n_layer=4, n_embd=1024, n_head=8, n_head_kv=4, n_ff=2816,
+    """Small, but with weights from 256 KiB (K and V: 1024 x 128 F16; the index covers them from 64 KiB) up to above
+    llama.cpp's 10 MiB threshold."""
+    return write_llama(tmp_path / "llama.gguf", n_layer=4, n_embd=1024, n_head=8, n_head_kv=1, n_ff=2816,
                        n_vocab=6000)
 
 
@@ -198,7 +216,8 @@ def test_seeded_weights_never_cross_the_socket_and_greedy_output_is_the_same(lla
         logs = "\n".join(server.logs("rpc0", 500))
     assert seeded == plain
     assert "Seeded cache from" in logs
-    assert hits and min(hits) >= MiB and max(hits) >= 10 * MiB  # served from the file, big and middle-sized
+    assert hits and max(hits) >= 10 * MiB  # served from the file: big weights, and the 256 KiB K and V ones
+    assert KV in hits and KV not in sent, sorted(sent)[-5:]
     assert all(size < MiB for size in sent), sorted(sent)[-5:]  # only small tensors and activations crossed
     store = weightcache.store(cache)
     assert [p.suffix for p in store.iterdir()] == [".fnvidx"]  # one index, no copy of any weight
@@ -246,9 +265,9 @@ def test_the_model_is_indexed_once_before_any_rpc_server_starts(llama_bins, tmp_
     root = tmp_path / "c"
     assert weightcache.ensure_index(str(llama_bins.rpc_server), str(root), [str(model)], dict(os.environ)) is not None
     lines = weightcache.index_of(model, root).read_text().splitlines()
-    assert lines[:2] == ["ggml-rpc-fnv-index 1", str(model)] and len(lines) > 2
+    assert lines[:2] == [weightcache.INDEX_MAGIC, str(model)] and len(lines) > 2
     entries = [(int(h, 16), int(off), int(n)) for h, off, n in (line.split() for line in lines[2:])]
-    assert all(n >= MiB for _, _, n in entries)
+    assert all(n >= 64 * 1024 for _, _, n in entries) and min(n for _, _, n in entries) == KV
     want, off, n = min(entries, key=lambda e: e[2])
     h = 0xCBF29CE484222325
     with model.open("rb") as fh:
@@ -257,3 +276,10 @@ def test_the_model_is_indexed_once_before_any_rpc_server_starts(llama_bins, tmp_
             h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
     assert h == want
     assert weightcache.ensure_index(str(llama_bins.rpc_server), str(root), [str(model)], dict(os.environ)) is None
+    # an index of version 1 (tensors from 1 MiB only, as the patch wrote before) is rewritten by the next start's
+    # indexing, so the middle-sized weights stop crossing the socket after an upgrade
+    index = weightcache.index_of(model, root)
+    index.write_text("\n".join(["ggml-rpc-fnv-index 1", str(model), *(x for x in lines[2:] if int(x.split()[2]) >= MiB)])
+                     + "\n")
+    assert weightcache.ensure_index(str(llama_bins.rpc_server), str(root), [str(model)], dict(os.environ)) is not None
+    assert index.read_text().splitlines() == lines

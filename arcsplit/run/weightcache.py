@@ -29,6 +29,9 @@ PATCH = "0006-rpc-seed-cache-from-gguf"
 SEED_FLAG = "--seed-cache"  # rpc-server: index this GGUF into the cache directory and serve from it
 INDEX_ENV = "GGML_RPC_FNV_INDEX"  # llama-server: where the indexes are (the rpc-servers' cache directory)
 INDEX_SUFFIX = ".fnvidx"
+# The index's first line. Version 2 lists tensors from 64 KiB (version 1: from 1 MiB); an rpc-server of this patch
+# rebuilds an older one when it seeds, so serve has it rebuilt before the group starts (ensure_index).
+INDEX_MAGIC = "ggml-rpc-fnv-index 2"
 _COPY = re.compile(r"^[0-9a-f]{16}$")  # llama.cpp's cache entry: the tensor's bytes, named by their hash
 _IDENTITY = re.compile(r"^(\d+)-(\d+)-(\d+)-(-?\d+)\.fnvidx$")  # st_dev-st_ino-st_size-st_mtime_ns
 _STALE_TMP_S = 3600.0  # an unfinished index older than this was left by a killed rpc-server
@@ -126,11 +129,21 @@ def _index_target_unchanged(index: Path) -> bool:
     return bool(gguf) and _identity(Path(gguf)) == index.name
 
 
+def _current(index: Path) -> bool:
+    """The index is there and of this patch's version."""
+    try:
+        with index.open(encoding="utf-8") as fh:
+            return fh.readline().rstrip("\n") == INDEX_MAGIC
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def ensure_index(rpc_bin: str, cache_root: str, files: Sequence[str], env: Mapping[str, str]) -> float | None:
     """Index the model's files before any rpc-server starts (``--seed-only``), so that no rpc-server spends the
     supervisor's start-up window hashing a big model. Seconds it took, None when every index was there already.
-    An rpc-server that finds an index missing anyway (pruned meanwhile) builds it itself."""
-    if all((i := index_of(f, cache_root)) is not None and i.exists() for f in files):
+    An rpc-server that finds an index missing anyway (pruned meanwhile) builds it itself. An index of an older
+    version is rebuilt here too; a build whose patch predates it keeps the one it has (that is no error)."""
+    if all((i := index_of(f, cache_root)) is not None and _current(i) for f in files):
         return None
     argv = [rpc_bin, "--seed-only", "-c", *(x for f in files for x in (SEED_FLAG, f))]
     t0 = time.monotonic()
