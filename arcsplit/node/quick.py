@@ -5,8 +5,12 @@ asyncio and psutil take 0.2-0.3 s to import, longer than the rest of the agent's
 here, with the standard library and arcsplit's light modules: it answers the first ops with node/ops.py (the
 agent's own code for them) and starts each rpc-server with run/spawn.py's ``popen`` (the same shim, environment
 and session as every child). The heavy imports run in a thread once the first rpc-server is started, or once no op
-has come for ``IDLE`` s (the client is still planning): never during a hello, so the two do not share one
-interpreter lock. Meanwhile this loop probes each started rpc-server and says ``ready`` as the agent would. When
+has come for ``IDLE_IMPORT`` s (a client planning a big model): not while hello, ports and start are on their way,
+which is where a start over SSH waits on this host. An import thread then holds the interpreter lock and one of a
+small host's cores for ~0.25 s, and the answers waited on both (an earlier version began it after ``IDLE`` s of
+quiet, so a hello arriving just after the agent was up found it importing). While it runs the interpreter switches
+threads every ``SWITCH`` s instead of 5 ms, so an op still gets an answer at once. Meanwhile this loop probes each
+started rpc-server and says ``ready`` as the agent would. When
 the imports are done, node/agent.py takes over (``Handover``): its Children adopt the processes, and it handles
 whatever this loop did not: every other op, and anything unusual (an error is reported by the agent, once).
 """
@@ -18,6 +22,7 @@ import json
 import os
 import select
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,8 +35,10 @@ from ..run.spawn import popen
 from .ops import (Inventory, answering, greet, hello_args, hello_events, pick_ports, rpc_process, started_events,
                   write_state)
 
-IDLE = 0.02  # s without an op before the heavy imports start anyway (the client has not sent its next op yet)
+IDLE = 0.02  # s without an op before the hello's inventory is read (the client is still planning)
+IDLE_IMPORT = 0.5  # s without an op before the heavy imports start though no rpc-server was asked for
 POLL = 0.005  # s between probes of a started rpc-server while the imports run
+SWITCH = 0.0005  # s: the interpreter's thread switch interval while the imports run (Python's default: 0.005)
 HEAVY = "arcsplit.node.agent"  # anyio, psutil and the Child supervision it needs
 
 Emit = Callable[[dict[str, Any]], None]
@@ -67,46 +74,60 @@ def first_ops(fd: int, emit: Emit, *, allow_bind: tuple[str, ...], inventory: In
     prefetched = _Prefetched(inventory)
     loader: threading.Thread | None = None
     deferred = False  # a line was left to the agent: read nothing more, keep the order
+    heard = time.monotonic()  # the last input
+    read = False  # the hello's inventory was read while idle
+    switch = sys.getswitchinterval()
 
     def begin() -> None:
         nonlocal loader
         if loader is None:
             loader = threading.Thread(target=load, name="imports", daemon=True)
+            sys.setswitchinterval(SWITCH)
             loader.start()
 
-    while loader is None or loader.is_alive():
-        for s in h.started:
-            if not s.ready and s.popen.poll() is None and accepts_now(s.spec.host, s.spec.port):
-                s.ready = True
-                emit({"ev": "ready", "name": s.spec.name})
-        if h.eof and not h.started and not h.lines:
-            return h  # the client left: nothing to stop, nothing to answer, no reason to import the rest
-        if deferred or h.eof:
-            begin()
-            time.sleep(POLL)
-            continue
-        wait = POLL if loader is not None else IDLE
-        if not select.select([fd], [], [], wait)[0]:
-            if loader is None:
-                if h.run_dir is None:  # idle before the hello: read this host's build and cards now
-                    prefetched.fetch()
-                    inventory = prefetched
-                begin()  # idle: the client is busy; import meanwhile
-            continue
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            h.eof = True
-            continue
-        *lines, h.rest = (h.rest + chunk).split(b"\n")
-        for raw in lines:
-            if not raw.strip():
+    try:
+        while loader is None or loader.is_alive():
+            for s in h.started:
+                if not s.ready and s.popen.poll() is None and accepts_now(s.spec.host, s.spec.port):
+                    s.ready = True
+                    emit({"ev": "ready", "name": s.spec.name})
+            if h.eof and not h.started and not h.lines:
+                return h  # the client left: nothing to stop, nothing to answer, no reason to import the rest
+            if deferred or h.eof:
+                begin()
+                time.sleep(POLL)
                 continue
-            if deferred or not _handle(raw, h, emit, allow_bind, inventory):
-                deferred = True
-                h.lines.append(raw)
-        if h.started:
-            begin()
-    return h
+            if loader is not None:
+                wait = POLL
+            elif h.run_dir is None and not read:
+                wait = IDLE
+            else:
+                wait = max(0.001, heard + IDLE_IMPORT - time.monotonic())
+            if not select.select([fd], [], [], wait)[0]:
+                if loader is None:
+                    if h.run_dir is None and not read:  # idle before the hello: read this host's build and cards
+                        prefetched.fetch()
+                        inventory, read = prefetched, True
+                    elif time.monotonic() - heard >= IDLE_IMPORT:
+                        begin()  # the client is busy for a while (planning a big model): import meanwhile
+                continue
+            heard = time.monotonic()
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                h.eof = True
+                continue
+            *lines, h.rest = (h.rest + chunk).split(b"\n")
+            for raw in lines:
+                if not raw.strip():
+                    continue
+                if deferred or not _handle(raw, h, emit, allow_bind, inventory):
+                    deferred = True
+                    h.lines.append(raw)
+            if h.started:
+                begin()
+        return h
+    finally:
+        sys.setswitchinterval(switch)
 
 
 class _Prefetched:

@@ -395,10 +395,8 @@ class Supervisor:
         self._links = out
         return out
 
-    async def _pick_ports(self, prefer: Sequence[int] = ()) -> list[int]:
-        """rpc-server ports in --rpc order: a remote one free on its host, as its agent says (``prefer``: the
-        guesses its link was started with). This machine's keep their ports across restarts while those stay
-        free."""
+    def _local_ports(self) -> list[int]:
+        """This machine's rpc-server ports in --rpc order (0 for a remote one), kept across restarts while free."""
         config = self.config
         procs = config.route.rpc
         fixed = config.rpc_ports
@@ -423,6 +421,15 @@ class Supervisor:
             else:
                 ports[i] = fresh()
             taken.add(ports[i])
+        return ports
+
+    async def _remote_ports(self, local: Sequence[int], prefer: Sequence[int] = ()) -> list[int]:
+        """``local`` with each remote rpc-server's port filled in: free on its host, as its agent says (``prefer``:
+        the guesses its link was started with)."""
+        config = self.config
+        procs = config.route.rpc
+        fixed = config.rpc_ports
+        ports = list(local)
         for host in _hosts(config):
             where = [i for i, proc in enumerate(procs) if proc.host == host]
             h = config.host_named(host)
@@ -482,12 +489,15 @@ class Supervisor:
             except _StartFailed as exc:
                 failures.append(exc)
 
-        # The ssh links log in (~0.3 s each) while the agent sessions open (another login and the agent's start):
-        # a forward needs its rpc-server only when llama-server dials through it, so it can start on a guessed
-        # remote port. Then the rpc-servers here and there, and any link whose guess was taken; then llama-server.
+        # While the agent sessions open (a login and the agent's start there), what needs no answer from them starts:
+        # this machine's rpc-servers, and the ssh links (a forward needs its rpc-server only when llama-server dials
+        # through it, so it can start on a guessed remote port). Then the rpc-servers there, and any link whose guess
+        # was taken; then llama-server.
         guess = self._guess_ports()
         link_ports = self._link_ports(set())
-        early = [s for s in self._build(guess, link_ports) if s.role == "link"]
+        local = self._local_ports()
+        early = [s for s in self._build([p or g for p, g in zip(local, guess)], link_ports)
+                 if s.role == "link" or (s.role == "rpc" and not s.node)]
         async with anyio.create_task_group() as otg:
             for spec in early:
                 otg.start_soon(start_rpc, spec)
@@ -498,7 +508,7 @@ class Supervisor:
                 otg.cancel_scope.cancel()
         if failures:
             raise failures[0]
-        ports = await self._pick_ports(guess)
+        ports = await self._remote_ports(local, guess)
         specs = self._build(ports, link_ports)
         server_spec = specs[-1]
         self._specs = specs
@@ -513,8 +523,7 @@ class Supervisor:
 
         async with anyio.create_task_group() as rtg:
             for spec in specs:
-                if spec.role == "rpc" or (spec.role == "link" and (spec.name not in started or
-                                                                   started[spec.name].argv != spec.argv)):
+                if spec.role in ("rpc", "link") and (spec.name not in started or started[spec.name].argv != spec.argv):
                     rtg.start_soon(start_rpc, spec)
         self._write_state()
         if failures:
