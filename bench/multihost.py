@@ -33,6 +33,7 @@ import re
 import shlex
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -58,6 +59,8 @@ from arcsplit.demo import ensure_demo_model  # noqa: E402
 
 CONFIGS = {"one host": None, "two hosts, ssh": "ssh", "two hosts, direct": "direct"}
 KEX = "ssh-kex"  # --kex: two hosts over SSH, with a key exchange named in the host's ssh_config
+IDLE = "idle-session"  # --idle-session: one host, plus an ssh session to b's node agent that serve does not use
+IDLE_NAME = "one host + idle session to b"
 DECODE_TARGET, READY_TARGET = 0.90, 1.2  # issue 15: over SSH, of the same split on one host
 
 
@@ -81,8 +84,8 @@ def opened_s(s: Served) -> float:
 def served(a: argparse.Namespace, net: NetHarness, tmp: Path, link: str | None, extra: tuple[str, ...] = (),
            parallel: int = STREAMS) -> Served:
     n = len(list(tmp.glob("layout-*.toml")))
-    cards = [("", a.cards[0]), ("" if link is None else "b", a.cards[1])]
-    layout = net.layout(tmp / f"layout-{n}.toml", cards, link="ssh" if link in (None, KEX) else link,
+    cards = [("", a.cards[0]), ("" if link in (None, IDLE) else "b", a.cards[1])]
+    layout = net.layout(tmp / f"layout-{n}.toml", cards, link="ssh" if link in (None, KEX, IDLE) else link,
                         name=link or "one host", forwards=a.forwards)
     if link == KEX:  # the same host through an ssh_config that names the key exchange (what a user's would)
         kex_config = tmp / "ssh_config_kex"
@@ -123,9 +126,31 @@ def commands(s: Served, net: NetHarness) -> dict[str, str]:
     return out
 
 
+@contextlib.contextmanager
+def idle_session(net: NetHarness, on: bool) -> Iterator[None]:
+    """``on``: what a second host costs this machine's shared cores without serving anything: an ssh login to b
+    and its node agent (as serve's session: the agent's start, its imports, its stats), kept open until the run
+    ends. On two real hosts b's share of it runs on b's own cores."""
+    if not on:
+        yield
+        return
+    p = subprocess.Popen(net.ssh_argv("b", [str(net.host("b").arcsplit), "node", "--stdio"]), stdin=subprocess.PIPE,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        assert p.stdin is not None
+        p.stdin.close()  # EOF: the agent exits, then ssh
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def measure(a: argparse.Namespace, net: NetHarness, tmp: Path, link: str | None) -> Run:
     s = served(a, net, tmp, link)
-    with running(s):
+    with running(s), idle_session(net, link == IDLE):  # the session starts with serve, as serve's own would
         ready = s.wait_ready(300)
         if a.ready_only:  # a model too big to time prefill/decode on this machine in a bench's time
             with httpx.Client(timeout=a.timeout) as client:
@@ -249,6 +274,13 @@ def report(a: argparse.Namespace, runs: dict[str, list[Run]], rec: dict[tuple[st
                   f"{'meets' if d >= DECODE_TARGET else 'misses'})")
         lines += [f"Result: {decode}, time to ready {r:.2f}x (target <= "
                   f"{READY_TARGET:.1f}x: {'meets' if r <= READY_TARGET else 'misses'}).", ""]
+        if runs.get(IDLE_NAME):
+            i = med(IDLE_NAME, "ready") / med("one host", "ready")
+            lines += [f"One host with an idle session to b beside it (an ssh login and b's node agent, unused: b's "
+                      f"side of a start on these shared cores) was ready in {i:.2f}x one host's time; two hosts "
+                      f"over SSH took {med('two hosts, ssh', 'ready') / med(IDLE_NAME, 'ready'):.2f}x of that. "
+                      "On two machines b's side runs on b's cores, and only the ssh client's part of the login stays "
+                      "here.", ""]
     lines += [f"Greedy check: {len(ref or [])} prompts x {a.n_predict} tokens at temperature 0, token ids of every "
               "run compared with the first one-host run's.", ""]
     if rec:
@@ -306,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="one more configuration: two hosts over SSH whose ssh_config names this key exchange "
                          "(e.g. curve25519-sha256: OpenSSH before 9.9 defaults to sntrup761x25519-sha512, which "
                          "costs each login more CPU)")
+    ap.add_argument("--idle-session", action="store_true",
+                    help="one more configuration: one host while an ssh session to b's node agent runs beside it, "
+                         "unused (what b's side of a start costs these shared cores, which a real b pays on its own)")
     ap.add_argument("--machine-rc", action="store_true",
                     help="host b's login shell reads this machine's own ~/.bashrc (default: Debian's stock one, as "
                          "on a fresh host; every ssh command runs the login shell's rc)")
@@ -336,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
 
     llama_dir = find_llama(None, backend="cpu").bin_dir
     os.environ["ARCSPLIT_LLAMA_DIR"] = str(llama_dir)  # Served gives every run a private cache dir: name the build
-    configs = {**CONFIGS, **({f"two hosts, ssh, {a.kex}": KEX} if a.kex else {})}
+    configs = {**CONFIGS, **({f"two hosts, ssh, {a.kex}": KEX} if a.kex else {}),
+               **({IDLE_NAME: IDLE} if a.idle_session else {})}
     runs: dict[str, list[Run]] = {name: [] for name in configs}
     rec: dict[tuple[str, bool], Recovery] = {}
     with tempfile.TemporaryDirectory(prefix="arcsplit-multihost-") as tmpdir, \

@@ -622,13 +622,16 @@ def test_multihost_bench_writes_its_table(llama_bins: Any, demo_model: Path, tmp
         pytest.skip(why)
     out = tmp_path / "multihost.md"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "multihost.py"), "--model", str(demo_model), "--runs",
-                           "1", "--reps", "1", "--n-predict", "4", "--kills", "0", "--out", str(out)],
+                           "1", "--reps", "1", "--n-predict", "4", "--kills", "0", "--idle-session", "--out", str(out)],
                           capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     text = out.read_text()
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| one host")
             or line.startswith("| two hosts")}
-    assert set(rows) == {"one host", "two hosts, ssh", "two hosts, direct"}, text
+    assert set(rows) == {"one host", "two hosts, ssh", "two hosts, direct", "one host + idle session to b"}, text
+    # the idle session's row: one host's group (no figure for b's session: serve did not open it), and the sentence
+    assert rows["one host + idle session to b"].split("|")[3].strip() == "-"
+    assert "One host with an idle session to b beside it" in text
     assert rows["one host"].rstrip().endswith("(reference) |")
     assert rows["two hosts, ssh"].rstrip().endswith("yes (1/1 runs) |") and "yes (1/1 runs)" in rows["two hosts, direct"]
     assert "Result: over SSH decode is" in text and "share this one machine" in text
