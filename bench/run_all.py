@@ -344,7 +344,7 @@ FIGURES = [
            lambda t, f: Verdict("info", first_line_with(t, "Reading"))),
     Figure("6. Several hosts: two \"hosts\" (network namespaces on this machine) over SSH vs one (not started by "
            "run_all: root, sshd)", "over SSH decode >= 0.90x and time to ready <= 1.2x of the same split on one host",
-           ("multihost.md", "multihost_ready_stockrc.md", "multihost_ready_stockrc_1.md", "multihost_ready_machinerc.md",
+           ("multihost.md", "multihost_ready_final.md", "multihost_ready_r9.md", "multihost_ready_index64k.md", "multihost_ready_stockrc.md", "multihost_ready_stockrc_1.md", "multihost_ready_machinerc.md",
             "multihost_ready_morning_machinerc.md", "multihost_ready_morning_stockrc.md", "multihost_ready_repeat.md", "multihost_ab_early_after.md", "multihost_ab_early_before.md",
             "multihost_quick_after.md", "multihost_quick_before.md", "multihost_quick_repeat.md"),
            lambda t, f: v_generic(t)),
@@ -352,7 +352,8 @@ FIGURES = [
            "time to ready <= 1.2x of the same split on one host", ("multihost_big.md",), lambda t, f: v_generic(t)),
     Figure("6c. The node agent's start: exec to its rpc-server ready, with and without its first phase (the agent "
            "alone, no ssh; not started by run_all)", "sooner with the first phase (node/quick.py)",
-           ("node_start.md",), lambda t, f: Verdict("info", first_line_with(t, "Median exec to ready"))),
+           ("node_start.md", "node_start_hello_after.md", "node_start_hello_after_before.md"),
+           lambda t, f: Verdict("info", first_line_with(t, "Median exec to ready"))),
     Figure("Supervisor CPU while idle", "< 0.5 % of one core", ("idle_cpu.md",), lambda t, f: v_generic(t)),
     Figure("Dashboard frame time under a log flood", "frames under 50 ms at realistic log rates",
            ("dash_frame.md",), lambda t, f: v_generic(t)),
