@@ -195,3 +195,45 @@ def test_the_hellos_inventory_is_read_while_the_client_is_still_planning(tmp_pat
         os.close(r)
     hello = next(e for e in events if e.get("ev") == "hello")
     assert hello["llama"]["backend"] == asked and calls == reads
+
+
+def test_the_heavy_imports_wait_while_hello_ports_and_start_are_on_their_way(tmp_path, monkeypatch):
+    """The imports take a small host's core and the interpreter lock for ~0.25 s: begun 20 ms after the hello's
+    inventory was read, they made a hello that came just after the agent was up (serve's planning ending then)
+    wait on them, and ports and start after it. Now they wait for the first start, or IDLE_IMPORT s of quiet
+    (a client planning a big model); while they run, the interpreter switches threads every SWITCH s."""
+    from arcsplit.node import quick
+
+    monkeypatch.setenv("ARCSPLIT_STATE_DIR", str(tmp_path))
+    monkeypatch.setattr(quick, "IDLE_IMPORT", 0.4)
+    began: list[tuple[float, float]] = []  # (when, the switch interval then)
+
+    def load() -> None:
+        began.append((time.monotonic(), sys.getswitchinterval()))
+
+    r, w = os.pipe()
+    events: list[dict] = []
+    before = sys.getswitchinterval()
+    done = threading.Thread(target=lambda: quick.first_ops(
+        r, events.append, allow_bind=(), inventory=lambda b: {"llama": {"backend": "cpu", "rpc_bin": "/x/rpc"}},
+        load=load))
+    done.start()
+    try:
+        os.write(w, b'{"op":"ping"}\n')
+        time.sleep(0.1)  # the agent is up, the inventory read while idle
+        os.write(w, json.dumps({"op": "hello", "run": "run-i", "proto": 1, "backend": "cpu"}).encode() + b"\n")
+        time.sleep(0.1)  # five times the old 20 ms: no import yet
+        os.write(w, b'{"op":"ports","n":1,"bind":"127.0.0.1"}\n')
+        time.sleep(0.1)
+        assert not began, "the imports began between the hello and the start"
+        quiet_from = time.monotonic()
+        deadline = quiet_from + 5
+        while not began and time.monotonic() < deadline:  # no start comes: after IDLE_IMPORT s they begin anyway
+            time.sleep(0.01)
+        assert began and began[0][0] - quiet_from >= 0.25 and began[0][1] == quick.SWITCH
+    finally:
+        os.close(w)
+        done.join(10)
+        os.close(r)
+    assert [e["ev"] for e in events if e["ev"] in ("pong", "hello", "ports")] == ["pong", "hello", "ports"]
+    assert sys.getswitchinterval() == before  # restored for the agent's event loop

@@ -187,3 +187,33 @@ def test_another_build_there_is_refused_before_anything_starts(tmp_path, demo_mo
         with running(cfg, launcher=launcher(llama_bins, cfg.hosts, check=other)):
             pass
     assert not agents() and not rpc_servers()
+
+
+def test_this_machines_rpc_servers_start_while_the_host_sessions_open(tmp_path, demo_model, llama_bins):
+    """Mode rpc: the card here has an rpc-server of its own, which needs nothing from b's agent, so it starts while
+    b's session opens (here an agent that takes 1.5 s to start, as a slow login would), not after its hello."""
+    path = tmp_path / "two.toml"
+    path.write_text(TWO_HOSTS)
+    req = ServeRequest(model=str(demo_model), backend="cpu", mode="rpc", ctx=1024, threads=1, port=free_port())
+    cfg = preview(req, rig=load_layout(path)).config
+    slow = ["sh", "-c", f"sleep 1.5; exec {sys.executable} -m arcsplit node --stdio --llama-dir {llama_bins.bin_dir}"]
+    with running(cfg, launcher=launcher(llama_bins, cfg.hosts, node=lambda h: slow)) as sup:
+        procs = sup.status()["processes"]
+        here, there = psutil.Process(procs["rpc0"]["pid"]), psutil.Process(procs["rpc1"]["pid"])
+        assert procs["rpc0"]["host"] == "" and procs["rpc1"]["host"] == "b"
+        assert there.create_time() - here.create_time() > 1.0  # started while the agent was still asleep
+        assert len(greedy(sup.url, 4)) == 4
+    assert not agents() and not rpc_servers()
+
+
+def test_an_unreachable_host_stops_the_rpc_servers_started_here_meanwhile(tmp_path, demo_model, llama_bins):
+    path = tmp_path / "two.toml"
+    path.write_text(TWO_HOSTS)
+    req = ServeRequest(model=str(demo_model), backend="cpu", mode="rpc", ctx=1024, threads=1, port=free_port())
+    cfg = preview(req, rig=load_layout(path)).config
+    refused = ["sh", "-c", "sleep 1; echo 'ssh: connect to host b.invalid port 22: Connection refused' >&2; exit 255"]
+    with pytest.raises(HostError, match="Connection refused"):
+        with running(cfg, launcher=launcher(llama_bins, cfg.hosts, node=lambda h: refused),
+                     policy=RestartPolicy(base_delay=0.1, max_delay=0.1, max_failures=1)):
+            pass
+    assert not agents() and not rpc_servers()

@@ -10,9 +10,9 @@ which is where a start over SSH waits on this host. An import thread then holds 
 small host's cores for ~0.25 s, and the answers waited on both (an earlier version began it after ``IDLE`` s of
 quiet, so a hello arriving just after the agent was up found it importing). While it runs the interpreter switches
 threads every ``SWITCH`` s instead of 5 ms, so an op still gets an answer at once. Meanwhile this loop probes each
-started rpc-server and says ``ready`` as the agent would. When
-the imports are done, node/agent.py takes over (``Handover``): its Children adopt the processes, and it handles
-whatever this loop did not: every other op, and anything unusual (an error is reported by the agent, once).
+started rpc-server and says ``ready`` as the agent would. When the imports are done, node/agent.py takes over
+(``Handover``): its Children adopt the processes, and it handles whatever this loop did not: every other op, and
+anything unusual (an error is reported by the agent, once).
 """
 
 from __future__ import annotations
