@@ -13,3 +13,13 @@ def test_the_agents_start_is_shown_and_a_slow_one_points_at_the_login_shell():
     assert quick.endswith("of which the agent's start there 0.12 s") and "slow" not in quick
     slow = host_line("b", {**base, "started_s": SLOW_AGENT_START_S + 0.2})
     assert "slow: the login shell's rc on b" in slow and "`time ssh me@b true`" in slow
+
+
+def test_a_slow_login_is_named_apart_from_the_agents_start():
+    from arcsplit.cli.serve import SLOW_LOGIN_S
+
+    slow_login = host_line("b", {"ssh": "me@b", "opened_s": 0.15 + SLOW_LOGIN_S + 0.2, "started_s": 0.15})
+    assert "the login itself took 0.70 s" in slow_login and "`ssh -v me@b true`" in slow_login
+    assert "rc on b" not in slow_login
+    quick = host_line("b", {"ssh": "me@b", "opened_s": 0.45, "started_s": 0.15})
+    assert "login itself" not in quick and "slow" not in quick

@@ -271,19 +271,25 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
 
 
 SLOW_AGENT_START_S = 0.3  # Python and the agent's first imports take ~0.1-0.15 s on a small machine
+SLOW_LOGIN_S = 0.5  # the rest (connect, key exchange, authentication): ~0.15-0.3 s on a LAN, OpenSSH 9.2's default
 
 
 def host_line(name: str, data: Mapping[str, Any]) -> str:
     """What serve says when a host's session opens: the login and the agent's start, and of that the agent's own
-    start there (from sshd's fork of the login shell), with a hint when it is slow: the shell's rc runs on every
-    start."""
-    line = f"host {name} ({data.get('ssh')}): ssh login and node agent in {data.get('opened_s'):.2f} s"
+    start there (from sshd's fork of the login shell), with a hint when either part is slow: the shell's rc runs
+    on every start, and so does the login (its key exchange is the user's ssh's choice)."""
+    opened = data.get("opened_s")
+    line = f"host {name} ({data.get('ssh')}): ssh login and node agent in {opened:.2f} s"
     started = data.get("started_s")
     if isinstance(started, (int, float)):
         line += f", of which the agent's start there {started:.2f} s"
         if started > SLOW_AGENT_START_S:
             line += (f" (slow: the login shell's rc on {name} runs first on every start; `time ssh "
                      f"{data.get('ssh')} true` shows it, docs/multihost.md)")
+        elif isinstance(opened, (int, float)) and opened - started > SLOW_LOGIN_S:
+            line += (f" (the login itself took {opened - started:.2f} s: connection, key exchange and "
+                     f"authentication, on every start; `ssh -v {data.get('ssh')} true` shows each step, "
+                     "docs/multihost.md)")
     return line
 
 
