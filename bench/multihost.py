@@ -1,7 +1,7 @@
 """Several hosts (issue 15): one host vs two "hosts" over a veth link, through SSH and direct, measured for real.
 
     sudo python bench/multihost.py [--runs 3] [--reps 3] [--n-predict 32] [--kills 3] [--model PATH] [--out FILE]
-                                   [--forwards shared|own]
+                                   [--forwards shared|own] [--kex ALG] [--idle-session] [--machine-rc]
 
 Host b is a Linux network namespace joined by a veth pair and reached over Debian's OpenSSH (tests/_netns.py: a
 throwaway sshd, key and known_hosts; root only). Every configuration serves the same model in mode rpc on two CPU
@@ -19,8 +19,10 @@ with and without the weight cache (`serve --rpc-cache`). Writes bench/results/mu
 arcsplit's bytecode is compiled first (compileall), as `pip install` does.
 
 Both "hosts" share this one machine: ssh, sshd and both rpc-servers compete with llama.cpp for the same cores, and
-the "link" is a veth pair (no wire, no NIC). Host b's login shell reads Debian's stock ~/.bashrc, as a fresh host's
-would (tests/_netns.py); `--machine-rc` keeps this machine's own, whose `pyenv init` costs every ssh command ~0.3 s.
+the "link" is a veth pair (no wire, no NIC). `--idle-session` adds one host's group with an unused ssh session to
+b's node agent beside it: what b's side of a start costs these shared cores, which a real b pays on its own. Host
+b's login shell reads Debian's stock ~/.bashrc, as a fresh host's would (tests/_netns.py); `--machine-rc` keeps
+this machine's own, whose `pyenv init` costs every ssh command ~0.3 s.
 """
 
 from __future__ import annotations
