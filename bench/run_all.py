@@ -329,6 +329,7 @@ FIGURES = [
            ("gpu/throughput_cuda_onecard_moe_0787496fbe.md", "gpu/throughput_cuda_onecard_moe16x32_mps.md",
             "gpu/throughput_cuda_onecard_moe16x32_outlocal.md", "gpu/throughput_cuda_onecard_moe16x32_mps_outlocal.md",
             "gpu/throughput_cuda_onecard_moe16x32_mps_ub512.md", "gpu/throughput_cuda_onecard_moe16x32_mps_v2index.md",
+            "gpu/throughput_cuda_onecard_model7b_mps_v2index.md",
             "gpu/throughput_cuda_onecard_dense_0787496fbe.md", "gpu/throughput_cuda_onecard_moe.md",
             "gpu/throughput_cuda_onecard_dense.md"), lambda t, f: v_one_gpu(t)),
     Figure("5e. CPU cost of the RPC link's polling (patch 0005)", "measured (cores busy per token and idle)",
