@@ -204,3 +204,20 @@ def test_states_follow_the_one_table_and_an_illegal_transition_raises():
     seen = [GroupState(s) for s in group_states(events)]
     assert all(b in GROUP_TRANSITIONS[a] for a, b in zip(seen, seen[1:])), seen
     assert json.dumps({"state": seen[0]}) == '{"state": "stopping"}'  # on the wire: the plain string
+
+
+def test_no_rpc_server_or_link_is_given_llama_servers_port(monkeypatch):
+    """llama-server's port is not bound while the rpc-servers' and links' ports are picked, so a free-port probe
+    can return it (a user's --port in the ephemeral range; tests/test_remote_group.py met it): the picks skip it."""
+    from arcsplit.run import supervisor as sup_mod
+
+    cfg = config()
+    handed: list[int] = [cfg.port, cfg.port, 40001, 40002]  # the probe offers llama-server's port first, twice
+
+    def free_port(host: str = "127.0.0.1") -> int:
+        return handed.pop(0) if handed else 40999
+
+    monkeypatch.setattr(sup_mod, "free_port", free_port)
+    sup = Supervisor(cfg, launcher=FakeLauncher(), timeouts=FAST, sweep_leftovers=False)
+    ports = sup._local_ports()
+    assert cfg.port not in ports and ports == [40001, 40002]

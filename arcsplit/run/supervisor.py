@@ -402,7 +402,7 @@ class Supervisor:
         fixed = config.rpc_ports
         previous = self._rpc_ports if self._rpc_ports and len(self._rpc_ports) == len(procs) else None
         ports = [0] * len(procs)
-        taken: set[int] = set(self._links)
+        taken: set[int] = {*self._links, config.port}  # and llama-server's, not bound yet when these are picked
 
         def fresh() -> int:
             while (p := free_port(LOOPBACK if config.rpc_host in ("", "0.0.0.0") else config.rpc_host)) in taken:
@@ -494,7 +494,7 @@ class Supervisor:
         # through it, so it can start on a guessed remote port). Then the rpc-servers there, and any link whose guess
         # was taken; then llama-server.
         guess = self._guess_ports()
-        link_ports = self._link_ports(set())
+        link_ports = self._link_ports({self.config.port})  # llama-server's own port is not bound yet: never pick it
         local = self._local_ports()
         early = [s for s in self._build([p or g for p, g in zip(local, guess)], link_ports)
                  if s.role == "link" or (s.role == "rpc" and not s.node)]
