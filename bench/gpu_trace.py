@@ -23,7 +23,11 @@ against 673 untraced), so the absolute figures are inflated and the split betwee
 ``ARCSPLIT_CUPTI_LIGHT=1`` makes the tracer record a CUDA graph as one record instead of its kernels (far less
 overhead; kernels outside graphs are then not seen; run on an H200: bench/results/gpu/trace_*_light.md).
 
-Writes bench/results/gpu/trace_<model>.md (or --out).
+--prompt-tokens N traces a prefill instead: the request is a prompt of exactly N tokens (the throughput bench's
+prompt, no prompt cache) with n_predict 1, and every "per token" figure becomes per prompt: where a prompt's
+time goes between the processes (its ubatches' activations crossing the link, the GPU idle meanwhile).
+
+Writes bench/results/gpu/trace_<model>.md (or --out; trace_<model>_prefill.md with --prompt-tokens).
 """
 
 from __future__ import annotations
@@ -47,8 +51,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import arcsplit  # noqa: E402
-from throughput import (argv_of, build_line, complete, machine, mode_env, parse, same_card_rig,  # noqa: E402
-                        serve_kwargs, serve_mode)
+from throughput import (argv_of, build_line, complete, long_prompt, machine, mode_env, parse,  # noqa: E402
+                        same_card_rig, serve_kwargs, serve_mode)
 
 BURST_GAP_NS = 300_000_000  # 0.3 s of no GPU work separates the decode request from the warm-up
 
@@ -262,12 +266,14 @@ def run_mode(a: argparse.Namespace, mode: str, tdir: Path) -> Breakdown:
                 httpx.Client(timeout=a.timeout) as client:
             argv = argv_of(server)
             pids = {name: p.get("pid") for name, p in server.status()["processes"].items()}
-            body = {"prompt": "Write a long story about a lighthouse keeper.", "n_predict": a.tokens,
-                    "ignore_eos": True}
+            body: dict[str, object] = {"prompt": "Write a long story about a lighthouse keeper.",
+                                       "n_predict": a.tokens, "ignore_eos": True}
+            if a.prompt_tokens:
+                body = {"prompt": long_prompt(client, server.url, a.prompt_tokens), "n_predict": 1}
             complete(client, server.url, body)  # warm-up: graphs built, CUDA graphs captured
             time.sleep(1.0)
             r = complete(client, server.url, body)
-            tps = float(r["timings"]["predicted_per_second"])
+            tps = float(r["timings"]["prompt_per_second" if a.prompt_tokens else "predicted_per_second"])
             time.sleep(1.0)
     finally:
         os.environ.pop("CUDA_INJECTION64_PATH", None)
@@ -277,7 +283,7 @@ def run_mode(a: argparse.Namespace, mode: str, tdir: Path) -> Breakdown:
         f = tdir / f"{pid}.tsv"
         if pid and f.exists():
             traces[name] = read_trace(f)
-    br = analyse(mode, a.tokens, tps, traces)
+    br = analyse(mode, 1 if a.prompt_tokens else a.tokens, tps, traces)
     br.argv = argv
     return br
 
@@ -288,7 +294,9 @@ def report(a: argparse.Namespace, rows: list[Breakdown], cmdline: str) -> str:
              f"- Build: {build_line(a.llama_dir, a.backend)}", f"- Machine: {machine(a.backend)}",
              f"- Model: `{Path(a.model).name}`; every mode served by `arcsplit.serve` as bench/throughput.py "
              f"serves it{' (--same-card: llama-server and the rpc-servers share one GPU)' if a.same_card else ''}; "
-             f"one request of {a.tokens} decoded tokens (one stream) after a warm-up, traced with CUPTI "
+             + (f"one prompt of {a.prompt_tokens} tokens (n_predict 1, no prompt cache; every per-prompt figure is "
+              "that one prompt's) " if a.prompt_tokens else f"one request of {a.tokens} decoded tokens (one stream) ")
+             + "after a warm-up, traced with CUPTI "
              "(bench/gpu/cupti_trace.c): kernels, copies, memsets, runtime calls of each process, one clock"
              + ("; light mode (ARCSPLIT_CUPTI_LIGHT=1): a CUDA graph is one record, kernels outside graphs are not "
                 "seen, so GPU busy is a lower bound and the gaps' timing is closer to an untraced run."
@@ -341,7 +349,12 @@ def report(a: argparse.Namespace, rows: list[Breakdown], cmdline: str) -> str:
     for r in rows:
         for n, argv in r.argv.items():
             lines.append(f"- {r.mode} / {n}: `{shlex.join(argv)}`")
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    if a.prompt_tokens:
+        text = (text.replace("a decoded token's time", "a prompt's time").replace("per token", "per prompt")
+                .replace("us/token", "us/prompt").replace("the token crossing", "the prompt's activations crossing")
+                .replace("| traced t/s |", "| traced prefill t/s |"))
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -349,9 +362,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--trace-lib", required=True, help="libcupti_trace.so built from bench/gpu/cupti_trace.c")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=0)
     ours, rest = ap.parse_known_args(raw)
     a = parse(rest)
-    a.trace_lib, a.tokens = ours.trace_lib, ours.tokens
+    a.trace_lib, a.tokens, a.prompt_tokens = ours.trace_lib, ours.tokens, ours.prompt_tokens
+    if a.prompt_tokens < 0:
+        raise SystemExit(f"--prompt-tokens {a.prompt_tokens}: give a prompt length in tokens (512, say)")
     if not Path(a.trace_lib).is_file():
         raise SystemExit(f"--trace-lib {a.trace_lib}: no such file (build bench/gpu/cupti_trace.c first)")
     if a.model is None:
@@ -364,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{mode}: serving and tracing ...", flush=True)
                 rows.append(run_mode(a, mode, Path(d)))
                 print(f"  {mode}: {rows[-1].wall_us:.0f} us/token wall, {rows[-1].all_busy_us:.0f} busy", flush=True)
-    out = Path(a.out) if a.out else ROOT / "bench" / "results" / "gpu" / f"trace_{Path(a.model).stem}.md"
+    stem = f"trace_{Path(a.model).stem}{'_prefill' if a.prompt_tokens else ''}"
+    out = Path(a.out) if a.out else ROOT / "bench" / "results" / "gpu" / f"{stem}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     text = report(a, rows, shlex.join(["python", "bench/gpu_trace.py", *raw]))
     out.write_text(text, encoding="utf-8")

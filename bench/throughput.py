@@ -20,7 +20,8 @@ patches switched off in every process (ARCSPLIT_RPC_STOCK=1): a side-by-side A/B
 hybrid with the output layer on the last card (llama.cpp's place, arcsplit's default) and hybrid-local with it
 on llama-server's own card (--output-layer local); -stock goes last (hybrid-last-stock). hybrid-nospin /
 rpc-nospin = patches on, but the RPC link's threads sleep at once instead of polling first
-(ARCSPLIT_RPC_SPIN_US=0; arcsplit sets it on GPU groups, patch 0005).
+(ARCSPLIT_RPC_SPIN_US=0; arcsplit sets it on GPU groups, patch 0005). Any mode may end in -ubN, its own
+micro-batch (native-ub256, hybrid-ub512): what the route's ubatch choice costs against native's default.
 
 --runs N repeats the whole set N times, every mode a fresh group of processes each time, each run against its
 own native; the table then gives min / median / max over the runs of each run's ratio. --same-card (GPU
@@ -41,6 +42,7 @@ import argparse
 import contextlib
 import os
 import platform
+import re
 import shlex
 import statistics
 import subprocess
@@ -97,26 +99,30 @@ class ModeResult:
 
 @dataclass(frozen=True)
 class Variant:
-    """A mode name of this script: ``route[-last|-local][-stock|-nospin]``.
+    """A mode name of this script: ``route[-last|-local][-stock|-nospin][-ubN]``.
 
     -last / -local: where the output layer goes in hybrid (llama.cpp's place, the default; llama-server's own card);
     -stock: arcsplit's llama.cpp patches switched off in every process (ARCSPLIT_RPC_STOCK=1, inherited);
-    -nospin: patches on, the RPC link's polling off (ARCSPLIT_RPC_SPIN_US=0, patch 0005).
+    -nospin: patches on, the RPC link's polling off (ARCSPLIT_RPC_SPIN_US=0, patch 0005);
+    -ubN: this mode's micro-batch (``native-ub256``, ``hybrid-ub512``) instead of the route's own or --ubatch.
     """
 
     route: str  # native | hybrid | rpc
     output: str = "auto"  # --output-layer
     off: str = ""  # "", "stock" or "nospin"
+    ubatch: int | None = None  # -ubN
 
 
 def parse_mode(mode: str) -> Variant:
     route, *tags = mode.split("-")
-    output = tags.pop(0) if tags and tags[0] in ("last", "local") else "auto"
-    off = tags.pop(0) if tags and tags[0] in ("stock", "nospin") else ""
-    if route not in ("native", "hybrid", "rpc") or tags or (route == "native" and mode != "native"):
+    ub = int(tags.pop()[2:]) if tags and re.fullmatch(r"ub[1-9][0-9]*", tags[-1]) else None
+    rpc_tags = route in ("hybrid", "rpc")
+    output = tags.pop(0) if rpc_tags and tags and tags[0] in ("last", "local") else "auto"
+    off = tags.pop(0) if rpc_tags and tags and tags[0] in ("stock", "nospin") else ""
+    if route not in ("native", "hybrid", "rpc") or tags:
         raise SystemExit(f"unknown mode {mode!r}: use native, or hybrid/rpc with -last or -local (where the "
-                         "output layer goes) and then -stock or -nospin")
-    return Variant(route, output, off)
+                         "output layer goes) and then -stock or -nospin; any of them may end in -ubN")
+    return Variant(route, output, off, ub)
 
 
 def serve_mode(mode: str, backend: str, same_card: bool = False) -> tuple[str, bool]:
@@ -253,7 +259,8 @@ def serve_kwargs(a: argparse.Namespace, mode: str, extra: tuple[str, ...],
     if a.threads is not None and amode == "single":
         args += ["-t", str(a.threads)]  # the other modes pass it to llama-server and rpc-servers via ServeRequest
     kw: dict[str, Any] = dict(backend=a.backend, mode=amode, ctx=a.ctx, parallel=STREAMS, port=free_port(),
-                              threads=a.threads, ubatch=ubatch if ubatch is not None else a.ubatch,
+                              threads=a.threads, ubatch=next((u for u in (ubatch, parse_mode(mode).ubatch, a.ubatch)
+                                                              if u is not None), None),
                               cpu_memory_mib=a.cpu_memory_mib, llama_dir=a.llama_dir, extra_args=tuple(args), bus=False,
                               output_layer=parse_mode(mode).output, rpc_cache=a.rpc_cache)
     return gpus, kw

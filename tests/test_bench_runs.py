@@ -88,3 +88,16 @@ def test_same_card_needs_one_gpu_card():
         throughput.parse(["--backend", "cuda", "--gpus", "0,1", "--same-card"])
     with pytest.raises(SystemExit):
         throughput.parse(["--backend", "cpu", "--gpus", "0", "--same-card"])
+
+
+def test_a_mode_may_name_its_own_ubatch():
+    """native-ub256 / hybrid-ub512: what a route's micro-batch costs, against native at its default."""
+    a = throughput.parse(["--backend", "cuda", "--gpus", "0", "--same-card"])
+    assert throughput.parse_mode("hybrid-nospin-ub512") == throughput.Variant("hybrid", "auto", "nospin", 512)
+    assert throughput.serve_kwargs(a, "native-ub256", ())[1]["ubatch"] == 256
+    assert throughput.serve_kwargs(a, "hybrid-ub512", ())[1]["ubatch"] == 512
+    assert throughput.serve_kwargs(a, "hybrid", ())[1]["ubatch"] is None  # the route's own choice
+    assert throughput.serve_kwargs(a, "hybrid-ub512", (), ubatch=256)[1]["ubatch"] == 256  # the greedy check's
+    for bad in ("native-stock", "hybrid-ub0", "hybrid-ub512-stock", "native-ubx"):
+        with pytest.raises(SystemExit):
+            throughput.parse_mode(bad)

@@ -90,6 +90,26 @@ def test_each_kind_of_idle_gap_shows_what_every_process_did_meanwhile(monkeypatc
     assert "rpc0 cudaStreamSynchronize -60..+5" in text and "In no CUDA call: server 35, rpc0 45" in text
 
 
+def test_a_traced_prompt_is_reported_per_prompt(monkeypatch):
+    """--prompt-tokens: one prompt is the unit (its ubatches' crossings add up), and the header names it."""
+    server, rpc = [], []
+    t = 1000 * MS
+    for _ in range(2):  # two ubatches: llama-server's half, a 1 ms crossing, rpc0's half
+        server.append(gpu_trace.Rec("K", t, t + 5 * MS, "a"))
+        rpc.append(gpu_trace.Rec("K", t + 6 * MS, t + 11 * MS, "b"))
+        t += 11 * MS
+    b = gpu_trace.analyse("hybrid", 1, 15000.0, {"server": server, "rpc0": rpc})
+    assert b.wall_us == 22_000 and b.all_busy_us == 20_000
+    assert b.handoffs["server -> rpc0"] == (2, 1000)
+    monkeypatch.setattr(gpu_trace, "build_line", lambda *a: "build")
+    monkeypatch.setattr(gpu_trace, "machine", lambda *a: "machine")
+    a = _args()
+    a.prompt_tokens = 512
+    text = gpu_trace.report(a, [b], "cmd")
+    assert text.startswith("# Where a prompt's time goes") and "one prompt of 512 tokens" in text
+    assert "- hybrid: server -> rpc0: 2.0 per prompt, 1000 us each" in text and "per token" not in text
+
+
 def test_a_run_of_one_call_is_one_step_with_its_count():
     steps = [("server", "cudaGetDevice_v3020", 4.0, 4.0, 1.0), ("server", "cudaGetDevice_v3020 #2", 5.0, 6.0, 1.0),
              ("server", "cudaGraphLaunch_v10000", 19.0, 59.0, 1.0), ("rpc0", "cudaGetDevice_v3020 #3", 60.0, 61.0, 1.0)]
@@ -101,4 +121,5 @@ def test_a_run_of_one_call_is_one_step_with_its_count():
 def _args():
     import argparse
 
-    return argparse.Namespace(llama_dir=None, backend="cuda", model="m.gguf", tokens=10, same_card=True)
+    return argparse.Namespace(llama_dir=None, backend="cuda", model="m.gguf", tokens=10, same_card=True,
+                              prompt_tokens=0)

@@ -101,7 +101,8 @@ mps() {
 }
 
 trace() {
-  # issue 19: a CUPTI timeline of every process of each route on ONE GPU (bench/gpu_trace.py); TMODES, TOKENS
+  # issue 19: a CUPTI timeline of every process of each route on ONE GPU (bench/gpu_trace.py); TMODES, TOKENS;
+  # PROMPT_TOKENS=512 traces a prefill of that many tokens instead (trace_..._prefill.md)
   build
   local cuda=${CUDA_HOME:-/usr/local/cuda} lib=$WORK/libcupti_trace.so name inc cl; name=$(basename "$MODEL" .gguf)
   # CUPTI's headers and library: extras/CUPTI up to CUDA 12, targets/<arch>/ in CUDA 13's packages
@@ -111,8 +112,9 @@ trace() {
     -L"$cl" -l:"$(basename "$(ls "$cl"/libcupti.so* | head -1)")" -Wl,-rpath,"$cl" -o "$lib" \
     || { echo "tracer build failed"; return; }
   python3 bench/gpu_trace.py --trace-lib "$lib" --backend cuda --gpus 0 --same-card --model "$MODEL" \
-    --modes "${TMODES:-native,hybrid,rpc}" --tokens "${TOKENS:-64}" --ctx 8192 --rpc-cache \
-    --out "$OUT/trace_cuda_onecard_$name${TAG:-}${ARCSPLIT_CUPTI_LIGHT:+_light}.md"
+    --modes "${TMODES:-native,hybrid,rpc}" --tokens "${TOKENS:-64}" ${PROMPT_TOKENS:+--prompt-tokens $PROMPT_TOKENS} \
+    --ctx 8192 --rpc-cache \
+    --out "$OUT/trace_cuda_onecard_$name${TAG:-}${PROMPT_TOKENS:+_prefill}${ARCSPLIT_CUPTI_LIGHT:+_light}.md"
 }
 
 accuracy() {
@@ -181,6 +183,8 @@ case "${1:-all}" in
         moe-mps) MODEL=$MOE mps ;;
         trace-light-mps) MODEL=$MOE ARCSPLIT_CUPTI_LIGHT=1 mps trace ;;
         dense-mps) MODEL=$DENSE REPS=${DENSE_REPS:-3} mps ;;
+        trace-prefill-mps) MODEL=$DENSE PROMPT_TOKENS=512 MPS_MODES=${TRACE_MODES:-native,hybrid,rpc} mps trace ;;
+        trace-prefill) MODEL=$DENSE PROMPT_TOKENS=512 TMODES=${TRACE_MODES:-native,hybrid,rpc} trace ;;
         trace-dense) MODEL=$DENSE TMODES=${TMODES_DENSE:-native,hybrid} trace ;;
         abpatch) abpatch ;;
       esac
