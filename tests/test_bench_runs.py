@@ -98,6 +98,7 @@ def test_a_mode_may_name_its_own_ubatch():
     assert throughput.serve_kwargs(a, "hybrid-ub512", ())[1]["ubatch"] == 512
     assert throughput.serve_kwargs(a, "hybrid", ())[1]["ubatch"] is None  # the route's own choice
     assert throughput.serve_kwargs(a, "hybrid-ub512", (), ubatch=256)[1]["ubatch"] == 256  # the greedy check's
-    for bad in ("native-stock", "hybrid-ub0", "hybrid-ub512-stock", "native-ubx"):
+    assert throughput.parse_mode("rpc-norelay") == throughput.Variant("rpc", "auto", "norelay")
+    for bad in ("native-stock", "hybrid-ub0", "hybrid-ub512-stock", "native-ubx", "native-norelay"):
         with pytest.raises(SystemExit):
             throughput.parse_mode(bad)

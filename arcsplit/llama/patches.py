@@ -24,6 +24,7 @@ MARKER = ".arcsplit-patches"
 # Set to 1 in a process's environment, it switches the RPC patches off at run time (see docs/patches.md).
 STOCK_ENV = "ARCSPLIT_RPC_STOCK"
 SPIN_ENV = "ARCSPLIT_RPC_SPIN_US"  # patch 0005
+RELAY_ENV = "ARCSPLIT_RPC_RELAY_KIB"  # patch 0007: chunk (KiB) of an activation relayed between rpc-servers; 0: off
 _DIR = Path(__file__).resolve().parent.parent / "data" / "patches"
 
 
@@ -141,3 +142,9 @@ def rpc_link_polling(us: int) -> contextlib.AbstractContextManager[None]:
     """Groups started inside poll their RPC link up to ``us`` microseconds (0: off) before sleeping (patch 0005):
     arcsplit reads SPIN_ENV from the environment as the user's choice and passes it to every process."""
     return _environ_set(SPIN_ENV, str(max(0, us)))
+
+
+def rpc_relay_chunks(kib: int) -> contextlib.AbstractContextManager[None]:
+    """Groups started inside relay an activation between two rpc-servers in chunks of ``kib`` KiB (0: off, one
+    get of the whole tensor and then one set, as stock does; patch 0007). Every process inherits RELAY_ENV."""
+    return _environ_set(RELAY_ENV, str(max(0, kib)))
