@@ -208,6 +208,21 @@ def test_rpc_link_polling_only_for_gpu_groups_with_cores_to_spare() -> None:
         rpc_spin_us(cuda, 32, {"ARCSPLIT_RPC_SPIN_US": "fast"})
 
 
+def test_a_relay_chunk_that_is_not_a_number_is_one_clear_line() -> None:
+    """Patch 0007 reads ARCSPLIT_RPC_RELAY_KIB in llama-server and takes a word it cannot parse as 0 (whole tensors,
+    silently); arcsplit refuses it before any process starts and names the fix."""
+    from arcsplit.run.prepare import rpc_spin_us
+
+    cuda = Route.build("rpc", "cuda", [0, 1])
+    assert rpc_spin_us(cuda, 32, {"ARCSPLIT_RPC_RELAY_KIB": "256"}) == rpc_spin_us(cuda, 32, {})
+    assert rpc_spin_us(cuda, 32, {"ARCSPLIT_RPC_RELAY_KIB": "0"}) == rpc_spin_us(cuda, 32, {})
+    assert rpc_spin_us(cuda, 32, {"ARCSPLIT_RPC_RELAY_KIB": ""}) == rpc_spin_us(cuda, 32, {})  # as unset
+    for bad in ("1M", "-4", " "):
+        with pytest.raises(BadInput, match="ARCSPLIT_RPC_RELAY_KIB") as err:
+            rpc_spin_us(cuda, 32, {"ARCSPLIT_RPC_RELAY_KIB": bad})
+        assert "whole number of KiB" in (err.value.fix or "")
+
+
 def test_rpc_spin_reaches_every_process_of_an_rpc_group_only() -> None:
     for mode in ("hybrid", "rpc"):
         for spec in specs_for(config("cuda", mode, [0, 1], rpc_spin_us=20000)):

@@ -24,7 +24,7 @@ from ..llama.fitparams import measure_compute
 from ..llama.devices import discover_rig, host_budget, parse_gpus
 from ..llama.locate import LlamaBinaries, find_llama
 from ..llama.mode import ModeDecision, choose_mode
-from ..llama.patches import SPIN_ENV
+from ..llama.patches import RELAY_ENV, SPIN_ENV
 from ..llama.webui import serve_dir
 from ..model import load_profile
 from ..planner import Plan, PlanOptions, make_plan
@@ -137,7 +137,13 @@ def _runtime(req: ServeRequest, rig: Rig, binaries: Any, probe: bool | None = No
 
 
 def rpc_spin_us(route: Route, cores: int, environ: Any = os.environ) -> int:
-    """The polling budget for this group's RPC link: the user's ARCSPLIT_RPC_SPIN_US, else the route's default."""
+    """The polling budget for this group's RPC link: the user's ARCSPLIT_RPC_SPIN_US, else the route's default.
+    The user's ARCSPLIT_RPC_RELAY_KIB (patch 0007, read by llama-server itself) is checked here too: the patch
+    reads a word it cannot parse as 0 and would silently relay as stock."""
+    relay = environ.get(RELAY_ENV)
+    if relay and not relay.strip().isdigit():  # unset or empty: the patch's default
+        raise BadInput(f"{RELAY_ENV}={relay!r} is not a number of KiB",
+                       f"set {RELAY_ENV} to a whole number of KiB (1024 is the default; 0 relays whole tensors)")
     return route.link_polling_us(cores, environ.get(SPIN_ENV))
 
 
