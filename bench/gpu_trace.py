@@ -25,7 +25,9 @@ overhead; kernels outside graphs are then not seen; run on an H200: bench/result
 
 --prompt-tokens N traces a prefill instead: the request is a prompt of exactly N tokens (the throughput bench's
 prompt, no prompt cache) with n_predict 1, and every "per token" figure becomes per prompt: where a prompt's
-time goes between the processes (its ubatches' activations crossing the link, the GPU idle meanwhile).
+time goes between the processes (its ubatches' activations crossing the link, the GPU idle meanwhile). A short
+decode runs between the warm-up prompt and the traced one, as in the throughput bench (the results of
+2026-12-03 were traced without it: each process re-captured a CUDA graph for the traced prompt).
 
 Writes bench/results/gpu/trace_<model>.md (or --out; trace_<model>_prefill.md with --prompt-tokens).
 """
@@ -51,8 +53,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import arcsplit  # noqa: E402
-from throughput import (argv_of, build_line, complete, long_prompt, machine, mode_env, parse,  # noqa: E402
-                        same_card_rig, serve_kwargs, serve_mode)
+from throughput import (DECODE_PROMPT, argv_of, build_line, complete, long_prompt, machine,  # noqa: E402
+                        mode_env, parse, same_card_rig, serve_kwargs, serve_mode)
 
 BURST_GAP_NS = 300_000_000  # 0.3 s of no GPU work separates the decode request from the warm-up
 
@@ -271,6 +273,10 @@ def run_mode(a: argparse.Namespace, mode: str, tdir: Path) -> Breakdown:
             if a.prompt_tokens:
                 body = {"prompt": long_prompt(client, server.url, a.prompt_tokens), "n_predict": 1}
             complete(client, server.url, body)  # warm-up: graphs built, CUDA graphs captured
+            if a.prompt_tokens:
+                # as in bench/throughput.py, where decode requests run between two prompts: a prompt that repeated
+                # the one before it exactly would complete llama.cpp's CUDA-graph warm-up and re-capture its graph
+                complete(client, server.url, {"prompt": DECODE_PROMPT, "n_predict": 16, "ignore_eos": True})
             time.sleep(1.0)
             r = complete(client, server.url, body)
             tps = float(r["timings"]["prompt_per_second" if a.prompt_tokens else "predicted_per_second"])
