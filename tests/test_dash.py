@@ -181,13 +181,14 @@ def test_stays_responsive_while_logs_flood(inst):
             await asyncio.sleep(0.01)
             lags.append(time.perf_counter() - t - 0.01)
         sent = fut.result(timeout=10)
-        await pilot.pause(0.5)
+        # nothing lost on the way (a few may be past the HWM): every line reaches the screen's state, however
+        # long a slow shared machine takes to fold the backlog in (the bound on lateness is the ticks', below)
+        await until(pilot, lambda: app.state.log_total >= sent * 0.9, timeout=10)
         ticks = sorted(app.tick_times)
         p99 = ticks[int(len(ticks) * 0.99) - 1]
         print(f"\nflood {sent} lines/3 s: tick p50 {statistics.median(ticks) * 1000:.1f} ms, "
               f"p99 {p99 * 1000:.1f} ms; loop lag max {max(lags) * 1000:.1f} ms")
         assert sent > 3000  # the flooder's own pace (4000/s asked) falls on a slow shared machine; still >1000/s
-        assert app.state.log_total >= sent * 0.9  # nothing lost on the way (a few may be past the HWM)
         # the loop's lateness: its 99th percentile bounds what a user sees; one late sample alone is the
         # scheduler of a shared 2-core machine (CI saw 406 ms once with p99 ticks at 4 ms), so the max only
         # guards against a stall
