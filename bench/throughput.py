@@ -262,11 +262,12 @@ def serve_kwargs(a: argparse.Namespace, mode: str, extra: tuple[str, ...],
     args = list(extra)
     if a.threads is not None and amode == "single":
         args += ["-t", str(a.threads)]  # the other modes pass it to llama-server and rpc-servers via ServeRequest
+    variant = parse_mode(mode)
+    ub = next((u for u in (ubatch, variant.ubatch, a.ubatch) if u is not None), None)  # the call's, the mode's, all's
     kw: dict[str, Any] = dict(backend=a.backend, mode=amode, ctx=a.ctx, parallel=STREAMS, port=free_port(),
-                              threads=a.threads, ubatch=next((u for u in (ubatch, parse_mode(mode).ubatch, a.ubatch)
-                                                              if u is not None), None),
+                              threads=a.threads, ubatch=ub,
                               cpu_memory_mib=a.cpu_memory_mib, llama_dir=a.llama_dir, extra_args=tuple(args), bus=False,
-                              output_layer=parse_mode(mode).output, rpc_cache=a.rpc_cache)
+                              output_layer=variant.output, rpc_cache=a.rpc_cache)
     return gpus, kw
 
 

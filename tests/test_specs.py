@@ -211,15 +211,14 @@ def test_rpc_link_polling_only_for_gpu_groups_with_cores_to_spare() -> None:
 def test_a_relay_chunk_that_is_not_a_number_is_one_clear_line() -> None:
     """Patch 0007 reads ARCSPLIT_RPC_RELAY_KIB in llama-server and takes a word it cannot parse as 0 (whole tensors,
     silently); arcsplit refuses it before any process starts and names the fix."""
-    from arcsplit.run.prepare import rpc_spin_us
+    from arcsplit.run.prepare import rpc_relay_kib
 
-    cuda = Route.build("rpc", "cuda", [0, 1])
-    assert rpc_spin_us(cuda, 32, {"ARCSPLIT_RPC_RELAY_KIB": "256"}) == rpc_spin_us(cuda, 32, {})
-    assert rpc_spin_us(cuda, 32, {"ARCSPLIT_RPC_RELAY_KIB": "0"}) == rpc_spin_us(cuda, 32, {})
-    assert rpc_spin_us(cuda, 32, {"ARCSPLIT_RPC_RELAY_KIB": ""}) == rpc_spin_us(cuda, 32, {})  # as unset
+    assert rpc_relay_kib({"ARCSPLIT_RPC_RELAY_KIB": "256"}) == 256
+    assert rpc_relay_kib({"ARCSPLIT_RPC_RELAY_KIB": "0"}) == 0
+    assert rpc_relay_kib({"ARCSPLIT_RPC_RELAY_KIB": ""}) is None is rpc_relay_kib({})  # as unset
     for bad in ("1M", "-4", " "):
         with pytest.raises(BadInput, match="ARCSPLIT_RPC_RELAY_KIB") as err:
-            rpc_spin_us(cuda, 32, {"ARCSPLIT_RPC_RELAY_KIB": bad})
+            rpc_relay_kib({"ARCSPLIT_RPC_RELAY_KIB": bad})
         assert "whole number of KiB" in (err.value.fix or "")
 
 

@@ -137,14 +137,21 @@ def _runtime(req: ServeRequest, rig: Rig, binaries: Any, probe: bool | None = No
 
 
 def rpc_spin_us(route: Route, cores: int, environ: Any = os.environ) -> int:
-    """The polling budget for this group's RPC link: the user's ARCSPLIT_RPC_SPIN_US, else the route's default.
-    The user's ARCSPLIT_RPC_RELAY_KIB (patch 0007, read by llama-server itself) is checked here too: the patch
-    reads a word it cannot parse as 0 and would silently relay as stock."""
+    """The polling budget for this group's RPC link: the user's ARCSPLIT_RPC_SPIN_US, else the route's default."""
+    return route.link_polling_us(cores, environ.get(SPIN_ENV))
+
+
+def rpc_relay_kib(environ: Any = os.environ) -> int | None:
+    """The user's ARCSPLIT_RPC_RELAY_KIB (patch 0007), None when unset or empty (the patch's default). llama-server
+    reads it itself, and takes a word it cannot parse as 0 (whole tensors, silently): checked here before any
+    process starts."""
     relay = environ.get(RELAY_ENV)
-    if relay and not relay.strip().isdigit():  # unset or empty: the patch's default
+    if not relay:
+        return None
+    if not relay.strip().isdigit():
         raise BadInput(f"{RELAY_ENV}={relay!r} is not a number of KiB",
                        f"set {RELAY_ENV} to a whole number of KiB (1024 is the default; 0 relays whole tensors)")
-    return route.link_polling_us(cores, environ.get(SPIN_ENV))
+    return int(relay)
 
 
 def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: bool = True) -> Plan:
@@ -325,6 +332,7 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
               serving: bool = False) -> Prepared:
     """The plan and the config of the chosen mode; the specs are built once so a missing flag fails here.
     ``serving``: a group starts next, so the rpc-servers' weight cache is pruned and the model indexed now."""
+    rpc_relay_kib()  # a bad value is refused before anything is pruned or started; llama-server reads it itself
     notes: list[str] = []
     if req.measure:
         plan, runs = measure_plan(profile, rig, req, decision.mode, live)

@@ -382,8 +382,10 @@ class Supervisor:
         picks = random.sample(range(20000, 32768), len(procs))
         return [(previous[i] if previous else picks[i]) if proc.host else 0 for i, proc in enumerate(procs)]
 
-    def _link_ports(self, taken: set[int]) -> list[int]:
-        """This machine's ends of the ssh links: kept across restarts while free, so a restart's guesses hold."""
+    def _link_ports(self) -> list[int]:
+        """This machine's ends of the ssh links: kept across restarts while free, so a restart's guesses hold;
+        never llama-server's port, not bound yet when these are picked."""
+        taken = {self.config.port}
         previous = self._links if len(self._links) == n_links(self.config) else []
         out: list[int] = []
         for i in range(n_links(self.config)):
@@ -494,7 +496,7 @@ class Supervisor:
         # through it, so it can start on a guessed remote port). Then the rpc-servers there, and any link whose guess
         # was taken; then llama-server.
         guess = self._guess_ports()
-        link_ports = self._link_ports({self.config.port})  # llama-server's own port is not bound yet: never pick it
+        link_ports = self._link_ports()
         local = self._local_ports()
         early = [s for s in self._build([p or g for p, g in zip(local, guess)], link_ports)
                  if s.role == "link" or (s.role == "rpc" and not s.node)]
