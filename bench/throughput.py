@@ -21,7 +21,9 @@ hybrid with the output layer on the last card (llama.cpp's place, arcsplit's def
 on llama-server's own card (--output-layer local); -stock goes last (hybrid-last-stock). hybrid-nospin /
 rpc-nospin = patches on, but the RPC link's threads sleep at once instead of polling first
 (ARCSPLIT_RPC_SPIN_US=0; arcsplit sets it on GPU groups, patch 0005). rpc-norelay = patches on, but an
-activation between two rpc-servers crosses whole (ARCSPLIT_RPC_RELAY_KIB=0, patch 0007). Any mode may end in -ubN, its own
+activation between two rpc-servers crosses whole (ARCSPLIT_RPC_RELAY_KIB=0, patch 0007). hybrid-noshm /
+rpc-noshm = patches on, but the link to the rpc-servers runs over loopback TCP instead of shared memory
+(ARCSPLIT_RPC_SHM=0, patch 0008). Any mode may end in -ubN, its own
 micro-batch (native-ub256, hybrid-ub512): what the route's ubatch choice costs against native's default.
 
 --runs N repeats the whole set N times, every mode a fresh group of processes each time, each run against its
@@ -64,7 +66,7 @@ sys.path.insert(0, str(ROOT))
 import arcsplit  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama, server_build_info  # noqa: E402
-from arcsplit.llama.patches import rpc_link_polling, rpc_patches_switched, rpc_relay_chunks  # noqa: E402
+from arcsplit.llama.patches import rpc_link_polling, rpc_patches_switched, rpc_relay_chunks, rpc_shm_link  # noqa: E402,E501
 from arcsplit.route import Route  # noqa: E402
 from arcsplit.run.prepare import rpc_spin_us  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
@@ -106,12 +108,13 @@ class Variant:
     -stock: arcsplit's llama.cpp patches switched off in every process (ARCSPLIT_RPC_STOCK=1, inherited);
     -nospin: patches on, the RPC link's polling off (ARCSPLIT_RPC_SPIN_US=0, patch 0005);
     -norelay: patches on, an activation between two rpc-servers relayed whole (ARCSPLIT_RPC_RELAY_KIB=0, 0007);
+    -noshm: patches on, the link to the rpc-servers over loopback TCP, not shared memory (ARCSPLIT_RPC_SHM=0, 0008);
     -ubN: this mode's micro-batch (``native-ub256``, ``hybrid-ub512``) instead of the route's own or --ubatch.
     """
 
     route: str  # native | hybrid | rpc
     output: str = "auto"  # --output-layer
-    off: str = ""  # "", "stock", "nospin" or "norelay"
+    off: str = ""  # "", "stock", "nospin", "norelay" or "noshm"
     ubatch: int | None = None  # -ubN
 
 
@@ -120,10 +123,10 @@ def parse_mode(mode: str) -> Variant:
     ub = int(tags.pop()[2:]) if tags and re.fullmatch(r"ub[1-9][0-9]*", tags[-1]) else None
     rpc_tags = route in ("hybrid", "rpc")
     output = tags.pop(0) if rpc_tags and tags and tags[0] in ("last", "local") else "auto"
-    off = tags.pop(0) if rpc_tags and tags and tags[0] in ("stock", "nospin", "norelay") else ""
+    off = tags.pop(0) if rpc_tags and tags and tags[0] in ("stock", "nospin", "norelay", "noshm") else ""
     if route not in ("native", "hybrid", "rpc") or tags:
         raise SystemExit(f"unknown mode {mode!r}: use native, or hybrid/rpc with -last or -local (where the "
-                         "output layer goes) and then -stock, -nospin or -norelay; any of them may end in -ubN")
+                         "output layer goes) and then -stock, -nospin, -norelay or -noshm; any of them may end in -ubN")
     return Variant(route, output, off, ub)
 
 
@@ -182,6 +185,8 @@ def mode_env(mode: str) -> contextlib.AbstractContextManager[None]:
         return rpc_link_polling(0)
     if off == "norelay":
         return rpc_relay_chunks(0)
+    if off == "noshm":
+        return rpc_shm_link(False)
     return contextlib.nullcontext()
 
 
@@ -449,7 +454,9 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              f"the other RPC rows poll {rpc_spin_us(Route.build('rpc', a.backend, a.gpu_list), os.cpu_count() or 1)} us, "
              "arcsplit's choice "
              "here); `-norelay` sends an activation between two rpc-servers whole instead of in chunks "
-             "(ARCSPLIT_RPC_RELAY_KIB=0, patch 0007); `-ubN` runs that mode at -ub N." + (
+             "(ARCSPLIT_RPC_RELAY_KIB=0, patch 0007); `-noshm` links llama-server and the rpc-servers over "
+             "loopback TCP instead of shared memory (ARCSPLIT_RPC_SHM=0, patch 0008); `-ubN` runs that mode at "
+             "-ub N." + (
                  " On CPU the planner leaves as few layers as it can on llama-server's own CPU card (layers not in "
                  "-ngl stay there)." if a.backend == "cpu" else ""), ""]
     if a.same_card:

@@ -19,7 +19,7 @@ from arcsplit.errors import BuildError
 from arcsplit.llama import build as build_mod
 from arcsplit.llama import patches
 from arcsplit.llama.build import BuildConfig
-from arcsplit.llama.patches import rpc_patches_switched
+from arcsplit.llama.patches import rpc_patches_switched, rpc_shm_link
 from arcsplit.run.ports import free_port
 from arcsplit.synth import write_llama
 from arcsplit.llama.source import extract_source, fetch_sdist
@@ -399,3 +399,36 @@ def test_an_activation_between_two_rpc_servers_is_relayed_in_chunks(llama_bins, 
     assert [off for off, _ in first] == [i * 4096 for i in range(len(first))] and len(first) >= 2
     assert sum(n for _, n in first) % row == 0
     assert not [s for s in sets_off if s[1] > 0], "ARCSPLIT_RPC_RELAY_KIB=0 still sent chunks"
+
+
+def rings_left() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("arcsplit-rpc-*")} if Path("/dev/shm").is_dir() else set()
+
+
+@pytest.mark.slow
+def test_llama_server_and_the_rpc_servers_of_one_host_link_through_shared_memory(llama_bins, tmp_path):
+    """Patch 0008 through arcsplit: an all-RPC group on one host links llama-server to each rpc-server through
+    shared memory (each rpc-server's log says so), with the weights loaded over the rings (an 8 MiB output
+    matrix: bigger than a ring, so it streams and wraps) and the same greedy tokens as over loopback TCP
+    (ARCSPLIT_RPC_SHM=0, no such line). No ring's name stays in /dev/shm while the group serves or after."""
+    model = write_llama(tmp_path / "llama.gguf", n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
+                        n_vocab=8192, dtype="f32")
+    before = rings_left()
+    seen = {}
+    for on in (True, False):
+        with rpc_shm_link(on), serve_group(str(model), gpus=[0, 1], backend="cpu", mode="rpc", ctx=1024,
+                                           parallel=1, threads=1, port=free_port(), bus=False, rpc_seed=False,
+                                           rpc_cache=False, llama_dir=str(llama_bins.bin_dir)) as server:
+            r = httpx.post(f"{server.url}/completion", json={
+                "prompt": "Once upon a time, in a land far away, there lived a keeper of lighthouses",
+                "n_predict": 8, "temperature": 0, "ignore_eos": True, "return_tokens": True}, timeout=300)
+            r.raise_for_status()
+            serving = rings_left() - before
+            run_dir = Path(server.status()["run_dir"])
+        logs = [(run_dir / f"rpc{i}.log").read_text(errors="replace") for i in (0, 1)]
+        seen[on] = (r.json()["tokens"], logs, serving)
+    (tokens_on, logs_on, serving_on), (tokens_off, logs_off, _) = seen[True], seen[False]
+    assert tokens_on == tokens_off and len(tokens_on) == 8
+    assert all("shared-memory link" in log for log in logs_on), [log[-400:] for log in logs_on]
+    assert not any("shared-memory link" in log for log in logs_off)
+    assert serving_on == set() and rings_left() - before == set()

@@ -150,6 +150,18 @@ def test_specs_one_rpc_server_one_port_one_link_for_bs_cards(untied) -> None:
                     rpc_ports=(1, 2, 3))
 
 
+def test_an_rpc_server_on_another_host_never_shares_memory_with_llama_server(untied) -> None:
+    """Patch 0008's rings live in this machine's /dev/shm: llama-server offers them to every rpc-server, and one on
+    another host declines (ARCSPLIT_RPC_SHM=0 there), even where that "host" shares this machine's memory (a test's
+    network namespace)."""
+    from dataclasses import replace
+
+    specs = build_specs(replace(_config(untied), rpc_shm=True), [50052, 50053], [41000, 41001])
+    rpc_b, rpc_c, _, _, server = specs
+    assert rpc_b.env_dict["ARCSPLIT_RPC_SHM"] == rpc_c.env_dict["ARCSPLIT_RPC_SHM"] == "0"
+    assert server.env_dict["ARCSPLIT_RPC_SHM"] == "1"
+
+
 def test_an_rpc_server_build_without_d_cannot_hold_several_cards(untied) -> None:
     from dataclasses import replace
 

@@ -104,8 +104,9 @@ def test_plan_text_prints_each_process_argv(demo_model, described_rig, capsys):
     assert cli_main(["plan", str(demo_model), "--backend", "cuda", "--gpus", "3,1", "--mode", "hybrid",
                      "--rpc-ports", "50321", "--port", "8321"]) == 0
     out = capsys.readouterr().out
-    assert "rpc0: CUDA_VISIBLE_DEVICES=1 /opt/llama/bin/ggml-rpc-server -H 127.0.0.1 -p 50321" in out
-    assert "server: CUDA_VISIBLE_DEVICES=3 LLAMA_SERVER_ROUTER_PORT=8321 /opt/llama/bin/llama-server" in out
+    assert "rpc0: ARCSPLIT_RPC_SHM=1 CUDA_VISIBLE_DEVICES=1 /opt/llama/bin/ggml-rpc-server -H 127.0.0.1 -p 50321" in out
+    assert ("server: ARCSPLIT_RPC_SHM=1 CUDA_VISIBLE_DEVICES=3 LLAMA_SERVER_ROUTER_PORT=8321 "
+            "/opt/llama/bin/llama-server") in out
     assert "--device CUDA0,RPC0" in out and "-ub 256" in out
 
 

@@ -230,3 +230,25 @@ def test_rpc_spin_reaches_every_process_of_an_rpc_group_only() -> None:
         assert "ARCSPLIT_RPC_SPIN_US" not in spec.env_dict
     for spec in specs_for(config("cuda", "rpc", [0, 1])):
         assert "ARCSPLIT_RPC_SPIN_US" not in spec.env_dict
+
+
+def test_shared_memory_link_reaches_llama_server_and_the_rpc_servers_of_this_host() -> None:
+    """Patch 0008 needs ARCSPLIT_RPC_SHM=1 on both ends; arcsplit sets it (or 0, when the user said 0) in every
+    process of an RPC group of one host, and in none of a group without an RPC link."""
+    for on in (True, False):
+        for mode in ("hybrid", "rpc"):
+            for spec in specs_for(config("cuda", mode, [0, 1], rpc_shm=on)):
+                assert spec.env_dict["ARCSPLIT_RPC_SHM"] == ("1" if on else "0"), (mode, spec.name)
+    for spec in specs_for(config("cuda", "multi", [0, 1], rpc_shm=True)):
+        assert "ARCSPLIT_RPC_SHM" not in spec.env_dict
+
+
+def test_the_shared_memory_switch_is_zero_or_one_else_one_clear_line() -> None:
+    from arcsplit.run.prepare import rpc_shm
+
+    assert rpc_shm({}) is True and rpc_shm({"ARCSPLIT_RPC_SHM": ""}) is True  # on by default
+    assert rpc_shm({"ARCSPLIT_RPC_SHM": "0"}) is False and rpc_shm({"ARCSPLIT_RPC_SHM": "1"}) is True
+    for bad in ("yes", "2", "off"):
+        with pytest.raises(BadInput, match="ARCSPLIT_RPC_SHM") as err:
+            rpc_shm({"ARCSPLIT_RPC_SHM": bad})
+        assert "ARCSPLIT_RPC_SHM=0" in (err.value.fix or "")

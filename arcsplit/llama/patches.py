@@ -25,6 +25,7 @@ MARKER = ".arcsplit-patches"
 STOCK_ENV = "ARCSPLIT_RPC_STOCK"
 SPIN_ENV = "ARCSPLIT_RPC_SPIN_US"  # patch 0005
 RELAY_ENV = "ARCSPLIT_RPC_RELAY_KIB"  # patch 0007: chunk (KiB) of an activation relayed between rpc-servers; 0: off
+SHM_ENV = "ARCSPLIT_RPC_SHM"  # patch 0008: 1 in llama-server and an rpc-server on one host: shared-memory link
 _DIR = Path(__file__).resolve().parent.parent / "data" / "patches"
 
 
@@ -148,3 +149,9 @@ def rpc_relay_chunks(kib: int) -> contextlib.AbstractContextManager[None]:
     """Groups started inside relay an activation between two rpc-servers in chunks of ``kib`` KiB (0: off, one
     get of the whole tensor and then one set, as stock does; patch 0007). Every process inherits RELAY_ENV."""
     return _environ_set(RELAY_ENV, str(max(0, kib)))
+
+
+def rpc_shm_link(on: bool) -> contextlib.AbstractContextManager[None]:
+    """Groups started inside link llama-server to the rpc-servers of this host through shared memory (patch 0008)
+    or, off, over loopback TCP: arcsplit reads SHM_ENV from the environment as the user's choice."""
+    return _environ_set(SHM_ENV, "1" if on else "0")

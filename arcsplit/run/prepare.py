@@ -24,7 +24,7 @@ from ..llama.fitparams import measure_compute
 from ..llama.devices import discover_rig, host_budget, parse_gpus
 from ..llama.locate import LlamaBinaries, find_llama
 from ..llama.mode import ModeDecision, choose_mode
-from ..llama.patches import RELAY_ENV, SPIN_ENV
+from ..llama.patches import RELAY_ENV, SHM_ENV, SPIN_ENV
 from ..llama.webui import serve_dir
 from ..model import load_profile
 from ..planner import Plan, PlanOptions, make_plan
@@ -152,6 +152,19 @@ def rpc_relay_kib(environ: Any = os.environ) -> int | None:
         raise BadInput(f"{RELAY_ENV}={relay!r} is not a number of KiB",
                        f"set {RELAY_ENV} to a whole number of KiB (1024 is the default; 0 relays whole tensors)")
     return int(relay)
+
+
+def rpc_shm(environ: Any = os.environ) -> bool:
+    """Whether llama-server and the rpc-servers of this host share memory for their link (patch 0008): on unless
+    the user's ARCSPLIT_RPC_SHM says 0. Refused here when it is neither 0 nor 1: each process would read a word
+    it cannot parse as its own yes or no."""
+    value = environ.get(SHM_ENV)
+    if not value:
+        return True
+    if value.strip() not in ("0", "1"):
+        raise BadInput(f"{SHM_ENV}={value!r} is neither 0 nor 1",
+                       f"set {SHM_ENV}=0 to link the rpc-servers of this host over loopback TCP, or unset it")
+    return value.strip() == "1"
 
 
 def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: bool = True) -> Plan:
@@ -333,6 +346,7 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     """The plan and the config of the chosen mode; the specs are built once so a missing flag fails here.
     ``serving``: a group starts next, so the rpc-servers' weight cache is pruned and the model indexed now."""
     rpc_relay_kib()  # a bad value is refused before anything is pruned or started; llama-server reads it itself
+    shm = rpc_shm()
     notes: list[str] = []
     if req.measure:
         plan, runs = measure_plan(profile, rig, req, decision.mode, live)
@@ -368,7 +382,7 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
                          rpc_bin=str(binaries.rpc_server) if binaries else "ggml-rpc-server",
                          host=req.host, port=req.port, rpc_host=req.rpc_host,
                          rpc_ports=tuple(rpc_ports) if rpc_ports else None, threads=req.threads, cores=cores,
-                         extra_args=tuple(req.extra_args), rpc_spin_us=rpc_spin_us(route, cores),
+                         extra_args=tuple(req.extra_args), rpc_spin_us=rpc_spin_us(route, cores), rpc_shm=shm,
                          rpc_cache_dir=rpc_cache, rpc_seed=(profile.shards or (plan.model_path,)) if seed else (),
                          mode_env=tuple(sorted(decision.env.items())), forced_mode=req.mode != "auto",
                          ui_dir=serve_dir(binaries.server.parent) if binaries else None, env_dropped=dropped,

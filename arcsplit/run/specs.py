@@ -19,7 +19,7 @@ from ..errors import BadInput
 from ..hosts import forward_argv
 from ..llama.childenv import Dropped, overlay
 from ..llama.features import RPC_OPTIONAL, RPC_REQUIRED, Features, fit_args
-from ..llama.patches import SPIN_ENV
+from ..llama.patches import SHM_ENV, SPIN_ENV
 from ..rig import Host, per_host
 from ..route import HOST_DEVICE, Route
 from .procspec import LOOPBACK, ProcessSpec
@@ -79,6 +79,7 @@ class ServeConfig:
     forced_mode: bool = False
     secret_env: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # llama-server only; never recorded
     rpc_spin_us: int = 0  # > 0: every process of a hybrid/rpc group polls the RPC link this long before sleeping
+    rpc_shm: bool = False  # llama-server and the rpc-servers of this host link through shared memory (patch 0008)
     ui_dir: str | None = None  # llama-server --path: the web UI (or the page on how to get it) at /
     env_dropped: tuple[Dropped, ...] = ()  # inherited variables changed for every child (llama/childenv.py)
     server_features: Features | None = None  # what a llama-server arcsplit did not build accepts; None: all
@@ -155,8 +156,10 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int], link_ports: Seque
     free_links = list(link_ports)
     node_bins = dict(config.node_bins)
     for proc, port in zip(route.rpc, rpc_ports):
-        env = {**extra_env, **dict(proc.env)}
         remote = config.host_named(proc.host) if proc.host else None
+        # patch 0008: only an rpc-server of this host may map llama-server's rings (never one on another host,
+        # even where a test's "hosts" share this machine's /dev/shm)
+        env = {**extra_env, SHM_ENV: "1" if config.rpc_shm and remote is None else "0", **dict(proc.env)}
         if remote is None:
             binary, bind = config.rpc_bin, config.rpc_host
         else:  # the node resolves a bare name to its managed build
@@ -194,6 +197,8 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int], link_ports: Seque
     server = route.server
     # LLAMA_SERVER_ROUTER_PORT opts into the router's child protocol: load progress on stdout, exit on stdin EOF.
     env = {**extra_env, **dict(server.env), **dict(config.secret_env), ROUTER_PORT_ENV: str(config.port)}
+    if route.rpc:  # patch 0008: offered to every rpc-server; those of other hosts decline (their SHM_ENV is 0)
+        env[SHM_ENV] = "1" if config.rpc_shm else "0"
     if config.rpc_seed and config.rpc_cache_dir and route.rpc:
         env[INDEX_ENV] = str(store(config.rpc_cache_dir))  # the weights' hashes come from the rpc-servers' index
     argv: list[str] = [config.server_bin, "-m", plan.model_path, "--host", config.host, "--port", str(config.port),
