@@ -21,6 +21,7 @@
 #        phases trace / trace-dense in PHASES): where a decoded token's time goes, per process
 #   phases trace-light / trace-dense-light: the same with ARCSPLIT_CUPTI_LIGHT=1 (one record per CUDA graph);
 #   phases moe-mps / dense-mps: onecard under NVIDIA MPS (one shared GPU context: the time-slicing's share)
+#   phase link: bench/rpc_link.py on the CUDA build (one rpc-server on the card; shared memory against TCP, 0008)
 #   MODEL=moe bash bench/gpu/session.sh onecard  # ONE GPU: llama-server and rpc-servers share it (--same-card),
 #        RUNS independent runs (default 3) of MODES (default native,hybrid,hybrid-stock,rpc,rpc-stock);
 #        MODEL=moe: a 3.8 GiB F16 qwen3moe (16 layers, 32 experts, 4 used), MODEL=dense: the 7.2B F16 llama
@@ -187,6 +188,8 @@ case "${1:-all}" in
         trace-prefill) MODEL=$DENSE PROMPT_TOKENS=512 TMODES=${TRACE_MODES:-native,hybrid,rpc} trace ;;
         trace-dense) MODEL=$DENSE TMODES=${TMODES_DENSE:-native,hybrid} trace ;;
         abpatch) abpatch ;;
+        link) build; python3 bench/rpc_link.py --backend cuda --runs "${LINK_RUNS:-3}" --sizes 0.0625,4,16 \
+                --out "$OUT/rpc_link_cuda.md" > "$OUT/rpc_link_cuda.log" 2>&1; echo "rpc_link rc=$?" ;;
       esac
     done
     echo "pipeline done at $SECONDS s"
