@@ -41,9 +41,11 @@ OPS = ("round_trip", "upload", "download")
 
 def compile_client(bin_dir: Path, out: Path) -> Path:
     """The client, against the headers of the tree the build was made from (arcsplit's cache layout)."""
-    include = bin_dir.parent.parent / "src" / "ggml" / "include"
-    if not (include / "ggml-rpc.h").is_file():
-        raise SystemExit(f"no ggml headers at {include}: run this on a build arcsplit made (arcsplit llama build)")
+    root = bin_dir.parent.parent  # the cache's trees: extracted from PyPI, a --source copy, the stock one
+    found = [root / t / "ggml" / "include" for t in ("src", "src-source", "src-stock")]
+    include = next((d for d in found if (d / "ggml-rpc.h").is_file()), None)
+    if include is None:
+        raise SystemExit(f"no ggml headers under {root}: run this on a build arcsplit made (arcsplit llama build)")
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         raise SystemExit("no C++ compiler on PATH (apt-get install g++)")
