@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from arcsplit._api import planned_specs, preview  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
+from arcsplit.llama.patches import rpc_shm_link  # noqa: E402
 from arcsplit.planner import MASK_START, LinkCost, link_costs  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
 from arcsplit.run.prepare import ServeRequest  # noqa: E402
@@ -135,7 +136,8 @@ def run(model: str, prompts: list[int], tokens: int, reps: int, cpu_memory: int,
         log_path: Path | None = None) -> tuple[Any, list[dict[str, Any]]]:
     req = ServeRequest(model=model, gpus=[0, 1], backend="cpu", mode="rpc", ctx=2048, threads=1, port=free_port(),
                        cpu_memory_mib=cpu_memory)
-    prepared = preview(req)
+    with rpc_shm_link(False):  # a link to another host is a socket: every byte crosses it (no shared memory, 0008)
+        prepared = preview(req)
     plan = prepared.config.plan
     specs = planned_specs(prepared)
     # Each card as if alone on its own host: its link's model is its rpc-server's traffic.
