@@ -35,6 +35,7 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
     "idle_cpu": (["--seconds", "10"], []),
     "throughput": (["--backend", "cpu"], ["--backend", "cpu", "--full"]),
     "rpc_waits": ([], ["--reps", "5"]),
+    "rpc_link": (["--runs", "1"], ["--runs", "3"]),
     # dash_frame writes its file only with --out; its results file holds two hand-run rates, so the quick run
     # here only prints (see "This run") and the file is included as it is.
     "dash_frame": (["--seconds", "3"], ["--seconds", "5"]),
@@ -330,9 +331,13 @@ FIGURES = [
             "gpu/throughput_cuda_onecard_moe16x32_outlocal.md", "gpu/throughput_cuda_onecard_moe16x32_mps_outlocal.md",
             "gpu/throughput_cuda_onecard_moe16x32_mps_ub512.md", "gpu/throughput_cuda_onecard_moe16x32_mps_v2index.md",
             "gpu/throughput_cuda_onecard_model7b_mps_v2index.md", "gpu/throughput_cuda_onecard_model7b_mps_ub.md",
-            "gpu/throughput_cuda_onecard_model7b_mps_relay.md",
+            "gpu/throughput_cuda_onecard_model7b_mps_relay.md", "gpu/throughput_cuda_onecard_model7b_mps_aa.md",
+            "gpu/throughput_cuda_onecard_moe16x32_mps_aa.md",
             "gpu/throughput_cuda_onecard_dense_0787496fbe.md", "gpu/throughput_cuda_onecard_moe.md",
             "gpu/throughput_cuda_onecard_dense.md"), lambda t, f: v_one_gpu(t)),
+    Figure("5h. One RPC link on one host, shared memory (patch 0008) against loopback TCP (CPU, hardware-independent)",
+           "a 4-byte round trip and 4 MiB transfers faster through shared memory (what a same-host link buys)",
+           ("rpc_link_cpu.md",), lambda t, f: Verdict("info", first_line_with(t, "Throughput of"))),
     Figure("5e. CPU cost of the RPC link's polling (patch 0005)", "measured (cores busy per token and idle)",
            ("poll_cost.md",), lambda t, f: v_generic(t)),
     Figure("5f. Where a decoded token's time goes on one GPU (CUPTI timeline of every process, H200)",
