@@ -263,7 +263,11 @@ def run_mode(a: argparse.Namespace, mode: str, tdir: Path) -> Breakdown:
     os.environ["CUDA_INJECTION64_PATH"] = str(Path(a.trace_lib).resolve())
     os.environ["ARCSPLIT_CUPTI_DIR"] = str(tdir)
     try:
-        gpus, kw = serve_kwargs(a, mode, ())
+        # A prefill trace is of the prompt alone: llama-server's host-memory prompt cache would save the decode
+        # request's idle slot and restore the warm-up's KV (the traced prompt is its twin) at slot selection, just
+        # before the prompt and inside its burst (64 MiB of copies on the 7.2B model; outside the throughput
+        # bench's prompt timings). Off here, and said so in the file.
+        gpus, kw = serve_kwargs(a, mode, ("--cache-ram", "0") if a.prompt_tokens else ())
         with mode_env(mode), arcsplit.serve(a.model, gpus=gpus, **kw) as server, \
                 httpx.Client(timeout=a.timeout) as client:
             argv = argv_of(server)
@@ -300,8 +304,8 @@ def report(a: argparse.Namespace, rows: list[Breakdown], cmdline: str) -> str:
              f"- Build: {build_line(a.llama_dir, a.backend)}", f"- Machine: {machine(a.backend)}",
              f"- Model: `{Path(a.model).name}`; every mode served by `arcsplit.serve` as bench/throughput.py "
              f"serves it{' (--same-card: llama-server and the rpc-servers share one GPU)' if a.same_card else ''}; "
-             + (f"one prompt of {a.prompt_tokens} tokens (n_predict 1, no prompt cache; every per-prompt figure is "
-              "that one prompt's) " if a.prompt_tokens else f"one request of {a.tokens} decoded tokens (one stream) ")
+             + (f"one prompt of {a.prompt_tokens} tokens (n_predict 1, no prompt cache, llama-server's host-memory "
+              "prompt cache off: `--cache-ram 0`; every per-prompt figure is that one prompt's) " if a.prompt_tokens else f"one request of {a.tokens} decoded tokens (one stream) ")
              + "after a warm-up, traced with CUPTI "
              "(bench/gpu/cupti_trace.c): kernels, copies, memsets, runtime calls of each process, one clock"
              + ("; light mode (ARCSPLIT_CUPTI_LIGHT=1): a CUDA graph is one record, kernels outside graphs are not "
