@@ -339,7 +339,7 @@ FIGURES = [
            "a 4-byte round trip and 4 MiB transfers faster through shared memory (what a same-host link buys)",
            ("rpc_link_cpu.md",), lambda t, f: Verdict("info", first_line_with(t, "Throughput of"))),
     Figure("5e. CPU cost of the RPC link's polling (patch 0005)", "measured (cores busy per token and idle)",
-           ("poll_cost.md",), lambda t, f: v_generic(t)),
+           ("poll_cost.md", "poll_cost_shm.md"), lambda t, f: v_generic(t)),
     Figure("5f. Where a decoded token's time goes on one GPU (CUPTI timeline of every process, H200)",
            "find where the RPC route's per-token time goes (issue 19): GPU work vs GPU idle, per crossing",
            ("gpu/trace_cuda_onecard_moe16x32_light.md", "gpu/trace_cuda_onecard_moe16x32_run2_light.md",
