@@ -23,7 +23,9 @@ rpc-nospin = patches on, but the RPC link's threads sleep at once instead of pol
 (ARCSPLIT_RPC_SPIN_US=0; arcsplit sets it on GPU groups, patch 0005). rpc-norelay = patches on, but an
 activation between two rpc-servers crosses whole (ARCSPLIT_RPC_RELAY_KIB=0, patch 0007). hybrid-noshm /
 rpc-noshm = patches on, but the link to the rpc-servers runs over loopback TCP instead of shared memory
-(ARCSPLIT_RPC_SHM=0, patch 0008). Any mode may end in -ubN, its own
+(ARCSPLIT_RPC_SHM=0, patch 0008). -nocram (native-nocram, hybrid-nocram, rpc-nocram) runs llama-server
+with --cache-ram 0: its host-memory prompt cache copies a slot's KV out and back at slot selection, over the link
+on an RPC route. Any mode may end in -ubN, its own
 micro-batch (native-ub256, hybrid-ub512): what the route's ubatch choice costs against native's default.
 
 --runs N repeats the whole set N times, every mode a fresh group of processes each time, each run against its
@@ -109,12 +111,14 @@ class Variant:
     -nospin: patches on, the RPC link's polling off (ARCSPLIT_RPC_SPIN_US=0, patch 0005);
     -norelay: patches on, an activation between two rpc-servers relayed whole (ARCSPLIT_RPC_RELAY_KIB=0, 0007);
     -noshm: patches on, the link to the rpc-servers over loopback TCP, not shared memory (ARCSPLIT_RPC_SHM=0, 0008);
+    -nocram: llama-server's host-memory prompt cache off (--cache-ram 0; native-nocram too): no KV copied out and
+    back at slot selection, which on an RPC route crosses the link;
     -ubN: this mode's micro-batch (``native-ub256``, ``hybrid-ub512``) instead of the route's own or --ubatch.
     """
 
     route: str  # native | hybrid | rpc
     output: str = "auto"  # --output-layer
-    off: str = ""  # "", "stock", "nospin", "norelay" or "noshm"
+    off: str = ""  # "", "stock", "nospin", "norelay", "noshm" or "nocram"
     ubatch: int | None = None  # -ubN
 
 
@@ -123,10 +127,13 @@ def parse_mode(mode: str) -> Variant:
     ub = int(tags.pop()[2:]) if tags and re.fullmatch(r"ub[1-9][0-9]*", tags[-1]) else None
     rpc_tags = route in ("hybrid", "rpc")
     output = tags.pop(0) if rpc_tags and tags and tags[0] in ("last", "local") else "auto"
-    off = tags.pop(0) if rpc_tags and tags and tags[0] in ("stock", "nospin", "norelay", "noshm") else ""
+    off = tags.pop(0) if rpc_tags and tags and tags[0] in ("stock", "nospin", "norelay", "noshm", "nocram") else ""
+    if route == "native" and tags and tags[0] == "nocram":
+        off = tags.pop(0)
     if route not in ("native", "hybrid", "rpc") or tags:
         raise SystemExit(f"unknown mode {mode!r}: use native, or hybrid/rpc with -last or -local (where the "
-                         "output layer goes) and then -stock, -nospin, -norelay or -noshm; any of them may end in -ubN")
+                         "output layer goes) and then -stock, -nospin, -norelay, -noshm or -nocram (native-nocram too); any of them "
+                         "may end in -ubN")
     return Variant(route, output, off, ub)
 
 
@@ -268,6 +275,8 @@ def serve_kwargs(a: argparse.Namespace, mode: str, extra: tuple[str, ...],
     if a.threads is not None and amode == "single":
         args += ["-t", str(a.threads)]  # the other modes pass it to llama-server and rpc-servers via ServeRequest
     variant = parse_mode(mode)
+    if variant.off == "nocram":  # llama-server's host-memory prompt cache off: no KV copied at slot selection
+        args += ["--cache-ram", "0"]
     ub = next((u for u in (ubatch, variant.ubatch, a.ubatch) if u is not None), None)  # the call's, the mode's, all's
     kw: dict[str, Any] = dict(backend=a.backend, mode=amode, ctx=a.ctx, parallel=STREAMS, port=free_port(),
                               threads=a.threads, ubatch=ub,
@@ -455,7 +464,8 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "arcsplit's choice "
              "here); `-norelay` sends an activation between two rpc-servers whole instead of in chunks "
              "(ARCSPLIT_RPC_RELAY_KIB=0, patch 0007); `-noshm` links llama-server and the rpc-servers over "
-             "loopback TCP instead of shared memory (ARCSPLIT_RPC_SHM=0, patch 0008); `-ubN` runs that mode at "
+             "loopback TCP instead of shared memory (ARCSPLIT_RPC_SHM=0, patch 0008); `-nocram` runs llama-server with "
+             "`--cache-ram 0` (no host-memory prompt cache); `-ubN` runs that mode at "
              "-ub N." + (
                  " On CPU the planner leaves as few layers as it can on llama-server's own CPU card (layers not in "
                  "-ngl stay there)." if a.backend == "cpu" else ""), ""]

@@ -4,6 +4,7 @@ one-H200 runs in bench/results/gpu/onecard/ (bench/throughput.py's own output on
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -100,5 +101,23 @@ def test_a_mode_may_name_its_own_ubatch():
     assert throughput.serve_kwargs(a, "hybrid-ub512", (), ubatch=256)[1]["ubatch"] == 256  # the greedy check's
     assert throughput.parse_mode("rpc-norelay") == throughput.Variant("rpc", "auto", "norelay")
     for bad in ("native-stock", "hybrid-ub0", "hybrid-ub512-stock", "native-ubx", "native-norelay"):
+        with pytest.raises(SystemExit):
+            throughput.parse_mode(bad)
+
+
+def test_a_mode_may_switch_the_shared_memory_link_or_the_prompt_cache_off():
+    """-noshm: the RPC link over loopback TCP (patch 0008 off, in the processes' environment); -nocram: llama-server
+    with --cache-ram 0, native included, so an RPC row and native can be compared without the prompt cache."""
+    from arcsplit.llama.patches import SHM_ENV
+
+    a = throughput.parse(["--backend", "cuda", "--gpus", "0", "--same-card"])
+    assert throughput.parse_mode("hybrid-noshm") == throughput.Variant("hybrid", "auto", "noshm")
+    with throughput.mode_env("rpc-noshm"):
+        assert os.environ[SHM_ENV] == "0"
+    for mode in ("native-nocram", "rpc-nocram-ub512"):
+        args = throughput.serve_kwargs(a, mode, ())[1]["extra_args"]
+        assert args[-2:] == ("--cache-ram", "0"), (mode, args)
+    assert "--cache-ram" not in throughput.serve_kwargs(a, "hybrid", ())[1]["extra_args"]
+    for bad in ("native-noshm", "hybrid-nocram-noshm"):
         with pytest.raises(SystemExit):
             throughput.parse_mode(bad)
