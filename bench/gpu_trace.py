@@ -305,7 +305,8 @@ def report(a: argparse.Namespace, rows: list[Breakdown], cmdline: str) -> str:
              f"- Model: `{Path(a.model).name}`; every mode served by `arcsplit.serve` as bench/throughput.py "
              f"serves it{' (--same-card: llama-server and the rpc-servers share one GPU)' if a.same_card else ''}; "
              + (f"one prompt of {a.prompt_tokens} tokens (n_predict 1, no prompt cache, llama-server's host-memory "
-              "prompt cache off: `--cache-ram 0`; every per-prompt figure is that one prompt's) " if a.prompt_tokens else f"one request of {a.tokens} decoded tokens (one stream) ")
+                "prompt cache off: `--cache-ram 0`; every per-prompt figure is that one prompt's) " if a.prompt_tokens
+                else f"one request of {a.tokens} decoded tokens (one stream) ")
              + "after a warm-up, traced with CUPTI "
              "(bench/gpu/cupti_trace.c): kernels, copies, memsets, runtime calls of each process, one clock"
              + ("; light mode (ARCSPLIT_CUPTI_LIGHT=1): a CUDA graph is one record, kernels outside graphs are not "

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama  # noqa: E402
-from arcsplit.run.ports import free_port  # noqa: E402
+from arcsplit.llama.build import cache_trees  # noqa: E402
+from arcsplit.llama.patches import SHM_ENV, SPIN_ENV  # noqa: E402
+from arcsplit.run.ports import accepts_now, free_port  # noqa: E402
 from throughput import build_line  # noqa: E402
 from _report import write_report  # noqa: E402
 
@@ -41,11 +42,10 @@ OPS = ("round_trip", "upload", "download")
 
 def compile_client(bin_dir: Path, out: Path) -> Path:
     """The client, against the headers of the tree the build was made from (arcsplit's cache layout)."""
-    root = bin_dir.parent.parent  # the cache's trees: extracted from PyPI, a --source copy, the stock one
-    found = [root / t / "ggml" / "include" for t in ("src", "src-source", "src-stock")]
+    found = [t / "ggml" / "include" for t in cache_trees(bin_dir)]
     include = next((d for d in found if (d / "ggml-rpc.h").is_file()), None)
     if include is None:
-        raise SystemExit(f"no ggml headers under {root}: run this on a build arcsplit made (arcsplit llama build)")
+        raise SystemExit(f"no ggml headers for {bin_dir}: run this on a build arcsplit made (arcsplit llama build)")
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         raise SystemExit("no C++ compiler on PATH (apt-get install g++)")
@@ -60,9 +60,8 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60.0) -
     while time.monotonic() < end:
         if proc.poll() is not None:
             raise SystemExit(f"rpc-server exited with {proc.returncode} before listening")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
+        if accepts_now("127.0.0.1", port):  # before the client: an rpc-server serves one client at a time
+            return
         time.sleep(0.1)
     raise SystemExit(f"rpc-server did not listen on {port} within {timeout:.0f} s")
 
@@ -94,6 +93,12 @@ def one_run(rpc_server: Path, client: Path, env: dict[str, str], sizes: list[int
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+def link_variant(shm: bool, spin_us: int) -> tuple[str, dict[str, str]]:
+    """A row: its name and the environment of both ends (patch 0008's link on or off, 0005's polling budget)."""
+    name = ("shared memory" if shm else "loopback TCP") + (f", polling {spin_us} us" if spin_us else "")
+    return name, {SHM_ENV: "1" if shm else "0", SPIN_ENV: str(spin_us)}
+
+
 def spread(values: list[float]) -> str:
     return f"{min(values):.0f} / **{statistics.median(values):.0f}** / {max(values):.0f}"
 
@@ -110,12 +115,8 @@ def main() -> None:
     a = ap.parse_args()
     bins = find_llama(a.llama_dir, backend=a.backend)
     sizes = [int(float(s) * 2**20) for s in a.sizes.split(",")]
-    variants = [("shared memory", {"ARCSPLIT_RPC_SHM": "1", "ARCSPLIT_RPC_SPIN_US": "0"}),
-                ("loopback TCP", {"ARCSPLIT_RPC_SHM": "0", "ARCSPLIT_RPC_SPIN_US": "0"})]
-    if a.spin_us > 0:
-        variants = [(f"shared memory, polling {a.spin_us} us", {"ARCSPLIT_RPC_SHM": "1", "ARCSPLIT_RPC_SPIN_US": str(a.spin_us)}),
-                    (f"loopback TCP, polling {a.spin_us} us", {"ARCSPLIT_RPC_SHM": "0", "ARCSPLIT_RPC_SPIN_US": str(a.spin_us)}),
-                    *variants]
+    spins = (a.spin_us, 0) if a.spin_us > 0 else (0,)
+    variants = [link_variant(shm, spin) for spin in spins for shm in (True, False)]
     results: dict[str, list[dict[tuple[str, int], float]]] = {name: [] for name, _ in variants}
     with tempfile.TemporaryDirectory(prefix="rpc-link-") as tmp:
         client = compile_client(Path(bins.bin_dir), Path(tmp))
@@ -124,7 +125,7 @@ def main() -> None:
                 log = Path(tmp) / "rpc-server.log"
                 medians = one_run(Path(bins.rpc_server), client, env, sizes, a.reps, log)
                 linked = "shared-memory link" in log.read_text(errors="replace")
-                if linked != (env["ARCSPLIT_RPC_SHM"] == "1"):
+                if linked != (env[SHM_ENV] == "1"):
                     raise SystemExit(f"{name}: the rpc-server {'did not link' if not linked else 'linked'} through "
                                      "shared memory (a build without patch 0008?)")
                 results[name].append(medians)

@@ -68,7 +68,8 @@ sys.path.insert(0, str(ROOT))
 import arcsplit  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama, server_build_info  # noqa: E402
-from arcsplit.llama.patches import rpc_link_polling, rpc_patches_switched, rpc_relay_chunks, rpc_shm_link  # noqa: E402,E501
+from arcsplit.llama.patches import (rpc_link_polling, rpc_patches_switched, rpc_relay_chunks,  # noqa: E402
+                                    rpc_shm_link)
 from arcsplit.route import Route  # noqa: E402
 from arcsplit.run.prepare import rpc_spin_us  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
@@ -126,14 +127,13 @@ def parse_mode(mode: str) -> Variant:
     route, *tags = mode.split("-")
     ub = int(tags.pop()[2:]) if tags and re.fullmatch(r"ub[1-9][0-9]*", tags[-1]) else None
     rpc_tags = route in ("hybrid", "rpc")
+    offs = ("stock", "nospin", "norelay", "noshm", "nocram") if rpc_tags else ("nocram",)  # native: its own flag only
     output = tags.pop(0) if rpc_tags and tags and tags[0] in ("last", "local") else "auto"
-    off = tags.pop(0) if rpc_tags and tags and tags[0] in ("stock", "nospin", "norelay", "noshm", "nocram") else ""
-    if route == "native" and tags and tags[0] == "nocram":
-        off = tags.pop(0)
+    off = tags.pop(0) if tags and tags[0] in offs else ""
     if route not in ("native", "hybrid", "rpc") or tags:
         raise SystemExit(f"unknown mode {mode!r}: use native, or hybrid/rpc with -last or -local (where the "
-                         "output layer goes) and then -stock, -nospin, -norelay, -noshm or -nocram (native-nocram too); any of them "
-                         "may end in -ubN")
+                         "output layer goes) and then -stock, -nospin, -norelay, -noshm or -nocram (native-nocram "
+                         "too); any of them may end in -ubN")
     return Variant(route, output, off, ub)
 
 

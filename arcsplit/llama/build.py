@@ -147,6 +147,15 @@ def _read_config(bin_dir: Path) -> BuildConfig | None:
         return None
 
 
+def cache_trees(bin_dir: Path) -> list[Path]:
+    """The extracted trees a managed build in ``bin_dir`` was made from, under arcsplit's cache: the PyPI tree with
+    the patches, a ``--source`` copy, the stock one ([] for a build outside the cache)."""
+    root = llama_root()
+    if not bin_dir.resolve().is_relative_to(root.resolve()):
+        return []
+    return [root / "src", root / "src-source", root / "src-stock"]
+
+
 def build_rpc_proto(bin_dir: Path) -> str | None:
     """The RPC protocol version of the build in ``bin_dir``: recorded by the managed build, else read from the tree it
     was built from - the cache's extracted tree for a managed build made before the record (the same pinned source;
@@ -158,9 +167,7 @@ def build_rpc_proto(bin_dir: Path) -> str | None:
             return str(recorded)
     except (OSError, ValueError, AttributeError):
         pass
-    root = llama_root()
-    trees = [root / "src", root / "src-stock"] if bin_dir.resolve().is_relative_to(root.resolve()) else []
-    trees += [bin_dir.parent.parent, bin_dir.parent.parent.parent]
+    trees = cache_trees(bin_dir) + [bin_dir.parent.parent, bin_dir.parent.parent.parent]
     return next((v for v in map(rpc_proto, trees) if v), None)
 
 

@@ -150,6 +150,7 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int], link_ports: Seque
     if config.rpc_spin_us > 0 and route.rpc:
         extra_env[SPIN_ENV] = str(config.rpc_spin_us)  # patch 0005: poll the link before sleeping
     threads = rpc_threads(config)
+    shm = "1" if config.rpc_shm else "0"  # patch 0008, for this host's processes (another host's always decline)
 
     specs: list[ProcessSpec] = []
     links: list[ProcessSpec] = []
@@ -157,9 +158,9 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int], link_ports: Seque
     node_bins = dict(config.node_bins)
     for proc, port in zip(route.rpc, rpc_ports):
         remote = config.host_named(proc.host) if proc.host else None
-        # patch 0008: only an rpc-server of this host may map llama-server's rings (never one on another host,
-        # even where a test's "hosts" share this machine's /dev/shm)
-        env = {**extra_env, SHM_ENV: "1" if config.rpc_shm and remote is None else "0", **dict(proc.env)}
+        # only an rpc-server of this host may map llama-server's rings (never one on another host, even where a
+        # test's "hosts" share this machine's /dev/shm)
+        env = {**extra_env, SHM_ENV: shm if remote is None else "0", **dict(proc.env)}
         if remote is None:
             binary, bind = config.rpc_bin, config.rpc_host
         else:  # the node resolves a bare name to its managed build
@@ -197,8 +198,8 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int], link_ports: Seque
     server = route.server
     # LLAMA_SERVER_ROUTER_PORT opts into the router's child protocol: load progress on stdout, exit on stdin EOF.
     env = {**extra_env, **dict(server.env), **dict(config.secret_env), ROUTER_PORT_ENV: str(config.port)}
-    if route.rpc:  # patch 0008: offered to every rpc-server; those of other hosts decline (their SHM_ENV is 0)
-        env[SHM_ENV] = "1" if config.rpc_shm else "0"
+    if route.rpc:  # offered to every rpc-server; those of other hosts decline
+        env[SHM_ENV] = shm
     if config.rpc_seed and config.rpc_cache_dir and route.rpc:
         env[INDEX_ENV] = str(store(config.rpc_cache_dir))  # the weights' hashes come from the rpc-servers' index
     argv: list[str] = [config.server_bin, "-m", plan.model_path, "--host", config.host, "--port", str(config.port),
