@@ -36,6 +36,7 @@ SCRIPTS: dict[str, tuple[list[str], list[str]]] = {
     "throughput": (["--backend", "cpu"], ["--backend", "cpu", "--full"]),
     "rpc_waits": ([], ["--reps", "5"]),
     "rpc_link": (["--runs", "1"], ["--runs", "3"]),
+    "prompt_cache_link": ([], []),
     # dash_frame writes its file only with --out; its results file holds two hand-run rates, so the quick run
     # here only prints (see "This run") and the file is included as it is.
     "dash_frame": (["--seconds", "3"], ["--seconds", "5"]),
@@ -338,6 +339,9 @@ FIGURES = [
     Figure("5h. One RPC link on one host, shared memory (patch 0008) against loopback TCP (CPU, hardware-independent)",
            "a 4-byte round trip and 4 MiB transfers faster through shared memory (what a same-host link buys)",
            ("rpc_link_cpu.md",), lambda t, f: Verdict("info", first_line_with(t, "Throughput of"))),
+    Figure("5i. What llama-server's host-memory prompt cache sends over the RPC link (CPU, hardware-independent)",
+           "counted, cache on against --cache-ram 0 (not a patch: llama.cpp's default is kept)",
+           ("prompt_cache_link.md",), lambda t, f: Verdict("info", first_line_with(t, "The GETs"))),
     Figure("5e. CPU cost of the RPC link's polling (patch 0005)", "measured (cores busy per token and idle)",
            ("poll_cost.md", "poll_cost_shm.md"), lambda t, f: v_generic(t)),
     Figure("5f. Where a decoded token's time goes on one GPU (CUPTI timeline of every process, H200)",

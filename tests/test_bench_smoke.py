@@ -90,3 +90,16 @@ def test_rpc_link_bench_links_through_shared_memory_and_prints_every_cell(llama_
                          "loopback TCP"}, out.read_text()
     assert all(len(cells) == 3 and all(re.fullmatch(r"\d+ / \*\*\d+\*\* / \d+", c) for c in cells)
                for cells in rows.values()), rows
+
+
+@pytest.mark.slow
+def test_prompt_cache_link_counts_the_kv_copies_over_the_link(llama_bins, tmp_path: Path) -> None:
+    """bench/prompt_cache_link.py: with llama.cpp's default prompt cache an rpc-server of an all-RPC group answers
+    more GET_TENSORs (the KV copied out at slot selection) than with --cache-ram 0, on the same three prompts."""
+    out = tmp_path / "cache.md"
+    run_bench("prompt_cache_link.py", llama_bins, out, "--parallel", "1", timeout=240)
+    rows = re.findall(r"^\| 1 \| (default|`--cache-ram 0`).*? \| (rpc\d) \| (\d+) \| ([\d,]+) \| ([\d,]+) \|$",
+                      out.read_text(), re.MULTILINE)
+    gets = {(on == "default", name): int(n) for on, name, n, _, _ in rows}
+    assert len(gets) == 4, out.read_text()
+    assert all(gets[(True, r)] > gets[(False, r)] for r in ("rpc0", "rpc1")), gets
