@@ -20,7 +20,8 @@
 #   MODEL=moe bash bench/gpu/session.sh trace  # ONE GPU: a CUPTI timeline per route (bench/gpu_trace.py;
 #        phases trace / trace-dense in PHASES): where a decoded token's time goes, per process
 #   phases trace-light / trace-dense-light: the same with ARCSPLIT_CUPTI_LIGHT=1 (one record per CUDA graph);
-#   phases moe-mps / dense-mps: onecard under NVIDIA MPS (one shared GPU context: the time-slicing's share)
+#   phases moe-mps / dense-mps: onecard under NVIDIA MPS (one shared GPU context: the time-slicing's share);
+#        DENSE_RUNS: the dense phases' run count where it differs from RUNS
 #   phase link: bench/rpc_link.py on the CUDA build (one rpc-server on the card; shared memory against TCP, 0008)
 #   MODEL=moe bash bench/gpu/session.sh onecard  # ONE GPU: llama-server and rpc-servers share it (--same-card),
 #        RUNS independent runs (default 3) of MODES (default native,hybrid,hybrid-stock,rpc,rpc-stock);
@@ -176,14 +177,14 @@ case "${1:-all}" in
       case $ph in
         accuracy) accuracy ;;
         moe) MODEL=$MOE onecard ;;
-        dense) MODEL=$DENSE REPS=${DENSE_REPS:-3} onecard ;;
+        dense) MODEL=$DENSE REPS=${DENSE_REPS:-3} RUNS=${DENSE_RUNS:-${RUNS:-3}} onecard ;;
         recover1) MODEL=$DENSE recover1 ;;
         trace) MODEL=$MOE trace ;;
         trace-light) MODEL=$MOE ARCSPLIT_CUPTI_LIGHT=1 trace ;;
         trace-dense-light) MODEL=$DENSE TMODES=${TMODES_DENSE:-native,hybrid} ARCSPLIT_CUPTI_LIGHT=1 trace ;;
         moe-mps) MODEL=$MOE mps ;;
         trace-light-mps) MODEL=$MOE ARCSPLIT_CUPTI_LIGHT=1 mps trace ;;
-        dense-mps) MODEL=$DENSE REPS=${DENSE_REPS:-3} mps ;;
+        dense-mps) MODEL=$DENSE REPS=${DENSE_REPS:-3} RUNS=${DENSE_RUNS:-${RUNS:-3}} mps ;;
         trace-prefill-mps) MODEL=$DENSE PROMPT_TOKENS=512 MPS_MODES=${TRACE_MODES:-native,hybrid,rpc} mps trace ;;
         trace-prefill) MODEL=$DENSE PROMPT_TOKENS=512 TMODES=${TRACE_MODES:-native,hybrid,rpc} trace ;;
         trace-dense) MODEL=$DENSE TMODES=${TMODES_DENSE:-native,hybrid} trace ;;
