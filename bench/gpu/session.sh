@@ -10,13 +10,17 @@
 #        (bench/plan_accuracy.py --cuda-device 0: plan_accuracy_cuda.md + compute_cuda.json under $OUT)
 #   bash bench/gpu/session.sh abpatch   # each patch ALONE on the pinned tree vs the same build switched off,
 #        MoE on one GPU (incremental rebuilds of the CUDA build; run it last: it rebuilds that build's tree)
-#   bash bench/gpu/session.sh pipeline  # PHASES="accuracy moe dense abpatch" (the default; recover1 too), in order;
-#        meant to run detached (setsid) while short device calls collect $OUT, e.g. (2026-12-02):
-#          W=/root/w; cp -r .device/tree .device/whl .device/llama-src.tar.gz $W/   # once per machine
-#          (cd $W/tree && OUT=$W/res WORK=$W FILES=$W setsid nohup bash bench/gpu/session.sh pipeline \
-#             > $W/pipeline.log 2>&1 < /dev/null &)
-#          then each call waits on $W/pipeline.log and tars $W/res into $OUT. (.device/tree: a copy of the branch
-#          under test; a device call sends the session's own checkout, not a helper's worktree.)
+#   bash bench/gpu/session.sh pipeline  # PHASES="accuracy moe dense abpatch" (the default; recover1 too), in order
+#   bash bench/gpu/session.sh detach    # the pipeline in the background, results under $WORK/res; then collect
+#   bash bench/gpu/session.sh collect   # waits WAIT_S (540) for it; pipeline.log, res.tgz (and a pack's parts) to
+#        $OUT. Exits 3 at once on a fresh machine (no pipeline there), instead of waiting out the call. E.g.:
+#          call 1: W=/root/w; mkdir -p $W; cp -r .device/whl .device/llama-src.tar.gz .device/cudabin $W/
+#                  rm -rf $W/tree; mkdir $W/tree; cp -r $(ls -A | grep -v '^\.device$') $W/tree/
+#                  cd $W/tree && WORK=$W FILES=$W PHASES="pack link moe-mps" bash bench/gpu/session.sh detach
+#          call 2 (at once, while the machine is warm: it goes back after 30 s idle):
+#                  WORK=/root/w bash bench/gpu/session.sh collect
+#   phase pack: the CUDA build as xz parts (15 MiB) under $OUT; kept as .device/cudabin/ and carried, a fresh
+#        machine unpacks a build whose key (flags, patch set) is this tree's instead of compiling it (~350 s)
 #   MODEL=moe bash bench/gpu/session.sh trace  # ONE GPU: a CUPTI timeline per route (bench/gpu_trace.py;
 #        phases trace / trace-dense in PHASES): where a decoded token's time goes, per process
 #   phases trace-light / trace-dense-light: the same with ARCSPLIT_CUPTI_LIGHT=1 (one record per CUDA graph);
@@ -54,27 +58,60 @@ MOE=$WORK/moe16x32.gguf
 case "${MODEL:-dense}" in moe) MODEL=$MOE ;; dense) MODEL=$DENSE ;; esac
 arcsplit() { python3 -m arcsplit "$@"; }
 
-build() {
-  [ -n "${ARCSPLIT_LLAMA_DIR:-}" ] && return  # a build named in the environment (or by an earlier phase) wins
-  [ -d "$WORK/src" ] || tar xzf "$FILES/llama-src.tar.gz" -C "$WORK"
-  if [ -n "$(ls -d "$ARCSPLIT_CACHE_DIR"/llama.cpp/*/build-cuda-*/bin 2>/dev/null)" ]; then  # built by an earlier phase
-    export ARCSPLIT_LLAMA_DIR=$(ls -d "$ARCSPLIT_CACHE_DIR"/llama.cpp/*/build-cuda-*/bin | head -1); return; fi
-  local t0=$SECONDS
-  arcsplit llama build --backend cuda --source "$WORK/src" --cmake-flag=-DCMAKE_CUDA_ARCHITECTURES=90 \
-    --jobs "$(nproc)" > "$OUT/build.txt" 2>&1 &
-  local b=$!
+models() {
+  # the two synthetic models (a fresh machine's; ~15 s and ~70 s)
   [ -f "$DENSE" ] || python3 -c "
 from arcsplit.synth import write_llama
 write_llama('$DENSE', n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=32000, ctx=8192,
             reuse_random=True)" || echo "model generation failed"
-  echo "dense model: $(du -h "$DENSE" | cut -f1) after $((SECONDS - t0)) s"
   [ -f "$MOE" ] || python3 -c "
 from arcsplit.synth import write_qwen3moe
 write_qwen3moe('$MOE', n_layer=16, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_expert=32,
                n_expert_used=4, n_ff_exp=512, n_vocab=32000, ctx=8192)" || echo "moe model generation failed"
-  echo "moe model: $(du -h "$MOE" | cut -f1) after $((SECONDS - t0)) s"
+}
+
+CUDA_FLAG=-DCMAKE_CUDA_ARCHITECTURES=90
+cuda_build_dir() {  # where arcsplit keeps this CUDA build: its name is the key of (flags, patch set)
+  python3 -c "from arcsplit.llama.build import BuildConfig; print(BuildConfig('cuda', ('$CUDA_FLAG',)).build_dir)"
+}
+
+unpack() {
+  # a build packed by an earlier machine (phase pack) whose key is this tree's: a fresh machine skips the ~350 s
+  # compile. Another key (the patches changed since) is left alone and built.
+  local dir parts; dir=$(cuda_build_dir); parts=$(ls "$FILES/cudabin/$(basename "$dir").tar.xz."* 2>/dev/null)
+  [ -d "$dir/bin" ] && return 0
+  if [ -z "$parts" ]; then
+    [ -n "$(ls "$FILES/cudabin" 2>/dev/null)" ] && echo "cudabin/ holds another key's build, not $(basename "$dir"): compiling"
+    return 0
+  fi
+  mkdir -p "$(dirname "$dir")"
+  # shellcheck disable=SC2086
+  cat $parts | xz -d | tar xf - -C "$(dirname "$dir")" && echo "build $(basename "$dir"): unpacked from cudabin/"
+}
+
+build() {
+  [ -n "${ARCSPLIT_LLAMA_DIR:-}" ] && return  # a build named in the environment (or by an earlier phase) wins
+  [ -d "$WORK/src" ] || tar xzf "$FILES/llama-src.tar.gz" -C "$WORK"
+  unpack
+  if [ -n "$(ls -d "$ARCSPLIT_CACHE_DIR"/llama.cpp/*/build-cuda-*/bin 2>/dev/null)" ]; then  # built by an earlier phase
+    export ARCSPLIT_LLAMA_DIR=$(ls -d "$ARCSPLIT_CACHE_DIR"/llama.cpp/*/build-cuda-*/bin | head -1); models; return; fi
+  local t0=$SECONDS
+  arcsplit llama build --backend cuda --source "$WORK/src" --cmake-flag=$CUDA_FLAG \
+    --jobs "$(nproc)" > "$OUT/build.txt" 2>&1 &
+  local b=$!
+  models; echo "models written after $((SECONDS - t0)) s"
   wait $b; echo "build rc=$? after $((SECONDS - t0)) s"; tail -2 "$OUT/build.txt"
   export ARCSPLIT_LLAMA_DIR=$(ls -d "$ARCSPLIT_CACHE_DIR"/llama.cpp/*/build-cuda-*/bin | head -1)
+}
+
+pack() {
+  # the CUDA build into $OUT as xz parts of 15 MiB (a device call returns at most 8 files of 16 MiB), to be
+  # carried as .device/cudabin/ so the next fresh machine unpacks it instead of compiling
+  build
+  local dir; dir=$(dirname "$ARCSPLIT_LLAMA_DIR")
+  tar cf - -C "$(dirname "$dir")" "$(basename "$dir")/bin" | xz -T0 -6 \
+    | split -b 15M -d -a 1 - "$OUT/$(basename "$dir").tar.xz."
+  ls -l "$OUT/$(basename "$dir").tar.xz."*
 }
 
 onecard() {
@@ -167,6 +204,25 @@ abpatch() {
 
 case "${1:-all}" in
   build) build ;;
+  unpack) unpack ;;
+  pack) pack ;;
+  detach)
+    # the pipeline in the background (its results under $WORK/res, its log $WORK/pipeline.log), then collect: a
+    # call can end (600 s) while the pipeline goes on, and a next call on the still-warm machine collects the rest
+    mkdir -p "$WORK/res"
+    (OUT=$WORK/res setsid nohup bash "$ROOT/bench/gpu/session.sh" pipeline > "$WORK/pipeline.log" 2>&1 < /dev/null &)
+    sleep 2; exec bash "$ROOT/bench/gpu/session.sh" collect
+    ;;
+  collect)
+    # wait (WAIT_S, default 540) for the detached pipeline, then its log and a tarball of its results into $OUT.
+    # No pipeline here means a fresh machine (the warm one was returned): say so at once instead of waiting.
+    [ -f "$WORK/pipeline.log" ] || { echo "no pipeline on this machine: a fresh one (the last was returned)"; exit 3; }
+    for ((i = 0; i < ${WAIT_S:-540}; i++)); do grep -q "^pipeline done" "$WORK/pipeline.log" && break; sleep 1; done
+    cp "$WORK/pipeline.log" "$OUT/"; tar czf "$OUT/res.tgz" --exclude='*.tar.xz.*' -C "$WORK" res
+    cp "$WORK"/res/*.tar.xz.* "$OUT/" 2>/dev/null  # a packed build (phase pack): its parts come back whole
+    grep -v '^  ' "$WORK/pipeline.log" | tail -5
+    exit 0
+    ;;
   accuracy) accuracy ;;
   abpatch) abpatch ;;
   pipeline)
@@ -189,6 +245,7 @@ case "${1:-all}" in
         trace-prefill) MODEL=$DENSE PROMPT_TOKENS=512 TMODES=${TRACE_MODES:-native,hybrid,rpc} trace ;;
         trace-dense) MODEL=$DENSE TMODES=${TMODES_DENSE:-native,hybrid} trace ;;
         abpatch) abpatch ;;
+        pack) pack ;;
         link) build; python3 bench/rpc_link.py --backend cuda --runs "${LINK_RUNS:-3}" --sizes 0.0625,4,16 \
                 --out "$OUT/rpc_link_cuda.md" > "$OUT/rpc_link_cuda.log" 2>&1; echo "rpc_link rc=$?" ;;
       esac
@@ -224,6 +281,4 @@ print(json.dumps({'mode': '$m', 'plan_ms': round(t * 1000, 2), **p.to_dict()}))"
     python3 bench/recover.py --backend cuda --gpus 0,1 --model "$MODEL" --mode rpc --repeat 2 --out "$OUT/recover_cuda.md"
     ;;
 esac
-# never over a file this run wrote to $OUT under the same name
-cp -n bench/results/*cuda* "$OUT/" 2>/dev/null || true
 ls "$OUT"
