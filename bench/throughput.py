@@ -137,6 +137,15 @@ def parse_mode(mode: str) -> Variant:
     return Variant(route, output, off, ub)
 
 
+def run_order(modes: list[str], k: int) -> list[str]:
+    """Run k's order: the first mode (the baseline) first, the others rotated by one per run. Twin rows of one
+    configuration read up to 0.13 apart over 3 runs on a GPU (an A/A run), so a mode's place in the run must not be
+    the same in every run."""
+    rest = modes[1:]
+    shift = (k - 1) % len(rest) if rest else 0
+    return modes[:1] + rest[shift:] + rest[:shift]
+
+
 def serve_mode(mode: str, backend: str, same_card: bool = False) -> tuple[str, bool]:
     """Our mode name -> (arcsplit mode, whether it takes only the first card)."""
     route = parse_mode(mode).route
@@ -474,8 +483,8 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
                       f"{a.gpu_list[0]}, each route planned as {a.same_card_cards} cards of half its memory; the "
                       "ratios are the RPC route's own cost (link, processes), not a second card's speed.")
     if len(runs) > 1:
-        lines[-2] += (f" {len(runs)} independent runs (every mode a fresh group of processes per run, modes in "
-                      "the order listed); t/s cells: median over runs of each run's median; ratio cells: "
+        lines[-2] += (f" {len(runs)} independent runs (every mode a fresh group of processes per run, the first "
+                      "mode first in each run, the others' order rotated by one per run); t/s cells: median over runs of each run's median; ratio cells: "
                       "min / **median** / max over runs of the mode's median over the same run's native.")
         lines += spread_table(runs)
     else:
@@ -593,7 +602,7 @@ def main(argv: list[str] | None = None) -> int:
     with same_card_rig(a.gpu_list[0], a.same_card_cards) if a.same_card else contextlib.nullcontext():
         for k in range(1, a.runs + 1):
             results = []
-            for mode in a.mode_list:
+            for mode in run_order(a.mode_list, k):
                 print(f"{f'run {k}/{a.runs}, ' if a.runs > 1 else ''}{mode}: serving through arcsplit ...", flush=True)
                 try:
                     results.append(run_mode(a, mode))
@@ -603,6 +612,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {mode} failed: {exc}", flush=True)
                     traceback.print_exception(exc, file=sys.stdout)  # an ExceptionGroup's members too, for the log
                     sys.stdout.flush()
+            results.sort(key=lambda r: a.mode_list.index(r.mode))  # the table's order, whatever the run's
             runs.append(results)
             if k == 1:
                 print("greedy check ...", flush=True)

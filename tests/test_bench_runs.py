@@ -121,3 +121,13 @@ def test_a_mode_may_switch_the_shared_memory_link_or_the_prompt_cache_off():
     for bad in ("native-noshm", "hybrid-nocram-noshm"):
         with pytest.raises(SystemExit):
             throughput.parse_mode(bad)
+
+
+def test_every_mode_but_the_baseline_changes_place_from_run_to_run():
+    modes = ["native", "hybrid", "hybrid-noshm", "rpc", "rpc-noshm"]
+    orders = [throughput.run_order(modes, k) for k in range(1, 5)]
+    assert orders[0] == modes  # run 1 as listed
+    assert all(o[0] == "native" and sorted(o) == sorted(modes) for o in orders)
+    for m in modes[1:]:  # over 4 runs each other mode takes each of the 4 places once
+        assert sorted(o.index(m) for o in orders) == [1, 2, 3, 4]
+    assert throughput.run_order(["native"], 3) == ["native"]
