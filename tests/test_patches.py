@@ -432,3 +432,46 @@ def test_llama_server_and_the_rpc_servers_of_one_host_link_through_shared_memory
     assert all("shared-memory link" in log for log in logs_on), [log[-400:] for log in logs_on]
     assert not any("shared-memory link" in log for log in logs_off)
     assert serving_on == set() and rings_left() - before == set()
+
+
+_FULL_SHM_CHILD = """
+import json, sys
+from pathlib import Path
+import httpx
+from arcsplit import serve
+from arcsplit.run.ports import free_port
+model, llama_dir = sys.argv[1:3]
+with serve(model, gpus=[0, 1], backend="cpu", mode="rpc", ctx=1024, parallel=1, threads=1, port=free_port(),
+           bus=False, rpc_seed=False, rpc_cache=False, llama_dir=llama_dir) as server:
+    r = httpx.post(f"{server.url}/completion", json={"prompt": "The lighthouse keeper", "n_predict": 4,
+                   "temperature": 0, "ignore_eos": True, "return_tokens": True}, timeout=300)
+    r.raise_for_status()
+    run_dir = Path(server.status()["run_dir"])
+logs = {p.stem: p.read_text(errors="replace") for p in run_dir.glob("*.log")}
+print(json.dumps({"tokens": r.json()["tokens"], "logs": logs, "left": sorted(p.name for p in Path("/dev/shm").iterdir())}))
+"""
+
+
+@pytest.mark.slow
+def test_a_full_dev_shm_leaves_the_link_on_tcp_and_says_why(llama_bins, tmp_path):
+    """A container's /dev/shm is small (64 MiB by Docker's default) and shared with other programs. When
+    llama-server cannot reserve a link's 8 MiB there, patch 0008 keeps that link on TCP: the group serves, each
+    connection's warning names the cause, and nothing is left in /dev/shm. Here the group runs in a private mount
+    namespace whose /dev/shm is a 1 MiB tmpfs (the machine's own /dev/shm is not touched)."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("a private /dev/shm needs root and unshare (CI runs as root)")
+    model = write_llama(tmp_path / "llama.gguf", n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256,
+                        n_vocab=512, dtype="f32")
+    child = tmp_path / "child.py"
+    child.write_text(_FULL_SHM_CHILD)
+    env = {k: v for k, v in os.environ.items() if k != "ARCSPLIT_RPC_SHM"}  # arcsplit's default: the link on
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                        'mount -t tmpfs -o size=1m,mode=1777 tmpfs /dev/shm && exec "$0" "$@"',
+                        sys.executable, str(child), str(model), str(llama_bins.bin_dir)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(out["tokens"]) == 4
+    assert "no shared-memory link (/dev/shm: No space left on device); TCP only" in out["logs"]["server"]
+    assert not any("RPC: shared-memory link" in log for log in out["logs"].values())
+    assert out["left"] == []
