@@ -484,8 +484,9 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
                       "ratios are the RPC route's own cost (link, processes), not a second card's speed.")
     if len(runs) > 1:
         lines[-2] += (f" {len(runs)} independent runs (every mode a fresh group of processes per run, the first "
-                      "mode first in each run, the others' order rotated by one per run); t/s cells: median over runs of each run's median; ratio cells: "
-                      "min / **median** / max over runs of the mode's median over the same run's native.")
+                      "mode first in each run, the others' order rotated by one per run); t/s cells: median over "
+                      "runs of each run's median; ratio cells: min / **median** / max over runs of the mode's "
+                      "median over the same run's native.")
         lines += spread_table(runs)
     else:
         lines += ["| mode | -ub | -ngl (-ts) | prefill t/s | decode t/s | 4 streams t/s | prefill / native | "

@@ -448,7 +448,8 @@ with serve(model, gpus=[0, 1], backend="cpu", mode="rpc", ctx=1024, parallel=1, 
     r.raise_for_status()
     run_dir = Path(server.status()["run_dir"])
 logs = {p.stem: p.read_text(errors="replace") for p in run_dir.glob("*.log")}
-print(json.dumps({"tokens": r.json()["tokens"], "logs": logs, "left": sorted(p.name for p in Path("/dev/shm").iterdir())}))
+left = sorted(p.name for p in Path("/dev/shm").iterdir())
+print(json.dumps({"tokens": r.json()["tokens"], "logs": logs, "left": left}))
 """
 
 
