@@ -261,6 +261,19 @@ def test_doctor_on_the_arc_machine_shows_the_choice_and_the_host_checks(arc_mach
     assert "auto: backend sycl" in text and "Host" in text and "Resizable BAR" in text and "WARN" in text
 
 
+def test_doctor_for_sycl_on_a_machine_whose_cards_cannot_be_listed_reports_it(arc_machine, capsys, monkeypatch):
+    """No SYCL build to list the cards with: the doctor says so in its findings (both forms) instead of crashing."""
+    import shutil as sh
+
+    sh.rmtree(BuildConfig("sycl").bin_dir)
+    assert main(["doctor", "--backend", "sycl", "--no-probe", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert any(u.startswith("cards: ") for u in data["facts"]["unread"])
+    assert main(["doctor", "--backend", "sycl", "--no-probe"]) == 0
+    out = capsys.readouterr().out
+    assert "could not read:" in out and "    - cards: " in out
+
+
 def test_the_cpu_demo_stays_explicit(arc_machine, monkeypatch):
     from arcsplit.cli import demo, serve as serve_cli
 

@@ -129,6 +129,13 @@ def test_host_checks_on_a_tree_of_our_own(tmp_path):
     assert checks["cards in use"].status == "ok"
     assert checks["oneAPI runtime"].status == "fail" and "setvars.sh" in checks["oneAPI runtime"].fix
     assert checks["host RAM"].status in ("ok", "warn")
+    assert checks["shared memory"].status == "warn" and "no /dev/shm" in checks["shared memory"].detail
+    (dev / "shm").mkdir()  # a directory on this test's file system: its free space is statvfs's
+    checks = {c.name: c for c in H.host_checks("sycl", [card], sysfs=sysfs, proc=proc, dev=dev, root=root,
+                                               environ={})}
+    free = os.statvfs(dev / "shm").f_bavail * os.statvfs(dev / "shm").f_frsize
+    assert checks["shared memory"].status == ("ok" if free >= H.SHM_LINK_BYTES else "warn")
+    assert "1 RPC link(s) on this host need 8 MiB" in checks["shared memory"].detail
     (root / "usr/lib").mkdir(parents=True)
     for lib in ("libsycl.so.8", "libze_loader.so.1", "libze_intel_gpu.so.1"):
         (root / "usr/lib" / lib).touch()
@@ -182,3 +189,14 @@ def test_a_load_that_would_run_the_host_out_of_memory_is_stopped(llama_bins, dem
         except (psutil.Error, OSError):
             pass
     assert left == []
+
+
+def test_a_small_dev_shm_warns_that_the_rpc_links_fall_back_to_tcp():
+    two_cards = 2 * H.SHM_LINK_BYTES
+    assert H.shm_check(64 * MiB, 2, {}).status == "ok"
+    small = H.shm_check(two_cards - 1, 2, {})
+    assert small.status == "warn" and "loopback TCP" in small.detail and small.fix and "--shm-size" in small.fix
+    assert "2 RPC link(s) on this host need 16 MiB" in small.detail
+    assert H.shm_check(None, 2, {}).status == "warn"
+    off = H.shm_check(0, 2, {H.SHM_ENV: "0"})
+    assert off.status == "skip" and "ARCSPLIT_RPC_SHM=0" in off.detail

@@ -185,7 +185,7 @@ def diagnose(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     data["host"] = [c.to_dict() for c in host]
     data["vulkan"] = {"route": vulkan, "probe": vulkan_probe.to_dict() if vulkan_probe else None}
     if card_note:
-        data["facts"]["unread"].append(card_note)
+        data["facts"]["unread"] = [*data["facts"]["unread"], card_note]  # to_dict's is a tuple
     return data, _render(report, labels, card_note, fixes, applied, choice, host, vulkan_probe)
 
 

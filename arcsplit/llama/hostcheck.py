@@ -1,5 +1,6 @@
 """Host checks a GPU run needs besides the runtime versions: Resizable BAR, access to the render nodes, the oneAPI
-runtime libraries, a card already held by another process, and host RAM headroom during a load.
+runtime libraries, a card already held by another process, room in /dev/shm for the RPC links of one host, and host
+RAM headroom during a load.
 
 The parsers and judgements are pure (they take the text of sysfs/procfs files and ``ldd``); ``host_checks`` reads
 the machine, under injectable roots so tests never read the real /sys or /proc. Each check says what it saw and, when
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from .facts import LIB_DIRS, CardFact
+from .patches import SHM_ENV, SHM_LINK_BYTES
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -171,6 +173,24 @@ def holders_check(clients: Sequence[tuple[int, str, str]], slots: Iterable[str])
 # -- host RAM ---------------------------------------------------------------------------------------------------
 
 
+SHM_FIX = "give /dev/shm more room: `docker run --shm-size=1g ...` in a container, or `mount -o remount,size=1G /dev/shm`"
+
+
+def shm_check(free: int | None, links: int, environ: Mapping[str, str] = os.environ) -> Check:
+    """Patch 0008 links llama-server and each rpc-server of this host through rings in /dev/shm (8 MiB a link);
+    a link whose rings do not fit stays on loopback TCP, slower, so a small /dev/shm (Docker's 64 MiB) is a warning."""
+    name = "shared memory"
+    if environ.get(SHM_ENV) == "0":
+        return Check(name, "skip", f"{SHM_ENV}=0: the RPC links of this host use loopback TCP")
+    need = links * SHM_LINK_BYTES
+    if free is None:
+        return Check(name, "warn", "no /dev/shm: the RPC links of this host use loopback TCP (slower)", SHM_FIX)
+    detail = f"/dev/shm has {_size(free)} free; {links} RPC link(s) on this host need {_size(need)}"
+    if free < need:
+        return Check(name, "warn", detail + ": those that do not fit use loopback TCP (slower)", SHM_FIX)
+    return Check(name, "ok", detail)
+
+
 def parse_meminfo(text: str) -> dict[str, int]:
     """/proc/meminfo in bytes."""
     out = {}
@@ -253,6 +273,14 @@ def _resolve(lib: str, root: Path, environ: Mapping[str, str]) -> str | None:
     return None
 
 
+def shm_free(dev: Path) -> int | None:
+    try:
+        st = os.statvfs(dev / "shm")
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 def drm_clients(proc: Path, me: int) -> list[tuple[int, str, str]]:
     """(pid, name, fdinfo) of every fd on /dev/dri/* we may read, other processes only."""
     out = []
@@ -305,6 +333,8 @@ def host_checks(backend: str, cards: Sequence[CardFact], bin_dir: Path | None = 
                 pass
         checks.append(groups_check(nodes, names))
         checks.append(holders_check(drm_clients(proc, os.getpid()), [c.pci_slot for c in cards if c.pci_slot]))
+        # all-RPC holds one link per card (an rpc-server each), hybrid one fewer
+        checks.append(shm_check(shm_free(dev), max(1, len(cards)), environ))
     if backend == "sycl":
         found = {lib: _resolve(lib, root, environ) for lib in ONEAPI_LIBS}
         setvars = next((s for s in SETVARS if (root / s.lstrip("/")).exists()), None)

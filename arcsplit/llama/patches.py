@@ -26,6 +26,8 @@ STOCK_ENV = "ARCSPLIT_RPC_STOCK"
 SPIN_ENV = "ARCSPLIT_RPC_SPIN_US"  # patch 0005
 RELAY_ENV = "ARCSPLIT_RPC_RELAY_KIB"  # patch 0007: chunk (KiB) of an activation relayed between rpc-servers; 0: off
 SHM_ENV = "ARCSPLIT_RPC_SHM"  # patch 0008: 1 in llama-server and an rpc-server on one host: shared-memory link
+# patch 0008: what one such link holds in /dev/shm while it is open (a header page, then a 4 MiB ring each way)
+SHM_LINK_BYTES = 4096 + 2 * (4 << 20)
 _DIR = Path(__file__).resolve().parent.parent / "data" / "patches"
 
 
