@@ -20,11 +20,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from throughput import ModeResult, fmt, run_ratios, spread  # noqa: E402
+from throughput import ModeResult, fmt, paired_table, run_ratios, spread  # noqa: E402
 
 RUN = re.compile(r"^run (\d+)/(\d+), (\S+): serving")
 REP = re.compile(r"^\s+(\S+)\s+rep (\d+)\s.*?prefill\s+([\d.]+)\s+decode\s+([\d.]+)\s+\d+ streams\s+([\d.]+) t/s")
-ROW = re.compile(r"^\| (\S+) \((\w+)\) \| (\d+) \| ([^|]+) \|.*\| ([^|]+) \|$")
+ROW = re.compile(r"^\| (\S+) \((\w+)\) \| (\d+) \| ([^|]+) \|")
 
 
 def read_log(path: Path, reps: int) -> list[dict[str, ModeResult]]:
@@ -62,9 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     greedy: dict[str, list[str]] = {}
     shape: dict[str, tuple[str, str, str]] = {}
     for f in a.greedy:
+        col = None  # the greedy column's place: tables since the ready columns do not end with it
         for line in f.read_text(encoding="utf-8").splitlines():
-            if m := ROW.match(line):
-                greedy.setdefault(m.group(1), []).append(m.group(5).strip())
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if "greedy = native" in cells:
+                col = cells.index("greedy = native")
+            elif (m := ROW.match(line)) and col is not None and len(cells) > col:
+                greedy.setdefault(m.group(1), []).append(cells[col])
                 shape[m.group(1)] = (m.group(2), m.group(3), m.group(4).strip())
     as_lists = [[run[m] for m in modes if m in run] for run in runs]
     lines = [f"# {a.title}", "",
@@ -87,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         cell = "(reference)" if mode == "native" else (", ".join(checks) if checks else "not checked")
         lines.append(f"| {mode}{f' ({amode})' if amode else ''} | {len(ok)} | {ub} | {layers} | {' | '.join(tps)} | "
                      f"{' | '.join(ratios)} | {cell} |")
+    lines += paired_table(as_lists, modes)
     lines += ["", "Every run's medians (t/s: prefill / decode / 4 streams):", ""]
     for k, run in enumerate(runs, 1):
         lines.append(f"- run {k}: " + "; ".join(

@@ -418,6 +418,35 @@ def run_ratios(runs: list[list[ModeResult]], mode: str, name: str) -> list[float
     return out
 
 
+def twins(modes: list[str]) -> list[tuple[str, str]]:
+    """(mode, its variant) pairs of one list: `rpc-noshm` is `rpc` with one thing changed, run beside it."""
+    return [(m.rsplit("-", 1)[0], m) for m in modes if "-" in m and m.rsplit("-", 1)[0] in modes]
+
+
+def paired_table(runs: list[list[ModeResult]], modes: list[str]) -> list[str]:
+    """Each mode against its variant within each run. A row's ratios to native also carry that run's native (one
+    slow native lifts every row of its run), so an A/B reads better as mode / variant per run, and in how many
+    runs the mode was the faster."""
+    pairs = twins(modes)
+    if not pairs:
+        return []
+    lines = ["", "Paired within each run: t/s of the mode over its variant's in the same run (above 1: the mode is "
+             "faster), min / **median** / max over runs, and the runs where the mode was faster:", "",
+             "| mode / variant | prefill | decode | 4 streams |", "|---|---|---|---|"]
+    for a, b in pairs:
+        cells = []
+        for k in ("prefill", "decode", "streams"):
+            xs = []
+            for results in runs:
+                ra = next((x for x in results if x.mode == a and not x.error), None)
+                rb = next((x for x in results if x.mode == b and not x.error), None)
+                if ra and rb and ra.median(k) and rb.median(k):
+                    xs.append(ra.median(k) / rb.median(k))
+            cells.append(f"{spread(xs)} ({sum(x > 1 for x in xs)} of {len(xs)})" if xs else "-")
+        lines.append(f"| {a} / {b} | {' | '.join(cells)} |")
+    return lines
+
+
 def spread_table(runs: list[list[ModeResult]]) -> list[str]:
     """The figures of several independent runs: per mode, each run's ratio to that run's native."""
     first = runs[0]
@@ -487,7 +516,7 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
                       "mode first in each run, the others' order rotated by one per run); t/s cells: median over "
                       "runs of each run's median; ratio cells: min / **median** / max over runs of the mode's "
                       "median over the same run's native.")
-        lines += spread_table(runs)
+        lines += spread_table(runs) + paired_table(runs, a.mode_list)
     else:
         lines += ["| mode | -ub | -ngl (-ts) | prefill t/s | decode t/s | 4 streams t/s | prefill / native | "
                   "decode / native | 4 streams / native | greedy = native |",

@@ -131,3 +131,30 @@ def test_every_mode_but_the_baseline_changes_place_from_run_to_run():
     for m in modes[1:]:  # over 4 runs each other mode takes each of the 4 places once
         assert sorted(o.index(m) for o in orders) == [1, 2, 3, 4]
     assert throughput.run_order(["native"], 3) == ["native"]
+
+
+SHM2 = ROOT / "bench" / "results" / "gpu" / "shm2"
+
+
+def test_a_merge_pairs_each_mode_with_its_variant_within_each_run(tmp_path):
+    """The shared-memory A/B on one H200 (2026-12-03): a call cut short in run 4, merged from its log. Each
+    variant is read against its mode in the same run, and the greedy column is found in a table that ends with
+    the ready columns."""
+    out = tmp_path / "merged.md"
+    merge_runs.main([str(SHM2 / "pipeline_moe.log"), "--greedy", str(SHM2 / "throughput_call1.md"),
+                     "--title", "t", "--out", str(out)])
+    text = out.read_text()
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]]
+            for r in text.splitlines() if r.startswith("| ")}
+    assert rows["hybrid (hybrid)"][0] == "4" and rows["rpc (rpc)"][0] == "3"  # run 4 ended during rpc
+    assert rows["hybrid (hybrid)"][-1] == "yes (3/3)" and rows["rpc-noshm (rpc)"][-1] == "yes (3/3)"
+    runs = [run for run in merge_runs.read_log(SHM2 / "pipeline_moe.log", 5) if "rpc" in run]
+    pair = sorted(run["rpc"].median("decode") / run["rpc-noshm"].median("decode") for run in runs)
+    cell = rows["rpc / rpc-noshm"][1]
+    assert cell == f"{pair[0]:.2f} / **{pair[1]:.2f}** / {pair[2]:.2f} (3 of 3)"
+    assert rows["hybrid / hybrid-noshm"][1].endswith("(2 of 4)")
+
+
+def test_twins_are_a_mode_and_its_variant_both_in_the_list():
+    assert throughput.twins(["native", "native-ub256", "hybrid", "hybrid-noshm", "rpc-nocram"]) == [
+        ("native", "native-ub256"), ("hybrid", "hybrid-noshm")]
