@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from arcsplit.llama.logs import MULTI_DEVICE_KINDS, MiB, error_lines, failure_kind, parse_buffer_line, sum_buffers
+from arcsplit.llama.logs import (MULTI_DEVICE_KINDS, MiB, error_lines, failure_kind, link_on_tcp, parse_buffer_line,
+                                 sum_buffers)
 
 # llama-server -lv 4, two rpc-servers, demo Gemma (this build).
 RPC_LOAD = """\
@@ -70,3 +71,10 @@ def test_failure_signatures():
 def test_error_lines_quote_the_cause():
     lines = RPC_LOAD + ALLOC_22885
     assert error_lines(lines, 2) == ALLOC_22885[1:]
+
+
+def test_a_link_left_on_tcp_is_read_with_its_cause():
+    # patch 0008's warning, as llama-server prints it (tests/test_patches.py runs it in a 1 MiB /dev/shm)
+    line = "RPC: no shared-memory link (/dev/shm: No space left on device); TCP only"
+    assert link_on_tcp(line) == "/dev/shm: No space left on device"
+    assert link_on_tcp("RPC: shared-memory link (4 MiB each way)") is None

@@ -446,10 +446,11 @@ with serve(model, gpus=[0, 1], backend="cpu", mode="rpc", ctx=1024, parallel=1, 
     r = httpx.post(f"{server.url}/completion", json={"prompt": "The lighthouse keeper", "n_predict": 4,
                    "temperature": 0, "ignore_eos": True, "return_tokens": True}, timeout=300)
     r.raise_for_status()
-    run_dir = Path(server.status()["run_dir"])
+    status = server.status()
+    run_dir = Path(status["run_dir"])
 logs = {p.stem: p.read_text(errors="replace") for p in run_dir.glob("*.log")}
 left = sorted(p.name for p in Path("/dev/shm").iterdir())
-print(json.dumps({"tokens": r.json()["tokens"], "logs": logs, "left": left}))
+print(json.dumps({"tokens": r.json()["tokens"], "logs": logs, "left": left, "notes": status["notes"]}))
 """
 
 
@@ -457,7 +458,8 @@ print(json.dumps({"tokens": r.json()["tokens"], "logs": logs, "left": left}))
 def test_a_full_dev_shm_leaves_the_link_on_tcp_and_says_why(llama_bins, tmp_path):
     """A container's /dev/shm is small (64 MiB by Docker's default) and shared with other programs. When
     llama-server cannot reserve a link's 8 MiB there, patch 0008 keeps that link on TCP: the group serves, each
-    connection's warning names the cause, and nothing is left in /dev/shm. Here the group runs in a private mount
+    connection's warning names the cause, arcsplit's status carries it as a note with the fix (serve prints it),
+    and nothing is left in /dev/shm. Here the group runs in a private mount
     namespace whose /dev/shm is a 1 MiB tmpfs (the machine's own /dev/shm is not touched)."""
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("a private /dev/shm needs root and unshare (CI runs as root)")
@@ -476,3 +478,5 @@ def test_a_full_dev_shm_leaves_the_link_on_tcp_and_says_why(llama_bins, tmp_path
     assert "no shared-memory link (/dev/shm: No space left on device); TCP only" in out["logs"]["server"]
     assert not any("RPC: shared-memory link" in log for log in out["logs"].values())
     assert out["left"] == []
+    assert len(out["notes"]) == 1 and "loopback TCP" in out["notes"][0] and "No space left on device" in out["notes"][0]
+    assert "--shm-size" in out["notes"][0]

@@ -259,6 +259,8 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
                       f"{metrics}", flush=True)
                 for line in _buffer_table(ev.data.get("buffers") or {}):
                     _say(line)
+                for note in ev.data.get("notes") or ():
+                    _say(f"note: {note}")
                 if demo:
                     _example(sup.url, demo)
             elif state == "backoff":

@@ -38,6 +38,8 @@ _SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("port_busy", re.compile(r"couldn't bind HTTP server socket|Failed to create server socket")),
     ("model", re.compile(r"error loading model|failed to load model")),
 )
+# Patch 0008's warning when llama-server cannot make a link's rings (a full /dev/shm): that link runs over TCP.
+_LINK_ON_TCP = re.compile(r"RPC: no shared-memory link \((?P<why>[^)]*)\); TCP only")
 # ggml-sycl's switch that avoids pinned host memory, the workaround #28765 gives.
 PINNED_OUTPUT_ENV = "GGML_SYCL_ENABLE_HOST_PINNED_MEM"
 
@@ -114,6 +116,13 @@ def load_progress(buffers: Sequence[BufferLine], value: float, mmap: bool = True
         d, t = out.get(b.key, (0, 0))
         out[b.key] = (d + done, t + b.bytes)
     return out
+
+
+def link_on_tcp(line: str) -> str | None:
+    """Why a same-host RPC link stays on loopback TCP ("/dev/shm: No space left on device"), from patch 0008's
+    warning in llama-server's log, or None."""
+    m = _LINK_ON_TCP.search(line)
+    return m.group("why") if m else None
 
 
 def failure_kind(lines: Iterable[str]) -> str | None:

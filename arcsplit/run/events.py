@@ -64,6 +64,7 @@ class GroupData(TypedDict, total=False):
     generation: int  # starting
     url: str  # ready
     buffers: dict[str, Any]  # ready: as in Status.buffers
+    notes: list[str]  # ready: what works but slower than it should (Status.notes)
     delay: float  # backoff: seconds until the next start
     failures: int  # backoff: failures in a row
     error: str | None  # backoff: the last error
@@ -140,6 +141,7 @@ class Status(TypedDict):
     progress: dict[str, Any]  # ProgressData once llama-server reports it
     buffers: dict[str, Any]  # {"cards": [{"device", "plan", "actual"}], "host", "plan_host"}
     last_error: str | None
+    notes: list[str]  # this generation's: what works but slower than it should (a link on TCP: its cause, the fix)
     run_dir: str | None
     plan: dict[str, Any]  # Plan.to_dict()
     route: dict[str, Any]  # Route.to_dict(): each card's holder, device name and visibility

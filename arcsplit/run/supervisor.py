@@ -30,7 +30,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from ..errors import ArcsplitError, BadInput, RunError
 from ..llama import logs
-from ..llama.hostcheck import host_ram_short
+from ..llama.hostcheck import SHM_FIX, host_ram_short
 from .child import describe_exit
 from .launch import Launcher, LocalLauncher, Member
 from .events import Event, EventBus, EventKind, HostData, MemberSnapshot, MemberStatus, Status
@@ -109,6 +109,7 @@ class Supervisor:
         self._progress: dict[str, Any] = {}
         self._buffers: list[logs.BufferLine] = []
         self._load_mmap = True  # llama-server's load mode: the order its buffers fill in (logs.load_progress)
+        self._links_on_tcp: list[str] = []  # why same-host links stay on TCP this generation (patch 0008's warning)
         self._last_error: str | None = None
         self._unhealthy: str | None = None
 
@@ -167,12 +168,18 @@ class Supervisor:
             "progress": dict(self._progress),
             "buffers": self.buffers(),
             "last_error": self._last_error,
+            "notes": self.notes(),
             "run_dir": str(self.run_dir.path) if self.run_dir else None,
             "plan": self.config.plan.to_dict(),
             "route": self.config.route.to_dict(),
             "decision": self.decision,
             "events_dropped": self.events.dropped,
         }
+
+    def notes(self) -> list[str]:
+        """What serves but slower than it should, each with its fix: a link left on TCP by a full /dev/shm."""
+        return [f"llama-server's links to the rpc-servers of this host run over loopback TCP, not shared memory "
+                f"({why}), which is slower; {SHM_FIX}" for why in self._links_on_tcp]
 
     def buffers(self) -> dict[str, Any]:
         """Actual bytes per plan card from llama-server's buffer lines, beside the plan's prediction."""
@@ -288,6 +295,7 @@ class Supervisor:
         self._restart_requested = False
         self._buffers = []
         self._load_mmap = True
+        self._links_on_tcp = []
         self._progress = {}
         self._ready_at = None
         self._unhealthy = None
@@ -297,7 +305,7 @@ class Supervisor:
             try:
                 await self._start_group(tg)
                 self._ready_at = time.time()
-                self._set_group(GroupState.READY, {"url": self.url, "buffers": self.buffers()})
+                self._set_group(GroupState.READY, {"url": self.url, "buffers": self.buffers(), "notes": self.notes()})
                 self._publish("buffers", "group", self.buffers())
                 if not self._ready_event.is_set():
                     self._ready_event.set()
@@ -616,6 +624,8 @@ class Supervisor:
                 self._progress = {"stage": payload.get("current"), "value": value, "cards": self._card_loads(value)}
                 self._publish("progress", child.spec.name, dict(self._progress))
             return
+        if (why := logs.link_on_tcp(line)) is not None and why not in self._links_on_tcp:
+            self._links_on_tcp.append(why)
         b = logs.parse_buffer_line(line)
         if b is not None:
             self._buffers.append(b)
