@@ -155,6 +155,25 @@ def add_llama_dir(p: argparse.ArgumentParser) -> None:
                         "backend's default build, else its newest)")
 
 
+def _prune(args: argparse.Namespace) -> int:
+    from ..llama.build import llama_root, prune
+
+    found = prune(dry_run=args.dry_run, progress=_progress_printer())
+    if args.json:
+        print_json({"dry_run": args.dry_run, "root": str(llama_root()), "stale": [s.to_dict() for s in found]})
+        return 0
+    gone = [s for s in found if not s.kept]
+    for s in found:
+        verb = "kept" if s.kept else ("would remove" if args.dry_run else "removed")
+        why = ([f"in use by pid {', '.join(map(str, s.users))}"] if s.users else []) + (
+            ["ARCSPLIT_LLAMA_DIR names it"] if s.named else [])
+        print(f"{verb} {s.path} ({s.size / 2**20:.0f} MiB): {s.why}" + (f"; kept: {', '.join(why)}" if why else ""))
+    freed = sum(s.size for s in gone) / 2**20
+    print(f"{'would free' if args.dry_run else 'freed'} {freed:.0f} MiB" if gone else
+          f"nothing to remove in {llama_root().parent}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("llama", help="build and locate llama.cpp", description="Build and locate llama.cpp.")
     lsub = p.add_subparsers(dest="llama_command", metavar="COMMAND", required=True)
@@ -185,3 +204,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--all", action="store_true", help="list every managed build and its key")
     w.add_argument("--json", action="store_true", help="machine-readable output")
     w.set_defaults(func=_which)
+    r = lsub.add_parser("prune", help="remove llama.cpp builds an upgrade of arcsplit left behind",
+                        description="Remove the managed llama.cpp builds this arcsplit would never run: made with "
+                                    "another patch set or llama.cpp version (an older arcsplit), or never finished. "
+                                    "Builds of today's keys stay, and so does one a running process uses.")
+    r.add_argument("--dry-run", action="store_true", help="list what would go, remove nothing")
+    r.add_argument("--json", action="store_true", help="machine-readable output")
+    r.set_defaults(func=_prune)

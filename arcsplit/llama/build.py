@@ -147,6 +147,95 @@ def _read_config(bin_dir: Path) -> BuildConfig | None:
         return None
 
 
+@dataclass(frozen=True)
+class StaleBuild:
+    """A directory of arcsplit's llama.cpp cache that today's arcsplit would never run (``arcsplit llama prune``)."""
+
+    path: Path
+    why: str
+    size: int  # bytes on disk
+    users: tuple[int, ...] = ()  # pids running one of its binaries: then it is kept
+    named: bool = False  # ARCSPLIT_LLAMA_DIR points into it: kept too
+
+    @property
+    def kept(self) -> bool:
+        return bool(self.users) or self.named
+
+    def to_dict(self) -> dict[str, object]:
+        return {"path": str(self.path), "why": self.why, "bytes": self.size, "in_use_by": list(self.users),
+                "named_by_env": self.named, "kept": self.kept}
+
+
+def _disk_bytes(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _users(path: Path) -> tuple[int, ...]:
+    """Processes whose executable lies under ``path`` (a running llama-server of that build)."""
+    import psutil
+
+    inside = []
+    for proc in psutil.process_iter(["exe"]):
+        exe = proc.info.get("exe")
+        if exe and Path(exe).is_relative_to(path):
+            inside.append(proc.pid)
+    return tuple(inside)
+
+
+def stale_builds() -> list[StaleBuild]:
+    """Builds an upgrade left behind: each was made with another patch set or llama.cpp version than this arcsplit
+    pins (its key no longer matches the config it records), or never finished. Builds of today's keys, default or
+    not, stay; so does one a process runs, or ``ARCSPLIT_LLAMA_DIR`` names."""
+    root = llama_root()
+    named = os.environ.get("ARCSPLIT_LLAMA_DIR")
+    found: list[tuple[Path, str]] = []
+    for other in sorted(root.parent.glob("*")) if root.parent.is_dir() else ():
+        if other.is_dir() and other.name != SDIST_VERSION:
+            found.append((other, f"llama.cpp of llama-cpp-python {other.name} (this arcsplit pins {SDIST_VERSION})"))
+    for d in sorted(root.glob("build-*")) if root.is_dir() else ():
+        if not d.is_dir():
+            continue
+        key = d.name.removeprefix("build-")
+        if d.suffix == ".partial":
+            found.append((d, "an unfinished build"))
+            continue
+        config = _read_config(d / "bin")
+        backend = key.split("-", 1)[0]
+        if config is None and not (backend in backends.NAMES and key == BuildConfig(backend).key):
+            found.append((d, "made by an older arcsplit (no build record)"))
+        elif config is not None and config.key != key:
+            found.append((d, "made with another patch set or flags (an older arcsplit)"))
+    return [StaleBuild(path, why, _disk_bytes(path), _users(path),
+                       bool(named) and Path(str(named)).resolve().is_relative_to(path.resolve()))
+            for path, why in found]
+
+
+def prune(dry_run: bool = False, progress: Callable[[str, int | None], None] | None = None) -> list[StaleBuild]:
+    """Remove the stale builds nothing runs (and their build logs); returns what was found. Holds the build lock, so
+    no build is half-removed under a build, or the reverse."""
+    root = llama_root()
+    if not root.is_dir():
+        return stale_builds()
+    with _build_lock(root, progress or _quiet):
+        found = stale_builds()
+        if not dry_run:
+            for s in found:
+                if s.kept:
+                    continue
+                shutil.rmtree(s.path, ignore_errors=True)
+                log = s.path.parent / f"{s.path.name.removesuffix('.partial')}.log"
+                if s.path.parent == root and log.is_file() and not log.with_suffix("").is_dir():
+                    log.unlink()
+    return found
+
+
 def cache_trees(bin_dir: Path) -> list[Path]:
     """The extracted trees a managed build in ``bin_dir`` was made from, under arcsplit's cache: the PyPI tree with
     the patches, a ``--source`` copy, the stock one ([] for a build outside the cache)."""
