@@ -79,3 +79,11 @@ def test_prune_keeps_an_old_build_that_a_process_runs_or_the_environment_names(c
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_prune_before_this_versions_first_build_still_removes_an_older_version(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("ARCSPLIT_LLAMA_DIR", raising=False)
+    old = fake_build(llama_root().parent / "0.3.1" / "build-cpu-bbbbbbbbbb", BuildConfig("cpu")).parent
+    assert main(["llama", "prune"]) == 0
+    assert not old.exists() and "removed " in capsys.readouterr().out

@@ -221,8 +221,7 @@ def prune(dry_run: bool = False, progress: Callable[[str, int | None], None] | N
     """Remove the stale builds nothing runs (and their build logs); returns what was found. Holds the build lock, so
     no build is half-removed under a build, or the reverse."""
     root = llama_root()
-    if not root.is_dir():
-        return stale_builds()
+    root.mkdir(parents=True, exist_ok=True)  # where the build lock lives, also before this version's first build
     with _build_lock(root, progress or _quiet):
         found = stale_builds()
         if not dry_run:

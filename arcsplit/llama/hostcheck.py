@@ -170,10 +170,11 @@ def holders_check(clients: Sequence[tuple[int, str, str]], slots: Iterable[str])
     return Check("cards in use", "warn", text, "stop that process first (or pick other cards with --gpus)")
 
 
-# -- host RAM ---------------------------------------------------------------------------------------------------
+# -- /dev/shm ---------------------------------------------------------------------------------------------------
 
 
-SHM_FIX = "give /dev/shm more room: `docker run --shm-size=1g ...` in a container, or `mount -o remount,size=1G /dev/shm`"
+SHM_FIX = ("give /dev/shm more room: `docker run --shm-size=1g ...` in a container, or "
+           "`mount -o remount,size=1G /dev/shm`")
 
 
 def shm_check(free: int | None, links: int, environ: Mapping[str, str] = os.environ) -> Check:
@@ -189,6 +190,9 @@ def shm_check(free: int | None, links: int, environ: Mapping[str, str] = os.envi
     if free < need:
         return Check(name, "warn", detail + ": those that do not fit use loopback TCP (slower)", SHM_FIX)
     return Check(name, "ok", detail)
+
+
+# -- host RAM ---------------------------------------------------------------------------------------------------
 
 
 def parse_meminfo(text: str) -> dict[str, int]:
