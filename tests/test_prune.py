@@ -87,3 +87,16 @@ def test_prune_before_this_versions_first_build_still_removes_an_older_version(t
     old = fake_build(llama_root().parent / "0.3.1" / "build-cpu-bbbbbbbbbb", BuildConfig("cpu")).parent
     assert main(["llama", "prune"]) == 0
     assert not old.exists() and "removed " in capsys.readouterr().out
+
+
+def test_a_build_says_when_older_builds_take_room(cache, capsys):
+    from arcsplit.llama.build import TARGETS
+
+    today, old = cache
+    for t in TARGETS:  # today's default build is finished: `llama build` finds it and builds nothing
+        (today[0] / "bin" / t).touch()
+    assert main(["llama", "build", "--backend", "cpu", "--no-ui"]) == 0
+    err = capsys.readouterr().err
+    assert f"note: {len(old)} build(s) an older arcsplit left take" in err and "arcsplit llama prune" in err
+    assert main(["llama", "prune"]) == 0 and main(["llama", "build", "--backend", "cpu", "--no-ui"]) == 0
+    assert "older arcsplit" not in capsys.readouterr().err

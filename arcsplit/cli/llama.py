@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from ..llama.build import BuildConfig, sycl_flags
+    from ..llama.build import BuildConfig, stale_builds, sycl_flags
     from ..llama.detect import resolve
     from ..llama.patches import patches
     from ..llama.webui import ui_dir
@@ -43,6 +43,10 @@ def _build(args: argparse.Namespace) -> int:
                     "ui": None if args.no_ui or ui_missing else str(ui_dir()), "ui_missing": ui_missing})
     else:
         print(f"llama.cpp ({args.backend}) ready in {bin_dir}")
+        stale = [s for s in stale_builds() if not s.kept]
+        if stale:
+            print(f"note: {len(stale)} build(s) an older arcsplit left take {sum(s.size for s in stale) / 2**30:.1f} "
+                  "GiB: `arcsplit llama prune` removes them", file=sys.stderr)
         if ui_missing:
             print(f"web UI: not built: {ui_missing}; llama-server's / says how to get it", file=sys.stderr)
         elif not args.no_ui:
