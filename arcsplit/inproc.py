@@ -15,7 +15,6 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -29,7 +28,7 @@ from .llama.locate import LlamaBinaries, find_llama
 from .model import load_profile
 from .planner import Plan, PlanOptions, make_plan
 from .run import spawn
-from .run.ports import accepts_now, free_port
+from .run.ports import free_port, wait_listening
 from .route import Route
 from .run.specs import ServeConfig, build_specs
 
@@ -78,18 +77,6 @@ def _register(lib: ctypes.CDLL, endpoint: str) -> None:
         raise RunError(f"llama.cpp could not reach the rpc-server at {endpoint}")
     lib.ggml_backend_register(reg)
     _registered.add(endpoint)
-
-
-def _wait_listening(proc: subprocess.Popen, host: str, port: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RunError(f"rpc-server on {host}:{port} exited with {proc.returncode} before listening",
-                           "see its log in the run directory")
-        if accepts_now(host, port, timeout=0.5):
-            return
-        time.sleep(0.05)
-    raise RunError(f"rpc-server on {host}:{port} did not listen within {timeout:.0f} s")
 
 
 def _stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
@@ -149,7 +136,7 @@ def load(model: str | os.PathLike[str], gpus: Sequence[int] = (0, 1), *, backend
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                           start_new_session=True))
         for spec, proc in zip(specs, procs):
-            _wait_listening(proc, spec.host, spec.port, ready_timeout)
+            wait_listening(proc, spec.host, spec.port, ready_timeout)
         for spec in specs:
             _register(lib, spec.endpoint)
         o = plan.options

@@ -21,7 +21,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,12 +31,11 @@ from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama  # noqa: E402
 from arcsplit.llama.build import cache_trees  # noqa: E402
 from arcsplit.llama.patches import SHM_ENV, SPIN_ENV  # noqa: E402
-from arcsplit.run.ports import accepts_now, free_port  # noqa: E402
+from arcsplit.run.ports import free_port, wait_listening  # noqa: E402
 from throughput import build_line  # noqa: E402
 from _report import write_report  # noqa: E402
 
 CLIENT = ROOT / "bench" / "link" / "rpc_link.cpp"
-OPS = ("round_trip", "upload", "download")
 
 
 def compile_client(bin_dir: Path, out: Path) -> Path:
@@ -55,17 +53,6 @@ def compile_client(bin_dir: Path, out: Path) -> Path:
     return exe
 
 
-def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise SystemExit(f"rpc-server exited with {proc.returncode} before listening")
-        if accepts_now("127.0.0.1", port):  # before the client: an rpc-server serves one client at a time
-            return
-        time.sleep(0.1)
-    raise SystemExit(f"rpc-server did not listen on {port} within {timeout:.0f} s")
-
-
 def one_run(rpc_server: Path, client: Path, env: dict[str, str], sizes: list[int], reps: int, log: Path
             ) -> dict[tuple[str, int], float]:
     """A fresh rpc-server, the client once per size: each (op, bytes) -> the median over the repetitions, in us."""
@@ -75,7 +62,7 @@ def one_run(rpc_server: Path, client: Path, env: dict[str, str], sizes: list[int
         server = subprocess.Popen([str(rpc_server), "-H", "127.0.0.1", "-p", str(port), "-t", "1"], env=full,
                                   stdout=fh, stderr=subprocess.STDOUT)
     try:
-        wait_port(port, server)
+        wait_listening(server, "127.0.0.1", port, 60)  # before the client: an rpc-server serves one client
         samples: dict[tuple[str, int], list[float]] = {}
         for size in sizes:
             out = subprocess.run([str(client), f"127.0.0.1:{port}", str(size), str(reps)], env=full, check=True,

@@ -376,8 +376,13 @@ def ratio(x: float | None, base: float | None) -> str:
     return "-" if x is None or not base else f"{x / base:.2f}x"
 
 
+def finished(results: list[ModeResult], mode: str) -> ModeResult | None:
+    """This run's result of ``mode``, unless it failed."""
+    return next((r for r in results if r.mode == mode and not r.error), None)
+
+
 def native_of(results: list[ModeResult]) -> ModeResult | None:
-    return next((r for r in results if r.mode == "native" and not r.error), None)
+    return finished(results, "native")
 
 
 def greedy_cell(r: ModeResult, native: ModeResult | None) -> str:
@@ -412,7 +417,7 @@ def run_ratios(runs: list[list[ModeResult]], mode: str, name: str) -> list[float
     out = []
     for results in runs:
         native = native_of(results)
-        r = next((x for x in results if x.mode == mode and not x.error), None)
+        r = finished(results, mode)
         if native and r and r.median(name) and native.median(name):
             out.append(r.median(name) / native.median(name))
     return out
@@ -438,8 +443,7 @@ def paired_table(runs: list[list[ModeResult]], modes: list[str]) -> list[str]:
         for k in ("prefill", "decode", "streams"):
             xs = []
             for results in runs:
-                ra = next((x for x in results if x.mode == a and not x.error), None)
-                rb = next((x for x in results if x.mode == b and not x.error), None)
+                ra, rb = finished(results, a), finished(results, b)
                 if ra and rb and ra.median(k) and rb.median(k):
                     xs.append(ra.median(k) / rb.median(k))
             cells.append(f"{spread(xs)} ({sum(x > 1 for x in xs)} of {len(xs)})" if xs else "-")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from arcsplit._dirs import cache_dir
 from arcsplit.llama.build import BuildConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,15 +28,9 @@ def session(phase: str, work: Path, files: Path, out: Path, **env: str) -> subpr
 
 
 def cuda_build_dir(work: Path) -> Path:
-    old = os.environ.get("ARCSPLIT_CACHE_DIR")
-    os.environ["ARCSPLIT_CACHE_DIR"] = str(work / "cache")
-    try:
-        return BuildConfig("cuda", ("-DCMAKE_CUDA_ARCHITECTURES=90",)).build_dir
-    finally:
-        if old is None:
-            del os.environ["ARCSPLIT_CACHE_DIR"]
-        else:
-            os.environ["ARCSPLIT_CACHE_DIR"] = old
+    """Where session.sh (WORK=work) finds this tree's CUDA build: the cache dir it sets, then the key's name."""
+    key_dir = BuildConfig("cuda", ("-DCMAKE_CUDA_ARCHITECTURES=90",)).build_dir
+    return work / "cache" / key_dir.relative_to(cache_dir())
 
 
 @pytest.mark.slow

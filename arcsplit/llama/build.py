@@ -177,16 +177,11 @@ def _disk_bytes(path: Path) -> int:
     return total
 
 
-def _users(path: Path) -> tuple[int, ...]:
-    """Processes whose executable lies under ``path`` (a running llama-server of that build)."""
+def _running_exes() -> list[tuple[int, Path]]:
+    """(pid, executable) of every process we may read: a build one of them runs is in use."""
     import psutil
 
-    inside = []
-    for proc in psutil.process_iter(["exe"]):
-        exe = proc.info.get("exe")
-        if exe and Path(exe).is_relative_to(path):
-            inside.append(proc.pid)
-    return tuple(inside)
+    return [(p.pid, Path(p.info["exe"])) for p in psutil.process_iter(["exe"]) if p.info.get("exe")]
 
 
 def stale_builds() -> list[StaleBuild]:
@@ -212,7 +207,8 @@ def stale_builds() -> list[StaleBuild]:
             found.append((d, "made by an older arcsplit (no build record)"))
         elif config is not None and config.key != key:
             found.append((d, "made with another patch set or flags (an older arcsplit)"))
-    return [StaleBuild(path, why, _disk_bytes(path), _users(path),
+    exes = _running_exes() if found else []
+    return [StaleBuild(path, why, _disk_bytes(path), tuple(pid for pid, exe in exes if exe.is_relative_to(path)),
                        bool(named) and Path(str(named)).resolve().is_relative_to(path.resolve()))
             for path, why in found]
 

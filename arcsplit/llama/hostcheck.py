@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from .facts import LIB_DIRS, CardFact
-from .patches import SHM_ENV, SHM_LINK_BYTES
+from ..errors import BadInput
+from .patches import SHM_ENV, SHM_LINK_BYTES, shm_link_on
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -181,7 +182,11 @@ def shm_check(free: int | None, links: int, environ: Mapping[str, str] = os.envi
     """Patch 0008 links llama-server and each rpc-server of this host through rings in /dev/shm (8 MiB a link);
     a link whose rings do not fit stays on loopback TCP, slower, so a small /dev/shm (Docker's 64 MiB) is a warning."""
     name = "shared memory"
-    if environ.get(SHM_ENV) == "0":
+    try:
+        on = shm_link_on(environ)
+    except BadInput as exc:
+        return Check(name, "fail", exc.problem, exc.fix)
+    if not on:
         return Check(name, "skip", f"{SHM_ENV}=0: the RPC links of this host use loopback TCP")
     need = links * SHM_LINK_BYTES
     if free is None:

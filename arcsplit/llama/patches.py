@@ -14,11 +14,11 @@ import hashlib
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BuildError
+from ..errors import BadInput, BuildError
 
 MARKER = ".arcsplit-patches"
 # Set to 1 in a process's environment, it switches the RPC patches off at run time (see docs/patches.md).
@@ -151,6 +151,19 @@ def rpc_relay_chunks(kib: int) -> contextlib.AbstractContextManager[None]:
     """Groups started inside relay an activation between two rpc-servers in chunks of ``kib`` KiB (0: off, one
     get of the whole tensor and then one set, as stock does; patch 0007). Every process inherits RELAY_ENV."""
     return _environ_set(RELAY_ENV, str(max(0, kib)))
+
+
+def shm_link_on(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether llama-server and the rpc-servers of this host share memory for their link (patch 0008): on unless
+    the user's ARCSPLIT_RPC_SHM says 0. Refused when it is neither 0 nor 1: each process would read a word it
+    cannot parse as its own yes or no."""
+    value = environ.get(SHM_ENV)
+    if not value:
+        return True
+    if value.strip() not in ("0", "1"):
+        raise BadInput(f"{SHM_ENV}={value!r} is neither 0 nor 1",
+                       f"set {SHM_ENV}=0 to link the rpc-servers of this host over loopback TCP, or unset it")
+    return value.strip() == "1"
 
 
 def rpc_shm_link(on: bool) -> contextlib.AbstractContextManager[None]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import errno
 import socket
+import subprocess
+import time
 
-from ..errors import BadInput, PortBusy
+from ..errors import BadInput, PortBusy, RunError
 
 
 def _family(host: str) -> socket.AddressFamily:
@@ -70,3 +72,17 @@ def accepts_now(host: str, port: int, timeout: float = 0.2) -> bool:
             return True
     except OSError:
         return False
+
+
+def wait_listening(proc: subprocess.Popen, host: str, port: int, timeout: float) -> None:
+    """Until a just-started rpc-server accepts on ``port`` (one connect-and-close each time: before its client
+    connects); RunError if it exits first or does not listen within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RunError(f"rpc-server on {host}:{port} exited with {proc.returncode} before listening",
+                           "see its log in the run directory")
+        if accepts_now(host, port, timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise RunError(f"rpc-server on {host}:{port} did not listen within {timeout:.0f} s")

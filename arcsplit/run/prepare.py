@@ -24,7 +24,8 @@ from ..llama.fitparams import measure_compute
 from ..llama.devices import discover_rig, host_budget, parse_gpus
 from ..llama.locate import LlamaBinaries, find_llama
 from ..llama.mode import ModeDecision, choose_mode
-from ..llama.patches import RELAY_ENV, SHM_ENV, SPIN_ENV
+from ..llama.patches import RELAY_ENV, SPIN_ENV
+from ..llama.patches import shm_link_on as rpc_shm  # the user's ARCSPLIT_RPC_SHM, read where serve prepares
 from ..llama.webui import serve_dir
 from ..model import load_profile
 from ..planner import Plan, PlanOptions, make_plan
@@ -152,19 +153,6 @@ def rpc_relay_kib(environ: Any = os.environ) -> int | None:
         raise BadInput(f"{RELAY_ENV}={relay!r} is not a number of KiB",
                        f"set {RELAY_ENV} to a whole number of KiB (1024 is the default; 0 relays whole tensors)")
     return int(relay)
-
-
-def rpc_shm(environ: Any = os.environ) -> bool:
-    """Whether llama-server and the rpc-servers of this host share memory for their link (patch 0008): on unless
-    the user's ARCSPLIT_RPC_SHM says 0. Refused here when it is neither 0 nor 1: each process would read a word
-    it cannot parse as its own yes or no."""
-    value = environ.get(SHM_ENV)
-    if not value:
-        return True
-    if value.strip() not in ("0", "1"):
-        raise BadInput(f"{SHM_ENV}={value!r} is neither 0 nor 1",
-                       f"set {SHM_ENV}=0 to link the rpc-servers of this host over loopback TCP, or unset it")
-    return value.strip() == "1"
 
 
 def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: bool = True) -> Plan:
