@@ -9,7 +9,10 @@ through ggml's own RPC backend and times, per repetition: an upload of N bytes i
 then a 4-byte GET so it has landed), a download of N bytes (GET_TENSOR) and a 4-byte round trip. Each run starts a
 fresh rpc-server per variant; a cell is min / median / max over runs of each run's median. The rpc-server's log
 must say "shared-memory link" in every shm row (checked). On a GPU backend the rpc-server's buffer is on the card,
-so an upload includes its copy to the card. Writes bench/results/rpc_link_<backend>.md.
+so an upload includes its copy to the card. On a GPU backend the client also times a device upload: a copy from a
+tensor on its own card into the rpc-server's buffer (a hybrid split's activation: patch 0001 reads the card into a
+page-locked payload; the row "pageable reads" is the same link with ARCSPLIT_RPC_PINNED=0, ordinary memory).
+Writes bench/results/rpc_link_<backend>.md.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama  # noqa: E402
 from arcsplit.llama.build import cache_trees  # noqa: E402
-from arcsplit.llama.patches import SHM_ENV, SPIN_ENV  # noqa: E402
+from arcsplit.llama.patches import PINNED_ENV, SHM_ENV, SPIN_ENV  # noqa: E402
 from arcsplit.run.ports import free_port, wait_listening  # noqa: E402
 from throughput import build_line  # noqa: E402
 from _report import write_report  # noqa: E402
@@ -80,10 +83,12 @@ def one_run(rpc_server: Path, client: Path, env: dict[str, str], sizes: list[int
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def link_variant(shm: bool, spin_us: int) -> tuple[str, dict[str, str]]:
-    """A row: its name and the environment of both ends (patch 0008's link on or off, 0005's polling budget)."""
-    name = ("shared memory" if shm else "loopback TCP") + (f", polling {spin_us} us" if spin_us else "")
-    return name, {SHM_ENV: "1" if shm else "0", SPIN_ENV: str(spin_us)}
+def link_variant(shm: bool, spin_us: int, pinned: bool = True) -> tuple[str, dict[str, str]]:
+    """A row: its name and the environment of both ends (patch 0008's link on or off, 0005's polling budget,
+    0001's page-locked device reads)."""
+    name = ("shared memory" if shm else "loopback TCP") + (f", polling {spin_us} us" if spin_us else "") \
+        + ("" if pinned else ", pageable reads")
+    return name, {SHM_ENV: "1" if shm else "0", SPIN_ENV: str(spin_us), **({} if pinned else {PINNED_ENV: "0"})}
 
 
 def spread(values: list[float]) -> str:
@@ -104,6 +109,8 @@ def main() -> None:
     sizes = [int(float(s) * 2**20) for s in a.sizes.split(",")]
     spins = (a.spin_us, 0) if a.spin_us > 0 else (0,)
     variants = [link_variant(shm, spin) for spin in spins for shm in (True, False)]
+    if a.backend != "cpu":  # the client has a card of its own: its reads into page-locked memory, on and off
+        variants.append(link_variant(True, spins[0], pinned=False))
     results: dict[str, list[dict[tuple[str, int], float]]] = {name: [] for name, _ in variants}
     with tempfile.TemporaryDirectory(prefix="rpc-link-") as tmp:
         client = compile_client(Path(bins.bin_dir), Path(tmp))
@@ -118,7 +125,9 @@ def main() -> None:
                 results[name].append(medians)
                 print(f"run {run + 1}/{a.runs} {name}: " + ", ".join(f"{op} {n}: {us:.0f} us"
                                                                      for (op, n), us in sorted(medians.items())))
-    keys = [("round_trip", 4)] + [(op, n) for n in sizes for op in ("upload", "download")]
+    ops = ("upload", "download") + (("device_upload",) if all(("device_upload", sizes[0]) in r for runs in
+                                                              results.values() for r in runs) else ())
+    keys = [("round_trip", 4)] + [(op, n) for n in sizes for op in ops]
     head = ["| link |"] + [f" {op.replace('_', ' ')} {n / 2**20:g} MiB |" if n > 4 else " round trip, 4 bytes |"
                            for op, n in keys]
     lines = [f"# One RPC link, shared memory against loopback TCP ({a.backend})", "",
@@ -128,7 +137,8 @@ def main() -> None:
              f"- {a.runs} runs, each a fresh rpc-server per row; {a.reps} repetitions per run after 2 warm-ups. A cell "
              "is microseconds, min / **median** / max over runs of each run's median. Upload = SET_TENSOR of N bytes "
              "into a compute buffer, then a 4-byte GET (so it has landed); download = GET_TENSOR of N bytes; round "
-             "trip = a 4-byte GET. Shared-memory rows: patch 0008 (ARCSPLIT_RPC_SHM=1 on both ends, the "
+             "trip = a 4-byte GET; device upload = a copy from a tensor on the client's own card into the rpc-server's buffer, "
+             "then a 4-byte GET. Shared-memory rows: patch 0008 (ARCSPLIT_RPC_SHM=1 on both ends, the "
              "rpc-server's log says it linked); TCP rows: the same build with ARCSPLIT_RPC_SHM=0.", "",
              "".join(head), "|---|" + "---|" * len(keys)]
     for name, runs in results.items():

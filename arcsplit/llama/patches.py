@@ -24,6 +24,9 @@ MARKER = ".arcsplit-patches"
 # Set to 1 in a process's environment, it switches the RPC patches off at run time (see docs/patches.md).
 STOCK_ENV = "ARCSPLIT_RPC_STOCK"
 SPIN_ENV = "ARCSPLIT_RPC_SPIN_US"  # patch 0005
+# patch 0001: 0 in llama-server reads a local card's tensor into ordinary memory, not the card's page-locked host
+# buffers, before it goes to an rpc-server (an A/B switch for bench/rpc_link.py; on by default)
+PINNED_ENV = "ARCSPLIT_RPC_PINNED"
 RELAY_ENV = "ARCSPLIT_RPC_RELAY_KIB"  # patch 0007: chunk (KiB) of an activation relayed between rpc-servers; 0: off
 SHM_ENV = "ARCSPLIT_RPC_SHM"  # patch 0008: 1 in llama-server and an rpc-server on one host: shared-memory link
 # patch 0008: what one such link holds in /dev/shm while it is open (a header page, then a 4 MiB ring each way)

@@ -25,7 +25,9 @@
 #        phases trace / trace-dense in PHASES): where a decoded token's time goes, per process
 #   phases trace-light / trace-dense-light: the same with ARCSPLIT_CUPTI_LIGHT=1 (one record per CUDA graph);
 #   phases moe-mps / dense-mps: onecard under NVIDIA MPS (one shared GPU context: the time-slicing's share);
-#        DENSE_RUNS: the dense phases' run count where it differs from RUNS
+#        DENSE_RUNS: the dense phases' run count where it differs from RUNS; MOE_MODES / DENSE_MODES: a phase's
+#        modes where they differ from MPS_MODES
+#   phase poll-mps: bench/poll_cost.py on ONE GPU under MPS (host cores the link's polling costs, off and on)
 #   phase link: bench/rpc_link.py on the CUDA build (one rpc-server on the card; shared memory against TCP, 0008)
 #   MODEL=moe bash bench/gpu/session.sh onecard  # ONE GPU: llama-server and rpc-servers share it (--same-card),
 #        RUNS independent runs (default 3) of MODES (default native,hybrid,hybrid-stock,rpc,rpc-stock);
@@ -156,6 +158,15 @@ trace() {
     --out "$OUT/trace_cuda_onecard_$name${TAG:-}${PROMPT_TOKENS:+_prefill}${ARCSPLIT_CUPTI_LIGHT:+_light}.md"
 }
 
+poll() {
+  # issue 19: what the link's polling (0005, and 0008's shared-memory link under the same budget) costs in host
+  # cores on ONE GPU, per decoded token and idle, polling off and at arcsplit's default (bench/poll_cost.py)
+  build
+  python3 bench/poll_cost.py --backend cuda --same-card --model "$MODEL" --modes "${POLL_MODES:-hybrid,rpc}" \
+    --tokens "${TOKENS:-128}" --reps "${POLL_REPS:-3}" --idle "${POLL_IDLE:-3}" \
+    --out "$OUT/poll_cost_cuda_onecard${TAG:-}.md"
+}
+
 accuracy() {
   build
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
@@ -238,9 +249,10 @@ case "${1:-all}" in
         trace) MODEL=$MOE trace ;;
         trace-light) MODEL=$MOE ARCSPLIT_CUPTI_LIGHT=1 trace ;;
         trace-dense-light) MODEL=$DENSE TMODES=${TMODES_DENSE:-native,hybrid} ARCSPLIT_CUPTI_LIGHT=1 trace ;;
-        moe-mps) MODEL=$MOE mps ;;
+        moe-mps) MODEL=$MOE MPS_MODES=${MOE_MODES:-${MPS_MODES:-}} mps ;;
         trace-light-mps) MODEL=$MOE ARCSPLIT_CUPTI_LIGHT=1 mps trace ;;
-        dense-mps) MODEL=$DENSE REPS=${DENSE_REPS:-3} RUNS=${DENSE_RUNS:-${RUNS:-3}} mps ;;
+        dense-mps) MODEL=$DENSE REPS=${DENSE_REPS:-3} RUNS=${DENSE_RUNS:-${RUNS:-3}} MPS_MODES=${DENSE_MODES:-${MPS_MODES:-}} mps ;;
+        poll-mps) MODEL=$MOE mps poll ;;
         trace-prefill-mps) MODEL=$DENSE PROMPT_TOKENS=512 MPS_MODES=${TRACE_MODES:-native,hybrid,rpc} mps trace ;;
         trace-prefill) MODEL=$DENSE PROMPT_TOKENS=512 TMODES=${TRACE_MODES:-native,hybrid,rpc} trace ;;
         trace-dense) MODEL=$DENSE TMODES=${TMODES_DENSE:-native,hybrid} trace ;;
