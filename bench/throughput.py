@@ -68,8 +68,8 @@ sys.path.insert(0, str(ROOT))
 import arcsplit  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama, server_build_info  # noqa: E402
-from arcsplit.llama.patches import (rpc_link_polling, rpc_patches_switched, rpc_relay_chunks,  # noqa: E402
-                                    rpc_shm_link)
+from arcsplit.llama.patches import (rpc_link_polling, rpc_patches_switched, rpc_pinned_reads,  # noqa: E402
+                                    rpc_relay_chunks, rpc_shm_link)
 from arcsplit.route import Route  # noqa: E402
 from arcsplit.run.prepare import rpc_spin_us  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
@@ -112,6 +112,8 @@ class Variant:
     -nospin: patches on, the RPC link's polling off (ARCSPLIT_RPC_SPIN_US=0, patch 0005);
     -norelay: patches on, an activation between two rpc-servers relayed whole (ARCSPLIT_RPC_RELAY_KIB=0, 0007);
     -noshm: patches on, the link to the rpc-servers over loopback TCP, not shared memory (ARCSPLIT_RPC_SHM=0, 0008);
+    -nopin: patches on, a local card's activation read into ordinary memory, not page-locked blocks, before it goes
+    to an rpc-server (ARCSPLIT_RPC_PINNED=0, 0001; hybrid: llama-server's own card);
     -nocram: llama-server's host-memory prompt cache off (--cache-ram 0; native-nocram too): no KV copied out and
     back at slot selection, which on an RPC route crosses the link;
     -ubN: this mode's micro-batch (``native-ub256``, ``hybrid-ub512``) instead of the route's own or --ubatch.
@@ -119,7 +121,7 @@ class Variant:
 
     route: str  # native | hybrid | rpc
     output: str = "auto"  # --output-layer
-    off: str = ""  # "", "stock", "nospin", "norelay", "noshm" or "nocram"
+    off: str = ""  # "", "stock", "nospin", "norelay", "noshm", "nopin" or "nocram"
     ubatch: int | None = None  # -ubN
 
 
@@ -127,12 +129,12 @@ def parse_mode(mode: str) -> Variant:
     route, *tags = mode.split("-")
     ub = int(tags.pop()[2:]) if tags and re.fullmatch(r"ub[1-9][0-9]*", tags[-1]) else None
     rpc_tags = route in ("hybrid", "rpc")
-    offs = ("stock", "nospin", "norelay", "noshm", "nocram") if rpc_tags else ("nocram",)  # native: its own flag only
+    offs = ("stock", "nospin", "norelay", "noshm", "nopin", "nocram") if rpc_tags else ("nocram",)  # native: its own flag only
     output = tags.pop(0) if rpc_tags and tags and tags[0] in ("last", "local") else "auto"
     off = tags.pop(0) if tags and tags[0] in offs else ""
     if route not in ("native", "hybrid", "rpc") or tags:
         raise SystemExit(f"unknown mode {mode!r}: use native, or hybrid/rpc with -last or -local (where the "
-                         "output layer goes) and then -stock, -nospin, -norelay, -noshm or -nocram (native-nocram "
+                         "output layer goes) and then -stock, -nospin, -norelay, -noshm, -nopin or -nocram (native-nocram "
                          "too); any of them may end in -ubN")
     return Variant(route, output, off, ub)
 
@@ -203,6 +205,8 @@ def mode_env(mode: str) -> contextlib.AbstractContextManager[None]:
         return rpc_relay_chunks(0)
     if off == "noshm":
         return rpc_shm_link(False)
+    if off == "nopin":
+        return rpc_pinned_reads(False)
     return contextlib.nullcontext()
 
 
@@ -506,7 +510,9 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "arcsplit's choice "
              "here); `-norelay` sends an activation between two rpc-servers whole instead of in chunks "
              "(ARCSPLIT_RPC_RELAY_KIB=0, patch 0007); `-noshm` links llama-server and the rpc-servers over "
-             "loopback TCP instead of shared memory (ARCSPLIT_RPC_SHM=0, patch 0008); `-nocram` runs llama-server with "
+             "loopback TCP instead of shared memory (ARCSPLIT_RPC_SHM=0, patch 0008); `-nopin` reads llama-server's "
+             "card into ordinary memory instead of page-locked blocks before it goes to an rpc-server "
+             "(ARCSPLIT_RPC_PINNED=0, patch 0001); `-nocram` runs llama-server with "
              "`--cache-ram 0` (no host-memory prompt cache); `-ubN` runs that mode at "
              "-ub N." + (
                  " On CPU the planner leaves as few layers as it can on llama-server's own CPU card (layers not in "

@@ -169,6 +169,12 @@ def shm_link_on(environ: Mapping[str, str] = os.environ) -> bool:
     return value.strip() == "1"
 
 
+def rpc_pinned_reads(on: bool) -> contextlib.AbstractContextManager[None]:
+    """Groups started inside read a local card's tensor into page-locked (on) or ordinary memory (off) before it
+    goes to an rpc-server (patch 0001; every process inherits PINNED_ENV): for A/B runs."""
+    return _environ_set(PINNED_ENV, "1" if on else "0")
+
+
 def rpc_shm_link(on: bool) -> contextlib.AbstractContextManager[None]:
     """Groups started inside link llama-server to the rpc-servers of this host through shared memory (patch 0008)
     or, off, over loopback TCP: arcsplit reads SHM_ENV from the environment as the user's choice."""
