@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.same_card and a.backend == "cpu":
         ap.error("--same-card shares one GPU: give a GPU --backend")
     if a.out is None:
-        a.out = str(ROOT / "bench" / "results" / ("poll_cost.md" if a.backend == "cpu" else f"poll_cost_{a.backend}.md"))
+        name = "poll_cost.md" if a.backend == "cpu" else f"poll_cost_{a.backend}.md"
+        a.out = str(ROOT / "bench" / "results" / name)
     if a.model is None:
         from arcsplit.demo import ensure_demo_model
 

@@ -137,9 +137,9 @@ def main() -> None:
              f"- {a.runs} runs, each a fresh rpc-server per row; {a.reps} repetitions per run after 2 warm-ups. A cell "
              "is microseconds, min / **median** / max over runs of each run's median. Upload = SET_TENSOR of N bytes "
              "into a compute buffer, then a 4-byte GET (so it has landed); download = GET_TENSOR of N bytes; round "
-             "trip = a 4-byte GET; device upload = a copy from a tensor on the client's own card into the rpc-server's buffer, "
-             "then a 4-byte GET. Shared-memory rows: patch 0008 (ARCSPLIT_RPC_SHM=1 on both ends, the "
-             "rpc-server's log says it linked); TCP rows: the same build with ARCSPLIT_RPC_SHM=0.", "",
+             "trip = a 4-byte GET; device upload = a copy from a tensor on the client's own card into the "
+             "rpc-server's buffer, then a 4-byte GET. Shared-memory rows: patch 0008 (ARCSPLIT_RPC_SHM=1 on both "
+             "ends, the rpc-server's log says it linked); TCP rows: the same build with ARCSPLIT_RPC_SHM=0.", "",
              "".join(head), "|---|" + "---|" * len(keys)]
     for name, runs in results.items():
         lines.append(f"| {name} | " + " | ".join(spread([r[k] for r in runs]) for k in keys) + " |")

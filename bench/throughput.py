@@ -129,13 +129,14 @@ def parse_mode(mode: str) -> Variant:
     route, *tags = mode.split("-")
     ub = int(tags.pop()[2:]) if tags and re.fullmatch(r"ub[1-9][0-9]*", tags[-1]) else None
     rpc_tags = route in ("hybrid", "rpc")
-    offs = ("stock", "nospin", "norelay", "noshm", "nopin", "nocram") if rpc_tags else ("nocram",)  # native: its own flag only
+    # native takes its own flag only
+    offs = ("stock", "nospin", "norelay", "noshm", "nopin", "nocram") if rpc_tags else ("nocram",)
     output = tags.pop(0) if rpc_tags and tags and tags[0] in ("last", "local") else "auto"
     off = tags.pop(0) if tags and tags[0] in offs else ""
     if route not in ("native", "hybrid", "rpc") or tags:
         raise SystemExit(f"unknown mode {mode!r}: use native, or hybrid/rpc with -last or -local (where the "
-                         "output layer goes) and then -stock, -nospin, -norelay, -noshm, -nopin or -nocram (native-nocram "
-                         "too); any of them may end in -ubN")
+                         "output layer goes) and then -stock, -nospin, -norelay, -noshm, -nopin or -nocram "
+                         "(native-nocram too); any of them may end in -ubN")
     return Variant(route, output, off, ub)
 
 

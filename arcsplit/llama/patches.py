@@ -25,7 +25,7 @@ MARKER = ".arcsplit-patches"
 STOCK_ENV = "ARCSPLIT_RPC_STOCK"
 SPIN_ENV = "ARCSPLIT_RPC_SPIN_US"  # patch 0005
 # patch 0001: 0 in llama-server reads a local card's tensor into ordinary memory, not the card's page-locked host
-# buffers, before it goes to an rpc-server (an A/B switch for bench/rpc_link.py; on by default)
+# buffers, before it goes to an rpc-server (an A/B switch: bench/rpc_link.py, bench/throughput.py -nopin; on by default)
 PINNED_ENV = "ARCSPLIT_RPC_PINNED"
 RELAY_ENV = "ARCSPLIT_RPC_RELAY_KIB"  # patch 0007: chunk (KiB) of an activation relayed between rpc-servers; 0: off
 SHM_ENV = "ARCSPLIT_RPC_SHM"  # patch 0008: 1 in llama-server and an rpc-server on one host: shared-memory link
