@@ -72,6 +72,28 @@ def test_an_adopted_process_takes_requests_on_stdin_and_ends_at_eof(tmp_path):
     assert child.returncode == 5
 
 
+def test_several_tasks_may_wait_for_an_adopted_process_at_once():
+    """A Child's run() and its stop() both wait for the exit, as they may with anyio's own processes; the pidfd
+    takes one waiter only, so the others wait for it. One waiter cancelled hands the watch on."""
+    proc = popen(_spec("sh", "-c", "exec sleep 0.5"))
+    p = PopenProcess(proc)
+    got: list[int] = []
+
+    async def main() -> None:
+        async def one() -> None:
+            got.append(await p.wait())
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                with anyio.move_on_after(0.1):  # the first watcher gives up early
+                    await p.wait()
+                for _ in range(3):
+                    tg.start_soon(one)
+
+    anyio.run(main)
+    assert got == [0, 0, 0]
+
+
 def test_an_adopted_process_is_stopped_like_a_spawned_one(tmp_path):
     proc = popen(_spec("sh", "-c", "echo up; exec sleep 30"))
     child = Child(_spec("sh"))

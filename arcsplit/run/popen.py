@@ -81,16 +81,28 @@ class PopenProcess(Process):
             self._stdin = _PipeSend(os.dup(popen.stdin.fileno()))
             popen.stdin.close()
         self._pidfd: int | None = None
+        self._watched: anyio.Event | None = None  # set while one task waits on the pidfd; set() when it stops
 
     async def wait(self) -> int:
+        """The exit status, once the process has exited. Several tasks may wait at once (a Child's run() and its
+        stop(), as with anyio's own processes): one of them watches the pidfd, which anyio lets only one task
+        wait on, and the others wait for it to stop watching, then look again."""
         while (rc := self._popen.poll()) is None:
+            if self._watched is not None:
+                await self._watched.wait()
+                continue
             if self._pidfd is None:
                 try:
                     self._pidfd = os.pidfd_open(self._popen.pid)
                 except (OSError, AttributeError):  # no pidfd (an old kernel): look again shortly
                     await anyio.sleep(0.05)
                     continue
-            await anyio.wait_readable(self._pidfd)  # readable once the process has exited
+            self._watched = watched = anyio.Event()
+            try:
+                await anyio.wait_readable(self._pidfd)  # readable once the process has exited
+            finally:  # exited, or this task was cancelled: either way another waiter may take over
+                self._watched = None
+                watched.set()
         return rc
 
     def terminate(self) -> None:
