@@ -222,6 +222,19 @@ def test_a_relay_chunk_that_is_not_a_number_is_one_clear_line() -> None:
         assert "whole number of KiB" in (err.value.fix or "")
 
 
+def test_a_pinned_reads_switch_that_is_not_0_or_1_is_one_clear_line() -> None:
+    """Patch 0001 reads ARCSPLIT_RPC_PINNED in llama-server and takes anything but a leading 0 as on; arcsplit
+    refuses a word before any process starts, so "off" does not silently mean on."""
+    from arcsplit.llama.patches import pinned_reads_on
+
+    assert pinned_reads_on({}) and pinned_reads_on({"ARCSPLIT_RPC_PINNED": ""})  # unset: on
+    assert pinned_reads_on({"ARCSPLIT_RPC_PINNED": "1"}) and not pinned_reads_on({"ARCSPLIT_RPC_PINNED": "0"})
+    for bad in ("off", "no", "2"):
+        with pytest.raises(BadInput, match="ARCSPLIT_RPC_PINNED") as err:
+            pinned_reads_on({"ARCSPLIT_RPC_PINNED": bad})
+        assert "ARCSPLIT_RPC_PINNED=0" in (err.value.fix or "")
+
+
 def test_rpc_spin_reaches_every_process_of_an_rpc_group_only() -> None:
     for mode in ("hybrid", "rpc"):
         for spec in specs_for(config("cuda", mode, [0, 1], rpc_spin_us=20000)):

@@ -156,17 +156,27 @@ def rpc_relay_chunks(kib: int) -> contextlib.AbstractContextManager[None]:
     return _environ_set(RELAY_ENV, str(max(0, kib)))
 
 
-def shm_link_on(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether llama-server and the rpc-servers of this host share memory for their link (patch 0008): on unless
-    the user's ARCSPLIT_RPC_SHM says 0. Refused when it is neither 0 nor 1: each process would read a word it
-    cannot parse as its own yes or no."""
-    value = environ.get(SHM_ENV)
+def _on_unless_0(environ: Mapping[str, str], name: str, off: str) -> bool:
+    """A patch's on/off switch as the user set it: on when unset or empty, else 0 or 1. Refused when it is
+    neither: the patched processes would read a word they cannot parse as their own yes or no."""
+    value = environ.get(name)
     if not value:
         return True
     if value.strip() not in ("0", "1"):
-        raise BadInput(f"{SHM_ENV}={value!r} is neither 0 nor 1",
-                       f"set {SHM_ENV}=0 to link the rpc-servers of this host over loopback TCP, or unset it")
+        raise BadInput(f"{name}={value!r} is neither 0 nor 1", f"set {name}=0 to {off}, or unset it")
     return value.strip() == "1"
+
+
+def shm_link_on(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether llama-server and the rpc-servers of this host share memory for their link (patch 0008): on unless
+    the user's ARCSPLIT_RPC_SHM says 0."""
+    return _on_unless_0(environ, SHM_ENV, "link the rpc-servers of this host over loopback TCP")
+
+
+def pinned_reads_on(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether llama-server reads its card into page-locked memory before an activation goes to an rpc-server
+    (patch 0001): on unless the user's ARCSPLIT_RPC_PINNED says 0. llama-server reads it itself."""
+    return _on_unless_0(environ, PINNED_ENV, "read the card into ordinary memory")
 
 
 def rpc_pinned_reads(on: bool) -> contextlib.AbstractContextManager[None]:
