@@ -244,7 +244,7 @@ def test_plan_measure_takes_compute_from_the_vulkan_cards_themselves(two_lavapip
     argv = [sys.executable, "-m", "arcsplit", "plan", str(model), "--backend", "vulkan", "--llama-dir", str(vulkan_bin),
             "--mode", mode, "--ctx", "4096", "--json"]
     before = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True).stdout)
-    assert [c["compute_source"] for c in before["cards"]] == ["formula +25% +40 MiB vulkan"] * 2
+    assert [c["compute_source"] for c in before["cards"]] == ["formula +25% +6 rows +40 MiB vulkan"] * 2
     first = subprocess.run([*argv, "--measure"], capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr
     measured = json.loads(first.stdout)
