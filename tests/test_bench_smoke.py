@@ -93,6 +93,21 @@ def test_rpc_link_bench_links_through_shared_memory_and_prints_every_cell(llama_
 
 
 @pytest.mark.slow
+def test_poll_cost_bench_prints_a_row_per_mode_and_polling_budget(llama_bins, demo_model, tmp_path: Path) -> None:
+    """bench/poll_cost.py on the test build: every process of the group is counted (CPU time from /proc), polling
+    off and on, while decoding and idle. The cores it prints are the bench's to report; only their shape and sign
+    are this test's."""
+    out = tmp_path / "poll.md"
+    run_bench("poll_cost.py", llama_bins, out, "--model", str(demo_model), "--modes", "hybrid", "--spin-us", "3000",
+              "--tokens", "4", "--reps", "1", "--idle", "0.3", timeout=240)
+    rows = [m.groups() for m in re.finditer(r"^\| hybrid \| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$",
+                                           out.read_text(), re.M)]
+    assert [r[0] for r in rows] == ["0", "3000"], out.read_text()
+    assert all(float(r[1]) > 0 and float(r[2]) > 0 and float(r[4]) > 0 for r in rows), rows
+    assert "the cards are the cores" in out.read_text()  # the CPU build's reading of its rows
+
+
+@pytest.mark.slow
 def test_prompt_cache_link_counts_the_kv_copies_over_the_link(llama_bins, tmp_path: Path) -> None:
     """bench/prompt_cache_link.py: with llama.cpp's default prompt cache an rpc-server of an all-RPC group answers
     more GET_TENSORs (the KV copied out at slot selection) than with --cache-ram 0, on the same three prompts."""
