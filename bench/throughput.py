@@ -55,7 +55,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,20 +195,20 @@ def same_card_rig(card: int, n_cards: int) -> Iterator[None]:
         prep.discover_rig = real
 
 
+# what each -off tag switches off, in the environment the variant's processes inherit (-nocram is an argument)
+_OFF_ENV: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "stock": lambda: rpc_patches_switched(on=False),
+    "nospin": lambda: rpc_link_polling(0),
+    "norelay": lambda: rpc_relay_chunks(0),
+    "noshm": lambda: rpc_shm_link(False),
+    "nopin": lambda: rpc_pinned_reads(False),
+}
+
+
 def mode_env(mode: str) -> contextlib.AbstractContextManager[None]:
-    """The environment a variant's processes inherit: patches off (-stock) or the link's polling off (-nospin)."""
-    off = parse_mode(mode).off
-    if off == "stock":
-        return rpc_patches_switched(on=False)
-    if off == "nospin":
-        return rpc_link_polling(0)
-    if off == "norelay":
-        return rpc_relay_chunks(0)
-    if off == "noshm":
-        return rpc_shm_link(False)
-    if off == "nopin":
-        return rpc_pinned_reads(False)
-    return contextlib.nullcontext()
+    """The environment a variant's processes inherit: one patch, or all of them, switched off (_OFF_ENV)."""
+    off = _OFF_ENV.get(parse_mode(mode).off)
+    return off() if off else contextlib.nullcontext()
 
 
 def long_prompt(client: httpx.Client, url: str, n: int) -> list[int]:
