@@ -68,8 +68,8 @@ sys.path.insert(0, str(ROOT))
 import arcsplit  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama, server_build_info  # noqa: E402
-from arcsplit.llama.patches import (rpc_link_polling, rpc_patches_switched, rpc_pinned_reads,  # noqa: E402
-                                    rpc_relay_chunks, rpc_shm_link)
+from arcsplit.llama.patches import (rpc_async_reads, rpc_link_polling, rpc_patches_switched,  # noqa: E402
+                                    rpc_pinned_reads, rpc_relay_chunks, rpc_shm_link)
 from arcsplit.route import Route  # noqa: E402
 from arcsplit.run.prepare import rpc_spin_us  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
@@ -114,6 +114,8 @@ class Variant:
     -noshm: patches on, the link to the rpc-servers over loopback TCP, not shared memory (ARCSPLIT_RPC_SHM=0, 0008);
     -nopin: patches on, a local card's activation read into ordinary memory, not page-locked blocks, before it goes
     to an rpc-server (ARCSPLIT_RPC_PINNED=0, 0001; hybrid: llama-server's own card);
+    -syncread: patches on, the scheduler waits for llama-server's card before its activation goes to an rpc-server
+    instead of queueing the read and going on (ARCSPLIT_RPC_ASYNC_READ=0, 0001; CUDA and SYCL cards);
     -nocram: llama-server's host-memory prompt cache off (--cache-ram 0; native-nocram too): no KV copied out and
     back at slot selection, which on an RPC route crosses the link;
     -ubN: this mode's micro-batch (``native-ub256``, ``hybrid-ub512``) instead of the route's own or --ubatch.
@@ -121,7 +123,7 @@ class Variant:
 
     route: str  # native | hybrid | rpc
     output: str = "auto"  # --output-layer
-    off: str = ""  # "", "stock", "nospin", "norelay", "noshm", "nopin" or "nocram"
+    off: str = ""  # "", a key of _OFF_ENV ("stock", "nospin", ...) or "nocram"
     ubatch: int | None = None  # -ubN
 
 
@@ -130,12 +132,12 @@ def parse_mode(mode: str) -> Variant:
     ub = int(tags.pop()[2:]) if tags and re.fullmatch(r"ub[1-9][0-9]*", tags[-1]) else None
     rpc_tags = route in ("hybrid", "rpc")
     # native takes its own flag only
-    offs = ("stock", "nospin", "norelay", "noshm", "nopin", "nocram") if rpc_tags else ("nocram",)
+    offs = (*_OFF_ENV, "nocram") if rpc_tags else ("nocram",)
     output = tags.pop(0) if rpc_tags and tags and tags[0] in ("last", "local") else "auto"
     off = tags.pop(0) if tags and tags[0] in offs else ""
     if route not in ("native", "hybrid", "rpc") or tags:
         raise SystemExit(f"unknown mode {mode!r}: use native, or hybrid/rpc with -last or -local (where the "
-                         "output layer goes) and then -stock, -nospin, -norelay, -noshm, -nopin or -nocram "
+                         "output layer goes) and then " + ", ".join(f"-{o}" for o in _OFF_ENV) + " or -nocram "
                          "(native-nocram too); any of them may end in -ubN")
     return Variant(route, output, off, ub)
 
@@ -202,6 +204,7 @@ _OFF_ENV: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "norelay": lambda: rpc_relay_chunks(0),
     "noshm": lambda: rpc_shm_link(False),
     "nopin": lambda: rpc_pinned_reads(False),
+    "syncread": lambda: rpc_async_reads(False),
 }
 
 
@@ -513,7 +516,9 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "(ARCSPLIT_RPC_RELAY_KIB=0, patch 0007); `-noshm` links llama-server and the rpc-servers over "
              "loopback TCP instead of shared memory (ARCSPLIT_RPC_SHM=0, patch 0008); `-nopin` reads llama-server's "
              "card into ordinary memory instead of page-locked blocks before it goes to an rpc-server "
-             "(ARCSPLIT_RPC_PINNED=0, patch 0001); `-nocram` runs llama-server with "
+             "(ARCSPLIT_RPC_PINNED=0, patch 0001); `-syncread` makes the scheduler wait for llama-server's card "
+             "before its activation goes to an rpc-server instead of queueing the read (ARCSPLIT_RPC_ASYNC_READ=0, "
+             "patch 0001); `-nocram` runs llama-server with "
              "`--cache-ram 0` (no host-memory prompt cache); `-ubN` runs that mode at "
              "-ub N." + (
                  " On CPU the planner leaves as few layers as it can on llama-server's own CPU card (layers not in "

@@ -235,6 +235,18 @@ def test_a_pinned_reads_switch_that_is_not_0_or_1_is_one_clear_line() -> None:
         assert "ARCSPLIT_RPC_PINNED=0" in (err.value.fix or "")
 
 
+def test_an_async_reads_switch_that_is_not_0_or_1_is_one_clear_line() -> None:
+    """Patch 0001 reads ARCSPLIT_RPC_ASYNC_READ in llama-server; as with every switch, a word is refused before
+    any process starts."""
+    from arcsplit.llama.patches import async_reads_on
+
+    assert async_reads_on({}) and async_reads_on({"ARCSPLIT_RPC_ASYNC_READ": "1"})
+    assert not async_reads_on({"ARCSPLIT_RPC_ASYNC_READ": "0"})
+    with pytest.raises(BadInput, match="ARCSPLIT_RPC_ASYNC_READ") as err:
+        async_reads_on({"ARCSPLIT_RPC_ASYNC_READ": "off"})
+    assert "ARCSPLIT_RPC_ASYNC_READ=0" in (err.value.fix or "")
+
+
 def test_rpc_spin_reaches_every_process_of_an_rpc_group_only() -> None:
     for mode in ("hybrid", "rpc"):
         for spec in specs_for(config("cuda", mode, [0, 1], rpc_spin_us=20000)):

@@ -25,7 +25,7 @@ from ..llama.devices import discover_rig, host_budget, parse_gpus
 from ..llama.locate import LlamaBinaries, find_llama
 from ..llama.mode import ModeDecision, choose_mode
 from ..llama.patches import RELAY_ENV, SPIN_ENV
-from ..llama.patches import pinned_reads_on
+from ..llama.patches import async_reads_on, pinned_reads_on
 from ..llama.patches import shm_link_on as rpc_shm  # the user's ARCSPLIT_RPC_SHM, read where serve prepares
 from ..llama.webui import serve_dir
 from ..model import load_profile
@@ -336,6 +336,7 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     ``serving``: a group starts next, so the rpc-servers' weight cache is pruned and the model indexed now."""
     rpc_relay_kib()  # a bad value is refused before anything is pruned or started; llama-server reads it itself
     pinned_reads_on()  # likewise
+    async_reads_on()
     shm = rpc_shm()
     notes: list[str] = []
     if req.measure:
