@@ -328,7 +328,8 @@ FIGURES = [
     Figure("5d. The RPC route's tax on one GPU (H200, llama-server and rpc-servers share it; 3+ runs)",
            "hybrid >= 0.85 prefill, >= 0.93 decode and 4 streams; all-RPC >= 0.75 prefill, >= 0.85 decode "
            "(issue 19), and no route slower with the patches",
-           ("gpu/throughput_cuda_onecard_model7b_mps_asyncread.md", "gpu/throughput_cuda_onecard_moe16x32_mps_asyncread.md",
+           ("gpu/throughput_cuda_onecard_model7b_mps_asyncread.md", "gpu/throughput_cuda_onecard_moe16x32_mps_asyncread_6runs.md",
+            "gpu/throughput_cuda_onecard_moe16x32_mps_asyncread.md",
             "gpu/throughput_cuda_onecard_moe16x32_mps_asyncread2.md", "gpu/throughput_cuda_onecard_moe16x32_asyncread2.md",
             "gpu/throughput_cuda_onecard_model7b_mps_ub2.md",
             "gpu/throughput_cuda_onecard_moe16x32_mps_pinned.md", "gpu/throughput_cuda_onecard_model7b_mps_pinned.md",
