@@ -367,14 +367,16 @@ SET_AT = re.compile(r"\[set_tensor\] buffer: \S+, data: (\S+), offset: (\d+), si
 def test_an_activation_between_two_rpc_servers_is_relayed_in_chunks(llama_bins, tmp_path, monkeypatch):
     """Patch 0007, read off the wire: in an all-RPC group the prompt's activation reaches the second rpc-server
     as SET_TENSORs of at most ARCSPLIT_RPC_RELAY_KIB at rising offsets of one tensor (read from the first in the
-    same chunks), not as one SET of the whole; 0 turns it off (one SET at offset 0, stock's path). The greedy
-    tokens are the same both ways."""
+    same chunks), not as one SET of the whole; 0 turns it off (one SET at offset 0, stock's path). With 0001's
+    queued sends the chunks' reads are not waited for by llama-server (ARCSPLIT_RPC_ASYNC_READ, on by default);
+    waited for, the wire is the same. The greedy tokens are the same every way."""
     model = write_llama(tmp_path / "llama.gguf", n_layer=8, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=512)
     row = 256 * 4  # one token's hidden state, F32
     monkeypatch.setenv("GGML_RPC_DEBUG", "1")
     seen = {}
-    for kib in ("4", "0"):
+    for kib, queued in (("4", "1"), ("4", "0"), ("0", "1")):
         monkeypatch.setenv("ARCSPLIT_RPC_RELAY_KIB", kib)
+        monkeypatch.setenv("ARCSPLIT_RPC_ASYNC_READ", queued)
         with serve_group(str(model), gpus=[0, 1], backend="cpu", mode="rpc", ctx=1024, parallel=1, threads=1,
                          port=free_port(), bus=False, llama_dir=str(llama_bins.bin_dir)) as server:
             r = httpx.post(f"{server.url}/completion", json={
@@ -384,20 +386,22 @@ def test_an_activation_between_two_rpc_servers_is_relayed_in_chunks(llama_bins, 
             run_dir = Path(server.status()["run_dir"])
         log = (run_dir / "rpc1.log").read_text(errors="replace")
         sets = [(m.group(1), int(m.group(2)), int(m.group(3))) for m in SET_AT.finditer(log)]
-        seen[kib] = (r.json()["tokens"], sets)
-    tokens_on, sets_on = seen["4"]
-    tokens_off, sets_off = seen["0"]
-    assert tokens_on == tokens_off and len(tokens_on) == 4
-    chunks = [(d, off, n) for d, off, n in sets_on if off > 0]
-    assert chunks, "no SET_TENSOR at an offset: the activation crossed whole"
-    assert all(n <= 4096 and off % 4096 == 0 for _, off, n in chunks)
-    # one tensor's chunks follow each other: offsets 0, 4096, ... ending on whole rows (the prompt's tokens)
-    data = chunks[0][0]
-    run = [(off, n) for d, off, n in sets_on if d == data]
-    first = run[:next(i for i, (off, _) in enumerate(run[1:], 1) if off == 0)] if sum(o == 0 for o, _ in run) > 1 \
-        else run
-    assert [off for off, _ in first] == [i * 4096 for i in range(len(first))] and len(first) >= 2
-    assert sum(n for _, n in first) % row == 0
+        seen[kib, queued] = (r.json()["tokens"], sets)
+    tokens_off, sets_off = seen["0", "1"]
+    assert len(tokens_off) == 4
+    for queued in ("1", "0"):
+        tokens_on, sets_on = seen["4", queued]
+        assert tokens_on == tokens_off, queued
+        chunks = [(d, off, n) for d, off, n in sets_on if off > 0]
+        assert chunks, "no SET_TENSOR at an offset: the activation crossed whole"
+        assert all(n <= 4096 and off % 4096 == 0 for _, off, n in chunks)
+        # one tensor's chunks follow each other: offsets 0, 4096, ... ending on whole rows (the prompt's tokens)
+        data = chunks[0][0]
+        run = [(off, n) for d, off, n in sets_on if d == data]
+        first = run[:next(i for i, (off, _) in enumerate(run[1:], 1) if off == 0)] if sum(o == 0 for o, _ in run) > 1 \
+            else run
+        assert [off for off, _ in first] == [i * 4096 for i in range(len(first))] and len(first) >= 2, queued
+        assert sum(n for _, n in first) % row == 0
     assert not [s for s in sets_off if s[1] > 0], "ARCSPLIT_RPC_RELAY_KIB=0 still sent chunks"
 
 

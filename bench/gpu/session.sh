@@ -92,7 +92,8 @@ unpack() {
 }
 
 build() {
-  [ -n "${ARCSPLIT_LLAMA_DIR:-}" ] && return  # a build named in the environment (or by an earlier phase) wins
+  # a build named in the environment (or by an earlier phase) wins; the models are still written (once)
+  [ -n "${ARCSPLIT_LLAMA_DIR:-}" ] && { models; return; }
   [ -d "$WORK/src" ] || tar xzf "$FILES/llama-src.tar.gz" -C "$WORK"
   unpack
   if [ -n "$(ls -d "$ARCSPLIT_CACHE_DIR"/llama.cpp/*/build-cuda-*/bin 2>/dev/null)" ]; then  # built by an earlier phase
