@@ -123,3 +123,16 @@ def _args():
 
     return argparse.Namespace(llama_dir=None, backend="cuda", model="m.gguf", tokens=10, same_card=True,
                               prompt_tokens=0)
+
+
+def test_one_gpu_targets_met_on_fewer_than_three_runs_are_said_not_passed():
+    """Issue 19 asks for 3+ runs: a results file whose medians meet the targets on 2 runs is an info line that says
+    so, the same medians on 3 runs pass, and a miss fails whatever the run count."""
+    base = (ROOT / "bench" / "results" / "gpu" / "throughput_cuda_onecard_moe16x32_mps_asyncrelay.md").read_text(
+        encoding="utf-8")
+    assert "2 independent runs" in base
+    two = run_all.v_one_gpu(base)
+    assert two.status == "info" and "met on 2 runs only" in two.detail and "rpc prefill 0.75" in two.detail
+    assert run_all.v_one_gpu(base.replace("2 independent runs", "3 independent runs")).status == "pass"
+    missed = base.replace("0.73 / **0.75** / 0.76", "0.73 / **0.74** / 0.76")
+    assert run_all.v_one_gpu(missed).status == "FAIL"
