@@ -114,8 +114,9 @@ class Variant:
     -noshm: patches on, the link to the rpc-servers over loopback TCP, not shared memory (ARCSPLIT_RPC_SHM=0, 0008);
     -nopin: patches on, a local card's activation read into ordinary memory, not page-locked blocks, before it goes
     to an rpc-server (ARCSPLIT_RPC_PINNED=0, 0001; hybrid: llama-server's own card);
-    -syncread: patches on, the scheduler waits for llama-server's card before its activation goes to an rpc-server
-    instead of queueing the read and going on (ARCSPLIT_RPC_ASYNC_READ=0, 0001; CUDA and SYCL cards);
+    -syncread: patches on, llama-server waits for an activation's source before it goes to an rpc-server (its own
+    CUDA or SYCL card in hybrid, the first rpc-server in all-RPC's relay) instead of queueing the read and going on
+    (ARCSPLIT_RPC_ASYNC_READ=0, 0001 and 0007);
     -nocram: llama-server's host-memory prompt cache off (--cache-ram 0; native-nocram too): no KV copied out and
     back at slot selection, which on an RPC route crosses the link;
     -ubN: this mode's micro-batch (``native-ub256``, ``hybrid-ub512``) instead of the route's own or --ubatch.
@@ -516,9 +517,9 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "(ARCSPLIT_RPC_RELAY_KIB=0, patch 0007); `-noshm` links llama-server and the rpc-servers over "
              "loopback TCP instead of shared memory (ARCSPLIT_RPC_SHM=0, patch 0008); `-nopin` reads llama-server's "
              "card into ordinary memory instead of page-locked blocks before it goes to an rpc-server "
-             "(ARCSPLIT_RPC_PINNED=0, patch 0001); `-syncread` makes the scheduler wait for llama-server's card "
-             "before its activation goes to an rpc-server instead of queueing the read (ARCSPLIT_RPC_ASYNC_READ=0, "
-             "patch 0001); `-nocram` runs llama-server with "
+             "(ARCSPLIT_RPC_PINNED=0, patch 0001); `-syncread` makes llama-server wait for an activation's source "
+             "(its own card in hybrid, the first rpc-server in all-RPC's relay) before it goes to an rpc-server "
+             "instead of queueing the read (ARCSPLIT_RPC_ASYNC_READ=0, patches 0001 and 0007); `-nocram` runs llama-server with "
              "`--cache-ram 0` (no host-memory prompt cache); `-ubN` runs that mode at "
              "-ub N." + (
                  " On CPU the planner leaves as few layers as it can on llama-server's own CPU card (layers not in "

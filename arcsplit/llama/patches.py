@@ -27,8 +27,9 @@ SPIN_ENV = "ARCSPLIT_RPC_SPIN_US"  # patch 0005
 # patch 0001: 0 in llama-server reads a local card's tensor into ordinary memory, not the card's page-locked host
 # buffers, before it goes to an rpc-server (an A/B switch: bench/rpc_link.py, bench/throughput.py -nopin; on by default)
 PINNED_ENV = "ARCSPLIT_RPC_PINNED"
-# patch 0001: 0 in llama-server makes the scheduler wait for its CUDA or SYCL card before that card's tensor goes to an
-# rpc-server, instead of queueing the read and going on (an A/B switch: bench/throughput.py -syncread; on by default)
+# patches 0001 and 0007: 0 in llama-server waits for an activation's source before it goes to an rpc-server (its own
+# CUDA or SYCL card in hybrid; the first rpc-server's reply in all-RPC's relay) instead of queueing the read and going
+# on (an A/B switch: bench/throughput.py -syncread; on by default)
 ASYNC_READ_ENV = "ARCSPLIT_RPC_ASYNC_READ"
 RELAY_ENV = "ARCSPLIT_RPC_RELAY_KIB"  # patch 0007: chunk (KiB) of an activation relayed between rpc-servers; 0: off
 SHM_ENV = "ARCSPLIT_RPC_SHM"  # patch 0008: 1 in llama-server and an rpc-server on one host: shared-memory link
@@ -183,14 +184,15 @@ def pinned_reads_on(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def async_reads_on(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether llama-server queues the read of its card's tensor for an rpc-server and goes on, instead of waiting
-    for the card (patch 0001): on unless the user's ARCSPLIT_RPC_ASYNC_READ says 0. llama-server reads it itself."""
-    return _on_unless_0(environ, ASYNC_READ_ENV, "wait for the card before its tensor goes to an rpc-server")
+    """Whether llama-server queues the read of an activation bound for an rpc-server and goes on, instead of waiting
+    for its source (patches 0001 and 0007): on unless the user's ARCSPLIT_RPC_ASYNC_READ says 0. llama-server reads
+    it itself."""
+    return _on_unless_0(environ, ASYNC_READ_ENV, "wait for an activation's source before it goes to an rpc-server")
 
 
 def rpc_async_reads(on: bool) -> contextlib.AbstractContextManager[None]:
-    """Groups started inside queue a local card's read for an rpc-server (on) or wait for the card first (off;
-    patch 0001, every process inherits ASYNC_READ_ENV): for A/B runs."""
+    """Groups started inside queue the read of an activation bound for an rpc-server (on) or wait for its source
+    first (off; patches 0001 and 0007, every process inherits ASYNC_READ_ENV): for A/B runs."""
     return _environ_set(ASYNC_READ_ENV, "1" if on else "0")
 
 
