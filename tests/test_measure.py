@@ -240,3 +240,15 @@ def test_measuring_makes_room_the_formulas_do_not_see(llama_bins, tmp_path: Path
     measured, runs = measure_plan(prepared.profile, prepared.rig, grow, "rpc")
     assert runs >= 2 and memory.ctx_class(measured.n_ctx) > memory.ctx_class(formula.n_ctx)
     assert measured.n_ctx > formula.n_ctx and measured.ctx_limit.startswith("RPC")
+
+
+@pytest.mark.slow
+def test_a_refused_argument_is_named_not_the_usage_line_after_it(llama_bins, demo_model: Path):
+    """llama-fit-params ends an argument error with its usage text; the error arcsplit raises names the argument and
+    why (the first "error" line), not "to show complete usage, run with -h"."""
+    from arcsplit.errors import LlamaError
+
+    with pytest.raises(LlamaError) as err:
+        fitparams.fit_print(llama_bins, demo_model, fitparams.RpcServers(llama_bins, 0), ["--device", "NOPE"])
+    assert 'error while handling argument "--device": invalid device: NOPE' in str(err.value)
+    assert "show complete usage" not in str(err.value)

@@ -110,8 +110,10 @@ def fit_print(binaries: LlamaBinaries, model: str | Path, rpc: RpcServers, args:
     secs = time.perf_counter() - t0
     rows = parse_fit_print(out.stdout)
     if out.returncode != 0 or not rows:
-        tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise LlamaError(f"llama-fit-params failed: {tail[0]}", "check the model and arguments")
+        # its argument errors end with a usage text whose last line says nothing: name the "error" line instead
+        lines = (out.stderr or out.stdout).strip().splitlines()
+        why = next((ln.strip() for ln in lines if "error" in ln.lower()), lines[-1] if lines else "no output")
+        raise LlamaError(f"llama-fit-params failed: {why}", "check the model and arguments")
     return rows, secs
 
 
