@@ -160,6 +160,19 @@ def rpc_relay_chunks(kib: int) -> contextlib.AbstractContextManager[None]:
     return _environ_set(RELAY_ENV, str(max(0, kib)))
 
 
+def rpc_relay_kib(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The user's ARCSPLIT_RPC_RELAY_KIB (patch 0007), None when unset or empty (the patch's default). llama-server
+    reads it itself, and takes a word it cannot parse as 0 (whole tensors, silently): checked before any process
+    starts."""
+    relay = environ.get(RELAY_ENV)
+    if not relay:
+        return None
+    if not relay.strip().isdigit():
+        raise BadInput(f"{RELAY_ENV}={relay!r} is not a number of KiB",
+                       f"set {RELAY_ENV} to a whole number of KiB (1024 is the default; 0 relays whole tensors)")
+    return int(relay)
+
+
 def _on_unless_0(environ: Mapping[str, str], name: str, off: str) -> bool:
     """A patch's on/off switch as the user set it: on when unset or empty, else 0 or 1. Refused when it is
     neither: the patched processes would read a word they cannot parse as their own yes or no."""
@@ -188,6 +201,15 @@ def async_reads_on(environ: Mapping[str, str] = os.environ) -> bool:
     for its source (patches 0001 and 0007): on unless the user's ARCSPLIT_RPC_ASYNC_READ says 0. llama-server reads
     it itself."""
     return _on_unless_0(environ, ASYNC_READ_ENV, "wait for an activation's source before it goes to an rpc-server")
+
+
+def check_switches(environ: Mapping[str, str] = os.environ) -> None:
+    """Every patch switch llama.cpp's processes read themselves, checked before one starts: a value they cannot
+    parse is refused here (BadInput), not taken silently as on or off. A new switch is added here only."""
+    rpc_relay_kib(environ)
+    shm_link_on(environ)
+    pinned_reads_on(environ)
+    async_reads_on(environ)
 
 
 def rpc_async_reads(on: bool) -> contextlib.AbstractContextManager[None]:

@@ -24,8 +24,8 @@ from ..llama.fitparams import measure_compute
 from ..llama.devices import discover_rig, host_budget, parse_gpus
 from ..llama.locate import LlamaBinaries, find_llama
 from ..llama.mode import ModeDecision, choose_mode
-from ..llama.patches import RELAY_ENV, SPIN_ENV
-from ..llama.patches import async_reads_on, pinned_reads_on
+from ..llama.patches import SPIN_ENV
+from ..llama.patches import check_switches, rpc_relay_kib  # noqa: F401  (rpc_relay_kib: callers import it here)
 from ..llama.patches import shm_link_on as rpc_shm  # the user's ARCSPLIT_RPC_SHM, read where serve prepares
 from ..llama.webui import serve_dir
 from ..model import load_profile
@@ -141,19 +141,6 @@ def _runtime(req: ServeRequest, rig: Rig, binaries: Any, probe: bool | None = No
 def rpc_spin_us(route: Route, cores: int, environ: Any = os.environ) -> int:
     """The polling budget for this group's RPC link: the user's ARCSPLIT_RPC_SPIN_US, else the route's default."""
     return route.link_polling_us(cores, environ.get(SPIN_ENV))
-
-
-def rpc_relay_kib(environ: Any = os.environ) -> int | None:
-    """The user's ARCSPLIT_RPC_RELAY_KIB (patch 0007), None when unset or empty (the patch's default). llama-server
-    reads it itself, and takes a word it cannot parse as 0 (whole tensors, silently): checked here before any
-    process starts."""
-    relay = environ.get(RELAY_ENV)
-    if not relay:
-        return None
-    if not relay.strip().isdigit():
-        raise BadInput(f"{RELAY_ENV}={relay!r} is not a number of KiB",
-                       f"set {RELAY_ENV} to a whole number of KiB (1024 is the default; 0 relays whole tensors)")
-    return int(relay)
 
 
 def plan_for_mode(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: bool = True) -> Plan:
@@ -334,9 +321,7 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
               serving: bool = False) -> Prepared:
     """The plan and the config of the chosen mode; the specs are built once so a missing flag fails here.
     ``serving``: a group starts next, so the rpc-servers' weight cache is pruned and the model indexed now."""
-    rpc_relay_kib()  # a bad value is refused before anything is pruned or started; llama-server reads it itself
-    pinned_reads_on()  # likewise
-    async_reads_on()
+    check_switches()  # a bad value is refused before anything is pruned or started; llama.cpp reads them itself
     shm = rpc_shm()
     notes: list[str] = []
     if req.measure:
