@@ -37,8 +37,10 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import gzip
 import os
 import shlex
+import shutil
 import statistics
 import sys
 import tempfile
@@ -67,6 +69,7 @@ class Rec:
     name: str
     nbytes: int = 0
     graph: int = 0
+    tid: int = 0  # runtime calls: the calling thread
 
 
 def read_trace(path: Path) -> list[Rec]:
@@ -81,7 +84,7 @@ def read_trace(path: Path) -> list[Rec]:
             elif f[0] == "S":
                 out.append(Rec("S", int(f[1]), int(f[2]), "memset", nbytes=int(f[4])))
             elif f[0] == "R":
-                out.append(Rec("R", int(f[1]), int(f[2]), f[4]))
+                out.append(Rec("R", int(f[1]), int(f[2]), f[4], tid=int(f[3])))
         except (IndexError, ValueError):
             continue  # a line cut by a kill
     return out
@@ -129,6 +132,20 @@ class Breakdown:
     runtime: dict[str, list[tuple[str, float, float]]] = field(default_factory=dict)  # top calls: us/token, n/token
     argv: dict[str, list[str]] = field(default_factory=dict)
     gaps: list[GapKind] = field(default_factory=list)  # the idle gaps by what ends and starts them, largest first
+    turnaround: Turnaround | None = None  # llama-server's main thread between two tokens (modes where it launches)
+
+
+@dataclass(frozen=True)
+class Turnaround:
+    """llama-server's main thread from a token's result on the host to the next token's graph on the GPU, medians
+    over the request's tokens (us). The result is on the host when the last device-to-host copy before the next
+    launch ends, whichever process made it (llama-server's own card in native, the last rpc-server otherwise); the
+    main thread is the one that launches llama-server's CUDA graphs."""
+    tokens: int
+    to_first_call: float  # result on the host -> the main thread's first CUDA call (the link back, sampling)
+    to_launch: float  # that call -> the next graph launch begins (the next token's inputs, the scheduler's syncs)
+    launch: float  # the cudaGraphLaunch call itself
+    to_gpu: float  # its start -> the next token's first GPU work of any process
 
 
 COPY_KINDS = {1: "H2D", 2: "D2H", 8: "D2D", 10: "P2P"}  # CUpti_ActivityMemcpyKind
@@ -256,7 +273,38 @@ def analyse(mode: str, tokens: int, tps: float, traces: dict[str, list[Rec]]) ->
                if r.kind in "KMS" and r.end > lo and r.start < hi]
     calls = {name: [r for r in recs if r.kind == "R" and r.end > lo and r.start < hi] for name, recs in traces.items()}
     b.gaps = gap_kinds(records, calls, tokens)
+    if "server" in traces:
+        b.turnaround = turnaround(traces["server"], [r for recs in traces.values() for r in recs], lo, hi)
     return b
+
+
+def turnaround(server: list[Rec], everyone: list[Rec], lo: int, hi: int) -> Turnaround | None:
+    """Per token of the burst [lo, hi]: where llama-server's main thread spends the time between a token's result
+    reaching the host and the next token's graph starting on the GPU (Turnaround). None where llama-server
+    launches no CUDA graph (all-RPC: it holds no card) or the burst has fewer than two tokens."""
+    launches = sorted((r for r in server if r.kind == "R" and r.name.startswith("cudaGraphLaunch")
+                       and lo <= r.start <= hi), key=lambda r: r.start)
+    if len(launches) < 2:
+        return None
+    main = collections.Counter(r.tid for r in launches).most_common(1)[0][0]
+    calls = sorted((r for r in server if r.kind == "R" and r.tid == main and lo <= r.start <= hi),
+                   key=lambda r: r.start)
+    d2h = sorted(r.end for r in everyone if r.kind == "M" and what(r) == "copy D2H" and lo <= r.end <= hi)
+    gpu = sorted(r.start for r in everyone if r.kind in "KMS" and lo <= r.start <= hi)
+    rows = []
+    for prev, launch in zip(launches, launches[1:]):
+        ends = [e for e in d2h if prev.start < e < launch.start]
+        if not ends:
+            continue
+        t0 = ends[-1]
+        first = next((c.start for c in calls if t0 < c.start <= launch.start), launch.start)
+        work = next((g for g in gpu if g >= launch.start), None)
+        rows.append((first - t0, launch.start - first, launch.end - launch.start,
+                     (work - launch.start) if work is not None else 0))
+    if not rows:
+        return None
+    med = [statistics.median(col) / 1e3 for col in zip(*rows)]
+    return Turnaround(len(rows), *med)
 
 
 def run_mode(a: argparse.Namespace, mode: str, tdir: Path) -> Breakdown:
@@ -293,6 +341,10 @@ def run_mode(a: argparse.Namespace, mode: str, tdir: Path) -> Breakdown:
         f = tdir / f"{pid}.tsv"
         if pid and f.exists():
             traces[name] = read_trace(f)
+            if a.keep_raw:  # the tracer's own lines, for a look this report does not take
+                Path(a.keep_raw).mkdir(parents=True, exist_ok=True)
+                with f.open("rb") as src, gzip.open(Path(a.keep_raw) / f"{mode}_{name}.tsv.gz", "wb") as dst:
+                    shutil.copyfileobj(src, dst)
     br = analyse(mode, 1 if a.prompt_tokens else a.tokens, tps, traces)
     br.argv = argv
     return br
@@ -347,6 +399,18 @@ def report(a: argparse.Namespace, rows: list[Breakdown], cmdline: str) -> str:
             free = ", ".join(f"{p} {us:.0f}" for p, us in g.outside_us.items())
             lines.append(f"- {r.mode}: {g.label}: {g.per_token:.1f} per token, median {g.median_us:.0f} us, "
                          f"{g.total_us:.0f} us per token. Calls: {steps or 'none'}. In no CUDA call: {free}")
+    if any(r.turnaround for r in rows):
+        lines += ["", "llama-server's main thread between two tokens (medians over the request's tokens, us): from "
+                  "the token's result on the host (the end of the last device-to-host copy before the next launch, "
+                  "whichever process made it) to the main thread's first CUDA call (the link back, sampling), from "
+                  "there to the next graph launch (the next token's inputs, the scheduler's syncs), the launch call, "
+                  "and from its start to the next token's first GPU work:", "",
+                  "| mode | tokens | result -> first CUDA call | -> launch | launch call | launch -> GPU | in all |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            if (t := r.turnaround) is not None:
+                lines.append(f"| {r.mode} | {t.tokens} | {t.to_first_call:.0f} | {t.to_launch:.0f} | {t.launch:.0f} "
+                             f"| {t.to_gpu:.0f} | {t.to_first_call + t.to_launch + t.to_gpu:.0f} |")
     if native and native.wall_us:
         lines += ["", "Against native (us per token):", ""]
         for r in rows:
@@ -374,9 +438,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace-lib", required=True, help="libcupti_trace.so built from bench/gpu/cupti_trace.c")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=0)
+    ap.add_argument("--keep-raw", default="", help="a folder for each process's tracer lines (gzip)")
     ours, rest = ap.parse_known_args(raw)
     a = parse(rest)
-    a.trace_lib, a.tokens, a.prompt_tokens = ours.trace_lib, ours.tokens, ours.prompt_tokens
+    a.trace_lib, a.tokens, a.prompt_tokens, a.keep_raw = ours.trace_lib, ours.tokens, ours.prompt_tokens, ours.keep_raw
     if a.prompt_tokens < 0:
         raise SystemExit(f"--prompt-tokens {a.prompt_tokens}: give a prompt length in tokens (512, say)")
     if not Path(a.trace_lib).is_file():

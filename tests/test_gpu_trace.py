@@ -136,3 +136,41 @@ def test_one_gpu_targets_met_on_fewer_than_three_runs_are_said_not_passed():
     assert run_all.v_one_gpu(base.replace("2 independent runs", "3 independent runs")).status == "pass"
     missed = base.replace("0.73 / **0.75** / 0.76", "0.73 / **0.74** / 0.76")
     assert run_all.v_one_gpu(missed).status == "FAIL"
+
+
+def _turn_tokens(n: int, back_us: int) -> tuple[list[gpu_trace.Rec], list[gpu_trace.Rec]]:
+    """n hybrid tokens, 1000 us apart: llama-server's main thread (tid 1) launches its graph, its dispatcher (tid 2)
+    waits for the card; rpc0 computes and copies the result out (ends at +600); llama-server's main thread makes
+    its first CUDA call ``back_us`` later, an input copy 20 us after that, and launches the next graph at +800."""
+    server, rpc = [], []
+    t = 1000 * MS
+    for _ in range(n):
+        server.append(gpu_trace.Rec("R", t - 50_000, t - 5_000, "cudaGraphLaunch_v10000", tid=1))
+        server.append(gpu_trace.Rec("K", t, t + 300_000, "(cuda graph)", graph=1))
+        server.append(gpu_trace.Rec("R", t + 10_000, t + 300_000, "cudaEventSynchronize_v3020", tid=2))
+        server.append(gpu_trace.Rec("R", t + 605_000, t + 606_000, "cudaEventDestroy_v3020", tid=2))
+        rpc.append(gpu_trace.Rec("K", t + 320_000, t + 580_000, "(cuda graph)", graph=2))
+        rpc.append(gpu_trace.Rec("M", t + 580_000, t + 600_000, "memcpy kind 2", nbytes=131072))
+        server.append(gpu_trace.Rec("R", t + 600_000 + back_us * 1000, t + 610_000 + back_us * 1000,
+                                    "cudaStreamSynchronize_v3020", tid=1))
+        server.append(gpu_trace.Rec("R", t + 620_000 + back_us * 1000, t + 625_000 + back_us * 1000,
+                                    "cudaMemcpyAsync_v3020", tid=1))
+        t += 1000 * 1000
+    return server, rpc
+
+
+def test_llama_servers_turnaround_splits_the_link_back_from_the_next_tokens_setup(monkeypatch):
+    """The crossing back as llama-server's main thread lives it: result on the host -> its first CUDA call (the
+    dispatcher thread's calls do not count), -> the next launch, the launch call, -> the GPU's next work."""
+    server, rpc = _turn_tokens(10, back_us=150)
+    b = gpu_trace.analyse("hybrid", 10, 100.0, {"server": server, "rpc0": rpc})
+    t = b.turnaround
+    # 8 of 10: the first launch begins before the burst (its GPU work), the last token has no next launch
+    assert t is not None and t.tokens == 8
+    assert (t.to_first_call, t.to_launch, t.launch, t.to_gpu) == (150, 1000 - 50 - 600 - 150, 45, 50)
+    monkeypatch.setattr(gpu_trace, "build_line", lambda *a: "build")
+    monkeypatch.setattr(gpu_trace, "machine", lambda *a: "machine")
+    text = gpu_trace.report(_args(), [b], "cmd")
+    assert "| hybrid | 8 | 150 | 200 | 45 | 50 | 400 |" in text
+    # all-RPC: llama-server launches nothing on a card, so there is no turnaround to read
+    assert gpu_trace.analyse("rpc", 10, 100.0, {"server": [], "rpc0": rpc}).turnaround is None

@@ -24,6 +24,7 @@
 #   MODEL=moe bash bench/gpu/session.sh trace  # ONE GPU: a CUPTI timeline per route (bench/gpu_trace.py;
 #        phases trace / trace-dense in PHASES): where a decoded token's time goes, per process
 #   phases trace-light / trace-dense-light: the same with ARCSPLIT_CUPTI_LIGHT=1 (one record per CUDA graph);
+#        KEEP_RAW=1: every traced process's tracer lines too, gzipped, under $OUT/raw_<model><TAG>/
 #   phases moe-mps / dense-mps: onecard under NVIDIA MPS (one shared GPU context: the time-slicing's share);
 #        DENSE_RUNS: the dense phases' run count where it differs from RUNS; MOE_MODES / DENSE_MODES: a phase's
 #        modes where they differ from MPS_MODES
@@ -155,7 +156,7 @@ trace() {
     || { echo "tracer build failed"; return; }
   python3 bench/gpu_trace.py --trace-lib "$lib" --backend cuda --gpus 0 --same-card --model "$MODEL" \
     --modes "${TMODES:-native,hybrid,rpc}" --tokens "${TOKENS:-64}" ${PROMPT_TOKENS:+--prompt-tokens $PROMPT_TOKENS} \
-    --ctx 8192 --rpc-cache \
+    --ctx 8192 --rpc-cache ${KEEP_RAW:+--keep-raw "$OUT/raw_$name${TAG:-}"} \
     --out "$OUT/trace_cuda_onecard_$name${TAG:-}${PROMPT_TOKENS:+_prefill}${ARCSPLIT_CUPTI_LIGHT:+_light}.md"
 }
 
@@ -252,6 +253,7 @@ case "${1:-all}" in
         trace-dense-light) MODEL=$DENSE TMODES=${TMODES_DENSE:-native,hybrid} ARCSPLIT_CUPTI_LIGHT=1 trace ;;
         moe-mps) MODEL=$MOE MPS_MODES=${MOE_MODES:-${MPS_MODES:-}} mps ;;
         trace-light-mps) MODEL=$MOE ARCSPLIT_CUPTI_LIGHT=1 mps trace ;;
+        trace-dense-light-mps) MODEL=$DENSE ARCSPLIT_CUPTI_LIGHT=1 mps trace ;;
         dense-mps) MODEL=$DENSE REPS=${DENSE_REPS:-3} RUNS=${DENSE_RUNS:-${RUNS:-3}} MPS_MODES=${DENSE_MODES:-${MPS_MODES:-}} mps ;;
         poll-mps) MODEL=$MOE mps poll ;;
         trace-prefill-mps) MODEL=$DENSE PROMPT_TOKENS=512 MPS_MODES=${TRACE_MODES:-native,hybrid,rpc} mps trace ;;
