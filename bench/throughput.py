@@ -115,8 +115,9 @@ class Variant:
     -nopin: patches on, a local card's activation read into ordinary memory, not page-locked blocks, before it goes
     to an rpc-server (ARCSPLIT_RPC_PINNED=0, 0001; hybrid: llama-server's own card);
     -syncread: patches on, llama-server waits for an activation's source before it goes to an rpc-server (its own
-    CUDA or SYCL card in hybrid, the first rpc-server in all-RPC's relay) instead of queueing the read and going on
-    (ARCSPLIT_RPC_ASYNC_READ=0, 0001 and 0007);
+    CUDA or SYCL card in hybrid, the first rpc-server in all-RPC's relay) instead of queueing the read and going on,
+    and an rpc-server waits for a repeated graph before it reads the next command (ARCSPLIT_RPC_ASYNC_READ=0, 0001,
+    0003 and 0007);
     -nocram: llama-server's host-memory prompt cache off (--cache-ram 0; native-nocram too): no KV copied out and
     back at slot selection, which on an RPC route crosses the link;
     -ubN: this mode's micro-batch (``native-ub256``, ``hybrid-ub512``) instead of the route's own or --ubatch.
@@ -519,7 +520,8 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "card into ordinary memory instead of page-locked blocks before it goes to an rpc-server "
              "(ARCSPLIT_RPC_PINNED=0, patch 0001); `-syncread` makes llama-server wait for an activation's source "
              "(its own card in hybrid, the first rpc-server in all-RPC's relay) before it goes to an rpc-server "
-             "instead of queueing the read (ARCSPLIT_RPC_ASYNC_READ=0, patches 0001 and 0007); `-nocram` runs llama-server with "
+             "instead of queueing the read, and each rpc-server wait for a repeated graph before its next command "
+             "(ARCSPLIT_RPC_ASYNC_READ=0, patches 0001, 0003 and 0007); `-nocram` runs llama-server with "
              "`--cache-ram 0` (no host-memory prompt cache); `-ubN` runs that mode at "
              "-ub N." + (
                  " On CPU the planner leaves as few layers as it can on llama-server's own CPU card (layers not in "

@@ -197,9 +197,9 @@ def pinned_reads_on(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def async_reads_on(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether llama-server queues the read of an activation bound for an rpc-server and goes on, instead of waiting
-    for its source (patches 0001 and 0007): on unless the user's ARCSPLIT_RPC_ASYNC_READ says 0. llama-server reads
-    it itself."""
+    """Whether reads are queued instead of waited for: llama-server's read of an activation bound for an rpc-server
+    (patches 0001 and 0007), and an rpc-server's read of a repeated graph's result, queued behind the graph (0003):
+    on unless the user's ARCSPLIT_RPC_ASYNC_READ says 0. llama-server and the rpc-servers read it themselves."""
     return _on_unless_0(environ, ASYNC_READ_ENV, "wait for an activation's source before it goes to an rpc-server")
 
 
@@ -213,8 +213,9 @@ def check_switches(environ: Mapping[str, str] = os.environ) -> None:
 
 
 def rpc_async_reads(on: bool) -> contextlib.AbstractContextManager[None]:
-    """Groups started inside queue the read of an activation bound for an rpc-server (on) or wait for its source
-    first (off; patches 0001 and 0007, every process inherits ASYNC_READ_ENV): for A/B runs."""
+    """Groups started inside queue the read of an activation bound for an rpc-server and an rpc-server's read of
+    its graph's result (on) or wait for their source first (off; patches 0001, 0003 and 0007, every process inherits
+    ASYNC_READ_ENV): for A/B runs."""
     return _environ_set(ASYNC_READ_ENV, "1" if on else "0")
 
 
