@@ -14,11 +14,13 @@
 #   bash bench/gpu/session.sh detach    # the pipeline in the background, results under $WORK/res; then collect
 #   bash bench/gpu/session.sh collect   # waits WAIT_S (540) for it; pipeline.log, res.tgz (and a pack's parts) to
 #        $OUT. Exits 3 at once on a fresh machine (no pipeline there), instead of waiting out the call. E.g.:
-#          call 1: W=/root/w; mkdir -p $W; cp -r .device/whl .device/llama-src.tar.gz .device/cudabin $W/
+#          call 1: W=/root/w; mkdir -p $W; cp -r .device/whl .device/llama-src.tar.gz .device/cudabin .device/librpc $W/
 #                  rm -rf $W/tree; mkdir $W/tree; cp -r $(ls -A | grep -v '^\.device$') $W/tree/
 #                  cd $W/tree && WORK=$W FILES=$W PHASES="pack link moe-mps" bash bench/gpu/session.sh detach
 #          call 2 (at once, while the machine is warm: it goes back after 30 s idle):
 #                  WORK=/root/w bash bench/gpu/session.sh collect
+#   SWAP_RPC=KEY (any phase): run the packed build KEY with .device/librpc/libggml-rpc.so.* (a CPU build of this
+#        tree's patch set) swapped in, when the set differs from KEY's only in ggml-rpc.cpp (see swap_rpc below)
 #   phase pack: the CUDA build as xz parts (15 MiB) under $OUT; kept as .device/cudabin/ and carried, a fresh
 #        machine unpacks a build whose key (flags, patch set) is this tree's instead of compiling it (~350 s)
 #   MODEL=moe bash bench/gpu/session.sh trace  # ONE GPU: a CUPTI timeline per route (bench/gpu_trace.py;
@@ -92,8 +94,27 @@ unpack() {
   cat $parts | xz -d | tar xf - -C "$(dirname "$dir")" && echo "build $(basename "$dir"): unpacked from cudabin/"
 }
 
+swap_rpc() {
+  # SWAP_RPC=KEY: the packed CUDA build KEY (cudabin/build-cuda-KEY.tar.xz.*) with its libggml-rpc.so replaced by
+  # $FILES/librpc/'s, built on CPU from this tree: a patch set that differs from KEY's only in ggml-rpc.cpp (that
+  # library's one source) then runs without a ~350 s compile. unpack would not find KEY: it looks for this tree's.
+  local dir=$WORK/swap-$SWAP_RPC parts
+  if [ ! -d "$dir/bin" ]; then
+    parts=$(ls "$FILES/cudabin/build-cuda-$SWAP_RPC.tar.xz."* 2>/dev/null) \
+      || { echo "SWAP_RPC=$SWAP_RPC: no build-cuda-$SWAP_RPC.tar.xz.* in cudabin/"; return 1; }
+    ls "$FILES"/librpc/libggml-rpc.so.* >/dev/null 2>&1 || { echo "SWAP_RPC: no librpc/libggml-rpc.so.*"; return 1; }
+    rm -rf "$dir.tmp"; mkdir -p "$dir.tmp"
+    # shellcheck disable=SC2086
+    cat $parts | xz -d | tar xf - -C "$dir.tmp" && mv "$dir.tmp/build-cuda-$SWAP_RPC" "$dir" && rm -rf "$dir.tmp" \
+      && cp "$FILES"/librpc/libggml-rpc.so.* "$dir/bin/" || return 1
+    echo "build $SWAP_RPC unpacked, librpc/'s libggml-rpc.so swapped in"
+  fi
+  export ARCSPLIT_LLAMA_DIR=$dir/bin
+}
+
 build() {
   # a build named in the environment (or by an earlier phase) wins; the models are still written (once)
+  [ -n "${SWAP_RPC:-}" ] && [ -z "${ARCSPLIT_LLAMA_DIR:-}" ] && { swap_rpc || return 1; }
   [ -n "${ARCSPLIT_LLAMA_DIR:-}" ] && { models; return; }
   [ -d "$WORK/src" ] || tar xzf "$FILES/llama-src.tar.gz" -C "$WORK"
   unpack
