@@ -16,7 +16,11 @@ burst of GPU work (the last one, after an idle second) and divides it per decode
   a socket, a process waking up, a launch;
 - handoffs: idle gaps where the GPU's next work belongs to another process than its last (llama-server ->
   rpc0 and back): the cost of crossing the link, per crossing;
-- the runtime calls each process spends most host time in (a cudaStreamSynchronize is a wait for the GPU).
+- the runtime calls each process spends most host time in (a cudaStreamSynchronize is a wait for the GPU);
+- llama-server's turnaround between two tokens, on its main thread (told apart by the runtime calls' thread ids):
+  the token's result on the host -> its first CUDA call -> the next graph launch -> the GPU's next work.
+
+--keep-raw DIR keeps each process's tracer lines (gzip) for a look the report does not take.
 
 Tracing every kernel costs each process time per launch (on the H200 the traced native decode ran at 508 t/s
 against 673 untraced), so the absolute figures are inflated and the split between routes is what to read.
