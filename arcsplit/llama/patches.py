@@ -200,7 +200,8 @@ def async_reads_on(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether reads are queued instead of waited for: llama-server's read of an activation bound for an rpc-server
     (patches 0001 and 0007), and an rpc-server's read of a repeated graph's result, queued behind the graph (0003):
     on unless the user's ARCSPLIT_RPC_ASYNC_READ says 0. llama-server and the rpc-servers read it themselves."""
-    return _on_unless_0(environ, ASYNC_READ_ENV, "wait for an activation's source before it goes to an rpc-server")
+    return _on_unless_0(environ, ASYNC_READ_ENV,
+                        "wait for every read's source (an activation bound for an rpc-server, an rpc-server's graph)")
 
 
 def check_switches(environ: Mapping[str, str] = os.environ) -> None:
