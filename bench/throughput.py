@@ -120,12 +120,14 @@ class Variant:
     0003 and 0007);
     -nocram: llama-server's host-memory prompt cache off (--cache-ram 0; native-nocram too): no KV copied out and
     back at slot selection, which on an RPC route crosses the link;
+    -alt: the same mode on the build --alt-llama-dir names (native-alt too): two builds in the same runs, e.g. one
+    with a changed libggml-rpc.so, for a change that has no switch of its own;
     -ubN: this mode's micro-batch (``native-ub256``, ``hybrid-ub512``) instead of the route's own or --ubatch.
     """
 
     route: str  # native | hybrid | rpc
     output: str = "auto"  # --output-layer
-    off: str = ""  # "", a key of _OFF_ENV ("stock", "nospin", ...) or "nocram"
+    off: str = ""  # "", a key of _OFF_ENV ("stock", "nospin", ...), "nocram" or "alt"
     ubatch: int | None = None  # -ubN
 
 
@@ -134,13 +136,13 @@ def parse_mode(mode: str) -> Variant:
     ub = int(tags.pop()[2:]) if tags and re.fullmatch(r"ub[1-9][0-9]*", tags[-1]) else None
     rpc_tags = route in ("hybrid", "rpc")
     # native takes its own flag only
-    offs = (*_OFF_ENV, "nocram") if rpc_tags else ("nocram",)
+    offs = (*_OFF_ENV, "nocram", "alt") if rpc_tags else ("nocram", "alt")
     output = tags.pop(0) if rpc_tags and tags and tags[0] in ("last", "local") else "auto"
     off = tags.pop(0) if tags and tags[0] in offs else ""
     if route not in ("native", "hybrid", "rpc") or tags:
         raise SystemExit(f"unknown mode {mode!r}: use native, or hybrid/rpc with -last or -local (where the "
-                         "output layer goes) and then " + ", ".join(f"-{o}" for o in _OFF_ENV) + " or -nocram "
-                         "(native-nocram too); any of them may end in -ubN")
+                         "output layer goes) and then " + ", ".join(f"-{o}" for o in _OFF_ENV) + ", -nocram or "
+                         "-alt (native-nocram, native-alt too); any of them may end in -ubN")
     return Variant(route, output, off, ub)
 
 
@@ -299,7 +301,8 @@ def serve_kwargs(a: argparse.Namespace, mode: str, extra: tuple[str, ...],
     ub = next((u for u in (ubatch, variant.ubatch, a.ubatch) if u is not None), None)  # the call's, the mode's, all's
     kw: dict[str, Any] = dict(backend=a.backend, mode=amode, ctx=a.ctx, parallel=STREAMS, port=free_port(),
                               threads=a.threads, ubatch=ub,
-                              cpu_memory_mib=a.cpu_memory_mib, llama_dir=a.llama_dir, extra_args=tuple(args), bus=False,
+                              cpu_memory_mib=a.cpu_memory_mib, extra_args=tuple(args), bus=False,
+                              llama_dir=getattr(a, "alt_llama_dir", None) if variant.off == "alt" else a.llama_dir,
                               output_layer=variant.output, rpc_cache=a.rpc_cache)
     return gpus, kw
 
@@ -499,7 +502,8 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
                if a.threads else "llama.cpp's and arcsplit's defaults")
     ub = f"{a.ubatch} in every mode (--ubatch)" if a.ubatch else "chosen per route by arcsplit (column -ub)"
     lines = [f"# Throughput per mode ({a.backend})", "",
-             f"- Build: {build}",
+             f"- Build: {build}" + (f"; modes ending -alt: {build_line(a.alt_llama_dir, a.backend)}"
+                                    if getattr(a, "alt_llama_dir", None) else ""),
              f"- Machine: {mach}",
              f"- Model: `{a.model}` ({Path(a.model).stat().st_size / 2**20:.0f} MiB)",
              f"- Command: `{cmdline}`",
@@ -521,7 +525,8 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "(ARCSPLIT_RPC_PINNED=0, patch 0001); `-syncread` makes llama-server wait for an activation's source "
              "(its own card in hybrid, the first rpc-server in all-RPC's relay) before it goes to an rpc-server "
              "instead of queueing the read, and each rpc-server wait for a repeated graph before its next command "
-             "(ARCSPLIT_RPC_ASYNC_READ=0, patches 0001, 0003 and 0007); `-nocram` runs llama-server with "
+             "(ARCSPLIT_RPC_ASYNC_READ=0, patches 0001, 0003 and 0007); `-alt` runs that mode on the build "
+             "`--alt-llama-dir` names (the Build line gives both); `-nocram` runs llama-server with "
              "`--cache-ram 0` (no host-memory prompt cache); `-ubN` runs that mode at "
              "-ub N." + (
                  " On CPU the planner leaves as few layers as it can on llama-server's own CPU card (layers not in "
@@ -606,6 +611,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                     help="-ub for every mode, planned for (default: arcsplit's choice per route)")
     ap.add_argument("--cpu-memory-mib", type=int, default=None)
     ap.add_argument("--llama-dir", default=None)
+    ap.add_argument("--alt-llama-dir", default=None, help="the build the modes ending -alt run on")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--out", default=None, help="default bench/results/throughput_<backend>.md")
     a = ap.parse_args(argv)
@@ -625,6 +631,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     a.mode_list = [m.strip() for m in a.modes.split(",") if m.strip()]
     for m in a.mode_list:
         serve_mode(m, a.backend, a.same_card)
+    if any(parse_mode(m).off == "alt" for m in a.mode_list) and not a.alt_llama_dir:
+        ap.error("a mode ending -alt runs on a second build: name it with --alt-llama-dir DIR")
     a.equality_args = ("--no-repack",) if a.backend == "cpu" else ()
     if a.threads is None and a.backend == "cpu":
         # Oversubscribed ggml thread pools spin against each other (and against anything else on the box):

@@ -163,3 +163,20 @@ def test_a_merge_pairs_each_mode_with_its_variant_within_each_run(tmp_path):
 def test_twins_are_a_mode_and_its_variant_both_in_the_list():
     assert throughput.twins(["native", "native-ub256", "hybrid", "hybrid-noshm", "rpc-nocram"]) == [
         ("native", "native-ub256"), ("hybrid", "hybrid-noshm")]
+
+
+def test_a_mode_may_run_on_a_second_build_beside_the_first():
+    """-alt: the same mode on --alt-llama-dir's build, in the same runs (a library swapped in, say), paired with
+    the mode on the main build; without --alt-llama-dir it is a one-line usage error, before anything runs."""
+    a = throughput.parse(["--backend", "cuda", "--gpus", "0", "--same-card", "--llama-dir", "/new",
+                          "--alt-llama-dir", "/old", "--modes", "native,hybrid,hybrid-alt"])
+    assert throughput.parse_mode("hybrid-alt") == throughput.Variant("hybrid", "auto", "alt")
+    assert throughput.serve_kwargs(a, "hybrid-alt", ())[1]["llama_dir"] == "/old"
+    assert throughput.serve_kwargs(a, "hybrid", ())[1]["llama_dir"] == "/new"
+    assert throughput.serve_kwargs(a, "native-alt", ())[1]["llama_dir"] == "/old"
+    assert throughput.twins(a.mode_list) == [("hybrid", "hybrid-alt")]
+    before = dict(os.environ)
+    with throughput.mode_env("hybrid-alt"):  # a build, not a switch: the environment is left as it is
+        assert dict(os.environ) == before
+    with pytest.raises(SystemExit):
+        throughput.parse(["--backend", "cuda", "--gpus", "0", "--same-card", "--modes", "native,hybrid-alt"])

@@ -20,7 +20,8 @@
 #          call 2 (at once, while the machine is warm: it goes back after 30 s idle):
 #                  WORK=/root/w bash bench/gpu/session.sh collect
 #   SWAP_RPC=KEY (any phase): run the packed build KEY with .device/librpc/libggml-rpc.so.* (a CPU build of this
-#        tree's patch set) swapped in, when the set differs from KEY's only in ggml-rpc.cpp (see swap_rpc below)
+#        tree's patch set) swapped in, when the set differs from KEY's only in ggml-rpc.cpp (see swap_rpc below);
+#        modes ending -alt run on KEY as packed, so MODES=native,hybrid,hybrid-alt pairs the two in the same runs
 #   phase pack: the CUDA build as xz parts (15 MiB) under $OUT; kept as .device/cudabin/ and carried, a fresh
 #        machine unpacks a build whose key (flags, patch set) is this tree's instead of compiling it (~350 s)
 #   MODEL=moe bash bench/gpu/session.sh trace  # ONE GPU: a CUPTI timeline per route (bench/gpu_trace.py;
@@ -106,10 +107,13 @@ swap_rpc() {
     rm -rf "$dir.tmp"; mkdir -p "$dir.tmp"
     # shellcheck disable=SC2086
     cat $parts | xz -d | tar xf - -C "$dir.tmp" && mv "$dir.tmp/build-cuda-$SWAP_RPC" "$dir" && rm -rf "$dir.tmp" \
-      && cp "$FILES"/librpc/libggml-rpc.so.* "$dir/bin/" || return 1
-    echo "build $SWAP_RPC unpacked, librpc/'s libggml-rpc.so swapped in"
+      && rm -rf "$dir.orig" && cp -a "$dir" "$dir.orig" && cp "$FILES"/librpc/libggml-rpc.so.* "$dir/bin/" \
+      || return 1
+    echo "build $SWAP_RPC unpacked, librpc/'s libggml-rpc.so swapped in ($dir.orig keeps the packed one)"
   fi
   export ARCSPLIT_LLAMA_DIR=$dir/bin
+  # modes ending -alt (bench/throughput.py) run on the build as packed: the swap's A/B in the same runs
+  export ALT_LLAMA_DIR=$dir.orig/bin
 }
 
 build() {
@@ -146,6 +150,7 @@ onecard() {
   python3 bench/throughput.py --backend cuda --gpus 0 --same-card --model "$MODEL" \
     --modes "${MODES:-native,hybrid,hybrid-stock,rpc,rpc-stock}" --runs "${RUNS:-3}" --reps "${REPS:-5}" \
     --n-predict "${NPREDICT:-128}" --greedy-tokens 32 --ctx 8192 --rpc-cache ${UBATCH:+--ubatch $UBATCH} \
+    ${ALT_LLAMA_DIR:+--alt-llama-dir "$ALT_LLAMA_DIR"} \
     --out "$OUT/throughput_cuda_onecard_$name${TAG:-}.md"
 }
 
