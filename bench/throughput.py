@@ -302,7 +302,7 @@ def serve_kwargs(a: argparse.Namespace, mode: str, extra: tuple[str, ...],
     kw: dict[str, Any] = dict(backend=a.backend, mode=amode, ctx=a.ctx, parallel=STREAMS, port=free_port(),
                               threads=a.threads, ubatch=ub,
                               cpu_memory_mib=a.cpu_memory_mib, extra_args=tuple(args), bus=False,
-                              llama_dir=getattr(a, "alt_llama_dir", None) if variant.off == "alt" else a.llama_dir,
+                              llama_dir=a.alt_llama_dir if variant.off == "alt" else a.llama_dir,
                               output_layer=variant.output, rpc_cache=a.rpc_cache)
     return gpus, kw
 
@@ -503,7 +503,7 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
     ub = f"{a.ubatch} in every mode (--ubatch)" if a.ubatch else "chosen per route by arcsplit (column -ub)"
     lines = [f"# Throughput per mode ({a.backend})", "",
              f"- Build: {build}" + (f"; modes ending -alt: {build_line(a.alt_llama_dir, a.backend)}"
-                                    if getattr(a, "alt_llama_dir", None) else ""),
+                                    if a.alt_llama_dir else ""),
              f"- Machine: {mach}",
              f"- Model: `{a.model}` ({Path(a.model).stat().st_size / 2**20:.0f} MiB)",
              f"- Command: `{cmdline}`",

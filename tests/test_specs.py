@@ -211,7 +211,7 @@ def test_rpc_link_polling_only_for_gpu_groups_with_cores_to_spare() -> None:
 def test_a_relay_chunk_that_is_not_a_number_is_one_clear_line() -> None:
     """Patch 0007 reads ARCSPLIT_RPC_RELAY_KIB in llama-server and takes a word it cannot parse as 0 (whole tensors,
     silently); arcsplit refuses it before any process starts and names the fix."""
-    from arcsplit.run.prepare import rpc_relay_kib
+    from arcsplit.llama.patches import rpc_relay_kib
 
     assert rpc_relay_kib({"ARCSPLIT_RPC_RELAY_KIB": "256"}) == 256
     assert rpc_relay_kib({"ARCSPLIT_RPC_RELAY_KIB": "0"}) == 0

@@ -27,9 +27,10 @@ SPIN_ENV = "ARCSPLIT_RPC_SPIN_US"  # patch 0005
 # patch 0001: 0 in llama-server reads a local card's tensor into ordinary memory, not the card's page-locked host
 # buffers, before it goes to an rpc-server (an A/B switch: bench/rpc_link.py, bench/throughput.py -nopin; on by default)
 PINNED_ENV = "ARCSPLIT_RPC_PINNED"
-# patches 0001 and 0007: 0 in llama-server waits for an activation's source before it goes to an rpc-server (its own
-# CUDA or SYCL card in hybrid; the first rpc-server's reply in all-RPC's relay) instead of queueing the read and going
-# on (an A/B switch: bench/throughput.py -syncread; on by default)
+# patches 0001, 0003 and 0007: 0 in llama-server waits for an activation's source before it goes to an rpc-server (its
+# own CUDA or SYCL card in hybrid; the first rpc-server's reply in all-RPC's relay) instead of queueing the read and
+# going on, and in an rpc-server waits for a repeated graph before its next command (an A/B switch: bench/throughput.py
+# -syncread; on by default)
 ASYNC_READ_ENV = "ARCSPLIT_RPC_ASYNC_READ"
 RELAY_ENV = "ARCSPLIT_RPC_RELAY_KIB"  # patch 0007: chunk (KiB) of an activation relayed between rpc-servers; 0: off
 SHM_ENV = "ARCSPLIT_RPC_SHM"  # patch 0008: 1 in llama-server and an rpc-server on one host: shared-memory link

@@ -25,7 +25,7 @@ from ..llama.devices import discover_rig, host_budget, parse_gpus
 from ..llama.locate import LlamaBinaries, find_llama
 from ..llama.mode import ModeDecision, choose_mode
 from ..llama.patches import SPIN_ENV
-from ..llama.patches import check_switches, rpc_relay_kib  # noqa: F401  (rpc_relay_kib: callers import it here)
+from ..llama.patches import check_switches
 from ..llama.patches import shm_link_on as rpc_shm  # the user's ARCSPLIT_RPC_SHM, read where serve prepares
 from ..llama.webui import serve_dir
 from ..model import load_profile
