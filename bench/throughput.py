@@ -68,7 +68,7 @@ sys.path.insert(0, str(ROOT))
 import arcsplit  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama, server_build_info  # noqa: E402
-from arcsplit.llama.patches import (rpc_async_reads, rpc_link_polling, rpc_patches_switched,  # noqa: E402
+from arcsplit.llama.patches import (rpc_async_reads, rpc_gated_sets, rpc_link_polling, rpc_patches_switched,  # noqa: E402
                                     rpc_pinned_reads, rpc_relay_chunks, rpc_shm_link)
 from arcsplit.route import Route  # noqa: E402
 from arcsplit.run.prepare import rpc_spin_us  # noqa: E402
@@ -118,6 +118,9 @@ class Variant:
     CUDA or SYCL card in hybrid, the first rpc-server in all-RPC's relay) instead of queueing the read and going on,
     and an rpc-server waits for a repeated graph before it reads the next command (ARCSPLIT_RPC_ASYNC_READ=0, 0001,
     0003 and 0007);
+    -gate: patches on, and gated sets on too (ARCSPLIT_RPC_GATE=1, off by default; 0001, 0003, 0007, 0009):
+    llama-server announces an activation bound for an rpc-server before its data, and an rpc-server whose device
+    can wait on a host word (CUDA) launches the graph that reads it before the data comes;
     -nocram: llama-server's host-memory prompt cache off (--cache-ram 0; native-nocram too): no KV copied out and
     back at slot selection, which on an RPC route crosses the link;
     -alt: the same mode on the build --alt-llama-dir names (native-alt too): two builds in the same runs, e.g. one
@@ -209,6 +212,7 @@ _OFF_ENV: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "noshm": lambda: rpc_shm_link(False),
     "nopin": lambda: rpc_pinned_reads(False),
     "syncread": lambda: rpc_async_reads(False),
+    "gate": lambda: rpc_gated_sets(True),
 }
 
 
@@ -525,7 +529,10 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "(ARCSPLIT_RPC_PINNED=0, patch 0001); `-syncread` makes llama-server wait for an activation's source "
              "(its own card in hybrid, the first rpc-server in all-RPC's relay) before it goes to an rpc-server "
              "instead of queueing the read, and each rpc-server wait for a repeated graph before its next command "
-             "(ARCSPLIT_RPC_ASYNC_READ=0, patches 0001, 0003 and 0007); `-alt` runs that mode on the build "
+             "(ARCSPLIT_RPC_ASYNC_READ=0, patches 0001, 0003 and 0007); `-gate` turns gated sets on (off by "
+             "default): llama-server announces an activation bound for an rpc-server before its data, so an "
+             "rpc-server whose device can wait on a host word (CUDA) launches its graph first (ARCSPLIT_RPC_GATE=1, "
+             "patches 0001, 0003, 0007 and 0009); `-alt` runs that mode on the build "
              "`--alt-llama-dir` names (the Build line gives both); `-nocram` runs llama-server with "
              "`--cache-ram 0` (no host-memory prompt cache); `-ubN` runs that mode at "
              "-ub N." + (

@@ -7,8 +7,11 @@ import json
 import os
 import re
 import shutil
+import socket
+import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -403,6 +406,100 @@ def test_an_activation_between_two_rpc_servers_is_relayed_in_chunks(llama_bins, 
         assert [off for off, _ in first] == [i * 4096 for i in range(len(first))] and len(first) >= 2, queued
         assert sum(n for _, n in first) % row == 0
     assert not [s for s in sets_off if s[1] > 0], "ARCSPLIT_RPC_RELAY_KIB=0 still sent chunks"
+
+
+# the rpc-server's own debug lines (GGML_RPC_DEBUG=1) for a gate, a repeated graph and a gated set's data
+GATED = re.compile(r"^\[(gate|graph_recompute|set_tensor_gated)\] (?:data: (0x[0-9a-f]+)|device: \d+$)", re.M)
+
+
+@pytest.mark.slow
+def test_an_activation_for_an_rpc_server_is_announced_before_its_data(llama_bins, tmp_path, monkeypatch):
+    """Gated sets (patches 0001, 0003, 0007), read off the wire in an all-RPC group: with ARCSPLIT_RPC_GATE=1 each
+    decoded token's activation reaches the second rpc-server as GATE (its destination), then the graph that reads
+    it (GRAPH_RECOMPUTE), then the data (SET_TENSOR_GATED) for that same destination. A CPU device cannot wait on a
+    host word, so that server computes the graph once the data has come: the greedy tokens are the same as with
+    gated sets off (the default), where no GATE is sent at all."""
+    model = write_llama(tmp_path / "llama.gguf", n_layer=8, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=512)
+    monkeypatch.setenv("GGML_RPC_DEBUG", "1")
+    seen = {}
+    for gate in ("1", "0"):
+        monkeypatch.setenv("ARCSPLIT_RPC_GATE", gate)
+        with serve_group(str(model), gpus=[0, 1], backend="cpu", mode="rpc", ctx=1024, parallel=1, threads=1,
+                         port=free_port(), bus=False, llama_dir=str(llama_bins.bin_dir)) as server:
+            r = httpx.post(f"{server.url}/completion", json={
+                "prompt": "Once upon a time, in a land far away, there lived a keeper of lighthouses",
+                "n_predict": 6, "temperature": 0, "ignore_eos": True, "return_tokens": True}, timeout=300)
+            r.raise_for_status()
+            run_dir = Path(server.status()["run_dir"])
+        log = (run_dir / "rpc1.log").read_text(errors="replace")
+        seen[gate] = (r.json()["tokens"], [(m.group(1), m.group(2)) for m in GATED.finditer(log)], log)
+    tokens_on, events_on, log_on = seen["1"]
+    tokens_off, events_off, _ = seen["0"]
+    assert len(tokens_on) == 6 and tokens_on == tokens_off
+    assert not [e for e in events_off if e[0] != "graph_recompute"], "a GATE went out with ARCSPLIT_RPC_GATE=0"
+    # gate -> graph -> its data, for the same destination (the graph's other inputs, plain SET_TENSORs, may come
+    # between the gate and the graph): the decoded tokens' steady state
+    names = [e[0] for e in events_on]
+    windows = [i for i in range(len(names) - 2) if names[i:i + 3] == ["gate", "graph_recompute", "set_tensor_gated"]]
+    assert len(windows) >= 3, names
+    assert all(events_on[i][1] == events_on[i + 2][1] for i in windows)
+    assert "computed when its gated sets' data comes" in log_on
+    assert "before the data of a gated set" not in log_on
+
+
+def rpc_call(s: socket.socket, cmd: int, payload: bytes, reply: int | None) -> bytes:
+    """One ggml RPC message: | cmd (1 byte) | size (8 bytes LE) | payload |; `reply` bytes back after their size,
+    or b"" where the server closed the connection instead."""
+    s.sendall(struct.pack("<BQ", cmd, len(payload)) + payload)
+    if reply is None:
+        return b""
+    data = b""
+    while len(data) < 8 + reply:
+        chunk = s.recv(65536)
+        if not chunk:
+            return b""
+        data += chunk
+    return data[8:]
+
+
+def test_an_rpc_server_offers_gated_sets_and_refuses_data_without_a_gate(llama_bins, tmp_path):
+    """The rpc-server's side of gated sets, over a raw socket: its HELLO reply offers them (the padding byte, 0 from
+    a stock server) unless ARCSPLIT_RPC_ASYNC_READ=0; gated data that no GATE announced closes that connection with
+    one line in the server's log, and the server goes on serving the next client."""
+    hello = struct.pack("<BQ", 14, 24) + bytes(24)
+    for async_read, offered in (("1", 1), ("0", 0)):
+        port = free_port()
+        env = {**os.environ, "ARCSPLIT_RPC_ASYNC_READ": async_read}
+        err = tmp_path / f"rpc-{async_read}.log"
+        with err.open("wb") as log:
+            proc = subprocess.Popen([str(llama_bins.rpc_server), "-H", "127.0.0.1", "-p", str(port), "-t", "1"],
+                                    stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            for _ in range(200):
+                try:
+                    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+                    break
+                except OSError:
+                    time.sleep(0.05)
+            else:
+                pytest.fail(f"rpc-server on {port} never listened: {err.read_text()}")
+            with s:
+                s.sendall(hello)
+                rsp = b""
+                while len(rsp) < 8 + 28:
+                    rsp += s.recv(64)
+                assert rsp[11] & 1 == offered, rsp[8:12]  # major, minor, patch, padding
+                if not offered:
+                    continue
+                # SET_TENSOR_GATED (19) with a header's worth of bytes and no GATE before it
+                assert rpc_call(s, 19, bytes(200), reply=0) == b"" and s.recv(1) == b""
+            assert "gated data without a gate" in err.read_text()
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s2:
+                s2.sendall(hello)
+                assert len(s2.recv(64)) > 8, "the rpc-server stopped serving after one bad client"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
 
 
 def rings_left() -> set[str]:

@@ -247,6 +247,19 @@ def test_an_async_reads_switch_that_is_not_0_or_1_is_one_clear_line() -> None:
     assert "ARCSPLIT_RPC_ASYNC_READ=0" in (err.value.fix or "")
 
 
+def test_the_gated_sets_switch_is_off_by_default_and_refuses_a_word() -> None:
+    """Gated sets (patches 0001, 0003, 0007, 0009) are off until ARCSPLIT_RPC_GATE=1: llama-server reads it and
+    takes only a leading 1 as on, so arcsplit refuses any other word before a process starts ("on" is not on)."""
+    from arcsplit.llama.patches import check_switches, gated_sets_on
+
+    assert not gated_sets_on({}) and not gated_sets_on({"ARCSPLIT_RPC_GATE": ""})
+    assert gated_sets_on({"ARCSPLIT_RPC_GATE": "1"}) and not gated_sets_on({"ARCSPLIT_RPC_GATE": "0"})
+    for bad in ("on", "yes", "2"):
+        with pytest.raises(BadInput, match="ARCSPLIT_RPC_GATE") as err:
+            check_switches({"ARCSPLIT_RPC_GATE": bad})
+        assert "ARCSPLIT_RPC_GATE=1" in (err.value.fix or "")
+
+
 def test_rpc_spin_reaches_every_process_of_an_rpc_group_only() -> None:
     for mode in ("hybrid", "rpc"):
         for spec in specs_for(config("cuda", mode, [0, 1], rpc_spin_us=20000)):

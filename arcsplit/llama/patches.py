@@ -1,7 +1,8 @@
 """arcsplit's own patches to llama.cpp, applied to the tree the managed build compiles.
 
-They change what no flag reaches (how the RPC client waits, see each patch's header), never the wire
-protocol, so a patched build still talks to stock rpc-servers and stock clients. The patch files live in
+They change what no flag reaches (how the RPC client waits, see each patch's header). The wire protocol changes
+only where both ends offer it (gated sets, patches 0001 and 0003, offered in HELLO and asked for with GATE_ENV), so a
+patched build still talks to stock rpc-servers and stock clients. The patch files live in
 ``arcsplit/data/patches`` (applied in name order with ``patch -p1``); their digest is part of the build
 key, so editing a patch rebuilds, and ``arcsplit llama build --no-patches`` builds the stock tree.
 """
@@ -32,6 +33,10 @@ PINNED_ENV = "ARCSPLIT_RPC_PINNED"
 # going on, and in an rpc-server waits for a repeated graph before its next command (an A/B switch: bench/throughput.py
 # -syncread; on by default)
 ASYNC_READ_ENV = "ARCSPLIT_RPC_ASYNC_READ"
+# patches 0001, 0003, 0007 and 0009: 1 in llama-server announces an activation bound for an rpc-server before its data,
+# so an rpc-server whose device can wait on a host word (CUDA) launches the graph that reads it first (an A/B switch:
+# bench/throughput.py -gate; off by default until measured on a GPU)
+GATE_ENV = "ARCSPLIT_RPC_GATE"
 RELAY_ENV = "ARCSPLIT_RPC_RELAY_KIB"  # patch 0007: chunk (KiB) of an activation relayed between rpc-servers; 0: off
 SHM_ENV = "ARCSPLIT_RPC_SHM"  # patch 0008: 1 in llama-server and an rpc-server on one host: shared-memory link
 # patch 0008: what one such link holds in /dev/shm while it is open (a header page, then a 4 MiB ring each way)
@@ -205,6 +210,18 @@ def async_reads_on(environ: Mapping[str, str] = os.environ) -> bool:
                         "wait for every read's source (an activation bound for an rpc-server, an rpc-server's graph)")
 
 
+def gated_sets_on(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether llama-server announces an activation bound for an rpc-server before its data (gated sets): off
+    unless the user's ARCSPLIT_RPC_GATE says 1, and refused when it is neither 0 nor 1. llama-server reads it."""
+    value = environ.get(GATE_ENV)
+    if not value:
+        return False
+    if value.strip() not in ("0", "1"):
+        raise BadInput(f"{GATE_ENV}={value!r} is neither 0 nor 1",
+                       f"set {GATE_ENV}=1 to announce an activation before its data, or unset it")
+    return value.strip() == "1"
+
+
 def check_switches(environ: Mapping[str, str] = os.environ) -> None:
     """Every patch switch llama.cpp's processes read themselves, checked before one starts: a value they cannot
     parse is refused here (BadInput), not taken silently as on or off. A new switch is added here only."""
@@ -212,6 +229,7 @@ def check_switches(environ: Mapping[str, str] = os.environ) -> None:
     shm_link_on(environ)
     pinned_reads_on(environ)
     async_reads_on(environ)
+    gated_sets_on(environ)
 
 
 def rpc_async_reads(on: bool) -> contextlib.AbstractContextManager[None]:
@@ -219,6 +237,12 @@ def rpc_async_reads(on: bool) -> contextlib.AbstractContextManager[None]:
     its graph's result (on) or wait for their source first (off; patches 0001, 0003 and 0007, every process inherits
     ASYNC_READ_ENV): for A/B runs."""
     return _environ_set(ASYNC_READ_ENV, "1" if on else "0")
+
+
+def rpc_gated_sets(on: bool) -> contextlib.AbstractContextManager[None]:
+    """Groups started inside announce an activation bound for an rpc-server before its data (on) or send it as
+    before (off; patches 0001, 0003 and 0007, every process inherits GATE_ENV): for A/B runs."""
+    return _environ_set(GATE_ENV, "1" if on else "0")
 
 
 def rpc_pinned_reads(on: bool) -> contextlib.AbstractContextManager[None]:
