@@ -78,6 +78,15 @@ def first_line_with(text: str, word: str) -> str:
     return re.sub(r"\s+", " ", line.replace("**", "")).strip()[:220]
 
 
+def v_gate(text: str) -> Verdict:
+    """The paired row of gated sets off over on: its median per column (the middle of min / median / max)."""
+    row = next((r for r in table_rows(text) if r and r[0] == "rpc / rpc-gate"), None)
+    if row is None or len(row) < 4:
+        return Verdict("info", "no paired rpc / rpc-gate row in the file")
+    medians = [cell.replace("**", "").split(" / ")[1] for cell in row[1:4]]
+    return Verdict("info", "off over on, paired medians (prefill / decode / 4 streams): " + " / ".join(medians))
+
+
 def v_plan_speed(text: str) -> Verdict:
     rows = [r for r in table_rows(text) if len(r) >= 8 and r[6].endswith("x")]
     ratios = [(r[0], float(r[6].rstrip("x")), float(r[7].rstrip("x"))) for r in rows]
@@ -359,6 +368,10 @@ FIGURES = [
     Figure("5i. What llama-server's host-memory prompt cache sends over the RPC link (CPU, hardware-independent)",
            "counted, cache on against --cache-ram 0 (not a patch: llama.cpp's default is kept)",
            ("prompt_cache_link.md",), lambda t, f: Verdict("info", first_line_with(t, "The GETs"))),
+    Figure("5j. Gated sets (ARCSPLIT_RPC_GATE=1) against off, paired in the same runs (CPU: the host path; not started "
+           "by run_all)", "no slower with gates on where the device cannot wait (their CUDA gain needs a GPU run: not "
+           "yet measured)", ("throughput_cpu_gate.md",),
+           lambda t, f: v_gate(t)),
     Figure("5e. CPU cost of the RPC link's polling (patch 0005)", "measured (cores busy per token and idle)",
            ("poll_cost.md", "poll_cost_shm.md", "gpu/poll_cost_cuda_onecard_mps.md"), lambda t, f: v_generic(t)),
     Figure("5f. Where a decoded token's time goes on one GPU (CUPTI timeline of every process, H200)",
