@@ -32,6 +32,7 @@
 #        DENSE_RUNS: the dense phases' run count where it differs from RUNS; MOE_MODES / DENSE_MODES: a phase's
 #        modes where they differ from MPS_MODES
 #   phase poll-mps: bench/poll_cost.py on ONE GPU under MPS (host cores the link's polling costs, off and on)
+#   phase waitword: bench/gpu/wait_host_word.cu, the gated sets' device-side wait alone (patch 0009's primitive)
 #   phase link: bench/rpc_link.py on the CUDA build (one rpc-server on the card; shared memory against TCP, 0008)
 #   MODEL=moe bash bench/gpu/session.sh onecard  # ONE GPU: llama-server and rpc-servers share it (--same-card),
 #        RUNS independent runs (default 3) of MODES (default native,hybrid,hybrid-stock,rpc,rpc-stock);
@@ -169,6 +170,15 @@ mps() {
   )
 }
 
+waitword() {
+  # the gated sets' primitive alone (bench/gpu/wait_host_word.cu): a stream wait on a page-locked host word holds the
+  # copy and the captured graph behind it until the host stores the word; seconds, no llama.cpp build needed
+  local cuda=${CUDA_HOME:-/usr/local/cuda}
+  "$cuda/bin/nvcc" -O2 -std=c++17 -o "$WORK/wait_host_word" bench/gpu/wait_host_word.cu -lcuda \
+    && "$WORK/wait_host_word" "${WAIT_ROUNDS:-200}" 2>&1 | tee "$OUT/wait_host_word.txt"
+  echo "waitword rc=${PIPESTATUS[0]}"
+}
+
 trace() {
   # issue 19: a CUPTI timeline of every process of each route on ONE GPU (bench/gpu_trace.py); TMODES, TOKENS;
   # PROMPT_TOKENS=512 traces a prefill of that many tokens instead (trace_..._prefill.md)
@@ -287,6 +297,7 @@ case "${1:-all}" in
         trace-dense) MODEL=$DENSE TMODES=${TMODES_DENSE:-native,hybrid} trace ;;
         abpatch) abpatch ;;
         pack) pack ;;
+        waitword) waitword ;;
         link) build; python3 bench/rpc_link.py --backend cuda --runs "${LINK_RUNS:-3}" --sizes 0.0625,4,16 \
                 --out "$OUT/rpc_link_cuda.md" > "$OUT/rpc_link_cuda.log" 2>&1; echo "rpc_link rc=$?" ;;
       esac
