@@ -462,6 +462,7 @@ def rpc_call(s: socket.socket, cmd: int, payload: bytes, reply: int | None) -> b
     return data[8:]
 
 
+@pytest.mark.slow  # a real rpc-server of the managed build
 def test_an_rpc_server_offers_gated_sets_and_refuses_data_without_a_gate(llama_bins, tmp_path):
     """The rpc-server's side of gated sets, over a raw socket: its HELLO reply offers them (the padding byte, 0 from
     a stock server) unless ARCSPLIT_RPC_ASYNC_READ=0; gated data that no GATE announced closes that connection with
