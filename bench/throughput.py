@@ -204,7 +204,8 @@ def same_card_rig(card: int, n_cards: int) -> Iterator[None]:
         prep.discover_rig = real
 
 
-# what each -off tag switches off, in the environment the variant's processes inherit (-nocram is an argument)
+# what each tag sets in the environment the variant's processes inherit: one patch switched off, or (-gate) gated
+# sets switched on (-nocram is an argument)
 _OFF_ENV: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "stock": lambda: rpc_patches_switched(on=False),
     "nospin": lambda: rpc_link_polling(0),
