@@ -363,6 +363,19 @@ def test_inputs_first_only_on_an_rpc_device_fed_by_a_local_backend(llama_bins, t
         assert all(size != activation for size in firsts["rpc0"]), firsts
 
 
+def all_rpc_second_server_log(model: Path, llama_bins, n_predict: int) -> tuple[list[int], str]:
+    """Serve ``model`` all-RPC on two CPU cards through arcsplit, take one greedy completion, stop: its tokens and
+    the second rpc-server's log (with GGML_RPC_DEBUG=1 in the environment, every command it received)."""
+    with serve_group(str(model), gpus=[0, 1], backend="cpu", mode="rpc", ctx=1024, parallel=1, threads=1,
+                     port=free_port(), bus=False, llama_dir=str(llama_bins.bin_dir)) as server:
+        r = httpx.post(f"{server.url}/completion", json={
+            "prompt": "Once upon a time, in a land far away, there lived a keeper of lighthouses",
+            "n_predict": n_predict, "temperature": 0, "ignore_eos": True, "return_tokens": True}, timeout=300)
+        r.raise_for_status()
+        run_dir = Path(server.status()["run_dir"])
+    return r.json()["tokens"], (run_dir / "rpc1.log").read_text(errors="replace")
+
+
 SET_AT = re.compile(r"\[set_tensor\] buffer: \S+, data: (\S+), offset: (\d+), size: (\d+)")
 
 
@@ -380,16 +393,9 @@ def test_an_activation_between_two_rpc_servers_is_relayed_in_chunks(llama_bins, 
     for kib, queued in (("4", "1"), ("4", "0"), ("0", "1")):
         monkeypatch.setenv("ARCSPLIT_RPC_RELAY_KIB", kib)
         monkeypatch.setenv("ARCSPLIT_RPC_ASYNC_READ", queued)
-        with serve_group(str(model), gpus=[0, 1], backend="cpu", mode="rpc", ctx=1024, parallel=1, threads=1,
-                         port=free_port(), bus=False, llama_dir=str(llama_bins.bin_dir)) as server:
-            r = httpx.post(f"{server.url}/completion", json={
-                "prompt": "Once upon a time, in a land far away, there lived a keeper of lighthouses",
-                "n_predict": 4, "temperature": 0, "ignore_eos": True, "return_tokens": True}, timeout=300)
-            r.raise_for_status()
-            run_dir = Path(server.status()["run_dir"])
-        log = (run_dir / "rpc1.log").read_text(errors="replace")
+        tokens, log = all_rpc_second_server_log(model, llama_bins, n_predict=4)
         sets = [(m.group(1), int(m.group(2)), int(m.group(3))) for m in SET_AT.finditer(log)]
-        seen[kib, queued] = (r.json()["tokens"], sets)
+        seen[kib, queued] = (tokens, sets)
     tokens_off, sets_off = seen["0", "1"]
     assert len(tokens_off) == 4
     for queued in ("1", "0"):
@@ -424,15 +430,8 @@ def test_an_activation_for_an_rpc_server_is_announced_before_its_data(llama_bins
     seen = {}
     for gate in ("1", "0"):
         monkeypatch.setenv("ARCSPLIT_RPC_GATE", gate)
-        with serve_group(str(model), gpus=[0, 1], backend="cpu", mode="rpc", ctx=1024, parallel=1, threads=1,
-                         port=free_port(), bus=False, llama_dir=str(llama_bins.bin_dir)) as server:
-            r = httpx.post(f"{server.url}/completion", json={
-                "prompt": "Once upon a time, in a land far away, there lived a keeper of lighthouses",
-                "n_predict": 6, "temperature": 0, "ignore_eos": True, "return_tokens": True}, timeout=300)
-            r.raise_for_status()
-            run_dir = Path(server.status()["run_dir"])
-        log = (run_dir / "rpc1.log").read_text(errors="replace")
-        seen[gate] = (r.json()["tokens"], [(m.group(1), m.group(2)) for m in GATED.finditer(log)], log)
+        tokens, log = all_rpc_second_server_log(model, llama_bins, n_predict=6)
+        seen[gate] = (tokens, [(m.group(1), m.group(2)) for m in GATED.finditer(log)], log)
     tokens_on, events_on, log_on = seen["1"]
     tokens_off, events_off, _ = seen["0"]
     assert len(tokens_on) == 6 and tokens_on == tokens_off
