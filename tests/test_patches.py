@@ -3,6 +3,7 @@ another tree, key the build, and `arcsplit llama which` says which ones a build 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -446,19 +447,69 @@ def test_an_activation_for_an_rpc_server_is_announced_before_its_data(llama_bins
     assert "before the data of a gated set" not in log_on
 
 
-def rpc_call(s: socket.socket, cmd: int, payload: bytes, reply: int | None) -> bytes:
-    """One ggml RPC message: | cmd (1 byte) | size (8 bytes LE) | payload |; `reply` bytes back after their size,
-    or b"" where the server closed the connection instead."""
-    s.sendall(struct.pack("<BQ", cmd, len(payload)) + payload)
-    if reply is None:
-        return b""
-    data = b""
-    while len(data) < 8 + reply:
-        chunk = s.recv(65536)
-        if not chunk:
+# ggml-rpc's commands (ggml-rpc.cpp's enum rpc_cmd; GATE and SET_TENSOR_GATED are patch 0003's)
+ALLOC_BUFFER, BUFFER_GET_BASE, SET_TENSOR, GET_TENSOR, HELLO, GATE, SET_TENSOR_GATED = 0, 3, 6, 8, 14, 18, 19
+
+
+class RawRpc:
+    """A client of ggml RPC at the byte level: | cmd (1 byte) | size (8 bytes LE) | payload |, each reply | size |
+    payload |. For what llama-server never sends: a server's rules are checked by breaking them on purpose."""
+
+    def __init__(self, port: int) -> None:
+        self.s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.padding = self.call(HELLO, bytes(24), 28)[3]  # major, minor, patch, padding, transport caps
+
+    def call(self, cmd: int, payload: bytes, reply: int | None = None) -> bytes:
+        """Send one message; `reply` bytes back, or b"" where the server closed the connection instead."""
+        self.s.sendall(struct.pack("<BQ", cmd, len(payload)) + payload)
+        if reply is None:
             return b""
-        data += chunk
-    return data[8:]
+        data = b""
+        while len(data) < 8 + reply:
+            chunk = self.s.recv(65536)
+            if not chunk:
+                return b""
+            data += chunk
+        return data[8:]
+
+    def closed(self) -> bool:
+        """Whether the server has closed this connection (it answers nothing to what follows)."""
+        try:
+            return self.s.recv(1) == b""
+        except OSError:
+            return True
+
+    def f32_tensor(self, n: int) -> bytes:
+        """A fresh buffer of n F32 values on device 0 and an rpc_tensor (packed, 296 bytes) over all of it."""
+        remote, _ = struct.unpack("<QQ", self.call(ALLOC_BUFFER, struct.pack("<IQ", 0, 4 * n), 16))
+        (base,) = struct.unpack("<Q", self.call(BUFFER_GET_BASE, struct.pack("<Q", remote), 8))
+        return struct.pack("<QIQ4I4II16ii10QQQQ64si", 1, 0, remote, n, 1, 1, 1, 4, 4 * n, 4 * n, 4 * n, 0,
+                           *([0] * 16), 0, *([0] * 10), 0, 0, base, b"x", 0)
+
+    def close(self) -> None:
+        self.s.close()
+
+
+@contextlib.contextmanager
+def rpc_server_on(llama_bins, log: Path, **env: str):
+    """The managed build's rpc-server on a free loopback port, its output in `log`; its port, once it listens."""
+    port = free_port()
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(llama_bins.rpc_server), "-H", "127.0.0.1", "-p", str(port), "-t", "1"],
+                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env})
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            pytest.fail(f"rpc-server on {port} never listened: {log.read_text()}")
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 @pytest.mark.slow  # a real rpc-server of the managed build
@@ -466,40 +517,51 @@ def test_an_rpc_server_offers_gated_sets_and_refuses_data_without_a_gate(llama_b
     """The rpc-server's side of gated sets, over a raw socket: its HELLO reply offers them (the padding byte, 0 from
     a stock server) unless ARCSPLIT_RPC_ASYNC_READ=0; gated data that no GATE announced closes that connection with
     one line in the server's log, and the server goes on serving the next client."""
-    hello = struct.pack("<BQ", 14, 24) + bytes(24)
     for async_read, offered in (("1", 1), ("0", 0)):
-        port = free_port()
-        env = {**os.environ, "ARCSPLIT_RPC_ASYNC_READ": async_read}
-        err = tmp_path / f"rpc-{async_read}.log"
-        with err.open("wb") as log:
-            proc = subprocess.Popen([str(llama_bins.rpc_server), "-H", "127.0.0.1", "-p", str(port), "-t", "1"],
-                                    stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            for _ in range(200):
-                try:
-                    s = socket.create_connection(("127.0.0.1", port), timeout=10)
-                    break
-                except OSError:
-                    time.sleep(0.05)
-            else:
-                pytest.fail(f"rpc-server on {port} never listened: {err.read_text()}")
-            with s:
-                s.sendall(hello)
-                rsp = b""
-                while len(rsp) < 8 + 28:
-                    rsp += s.recv(64)
-                assert rsp[11] & 1 == offered, rsp[8:12]  # major, minor, patch, padding
-                if not offered:
-                    continue
-                # SET_TENSOR_GATED (19) with a header's worth of bytes and no GATE before it
-                assert rpc_call(s, 19, bytes(200), reply=0) == b"" and s.recv(1) == b""
-            assert "gated data without a gate" in err.read_text()
-            with socket.create_connection(("127.0.0.1", port), timeout=10) as s2:
-                s2.sendall(hello)
-                assert len(s2.recv(64)) > 8, "the rpc-server stopped serving after one bad client"
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+        log = tmp_path / f"rpc-{async_read}.log"
+        with rpc_server_on(llama_bins, log, ARCSPLIT_RPC_ASYNC_READ=async_read) as port:
+            c = RawRpc(port)
+            assert c.padding & 1 == offered
+            if offered:
+                c.call(SET_TENSOR_GATED, bytes(200))  # a header's worth of bytes, no GATE before it
+                assert c.closed()
+                assert "gated data without a gate" in log.read_text()
+                assert RawRpc(port).padding & 1, "the rpc-server stopped serving after one bad client"
+            c.close()
+
+
+@pytest.mark.slow  # a real rpc-server of the managed build
+def test_an_rpc_server_sets_gated_data_and_closes_a_connection_that_breaks_a_gate(llama_bins, tmp_path):
+    """On a device that cannot wait on a host word (CPU) the rpc-server sets gated data when it comes: read back, it
+    is the data. Each way of breaking an open gate closes only that connection, with its own line in the server's
+    log: another command before the data, data that does not match the gate, a SET_TENSOR into the gate's region."""
+    log = tmp_path / "rpc.log"
+    data = bytes(range(256)) * 4  # 256 F32s' worth
+    with rpc_server_on(llama_bins, log) as port:
+        c = RawRpc(port)
+        t = c.f32_tensor(256)
+        c.call(GATE, t + struct.pack("<QQ", 0, len(data)))
+        c.call(SET_TENSOR_GATED, t + b"\0" + struct.pack("<Q", 0) + data)
+        assert c.call(GET_TENSOR, t + struct.pack("<QQ", 0, len(data)), len(data)) == data
+        c.close()
+        breaks = [
+            ("Command 8 before the data of a gated set",
+             lambda c, t: c.call(GET_TENSOR, t + struct.pack("<QQ", 0, 16))),
+            ("gated data does not match its gate",
+             lambda c, t: c.call(SET_TENSOR_GATED, t + b"\0" + struct.pack("<Q", 4) + data[4:])),
+            ("A SET_TENSOR into an open gate's region",
+             lambda c, t: c.call(SET_TENSOR, t + b"\0" + struct.pack("<Q", 512) + data[:64])),
+        ]
+        for line, breach in breaks:
+            assert line not in log.read_text()
+            c = RawRpc(port)
+            t = c.f32_tensor(256)
+            c.call(GATE, t + struct.pack("<QQ", 0, len(data)))
+            breach(c, t)
+            assert c.closed(), line
+            assert line in log.read_text()
+            c.close()
+        assert RawRpc(port).padding & 1, "the rpc-server stopped serving after the bad clients"
 
 
 def rings_left() -> set[str]:
