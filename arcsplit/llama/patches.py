@@ -179,47 +179,42 @@ def rpc_relay_kib(environ: Mapping[str, str] = os.environ) -> int | None:
     return int(relay)
 
 
-def _on_unless_0(environ: Mapping[str, str], name: str, off: str) -> bool:
-    """A patch's on/off switch as the user set it: on when unset or empty, else 0 or 1. Refused when it is
-    neither: the patched processes would read a word they cannot parse as their own yes or no."""
+def _switch(environ: Mapping[str, str], name: str, default: bool, other: str) -> bool:
+    """A patch's on/off switch as the user set it: `default` when unset or empty, else 0 or 1. Refused when it is
+    neither: the patched processes would read a word they cannot parse as their own yes or no. `other` says what
+    the value that is not the default does."""
     value = environ.get(name)
     if not value:
-        return True
+        return default
     if value.strip() not in ("0", "1"):
-        raise BadInput(f"{name}={value!r} is neither 0 nor 1", f"set {name}=0 to {off}, or unset it")
+        raise BadInput(f"{name}={value!r} is neither 0 nor 1", f"set {name}={int(not default)} to {other}, or unset it")
     return value.strip() == "1"
 
 
 def shm_link_on(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether llama-server and the rpc-servers of this host share memory for their link (patch 0008): on unless
     the user's ARCSPLIT_RPC_SHM says 0."""
-    return _on_unless_0(environ, SHM_ENV, "link the rpc-servers of this host over loopback TCP")
+    return _switch(environ, SHM_ENV, True, "link the rpc-servers of this host over loopback TCP")
 
 
 def pinned_reads_on(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether llama-server reads its card into page-locked memory before an activation goes to an rpc-server
     (patch 0001): on unless the user's ARCSPLIT_RPC_PINNED says 0. llama-server reads it itself."""
-    return _on_unless_0(environ, PINNED_ENV, "read the card into ordinary memory")
+    return _switch(environ, PINNED_ENV, True, "read the card into ordinary memory")
 
 
 def async_reads_on(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether reads are queued instead of waited for: llama-server's read of an activation bound for an rpc-server
     (patches 0001 and 0007), and an rpc-server's read of a repeated graph's result, queued behind the graph (0003):
     on unless the user's ARCSPLIT_RPC_ASYNC_READ says 0. llama-server and the rpc-servers read it themselves."""
-    return _on_unless_0(environ, ASYNC_READ_ENV,
-                        "wait for every read's source (an activation bound for an rpc-server, an rpc-server's graph)")
+    return _switch(environ, ASYNC_READ_ENV, True,
+                   "wait for every read's source (an activation bound for an rpc-server, an rpc-server's graph)")
 
 
 def gated_sets_on(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether llama-server announces an activation bound for an rpc-server before its data (gated sets): off
     unless the user's ARCSPLIT_RPC_GATE says 1, and refused when it is neither 0 nor 1. llama-server reads it."""
-    value = environ.get(GATE_ENV)
-    if not value:
-        return False
-    if value.strip() not in ("0", "1"):
-        raise BadInput(f"{GATE_ENV}={value!r} is neither 0 nor 1",
-                       f"set {GATE_ENV}=1 to announce an activation before its data, or unset it")
-    return value.strip() == "1"
+    return _switch(environ, GATE_ENV, False, "announce an activation before its data")
 
 
 def check_switches(environ: Mapping[str, str] = os.environ) -> None:
