@@ -130,7 +130,7 @@ class Variant:
 
     route: str  # native | hybrid | rpc
     output: str = "auto"  # --output-layer
-    off: str = ""  # "", a key of _OFF_ENV ("stock", "nospin", ...), "nocram" or "alt"
+    off: str = ""  # "", a key of _TAG_ENV ("stock", "nospin", ...), "nocram" or "alt"
     ubatch: int | None = None  # -ubN
 
 
@@ -139,12 +139,12 @@ def parse_mode(mode: str) -> Variant:
     ub = int(tags.pop()[2:]) if tags and re.fullmatch(r"ub[1-9][0-9]*", tags[-1]) else None
     rpc_tags = route in ("hybrid", "rpc")
     # native takes its own flag only
-    offs = (*_OFF_ENV, "nocram", "alt") if rpc_tags else ("nocram", "alt")
+    offs = (*_TAG_ENV, "nocram", "alt") if rpc_tags else ("nocram", "alt")
     output = tags.pop(0) if rpc_tags and tags and tags[0] in ("last", "local") else "auto"
     off = tags.pop(0) if tags and tags[0] in offs else ""
     if route not in ("native", "hybrid", "rpc") or tags:
         raise SystemExit(f"unknown mode {mode!r}: use native, or hybrid/rpc with -last or -local (where the "
-                         "output layer goes) and then " + ", ".join(f"-{o}" for o in _OFF_ENV) + ", -nocram or "
+                         "output layer goes) and then " + ", ".join(f"-{o}" for o in _TAG_ENV) + ", -nocram or "
                          "-alt (native-nocram, native-alt too); any of them may end in -ubN")
     return Variant(route, output, off, ub)
 
@@ -206,7 +206,7 @@ def same_card_rig(card: int, n_cards: int) -> Iterator[None]:
 
 # what each tag sets in the environment the variant's processes inherit: one patch switched off, or (-gate) gated
 # sets switched on (-nocram is an argument)
-_OFF_ENV: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+_TAG_ENV: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "stock": lambda: rpc_patches_switched(on=False),
     "nospin": lambda: rpc_link_polling(0),
     "norelay": lambda: rpc_relay_chunks(0),
@@ -218,8 +218,8 @@ _OFF_ENV: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
 
 
 def mode_env(mode: str) -> contextlib.AbstractContextManager[None]:
-    """The environment a variant's processes inherit: one patch, or all of them, switched off (_OFF_ENV)."""
-    off = _OFF_ENV.get(parse_mode(mode).off)
+    """The environment a variant's processes inherit: one patch, or all of them, switched off, or gated sets on (_TAG_ENV)."""
+    off = _TAG_ENV.get(parse_mode(mode).off)
     return off() if off else contextlib.nullcontext()
 
 
