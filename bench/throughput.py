@@ -68,8 +68,8 @@ sys.path.insert(0, str(ROOT))
 import arcsplit  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama, server_build_info  # noqa: E402
-from arcsplit.llama.patches import (rpc_async_reads, rpc_gated_sets, rpc_link_polling, rpc_patches_switched,  # noqa: E402
-                                    rpc_pinned_reads, rpc_relay_chunks, rpc_shm_link)
+from arcsplit.llama.patches import (rpc_async_reads, rpc_gated_sets, rpc_link_polling,  # noqa: E402
+                                    rpc_patches_switched, rpc_pinned_reads, rpc_relay_chunks, rpc_shm_link)
 from arcsplit.route import Route  # noqa: E402
 from arcsplit.run.prepare import rpc_spin_us  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
@@ -218,7 +218,8 @@ _TAG_ENV: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
 
 
 def mode_env(mode: str) -> contextlib.AbstractContextManager[None]:
-    """The environment a variant's processes inherit: one patch, or all of them, switched off, or gated sets on (_TAG_ENV)."""
+    """The environment a variant's processes inherit: one patch, or all of them, switched off, or gated sets on
+    (_TAG_ENV)."""
     off = _TAG_ENV.get(parse_mode(mode).off)
     return off() if off else contextlib.nullcontext()
 
