@@ -1,0 +1,291 @@
+// A test device for ggml-rpc's gated sets (arcsplit patches 0001, 0003, 0007, 0009), for machines without a GPU.
+//
+// An rpc-server takes gated sets' device-side path only where its one device offers ggml_backend_wait_host_u32 (patch
+// 0009 offers it on CUDA). This library, LD_PRELOADed into ggml-rpc-server, registers one more device, "QUEUE": an
+// in-order queue on a host thread in front of the CPU backend, with the semantics of a CUDA stream that path relies
+// on: set_tensor_async / get_tensor_async copy when the queue reaches them (so a copy queued behind a wait reads its
+// page-locked slot after the host stored the word), graph_compute is queued, synchronize drains, and the wait holds
+// the queue until the word is at least the value (cyclically, as cuStreamWaitValue32's GEQ). The device's type is
+// GPU, so the rpc-server picks it when no -d is given. It registers itself only in a process named ggml-rpc-server,
+// so llama-server in the same environment is untouched.
+//
+// ARCSPLIT_TEST_QUEUE_BLOCKING=1: graph_compute returns only when its graph has run, as ggml-cuda's does when a
+// MUL_MAT_ID reads its ids back mid-graph (the reason the rpc-server launches a gated graph on another thread).
+// A wait that had to wait says so on stderr ("QUEUE: waited for the host word"); one still open after 60 s aborts
+// the process with one line, so a deadlock fails a test instead of hanging it.
+//
+// Not part of arcsplit or of its patches; tests/test_gates_device.py builds it against the managed build.
+
+#include "ggml-backend-impl.h"
+#include "ggml-cpu.h"
+
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+namespace {
+
+class queue {
+  public:
+    queue() : worker([this] { run(); }) {}
+    ~queue() {
+        {
+            std::lock_guard<std::mutex> lock(m);
+            stop = true;
+        }
+        more.notify_all();
+        worker.join();
+    }
+    void push(std::function<void()> task) {
+        {
+            std::lock_guard<std::mutex> lock(m);
+            tasks.push_back(std::move(task));
+        }
+        more.notify_one();
+    }
+    void drain() {
+        std::unique_lock<std::mutex> lock(m);
+        idle.wait(lock, [this] { return tasks.empty() && !busy; });
+    }
+
+  private:
+    void run() {
+        for (;;) {
+            std::function<void()> task;
+            {
+                std::unique_lock<std::mutex> lock(m);
+                more.wait(lock, [this] { return stop || !tasks.empty(); });
+                if (tasks.empty()) {
+                    return;
+                }
+                task = std::move(tasks.front());
+                tasks.pop_front();
+                busy = true;
+            }
+            task();
+            {
+                std::lock_guard<std::mutex> lock(m);
+                busy = false;
+            }
+            idle.notify_all();
+        }
+    }
+    std::mutex m;
+    std::condition_variable more, idle;
+    std::deque<std::function<void()>> tasks;
+    bool busy = false;
+    bool stop = false;
+    std::thread worker;  // last: started once the members it uses exist
+};
+
+struct queue_context {
+    ggml_backend_t cpu;
+    bool blocking;
+    queue q;
+};
+
+ggml_backend_dev_t cpu_device() {
+    return ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+}
+
+const char * backend_name(ggml_backend_t) {
+    return "QUEUE";
+}
+
+void backend_free(ggml_backend_t backend) {
+    auto * ctx = (queue_context *)backend->context;
+    ctx->q.drain();
+    ggml_backend_t cpu = ctx->cpu;
+    delete ctx;
+    ggml_backend_free(cpu);
+    delete backend;
+}
+
+// the destination is taken now: the tensor passed may be gone (freed with its context) by the time the copy runs
+void set_tensor_async(ggml_backend_t backend, ggml_tensor * tensor, const void * data, size_t offset, size_t size) {
+    char * dst = (char *)tensor->data + offset;
+    ((queue_context *)backend->context)->q.push([dst, data, size] { memcpy(dst, data, size); });
+}
+
+void get_tensor_async(ggml_backend_t backend, const ggml_tensor * tensor, void * data, size_t offset, size_t size) {
+    const char * src = (const char *)tensor->data + offset;
+    ((queue_context *)backend->context)->q.push([src, data, size] { memcpy(data, src, size); });
+}
+
+void synchronize(ggml_backend_t backend) {
+    ((queue_context *)backend->context)->q.drain();
+}
+
+ggml_status graph_compute(ggml_backend_t backend, ggml_cgraph * graph) {
+    auto * ctx = (queue_context *)backend->context;
+    ggml_backend_t cpu = ctx->cpu;
+    ctx->q.push([cpu, graph] {
+        if (ggml_backend_graph_compute(cpu, graph) != GGML_STATUS_SUCCESS) {
+            fprintf(stderr, "QUEUE: a graph failed on the CPU backend\n");
+            abort();
+        }
+    });
+    if (ctx->blocking) {
+        ctx->q.drain();
+    }
+    return GGML_STATUS_SUCCESS;
+}
+
+const ggml_backend_i backend_iface = {
+    /* .get_name            = */ backend_name,
+    /* .free                = */ backend_free,
+    /* .set_tensor_async    = */ set_tensor_async,
+    /* .get_tensor_async    = */ get_tensor_async,
+    /* .set_tensor_2d_async = */ nullptr,
+    /* .get_tensor_2d_async = */ nullptr,
+    /* .cpy_tensor_async    = */ nullptr,
+    /* .synchronize         = */ synchronize,
+    /* .graph_plan_create   = */ nullptr,
+    /* .graph_plan_free     = */ nullptr,
+    /* .graph_plan_update   = */ nullptr,
+    /* .graph_plan_compute  = */ nullptr,
+    /* .graph_compute       = */ graph_compute,
+    /* .event_record        = */ nullptr,
+    /* .event_wait          = */ nullptr,
+    /* .graph_optimize      = */ nullptr,
+};
+
+ggml_guid queue_guid = {0x61, 0x72, 0x63, 0x73, 0x70, 0x6c, 0x69, 0x74, 0x2d, 0x71, 0x75, 0x65, 0x75, 0x65, 0x00, 0x01};
+
+// ggml_backend_wait_host_u32, as patch 0009 declares it: the queue's next work waits until *word >= value
+bool wait_host_u32(ggml_backend_t backend, const volatile uint32_t * word, uint32_t value) {
+    ((queue_context *)backend->context)->q.push([word, value] {
+        const auto t0 = std::chrono::steady_clock::now();
+        bool waited = false;
+        while ((int32_t)(__atomic_load_n(word, __ATOMIC_ACQUIRE) - value) < 0) {
+            if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60)) {
+                fprintf(stderr, "QUEUE: a wait for the host word (value %u) still open after 60 s\n", value);
+                abort();
+            }
+            waited = true;
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+        if (waited) {  // the queue reached the wait before the data: what was queued behind it waited for the data
+            fprintf(stderr, "QUEUE: waited for the host word (value %u)\n", value);
+        }
+    });
+    return true;
+}
+
+void set_n_threads(ggml_backend_t backend, int n_threads) {
+    ggml_backend_cpu_set_n_threads(((queue_context *)backend->context)->cpu, n_threads);
+}
+
+const char * dev_name(ggml_backend_dev_t) {
+    return "QUEUE";
+}
+
+const char * dev_description(ggml_backend_dev_t) {
+    return "host-thread queue in front of the CPU backend (arcsplit gated-set tests)";
+}
+
+void dev_memory(ggml_backend_dev_t, size_t * free, size_t * total) {
+    ggml_backend_dev_memory(cpu_device(), free, total);
+}
+
+enum ggml_backend_dev_type dev_type(ggml_backend_dev_t) {
+    return GGML_BACKEND_DEVICE_TYPE_GPU;
+}
+
+void dev_props(ggml_backend_dev_t dev, ggml_backend_dev_props * props) {
+    ggml_backend_dev_get_props(cpu_device(), props);
+    props->name = dev_name(dev);
+    props->description = dev_description(dev);
+    props->type = GGML_BACKEND_DEVICE_TYPE_GPU;
+    props->device_id = nullptr;
+    props->caps.async = true;
+    props->caps.host_buffer = true;
+    props->caps.buffer_from_host_ptr = false;
+    props->caps.events = false;
+}
+
+ggml_backend_t dev_init(ggml_backend_dev_t dev, const char *) {
+    ggml_backend_t cpu = ggml_backend_cpu_init();
+    if (cpu == nullptr) {
+        return nullptr;
+    }
+    const char * blocking = getenv("ARCSPLIT_TEST_QUEUE_BLOCKING");
+    auto * ctx = new queue_context{cpu, blocking != nullptr && strcmp(blocking, "1") == 0, {}};
+    return new ggml_backend{&queue_guid, backend_iface, dev, ctx};
+}
+
+ggml_backend_buffer_type_t dev_buffer_type(ggml_backend_dev_t) {
+    return ggml_backend_cpu_buffer_type();
+}
+
+bool dev_supports_op(ggml_backend_dev_t, const ggml_tensor * op) {
+    return ggml_backend_dev_supports_op(cpu_device(), op);
+}
+
+bool dev_supports_buft(ggml_backend_dev_t, ggml_backend_buffer_type_t buft) {
+    return ggml_backend_buft_is_host(buft);
+}
+
+bool dev_offload_op(ggml_backend_dev_t, const ggml_tensor *) {
+    return false;
+}
+
+ggml_backend_device_i device_iface = {
+    /* .get_name             = */ dev_name,
+    /* .get_description      = */ dev_description,
+    /* .get_memory           = */ dev_memory,
+    /* .get_type             = */ dev_type,
+    /* .get_props            = */ dev_props,
+    /* .init_backend         = */ dev_init,
+    /* .get_buffer_type      = */ dev_buffer_type,
+    /* .get_host_buffer_type = */ dev_buffer_type,  // host memory stands for page-locked memory here
+    /* .buffer_from_host_ptr = */ nullptr,
+    /* .supports_op          = */ dev_supports_op,
+    /* .supports_buft        = */ dev_supports_buft,
+    /* .offload_op           = */ dev_offload_op,
+    /* .event_new            = */ nullptr,
+    /* .event_free           = */ nullptr,
+    /* .event_synchronize    = */ nullptr,
+};
+
+ggml_backend_reg queue_reg_storage;
+ggml_backend_device queue_device = {device_iface, &queue_reg_storage, nullptr};
+
+const char * reg_name(ggml_backend_reg_t) {
+    return "QUEUE";
+}
+
+size_t reg_device_count(ggml_backend_reg_t) {
+    return 1;
+}
+
+ggml_backend_dev_t reg_device(ggml_backend_reg_t, size_t index) {
+    return index == 0 ? &queue_device : nullptr;
+}
+
+void * reg_proc_address(ggml_backend_reg_t, const char * name) {
+    if (strcmp(name, "ggml_backend_wait_host_u32") == 0) {
+        return (void *)wait_host_u32;
+    }
+    if (strcmp(name, "ggml_backend_set_n_threads") == 0) {
+        return (void *)set_n_threads;
+    }
+    return nullptr;
+}
+
+__attribute__((constructor)) void register_queue_device() {
+    if (strcmp(program_invocation_short_name, "ggml-rpc-server") != 0) {
+        return;
+    }
+    queue_reg_storage = {GGML_BACKEND_API_VERSION, {reg_name, reg_device_count, reg_device, reg_proc_address}, nullptr};
+    ggml_backend_register(&queue_reg_storage);
+}
+
+}  // namespace

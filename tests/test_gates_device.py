@@ -1,0 +1,126 @@
+"""Gated sets' device-side path, run where no GPU is.
+
+An rpc-server takes that path only where its one device can wait on a host word (patch 0009 offers the wait on
+CUDA): it queues the wait and the input's copy at GATE, launches the graph behind them on another thread at
+GRAPH_RECOMPUTE, and stores the word when the data comes. Here the managed build's own ggml-rpc-server runs with a
+test device preloaded (tests/native/queue_device.cpp, "QUEUE"): an in-order queue on a host thread in front of the
+CPU backend, with the stream semantics that path relies on. What it checks is the rpc-server's logic (slots, the
+word, the launch thread, the rules, releasing a wait on a closed connection) and the tokens; not CUDA's wait itself,
+nor any speed."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from arcsplit import serve as serve_group
+from arcsplit.llama.build import cache_trees
+from arcsplit.run.ports import free_port
+
+from test_patches import GATE, GET_TENSOR, SET_TENSOR, SET_TENSOR_GATED, RawRpc, rpc_server_on
+
+SOURCE = Path(__file__).parent / "native" / "queue_device.cpp"
+WAITED = "QUEUE: waited for the host word"
+
+
+@pytest.fixture(scope="module")
+def queue_device(llama_bins, tmp_path_factory) -> Path:
+    """The test device, compiled against the managed build's libraries and the tree it was built from."""
+    tree = next((t for t in cache_trees(llama_bins.bin_dir) if (t / "ggml/src/ggml-backend-impl.h").is_file()), None)
+    if tree is None:
+        pytest.skip(f"no llama.cpp source tree beside {llama_bins.bin_dir} (a build outside arcsplit's cache)")
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (the managed build needs one too)")
+    out = tmp_path_factory.mktemp("queue") / "libqueue_device.so"
+    bins = llama_bins.bin_dir
+    r = subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", f"-I{tree}/ggml/include", f"-I{tree}/ggml/src",
+                        str(SOURCE), f"-L{bins}", "-lggml", "-lggml-base", "-lggml-cpu", f"-Wl,-rpath,{bins}",
+                        "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def greedy_on_two_queue_devices(model: Path, llama_bins, mode: str) -> tuple[list[int], list[str]]:
+    """Serve ``model`` on two cards through arcsplit (their rpc-servers hold QUEUE devices where LD_PRELOAD names
+    the test device), take one greedy completion, stop: the tokens and every rpc-server's log."""
+    with serve_group(str(model), gpus=[0, 1], backend="cpu", mode=mode, ctx=1024, parallel=1, threads=1,
+                     port=free_port(), bus=False, llama_dir=str(llama_bins.bin_dir)) as server:
+        r = httpx.post(f"{server.url}/completion", json={
+            "prompt": "The keeper of the lighthouse climbed the stairs and", "n_predict": 12, "temperature": 0,
+            "ignore_eos": True, "return_tokens": True}, timeout=300)
+        r.raise_for_status()
+        run_dir = Path(server.status()["run_dir"])
+    return r.json()["tokens"], [p.read_text(errors="replace") for p in sorted(run_dir.glob("rpc*.log"))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("blocking", ["0", "1"])
+def test_gated_sets_on_a_device_that_waits_give_the_same_tokens(llama_bins, demo_model, queue_device, monkeypatch,
+                                                                   blocking):
+    """All-RPC on two QUEUE devices with ARCSPLIT_RPC_GATE=1: the second rpc-server queues each decoded token's
+    input behind a wait on the host word ("device wait: yes"), its graph is launched before the data has come (the
+    device's queue reached the wait first: "waited for the host word"), and the greedy tokens equal those of the
+    same group with gated sets off and of plain CPU cards. ``blocking``: the device's graph launch returns only when
+    the graph has run (as ggml-cuda's does mid-graph for MUL_MAT_ID), which would deadlock an rpc-server that
+    launched it on the thread that takes the data in."""
+    monkeypatch.setenv("GGML_RPC_DEBUG", "1")
+    monkeypatch.setenv("ARCSPLIT_RPC_GATE", "0")
+    plain, _ = greedy_on_two_queue_devices(demo_model, llama_bins, "rpc")
+    monkeypatch.setenv("LD_PRELOAD", str(queue_device))
+    monkeypatch.setenv("ARCSPLIT_TEST_QUEUE_BLOCKING", blocking)
+    off, off_logs = greedy_on_two_queue_devices(demo_model, llama_bins, "rpc")
+    monkeypatch.setenv("ARCSPLIT_RPC_GATE", "1")
+    on, (first, second) = greedy_on_two_queue_devices(demo_model, llama_bins, "rpc")
+    assert all("QUEUE: host-thread queue" in log for log in off_logs + [first, second]), "the test device was not used"
+    assert len(plain) == 12 and on == off == plain
+    assert "device wait: yes" not in "".join(off_logs)
+    assert second.count("device wait: yes") >= 10, second[-3000:]
+    assert WAITED in second, "no graph was queued before its data came"
+    assert "before the data of a gated set" not in second and "still open after" not in second
+
+
+@pytest.mark.slow  # a real rpc-server of the managed build
+def test_a_device_waiting_for_gated_data_is_released_when_its_client_goes(llama_bins, queue_device, tmp_path):
+    """Over a raw socket to an rpc-server holding a QUEUE device: gated data is copied from its slot after the word
+    is stored (read back, it is the data). A client that breaks an open gate, or goes away before its data, is closed
+    alone, and the wait it left queued on the device is released, so the server serves the next client at once
+    (the device would otherwise wait until the test device gives up after 60 s)."""
+    log = tmp_path / "rpc.log"
+    data = bytes(range(256)) * 4  # 256 F32s' worth
+    env = {"LD_PRELOAD": str(queue_device), "GGML_RPC_DEBUG": "1"}
+    with rpc_server_on(llama_bins, log, **env) as port:
+        c = RawRpc(port)
+        t = c.f32_tensor(256)
+        c.call(GATE, t + struct.pack("<QQ", 0, len(data)))
+        c.call(SET_TENSOR_GATED, t + b"\0" + struct.pack("<Q", 0) + data)
+        assert c.call(GET_TENSOR, t + struct.pack("<QQ", 0, len(data)), len(data)) == data
+        c.close()
+        assert log.read_text().count("device wait: yes") == 1
+        breaks = [
+            ("Command 8 before the data of a gated set",
+             lambda c, t: c.call(GET_TENSOR, t + struct.pack("<QQ", 0, 16))),
+            ("gated data does not match its gate",
+             lambda c, t: c.call(SET_TENSOR_GATED, t + b"\0" + struct.pack("<Q", 4) + data[4:])),
+            ("A SET_TENSOR into an open gate's region",
+             lambda c, t: c.call(SET_TENSOR, t + b"\0" + struct.pack("<Q", 512) + data[:64])),
+            ("Client connection closed", lambda c, t: c.s.close()),
+        ]
+        for n, (line, breach) in enumerate(breaks, start=2):
+            before = log.read_text().count(line)
+            c = RawRpc(port)
+            t = c.f32_tensor(256)
+            c.call(GATE, t + struct.pack("<QQ", 0, len(data)))
+            breach(c, t)
+            assert c.closed(), line
+            c.close()
+            # the next client is served within RawRpc's 10 s: the queued wait was released, not timed out
+            assert RawRpc(port).padding & 1, line
+            text = log.read_text()
+            assert text.count(line) > before and text.count("device wait: yes") == n, line
+        assert "still open after" not in log.read_text()
