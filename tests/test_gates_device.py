@@ -60,16 +60,20 @@ def greedy_on_two_queue_devices(model: Path, llama_bins, mode: str) -> tuple[lis
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("blocking", ["0", "1"])
+@pytest.mark.parametrize("blocking,relay_kib", [("0", ""), ("1", "1")])
 def test_gated_sets_on_a_device_that_waits_give_the_same_tokens(llama_bins, demo_model, queue_device, monkeypatch,
-                                                                   blocking):
+                                                                   blocking, relay_kib):
     """All-RPC on two QUEUE devices with ARCSPLIT_RPC_GATE=1: the second rpc-server queues each decoded token's
     input behind a wait on the host word ("device wait: yes"), its graph is launched before the data has come (the
     device's queue reached the wait first: "waited for the host word"), and the greedy tokens equal those of the
     same group with gated sets off and of plain CPU cards. ``blocking``: the device's graph launch returns only when
     the graph has run (as ggml-cuda's does mid-graph for MUL_MAT_ID), which would deadlock an rpc-server that
-    launched it on the thread that takes the data in."""
+    launched it on the thread that takes the data in. ``relay_kib`` 1: the demo model's 2.5 KiB activation is
+    relayed in three chunks, so a graph has three gates (three slots; the first graph's later two, arriving while
+    the device waits, take the host path that once)."""
     monkeypatch.setenv("GGML_RPC_DEBUG", "1")
+    if relay_kib:
+        monkeypatch.setenv("ARCSPLIT_RPC_RELAY_KIB", relay_kib)
     monkeypatch.setenv("ARCSPLIT_RPC_GATE", "0")
     plain, _ = greedy_on_two_queue_devices(demo_model, llama_bins, "rpc")
     monkeypatch.setenv("LD_PRELOAD", str(queue_device))
@@ -80,7 +84,10 @@ def test_gated_sets_on_a_device_that_waits_give_the_same_tokens(llama_bins, demo
     assert all("QUEUE: host-thread queue" in log for log in off_logs + [first, second]), "the test device was not used"
     assert len(plain) == 12 and on == off == plain
     assert "device wait: yes" not in "".join(off_logs)
-    assert second.count("device wait: yes") >= 10, second[-3000:]
+    gates_per_token = 3 if relay_kib else 1
+    assert second.count("device wait: yes") >= 10 * gates_per_token, second[-3000:]
+    if relay_kib:
+        assert second.count("device wait: no") == 2, second[-3000:]
     assert WAITED in second, "no graph was queued before its data came"
     assert "before the data of a gated set" not in second and "still open after" not in second
 
