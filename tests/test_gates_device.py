@@ -22,10 +22,14 @@ from arcsplit import serve as serve_group
 from arcsplit.llama.build import cache_trees
 from arcsplit.run.ports import free_port
 
-from test_patches import GATE, GET_TENSOR, SET_TENSOR, SET_TENSOR_GATED, RawRpc, rpc_server_on
+from test_patches import ALLOC_BUFFER, BUFFER_GET_BASE, GATE, GET_TENSOR, SET_TENSOR, SET_TENSOR_GATED, RawRpc, \
+    rpc_server_on
 
 SOURCE = Path(__file__).parent / "native" / "queue_device.cpp"
 WAITED = "QUEUE: waited for the host word"
+GRAPH_COMPUTE, GRAPH_RECOMPUTE = 10, 16  # ggml-rpc.cpp's enum rpc_cmd
+GGML_OP_ADD = 2  # ggml.h's enum ggml_op
+GGML_TENSOR_FLAG_COMPUTE = 16  # ggml.h: a node the backend must compute
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +135,61 @@ def test_a_device_waiting_for_gated_data_is_released_when_its_client_goes(llama_
             text = log.read_text()
             assert text.count(line) > before and text.count("device wait: yes") == n, line
         assert "still open after" not in log.read_text()
+
+
+def f32_tensor(c: RawRpc, n: int, tid: int, op: int = 0, srcs: tuple[int, ...] = ()) -> bytes:
+    """A fresh buffer of n F32 values on device 0 and an rpc_tensor (packed, 296 bytes) over all of it, with id
+    ``tid``, computed by ``op`` from the tensors of ids ``srcs``."""
+    remote, _ = struct.unpack("<QQ", c.call(ALLOC_BUFFER, struct.pack("<IQ", 0, 4 * n), 16))
+    (base,) = struct.unpack("<Q", c.call(BUFFER_GET_BASE, struct.pack("<Q", remote), 8))
+    src = list(srcs) + [0] * (10 - len(srcs))
+    flags = GGML_TENSOR_FLAG_COMPUTE if op else 0
+    return struct.pack("<QIQ4I4II16ii10QQQQ64si", tid, 0, remote, n, 1, 1, 1, 4, 4 * n, 4 * n, 4 * n, op,
+                       *([0] * 16), flags, *src, 0, 0, base, b"t%d" % tid, 1)
+
+
+def f32s(values: list[float]) -> bytes:
+    return struct.pack(f"<{len(values)}f", *values)
+
+
+@pytest.mark.slow  # a real rpc-server of the managed build
+@pytest.mark.parametrize("blocking", ["0", "1"])
+def test_a_gated_graph_runs_on_its_data_and_a_launch_left_waiting_is_released(llama_bins, queue_device, tmp_path,
+                                                                              blocking):
+    """A one-node graph (b = a + a) over a raw socket to an rpc-server holding a QUEUE device: computed once, then
+    repeated as gated sets repeat it (GATE on a, GRAPH_RECOMPUTE before a's data, then the data), it reads the
+    data that came after it was launched: b is twice the new a. A client that goes away between the launch and the
+    data is closed with its wait released, and the next client is served at once, also when the device's launch
+    returns only once the graph has run (``blocking``: the launching thread then waits on the word until the
+    server releases it, so a server that joined that thread first would hang)."""
+    log = tmp_path / "rpc.log"
+    n = 256
+    first, second = [float(i) for i in range(n)], [float(3 * i + 1) for i in range(n)]
+    env = {"LD_PRELOAD": str(queue_device), "GGML_RPC_DEBUG": "1", "ARCSPLIT_TEST_QUEUE_BLOCKING": blocking}
+
+    def graph(c: RawRpc) -> tuple[bytes, bytes]:
+        a, b = f32_tensor(c, n, 1), f32_tensor(c, n, 2, GGML_OP_ADD, (1, 1))
+        c.call(SET_TENSOR, a + b"\0" + struct.pack("<Q", 0) + f32s(first))
+        c.call(GRAPH_COMPUTE, struct.pack("<IIQI", 0, 1, 2, 2) + a + b)
+        return a, b
+
+    with rpc_server_on(llama_bins, log, **env) as port:
+        c = RawRpc(port)
+        a, b = graph(c)
+        assert c.call(GET_TENSOR, b + struct.pack("<QQ", 0, 4 * n), 4 * n) == f32s([2 * v for v in first])
+        c.call(GATE, a + struct.pack("<QQ", 0, 4 * n))
+        c.call(GRAPH_RECOMPUTE, struct.pack("<I", 0))
+        c.call(SET_TENSOR_GATED, a + b"\0" + struct.pack("<Q", 0) + f32s(second))
+        assert c.call(GET_TENSOR, b + struct.pack("<QQ", 0, 4 * n), 4 * n) == f32s([2 * v for v in second])
+        c.close()
+        text = log.read_text()
+        assert text.count("device wait: yes") == 1 and "computed when its gated sets' data comes" not in text
+
+        c = RawRpc(port)
+        a, b = graph(c)
+        c.call(GATE, a + struct.pack("<QQ", 0, 4 * n))
+        c.call(GRAPH_RECOMPUTE, struct.pack("<I", 0))
+        c.close()  # gone before the data
+        assert RawRpc(port).padding & 1, "the rpc-server did not serve the next client"
+        text = log.read_text()
+        assert text.count("device wait: yes") == 2 and "still open after" not in text
