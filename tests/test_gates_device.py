@@ -10,6 +10,7 @@ nor any speed."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import struct
 import subprocess
@@ -38,9 +39,11 @@ def queue_device(llama_bins, tmp_path_factory) -> Path:
     tree = next((t for t in cache_trees(llama_bins.bin_dir) if (t / "ggml/src/ggml-backend-impl.h").is_file()), None)
     if tree is None:
         pytest.skip(f"no llama.cpp source tree beside {llama_bins.bin_dir} (a build outside arcsplit's cache)")
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler (the managed build needs one too)")
+    cache = llama_bins.bin_dir.parent / "CMakeCache.txt"  # the compiler the build itself used
+    found = re.search(r"^CMAKE_CXX_COMPILER:\w+=(.+)$", cache.read_text(), re.M) if cache.is_file() else None
+    cxx = found.group(1).strip() if found else shutil.which("c++")
+    if not cxx:
+        pytest.skip("no C++ compiler recorded by the build or on PATH")
     out = tmp_path_factory.mktemp("queue") / "libqueue_device.so"
     bins = llama_bins.bin_dir
     r = subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", f"-I{tree}/ggml/include", f"-I{tree}/ggml/src",
