@@ -10,10 +10,14 @@ nor any speed."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
 import struct
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -28,6 +32,7 @@ from test_patches import ALLOC_BUFFER, BUFFER_GET_BASE, GATE, GET_TENSOR, SET_TE
 
 SOURCE = Path(__file__).parent / "native" / "queue_device.cpp"
 WAITED = "QUEUE: waited for the host word"
+PROMPT = "The keeper of the lighthouse climbed the stairs and"
 GRAPH_COMPUTE, GRAPH_RECOMPUTE = 10, 16  # ggml-rpc.cpp's enum rpc_cmd
 GGML_OP_ADD = 2  # ggml.h's enum ggml_op
 GGML_TENSOR_FLAG_COMPUTE = 16  # ggml.h: a node the backend must compute
@@ -59,7 +64,7 @@ def greedy_on_two_queue_devices(model: Path, llama_bins, mode: str) -> tuple[lis
     with serve_group(str(model), gpus=[0, 1], backend="cpu", mode=mode, ctx=1024, parallel=1, threads=1,
                      port=free_port(), bus=False, llama_dir=str(llama_bins.bin_dir)) as server:
         r = httpx.post(f"{server.url}/completion", json={
-            "prompt": "The keeper of the lighthouse climbed the stairs and", "n_predict": 12, "temperature": 0,
+            "prompt": PROMPT, "n_predict": 12, "temperature": 0,
             "ignore_eos": True, "return_tokens": True}, timeout=300)
         r.raise_for_status()
         run_dir = Path(server.status()["run_dir"])
@@ -196,3 +201,62 @@ def test_a_gated_graph_runs_on_its_data_and_a_launch_left_waiting_is_released(ll
         assert RawRpc(port).padding & 1, "the rpc-server did not serve the next client"
         text = log.read_text()
         assert text.count("device wait: yes") == 2 and "still open after" not in text
+
+
+@contextlib.contextmanager
+def llama_server_on(llama_bins, args: list[str], log: Path, **env: str) -> Iterator[str]:
+    """The managed build's llama-server with ``args`` on a free loopback port, its output in ``log``; its URL, once
+    /health answers."""
+    port = free_port()
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(llama_bins.server), "--host", "127.0.0.1", "--port", str(port), "-c", "1024",
+                                 "-np", "1", "-t", "1", *args], stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, **env})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"llama-server never answered /health: {log.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def greedy(url: str) -> list[int]:
+    r = httpx.post(f"{url}/completion", json={"prompt": PROMPT, "n_predict": 12, "temperature": 0,
+                                              "ignore_eos": True, "return_tokens": True}, timeout=300)
+    r.raise_for_status()
+    return r.json()["tokens"]
+
+
+@pytest.mark.slow
+def test_hybrid_gated_sets_from_llama_servers_own_card(llama_bins, demo_model, queue_device, tmp_path):
+    """Hybrid with a QUEUE device on both sides: llama-server's own card, which its RPC client takes for a CUDA card
+    (ARCSPLIT_TEST_QUEUE_REG_NAME=CUDA; patch 0001 reads an activation asynchronously only off CUDA and SYCL
+    cards), and the rpc-server's. With ARCSPLIT_RPC_GATE=1 the activation read off llama-server's card reaches the
+    rpc-server gated: its device waits on the word, the graph queued ahead of the data, every decoded token. The
+    greedy tokens equal gated sets off and llama-server alone on its CPU."""
+    with llama_server_on(llama_bins, ["-m", str(demo_model), "-ngl", "0"], tmp_path / "alone.log") as url:
+        plain = greedy(url)
+    seen = {}
+    for gate in ("1", "0"):
+        rpc_log = tmp_path / f"rpc-{gate}.log"
+        with rpc_server_on(llama_bins, rpc_log, LD_PRELOAD=str(queue_device), GGML_RPC_DEBUG="1") as rpc_port:
+            with llama_server_on(llama_bins, ["-m", str(demo_model), "--rpc", f"127.0.0.1:{rpc_port}",
+                                              "--device", "QUEUE,RPC0", "-ngl", "99", "-ts", "1,1"],
+                                 tmp_path / f"server-{gate}.log", LD_PRELOAD=str(queue_device),
+                                 ARCSPLIT_TEST_QUEUE_PROCS="llama-server", ARCSPLIT_TEST_QUEUE_REG_NAME="CUDA",
+                                 ARCSPLIT_RPC_GATE=gate) as url:
+                seen[gate] = (greedy(url), rpc_log.read_text(errors="replace"))
+    (on, on_log), (off, off_log) = seen["1"], seen["0"]
+    assert len(plain) == 12 and on == off == plain
+    assert on_log.count("device wait: yes") >= 10 and WAITED in on_log, on_log[-3000:]
+    assert "device wait" not in off_log and "still open after" not in on_log

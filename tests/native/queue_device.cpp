@@ -7,7 +7,10 @@
 // page-locked slot after the host stored the word), graph_compute is queued, synchronize drains, and the wait holds
 // the queue until the word is at least the value (cyclically, as cuStreamWaitValue32's GEQ). The device's type is
 // GPU, so the rpc-server picks it when no -d is given. It registers itself only in a process named ggml-rpc-server,
-// so llama-server in the same environment is untouched.
+// so llama-server in the same environment is untouched, unless ARCSPLIT_TEST_QUEUE_PROCS names other processes
+// (comma-separated). It has events, so llama-server can hold it as its own card; ARCSPLIT_TEST_QUEUE_REG_NAME
+// renames its registry (CUDA: llama-server's client then reads an activation off it asynchronously, patch 0001,
+// which it does only from CUDA and SYCL cards).
 //
 // ARCSPLIT_TEST_QUEUE_BLOCKING=1: graph_compute returns only when its graph has run, as ggml-cuda's does when a
 // MUL_MAT_ID reads its ids back mid-graph (the reason the rpc-server launches a gated graph on another thread).
@@ -20,6 +23,7 @@
 #include "ggml-cpu.h"
 
 #include <cerrno>
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -28,6 +32,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 
 namespace {
@@ -91,6 +96,29 @@ struct queue_context {
     queue q;
 };
 
+// an event: each record is numbered, and passes when the queue it was recorded on reaches it
+struct queue_event {
+    std::mutex m;
+    std::condition_variable cv;
+    uint64_t recorded = 0;
+    uint64_t passed = 0;
+    void pass(uint64_t n) {
+        {
+            std::lock_guard<std::mutex> lock(m);
+            passed = std::max(passed, n);
+        }
+        cv.notify_all();
+    }
+    void wait(uint64_t n) {
+        std::unique_lock<std::mutex> lock(m);
+        cv.wait(lock, [&] { return passed >= n; });
+    }
+    uint64_t last() {
+        std::lock_guard<std::mutex> lock(m);
+        return recorded;
+    }
+};
+
 ggml_backend_dev_t cpu_device() {
     return ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
 }
@@ -138,6 +166,23 @@ ggml_status graph_compute(ggml_backend_t backend, ggml_cgraph * graph) {
     return GGML_STATUS_SUCCESS;
 }
 
+void event_record(ggml_backend_t backend, ggml_backend_event_t event) {
+    auto * ev = (queue_event *)event->context;
+    uint64_t n;
+    {
+        std::lock_guard<std::mutex> lock(ev->m);
+        n = ++ev->recorded;
+    }
+    ((queue_context *)backend->context)->q.push([ev, n] { ev->pass(n); });
+}
+
+// the backend's queue waits for the event's last record (which may be on another queue)
+void event_wait(ggml_backend_t backend, ggml_backend_event_t event) {
+    auto * ev = (queue_event *)event->context;
+    const uint64_t n = ev->last();
+    ((queue_context *)backend->context)->q.push([ev, n] { ev->wait(n); });
+}
+
 const ggml_backend_i backend_iface = {
     /* .get_name            = */ backend_name,
     /* .free                = */ backend_free,
@@ -152,8 +197,8 @@ const ggml_backend_i backend_iface = {
     /* .graph_plan_update   = */ nullptr,
     /* .graph_plan_compute  = */ nullptr,
     /* .graph_compute       = */ graph_compute,
-    /* .event_record        = */ nullptr,
-    /* .event_wait          = */ nullptr,
+    /* .event_record        = */ event_record,
+    /* .event_wait          = */ event_wait,
     /* .graph_optimize      = */ nullptr,
 };
 
@@ -208,7 +253,7 @@ void dev_props(ggml_backend_dev_t dev, ggml_backend_dev_props * props) {
     props->caps.async = true;
     props->caps.host_buffer = true;
     props->caps.buffer_from_host_ptr = false;
-    props->caps.events = false;
+    props->caps.events = true;
 }
 
 ggml_backend_t dev_init(ggml_backend_dev_t dev, const char *) {
@@ -221,8 +266,12 @@ ggml_backend_t dev_init(ggml_backend_dev_t dev, const char *) {
     return new ggml_backend{&queue_guid, backend_iface, dev, ctx};
 }
 
+// the CPU backend's buffer type, as this device's own (its device pointer is this device: a client reading off it
+// finds the device, and the device's host buffer type, from the buffer)
+ggml_backend_buffer_type queue_buft;
+
 ggml_backend_buffer_type_t dev_buffer_type(ggml_backend_dev_t) {
-    return ggml_backend_cpu_buffer_type();
+    return &queue_buft;
 }
 
 bool dev_supports_op(ggml_backend_dev_t, const ggml_tensor * op) {
@@ -235,6 +284,20 @@ bool dev_supports_buft(ggml_backend_dev_t, ggml_backend_buffer_type_t buft) {
 
 bool dev_offload_op(ggml_backend_dev_t, const ggml_tensor *) {
     return false;
+}
+
+ggml_backend_event_t event_new(ggml_backend_dev_t dev) {
+    return new ggml_backend_event{dev, new queue_event};
+}
+
+void event_free(ggml_backend_dev_t, ggml_backend_event_t event) {
+    delete (queue_event *)event->context;
+    delete event;
+}
+
+void event_synchronize(ggml_backend_dev_t, ggml_backend_event_t event) {
+    auto * ev = (queue_event *)event->context;
+    ev->wait(ev->last());
 }
 
 ggml_backend_device_i device_iface = {
@@ -250,16 +313,17 @@ ggml_backend_device_i device_iface = {
     /* .supports_op          = */ dev_supports_op,
     /* .supports_buft        = */ dev_supports_buft,
     /* .offload_op           = */ dev_offload_op,
-    /* .event_new            = */ nullptr,
-    /* .event_free           = */ nullptr,
-    /* .event_synchronize    = */ nullptr,
+    /* .event_new            = */ event_new,
+    /* .event_free           = */ event_free,
+    /* .event_synchronize    = */ event_synchronize,
 };
 
 ggml_backend_reg queue_reg_storage;
 ggml_backend_device queue_device = {device_iface, &queue_reg_storage, nullptr};
 
 const char * reg_name(ggml_backend_reg_t) {
-    return "QUEUE";
+    const char * name = getenv("ARCSPLIT_TEST_QUEUE_REG_NAME");
+    return name != nullptr && name[0] != '\0' ? name : "QUEUE";
 }
 
 size_t reg_device_count(ggml_backend_reg_t) {
@@ -280,10 +344,27 @@ void * reg_proc_address(ggml_backend_reg_t, const char * name) {
     return nullptr;
 }
 
+// whether this process is one the device registers in: ggml-rpc-server, or one ARCSPLIT_TEST_QUEUE_PROCS names
+bool wanted_here() {
+    const char * procs = getenv("ARCSPLIT_TEST_QUEUE_PROCS");
+    std::string list = procs != nullptr ? procs : "ggml-rpc-server";
+    size_t start = 0;
+    while (start <= list.size()) {
+        const size_t end = std::min(list.find(',', start), list.size());
+        if (list.compare(start, end - start, program_invocation_short_name) == 0) {
+            return true;
+        }
+        start = end + 1;
+    }
+    return false;
+}
+
 __attribute__((constructor)) void register_queue_device() {
-    if (strcmp(program_invocation_short_name, "ggml-rpc-server") != 0) {
+    if (!wanted_here()) {
         return;
     }
+    queue_buft = *ggml_backend_cpu_buffer_type();
+    queue_buft.device = &queue_device;
     queue_reg_storage = {GGML_BACKEND_API_VERSION, {reg_name, reg_device_count, reg_device, reg_proc_address}, nullptr};
     ggml_backend_register(&queue_reg_storage);
 }
