@@ -28,7 +28,7 @@ from arcsplit.llama.build import cache_trees
 from arcsplit.run.ports import free_port
 
 from test_patches import ALLOC_BUFFER, BUFFER_GET_BASE, GATE, GET_TENSOR, SET_TENSOR, SET_TENSOR_GATED, RawRpc, \
-    rpc_server_on
+    gated_sets_hold_their_rules, rpc_server_on
 
 SOURCE = Path(__file__).parent / "native" / "queue_device.cpp"
 WAITED = "QUEUE: waited for the host word"
@@ -111,37 +111,8 @@ def test_a_device_waiting_for_gated_data_is_released_when_its_client_goes(llama_
     alone, and the wait it left queued on the device is released, so the server serves the next client at once
     (the device would otherwise wait until the test device gives up after 60 s)."""
     log = tmp_path / "rpc.log"
-    data = bytes(range(256)) * 4  # 256 F32s' worth
-    env = {"LD_PRELOAD": str(queue_device), "GGML_RPC_DEBUG": "1"}
-    with rpc_server_on(llama_bins, log, **env) as port:
-        c = RawRpc(port)
-        t = c.f32_tensor(256)
-        c.call(GATE, t + struct.pack("<QQ", 0, len(data)))
-        c.call(SET_TENSOR_GATED, t + b"\0" + struct.pack("<Q", 0) + data)
-        assert c.call(GET_TENSOR, t + struct.pack("<QQ", 0, len(data)), len(data)) == data
-        c.close()
-        assert log.read_text().count("device wait: yes") == 1
-        breaks = [
-            ("Command 8 before the data of a gated set",
-             lambda c, t: c.call(GET_TENSOR, t + struct.pack("<QQ", 0, 16))),
-            ("gated data does not match its gate",
-             lambda c, t: c.call(SET_TENSOR_GATED, t + b"\0" + struct.pack("<Q", 4) + data[4:])),
-            ("A SET_TENSOR into an open gate's region",
-             lambda c, t: c.call(SET_TENSOR, t + b"\0" + struct.pack("<Q", 512) + data[:64])),
-            ("Client connection closed", lambda c, t: c.s.close()),
-        ]
-        for n, (line, breach) in enumerate(breaks, start=2):
-            before = log.read_text().count(line)
-            c = RawRpc(port)
-            t = c.f32_tensor(256)
-            c.call(GATE, t + struct.pack("<QQ", 0, len(data)))
-            breach(c, t)
-            assert c.closed(), line
-            c.close()
-            # the next client is served within RawRpc's 10 s: the queued wait was released, not timed out
-            assert RawRpc(port).padding & 1, line
-            text = log.read_text()
-            assert text.count(line) > before and text.count("device wait: yes") == n, line
+    with rpc_server_on(llama_bins, log, LD_PRELOAD=str(queue_device), GGML_RPC_DEBUG="1") as port:
+        gated_sets_hold_their_rules(port, log, device_waits=True)
         assert "still open after" not in log.read_text()
 
 

@@ -530,38 +530,50 @@ def test_an_rpc_server_offers_gated_sets_and_refuses_data_without_a_gate(llama_b
             c.close()
 
 
+def gated_sets_hold_their_rules(port: int, log: Path, device_waits: bool) -> None:
+    """Over raw sockets to the rpc-server on ``port`` (its output in ``log``, GGML_RPC_DEBUG=1 where
+    ``device_waits``): gated data reads back as set. Each way of breaking an open gate closes only that connection,
+    with its own line in the server's log, and the next client is served within RawRpc's 10 s: another command
+    before the data, data that does not match the gate, a SET_TENSOR into the gate's region, a client gone before
+    its data. ``device_waits``: every gate took the device-side path (a queued wait the server must release)."""
+    data = bytes(range(256)) * 4  # 256 F32s' worth
+    c = RawRpc(port)
+    t = c.f32_tensor(256)
+    c.call(GATE, t + struct.pack("<QQ", 0, len(data)))
+    c.call(SET_TENSOR_GATED, t + b"\0" + struct.pack("<Q", 0) + data)
+    assert c.call(GET_TENSOR, t + struct.pack("<QQ", 0, len(data)), len(data)) == data
+    c.close()
+    breaks = [
+        ("Command 8 before the data of a gated set",
+         lambda c, t: c.call(GET_TENSOR, t + struct.pack("<QQ", 0, 16))),
+        ("gated data does not match its gate",
+         lambda c, t: c.call(SET_TENSOR_GATED, t + b"\0" + struct.pack("<Q", 4) + data[4:])),
+        ("A SET_TENSOR into an open gate's region",
+         lambda c, t: c.call(SET_TENSOR, t + b"\0" + struct.pack("<Q", 512) + data[:64])),
+        ("Client connection closed", lambda c, t: c.s.close()),
+    ]
+    for n, (line, breach) in enumerate(breaks, start=2):
+        before = log.read_text().count(line)
+        c = RawRpc(port)
+        t = c.f32_tensor(256)
+        c.call(GATE, t + struct.pack("<QQ", 0, len(data)))
+        breach(c, t)
+        assert c.closed(), line
+        c.close()
+        assert RawRpc(port).padding & 1, f"the rpc-server stopped serving after: {line}"
+        text = log.read_text()
+        assert text.count(line) > before, line
+        assert text.count("device wait: yes") == (n if device_waits else 0), line
+
+
 @pytest.mark.slow  # a real rpc-server of the managed build
 def test_an_rpc_server_sets_gated_data_and_closes_a_connection_that_breaks_a_gate(llama_bins, tmp_path):
     """On a device that cannot wait on a host word (CPU) the rpc-server sets gated data when it comes: read back, it
     is the data. Each way of breaking an open gate closes only that connection, with its own line in the server's
-    log: another command before the data, data that does not match the gate, a SET_TENSOR into the gate's region."""
+    log, and the server goes on serving (gated_sets_hold_their_rules)."""
     log = tmp_path / "rpc.log"
-    data = bytes(range(256)) * 4  # 256 F32s' worth
-    with rpc_server_on(llama_bins, log) as port:
-        c = RawRpc(port)
-        t = c.f32_tensor(256)
-        c.call(GATE, t + struct.pack("<QQ", 0, len(data)))
-        c.call(SET_TENSOR_GATED, t + b"\0" + struct.pack("<Q", 0) + data)
-        assert c.call(GET_TENSOR, t + struct.pack("<QQ", 0, len(data)), len(data)) == data
-        c.close()
-        breaks = [
-            ("Command 8 before the data of a gated set",
-             lambda c, t: c.call(GET_TENSOR, t + struct.pack("<QQ", 0, 16))),
-            ("gated data does not match its gate",
-             lambda c, t: c.call(SET_TENSOR_GATED, t + b"\0" + struct.pack("<Q", 4) + data[4:])),
-            ("A SET_TENSOR into an open gate's region",
-             lambda c, t: c.call(SET_TENSOR, t + b"\0" + struct.pack("<Q", 512) + data[:64])),
-        ]
-        for line, breach in breaks:
-            assert line not in log.read_text()
-            c = RawRpc(port)
-            t = c.f32_tensor(256)
-            c.call(GATE, t + struct.pack("<QQ", 0, len(data)))
-            breach(c, t)
-            assert c.closed(), line
-            assert line in log.read_text()
-            c.close()
-        assert RawRpc(port).padding & 1, "the rpc-server stopped serving after the bad clients"
+    with rpc_server_on(llama_bins, log, GGML_RPC_DEBUG="1") as port:
+        gated_sets_hold_their_rules(port, log, device_waits=False)
 
 
 def rings_left() -> set[str]:
