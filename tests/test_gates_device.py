@@ -27,15 +27,13 @@ from arcsplit import serve as serve_group
 from arcsplit.llama.build import cache_trees
 from arcsplit.run.ports import free_port
 
-from test_patches import ALLOC_BUFFER, BUFFER_GET_BASE, GATE, GET_TENSOR, SET_TENSOR, SET_TENSOR_GATED, RawRpc, \
+from test_patches import GATE, GET_TENSOR, GRAPH_COMPUTE, GRAPH_RECOMPUTE, SET_TENSOR, SET_TENSOR_GATED, RawRpc, \
     gated_sets_hold_their_rules, rpc_server_on
 
 SOURCE = Path(__file__).parent / "native" / "queue_device.cpp"
 WAITED = "QUEUE: waited for the host word"
 PROMPT = "The keeper of the lighthouse climbed the stairs and"
-GRAPH_COMPUTE, GRAPH_RECOMPUTE = 10, 16  # ggml-rpc.cpp's enum rpc_cmd
 GGML_OP_ADD = 2  # ggml.h's enum ggml_op
-GGML_TENSOR_FLAG_COMPUTE = 16  # ggml.h: a node the backend must compute
 
 
 @pytest.fixture(scope="module")
@@ -116,17 +114,6 @@ def test_a_device_waiting_for_gated_data_is_released_when_its_client_goes(llama_
         assert "still open after" not in log.read_text()
 
 
-def f32_tensor(c: RawRpc, n: int, tid: int, op: int = 0, srcs: tuple[int, ...] = ()) -> bytes:
-    """A fresh buffer of n F32 values on device 0 and an rpc_tensor (packed, 296 bytes) over all of it, with id
-    ``tid``, computed by ``op`` from the tensors of ids ``srcs``."""
-    remote, _ = struct.unpack("<QQ", c.call(ALLOC_BUFFER, struct.pack("<IQ", 0, 4 * n), 16))
-    (base,) = struct.unpack("<Q", c.call(BUFFER_GET_BASE, struct.pack("<Q", remote), 8))
-    src = list(srcs) + [0] * (10 - len(srcs))
-    flags = GGML_TENSOR_FLAG_COMPUTE if op else 0
-    return struct.pack("<QIQ4I4II16ii10QQQQ64si", tid, 0, remote, n, 1, 1, 1, 4, 4 * n, 4 * n, 4 * n, op,
-                       *([0] * 16), flags, *src, 0, 0, base, b"t%d" % tid, 1)
-
-
 def f32s(values: list[float]) -> bytes:
     return struct.pack(f"<{len(values)}f", *values)
 
@@ -147,7 +134,7 @@ def test_a_gated_graph_runs_on_its_data_and_a_launch_left_waiting_is_released(ll
     env = {"LD_PRELOAD": str(queue_device), "GGML_RPC_DEBUG": "1", "ARCSPLIT_TEST_QUEUE_BLOCKING": blocking}
 
     def graph(c: RawRpc) -> tuple[bytes, bytes]:
-        a, b = f32_tensor(c, n, 1), f32_tensor(c, n, 2, GGML_OP_ADD, (1, 1))
+        a, b = c.f32_tensor(n), c.f32_tensor(n, 2, GGML_OP_ADD, (1, 1))
         c.call(SET_TENSOR, a + b"\0" + struct.pack("<Q", 0) + f32s(first))
         c.call(GRAPH_COMPUTE, struct.pack("<IIQI", 0, 1, 2, 2) + a + b)
         return a, b

@@ -448,7 +448,9 @@ def test_an_activation_for_an_rpc_server_is_announced_before_its_data(llama_bins
 
 
 # ggml-rpc's commands (ggml-rpc.cpp's enum rpc_cmd; GATE and SET_TENSOR_GATED are patch 0003's)
-ALLOC_BUFFER, BUFFER_GET_BASE, SET_TENSOR, GET_TENSOR, HELLO, GATE, SET_TENSOR_GATED = 0, 3, 6, 8, 14, 18, 19
+ALLOC_BUFFER, BUFFER_GET_BASE, SET_TENSOR, GET_TENSOR, GRAPH_COMPUTE, HELLO, GRAPH_RECOMPUTE, GATE, SET_TENSOR_GATED = \
+    0, 3, 6, 8, 10, 14, 16, 18, 19
+GGML_TENSOR_FLAG_COMPUTE = 16  # ggml.h: a graph node the backend must compute
 
 
 class RawRpc:
@@ -479,12 +481,16 @@ class RawRpc:
         except OSError:
             return True
 
-    def f32_tensor(self, n: int) -> bytes:
-        """A fresh buffer of n F32 values on device 0 and an rpc_tensor (packed, 296 bytes) over all of it."""
+    def f32_tensor(self, n: int, tid: int = 1, op: int = 0, srcs: tuple[int, ...] = ()) -> bytes:
+        """A fresh buffer of n F32 values on device 0 and an rpc_tensor (packed, 296 bytes) over all of it, with id
+        ``tid``; a graph node where ``op`` is not 0 (ggml.h's enum ggml_op), computed from the tensors of ids
+        ``srcs``."""
         remote, _ = struct.unpack("<QQ", self.call(ALLOC_BUFFER, struct.pack("<IQ", 0, 4 * n), 16))
         (base,) = struct.unpack("<Q", self.call(BUFFER_GET_BASE, struct.pack("<Q", remote), 8))
-        return struct.pack("<QIQ4I4II16ii10QQQQ64si", 1, 0, remote, n, 1, 1, 1, 4, 4 * n, 4 * n, 4 * n, 0,
-                           *([0] * 16), 0, *([0] * 10), 0, 0, base, b"x", 0)
+        flags = GGML_TENSOR_FLAG_COMPUTE if op else 0
+        src = [*srcs, *[0] * (10 - len(srcs))]
+        return struct.pack("<QIQ4I4II16ii10QQQQ64si", tid, 0, remote, n, 1, 1, 1, 4, 4 * n, 4 * n, 4 * n, op,
+                           *([0] * 16), flags, *src, 0, 0, base, b"x", 0)
 
     def close(self) -> None:
         self.s.close()
