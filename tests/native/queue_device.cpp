@@ -22,8 +22,8 @@
 #include "ggml-backend-impl.h"
 #include "ggml-cpu.h"
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>  // program_invocation_short_name (GNU)
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
