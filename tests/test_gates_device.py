@@ -100,6 +100,10 @@ def test_gated_sets_on_a_device_that_waits_give_the_same_tokens(llama_bins, demo
         assert second.count("device wait: no") == 2, second[-3000:]
     assert WAITED in second, "no graph was queued before its data came"
     assert "before the data of a gated set" not in second and "still open after" not in second
+    # the prompt's graph is new (GRAPH_COMPUTE): it too is built and launched before its data comes
+    events = re.findall(r"^\[(gate|graph_compute|graph_recompute|set_tensor_gated)\]", second, re.M)
+    assert any(events[i - 1] == "gate" and events[i + 1] == "set_tensor_gated"
+               for i in range(1, len(events) - 1) if events[i] == "graph_compute"), events
 
 
 @pytest.mark.slow  # a real rpc-server of the managed build

@@ -521,13 +521,14 @@ def rpc_server_on(llama_bins, log: Path, **env: str):
 @pytest.mark.slow  # a real rpc-server of the managed build
 def test_an_rpc_server_offers_gated_sets_and_refuses_data_without_a_gate(llama_bins, tmp_path):
     """The rpc-server's side of gated sets, over a raw socket: its HELLO reply offers them (the padding byte, 0 from
-    a stock server) unless ARCSPLIT_RPC_ASYNC_READ=0; gated data that no GATE announced closes that connection with
-    one line in the server's log, and the server goes on serving the next client."""
-    for async_read, offered in (("1", 1), ("0", 0)):
+    a stock server: bit 1 gated sets, bit 2 a new graph built ahead of their data) unless ARCSPLIT_RPC_ASYNC_READ=0;
+    gated data that no GATE announced closes that connection with one line in the server's log, and the server goes
+    on serving the next client."""
+    for async_read, offered in (("1", 3), ("0", 0)):
         log = tmp_path / f"rpc-{async_read}.log"
         with rpc_server_on(llama_bins, log, ARCSPLIT_RPC_ASYNC_READ=async_read) as port:
             c = RawRpc(port)
-            assert c.padding & 1 == offered
+            assert c.padding == offered
             if offered:
                 c.call(SET_TENSOR_GATED, bytes(200))  # a header's worth of bytes, no GATE before it
                 assert c.closed()
