@@ -27,13 +27,12 @@ from arcsplit import serve as serve_group
 from arcsplit.llama.build import cache_trees
 from arcsplit.run.ports import free_port
 
-from test_patches import GATE, GET_TENSOR, GRAPH_COMPUTE, GRAPH_RECOMPUTE, SET_TENSOR, SET_TENSOR_GATED, RawRpc, \
-    gated_sets_hold_their_rules, rpc_server_on
+from test_patches import (GATE, GET_TENSOR, GGML_OP_ADD, GRAPH_COMPUTE, GRAPH_RECOMPUTE, SET_TENSOR, SET_TENSOR_GATED,
+                          RawRpc, gated_sets_hold_their_rules, rpc_server_on)
 
 SOURCE = Path(__file__).parent / "native" / "queue_device.cpp"
 WAITED = "QUEUE: waited for the host word"
 PROMPT = "The keeper of the lighthouse climbed the stairs and"
-GGML_OP_ADD = 2  # ggml.h's enum ggml_op
 
 
 @pytest.fixture(scope="module")

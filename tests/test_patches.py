@@ -451,6 +451,7 @@ def test_an_activation_for_an_rpc_server_is_announced_before_its_data(llama_bins
 ALLOC_BUFFER, BUFFER_GET_BASE, SET_TENSOR, GET_TENSOR, GRAPH_COMPUTE, HELLO, GRAPH_RECOMPUTE, GATE, SET_TENSOR_GATED = \
     0, 3, 6, 8, 10, 14, 16, 18, 19
 GGML_TENSOR_FLAG_COMPUTE = 16  # ggml.h: a graph node the backend must compute
+GGML_OP_ADD = 2  # ggml.h's enum ggml_op
 
 
 class RawRpc:
@@ -542,7 +543,8 @@ def gated_sets_hold_their_rules(port: int, log: Path, device_waits: bool) -> Non
     ``device_waits``): gated data reads back as set. Each way of breaking an open gate closes only that connection,
     with its own line in the server's log, and the next client is served within RawRpc's 10 s: another command
     before the data, data that does not match the gate, a SET_TENSOR into the gate's region, a client gone before
-    its data. ``device_waits``: every gate took the device-side path (a queued wait the server must release)."""
+    its data, a second graph before the data (a one-node graph, b = a + a, repeated twice). ``device_waits``: every
+    gate took the device-side path (a queued wait the server must release)."""
     data = bytes(range(256)) * 4  # 256 F32s' worth
     c = RawRpc(port)
     t = c.f32_tensor(256)
@@ -558,11 +560,16 @@ def gated_sets_hold_their_rules(port: int, log: Path, device_waits: bool) -> Non
         ("A SET_TENSOR into an open gate's region",
          lambda c, t: c.call(SET_TENSOR, t + b"\0" + struct.pack("<Q", 512) + data[:64])),
         ("Client connection closed", lambda c, t: c.s.close()),
+        ("A second graph before the data of a gated set",
+         lambda c, t: [c.call(GRAPH_RECOMPUTE, struct.pack("<I", 0)) for _ in range(2)]),
     ]
     for n, (line, breach) in enumerate(breaks, start=2):
         before = log.read_text().count(line)
         c = RawRpc(port)
         t = c.f32_tensor(256)
+        if "graph" in line:  # a stored graph to repeat: b = a + a
+            b = c.f32_tensor(256, 2, GGML_OP_ADD, (1, 1))
+            c.call(GRAPH_COMPUTE, struct.pack("<IIQI", 0, 1, 2, 2) + t + b)
         c.call(GATE, t + struct.pack("<QQ", 0, len(data)))
         breach(c, t)
         assert c.closed(), line
