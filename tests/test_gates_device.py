@@ -199,25 +199,45 @@ def greedy(url: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_hybrid_gated_sets_from_llama_servers_own_card(llama_bins, demo_model, queue_device, tmp_path):
-    """Hybrid with a QUEUE device on both sides: llama-server's own card, which its RPC client takes for a CUDA card
-    (ARCSPLIT_TEST_QUEUE_REG_NAME=CUDA; patch 0001 reads an activation asynchronously only off CUDA and SYCL
-    cards), and the rpc-server's. With ARCSPLIT_RPC_GATE=1 the activation read off llama-server's card reaches the
-    rpc-server gated: its device waits on the word, the graph queued ahead of the data, every decoded token. The
-    greedy tokens equal gated sets off and llama-server alone on its CPU."""
+@pytest.mark.parametrize("route", ["hybrid", "rpc"])
+def test_gated_sets_on_an_even_split_with_attention_on_both_sides(llama_bins, demo_model, queue_device, tmp_path,
+                                                                 route):
+    """llama-server started directly on an even split (-ts 1,1: attention layers on both sides, unlike arcsplit's CPU
+    plan for the demo model, which leaves only the output layer on the last card), every card a QUEUE device.
+    ``hybrid``: llama-server's own card is one too, taken for a CUDA card by its RPC client
+    (ARCSPLIT_TEST_QUEUE_REG_NAME=CUDA; patch 0001 reads an activation asynchronously only off CUDA and SYCL cards),
+    so the activation read off it reaches the rpc-server gated. ``rpc``: two rpc-servers, the activation relayed
+    between them (0007). With ARCSPLIT_RPC_GATE=1 the last rpc-server's device waits on the word every decoded
+    token, its graph queued ahead of the data, while the graph's other inputs (positions, masks, cache indices:
+    plain SET_TENSORs) pass the held data. The greedy tokens equal gated sets off and llama-server alone on its
+    CPU."""
     with llama_server_on(llama_bins, ["-m", str(demo_model), "-ngl", "0"], tmp_path / "alone.log") as url:
         plain = greedy(url)
+    queue = {"LD_PRELOAD": str(queue_device), "GGML_RPC_DEBUG": "1"}
     seen = {}
     for gate in ("1", "0"):
-        rpc_log = tmp_path / f"rpc-{gate}.log"
-        with rpc_server_on(llama_bins, rpc_log, LD_PRELOAD=str(queue_device), GGML_RPC_DEBUG="1") as rpc_port:
-            with llama_server_on(llama_bins, ["-m", str(demo_model), "--rpc", f"127.0.0.1:{rpc_port}",
-                                              "--device", "QUEUE,RPC0", "-ngl", "99", "-ts", "1,1"],
-                                 tmp_path / f"server-{gate}.log", LD_PRELOAD=str(queue_device),
-                                 ARCSPLIT_TEST_QUEUE_PROCS="llama-server", ARCSPLIT_TEST_QUEUE_REG_NAME="CUDA",
-                                 ARCSPLIT_RPC_GATE=gate) as url:
-                seen[gate] = (greedy(url), rpc_log.read_text(errors="replace"))
+        logs = [tmp_path / f"rpc{i}-{gate}.log" for i in range(2 if route == "rpc" else 1)]
+        with contextlib.ExitStack() as stack:
+            ports = [stack.enter_context(rpc_server_on(llama_bins, log, **queue)) for log in logs]
+            devices = [f"RPC{i}" for i in range(len(ports))]
+            if route == "hybrid":
+                devices.insert(0, "QUEUE")
+            url = stack.enter_context(llama_server_on(
+                llama_bins, ["-m", str(demo_model), "--rpc", ",".join(f"127.0.0.1:{p}" for p in ports),
+                             "--device", ",".join(devices), "-ngl", "99", "-ts", "1,1"],
+                tmp_path / f"server-{gate}.log", LD_PRELOAD=str(queue_device), ARCSPLIT_TEST_QUEUE_PROCS="llama-server",
+                ARCSPLIT_TEST_QUEUE_REG_NAME="CUDA", ARCSPLIT_RPC_GATE=gate))
+            seen[gate] = (greedy(url), logs[-1].read_text(errors="replace"))
     (on, on_log), (off, off_log) = seen["1"], seen["0"]
     assert len(plain) == 12 and on == off == plain
     assert on_log.count("device wait: yes") >= 10 and WAITED in on_log, on_log[-3000:]
     assert "device wait" not in off_log and "still open after" not in on_log
+    # all-RPC: between a gate and its graph come the graph's other inputs, passing the held data (in hybrid, patch
+    # 0004 sends them before the activation's gate)
+    events = re.findall(r"^\[(gate|set_tensor|graph_compute|graph_recompute|set_tensor_gated)\]", on_log, re.M)
+    windows = [events[i:events.index("set_tensor_gated", i)] for i, e in enumerate(events) if e == "gate"]
+    passed = [w for w in windows if "set_tensor" in w and w[-1] in ("graph_compute", "graph_recompute")]
+    if route == "rpc":
+        assert len(passed) >= 10, events[:40]
+    else:
+        assert not passed and events.count("set_tensor") >= 10, events[:40]
