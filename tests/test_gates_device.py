@@ -2,8 +2,8 @@
 
 An rpc-server takes that path only where its one device can wait on a host word (patch 0009 offers the wait on
 CUDA): it queues the wait and the input's copy at GATE, launches the graph behind them on another thread at
-GRAPH_RECOMPUTE, and stores the word when the data comes. Here the managed build's own ggml-rpc-server runs with a
-test device preloaded (tests/native/queue_device.cpp, "QUEUE"): an in-order queue on a host thread in front of the
+GRAPH_RECOMPUTE (or GRAPH_COMPUTE, once built), and stores the word when the data comes. Here the managed build's
+own ggml-rpc-server (and, for hybrid, llama-server) runs with a test device preloaded (tests/native/queue_device.cpp, "QUEUE"): an in-order queue on a host thread in front of the
 CPU backend, with the stream semantics that path relies on. What it checks is the rpc-server's logic (slots, the
 word, the launch thread, the rules, releasing a wait on a closed connection) and the tokens; not CUDA's wait itself,
 nor any speed."""
@@ -55,17 +55,22 @@ def queue_device(llama_bins, tmp_path_factory) -> Path:
     return out
 
 
+def greedy(url: str) -> list[int]:
+    """12 greedy tokens of PROMPT from the llama-server at ``url``."""
+    r = httpx.post(f"{url}/completion", json={"prompt": PROMPT, "n_predict": 12, "temperature": 0,
+                                              "ignore_eos": True, "return_tokens": True}, timeout=300)
+    r.raise_for_status()
+    return r.json()["tokens"]
+
+
 def greedy_on_two_queue_devices(model: Path, llama_bins, mode: str) -> tuple[list[int], list[str]]:
     """Serve ``model`` on two cards through arcsplit (their rpc-servers hold QUEUE devices where LD_PRELOAD names
     the test device), take one greedy completion, stop: the tokens and every rpc-server's log."""
     with serve_group(str(model), gpus=[0, 1], backend="cpu", mode=mode, ctx=1024, parallel=1, threads=1,
                      port=free_port(), bus=False, llama_dir=str(llama_bins.bin_dir)) as server:
-        r = httpx.post(f"{server.url}/completion", json={
-            "prompt": PROMPT, "n_predict": 12, "temperature": 0,
-            "ignore_eos": True, "return_tokens": True}, timeout=300)
-        r.raise_for_status()
+        tokens = greedy(server.url)
         run_dir = Path(server.status()["run_dir"])
-    return r.json()["tokens"], [p.read_text(errors="replace") for p in sorted(run_dir.glob("rpc*.log"))]
+    return tokens, [p.read_text(errors="replace") for p in sorted(run_dir.glob("rpc*.log"))]
 
 
 @pytest.mark.slow
@@ -190,12 +195,6 @@ def llama_server_on(llama_bins, args: list[str], log: Path, **env: str) -> Itera
         proc.terminate()
         proc.wait(timeout=30)
 
-
-def greedy(url: str) -> list[int]:
-    r = httpx.post(f"{url}/completion", json={"prompt": PROMPT, "n_predict": 12, "temperature": 0,
-                                              "ignore_eos": True, "return_tokens": True}, timeout=300)
-    r.raise_for_status()
-    return r.json()["tokens"]
 
 
 @pytest.mark.slow
