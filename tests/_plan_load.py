@@ -5,7 +5,6 @@ writer's file against the plan share it."""
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,8 @@ import httpx
 
 from arcsplit.llama.logs import parse_buffer_line, sum_buffers
 from arcsplit.run.ports import free_port
+
+from _procs import wait_healthy
 
 
 def load_plan(llama_bins: Any, rpc: Any, model: Path, plan: Any, tmp_path: Path) -> dict[str, dict[str, int]]:
@@ -25,14 +26,7 @@ def load_plan(llama_bins: Any, rpc: Any, model: Path, plan: Any, tmp_path: Path)
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
         try:
             url = f"http://127.0.0.1:{port}"
-            for _ in range(600):
-                try:
-                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert proc.poll() is None, log.read_text()[-2000:]
-                time.sleep(0.1)
+            wait_healthy(proc, url, log, timeout=60)
             r = httpx.post(f"{url}/completion", json={"prompt": "hello", "n_predict": 4, "temperature": 0}, timeout=120)
             assert r.status_code == 200 and r.json()["tokens_predicted"] == 4
         finally:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
 import psutil
 
 
@@ -13,3 +18,18 @@ def dead(p: int | psutil.Process) -> bool:
         return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 120.0) -> None:
+    """Until the llama-server ``proc`` answers ``url``/health with 200; AssertionError with the tail of its ``log``
+    if it exits first or does not answer within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, \
+            f"llama-server never answered /health: {log.read_text(errors='replace')[-3000:]}"
+        time.sleep(0.1)

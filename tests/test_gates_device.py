@@ -16,7 +16,6 @@ import re
 import shutil
 import struct
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,8 +26,9 @@ from arcsplit import serve as serve_group
 from arcsplit.llama.build import cache_trees
 from arcsplit.run.ports import free_port
 
-from test_patches import (GATE, GET_TENSOR, GGML_OP_ADD, GRAPH_COMPUTE, GRAPH_RECOMPUTE, SET_TENSOR, SET_TENSOR_GATED,
-                          RawRpc, gated_sets_hold_their_rules, rpc_server_on)
+from _procs import wait_healthy
+from test_patches import (GATE, GET_TENSOR, GRAPH_RECOMPUTE, SET_TENSOR, SET_TENSOR_GATED, RawRpc,
+                          gated_sets_hold_their_rules, rpc_server_on, sum_graph)
 
 SOURCE = Path(__file__).parent / "native" / "queue_device.cpp"
 WAITED = "QUEUE: waited for the host word"
@@ -142,10 +142,9 @@ def test_a_gated_graph_runs_on_its_data_and_a_launch_left_waiting_is_released(ll
     env = {"LD_PRELOAD": str(queue_device), "GGML_RPC_DEBUG": "1", "ARCSPLIT_TEST_QUEUE_BLOCKING": blocking}
 
     def graph(c: RawRpc) -> tuple[bytes, bytes]:
-        a, b = c.f32_tensor(n), c.f32_tensor(n, 2, GGML_OP_ADD, (1, 1))
+        a = c.f32_tensor(n)
         c.call(SET_TENSOR, a + b"\0" + struct.pack("<Q", 0) + f32s(first))
-        c.call(GRAPH_COMPUTE, struct.pack("<IIQI", 0, 1, 2, 2) + a + b)
-        return a, b
+        return a, sum_graph(c, a, n)
 
     with rpc_server_on(llama_bins, log, **env) as port:
         c = RawRpc(port)
@@ -180,16 +179,7 @@ def llama_server_on(llama_bins, args: list[str], log: Path, **env: str) -> Itera
                                 env={**os.environ, **env})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"llama-server never answered /health: {log.read_text(errors='replace')[-3000:]}")
-            time.sleep(0.2)
+        wait_healthy(proc, url, log)
         yield url
     finally:
         proc.terminate()

@@ -12,7 +12,6 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -24,7 +23,7 @@ from arcsplit.llama import build as build_mod
 from arcsplit.llama import patches
 from arcsplit.llama.build import BuildConfig
 from arcsplit.llama.patches import rpc_patches_switched, rpc_shm_link
-from arcsplit.run.ports import free_port
+from arcsplit.run.ports import free_port, wait_listening
 from arcsplit.synth import write_llama
 from arcsplit.llama.source import extract_source, fetch_sdist
 
@@ -497,6 +496,14 @@ class RawRpc:
         self.s.close()
 
 
+def sum_graph(c: RawRpc, a: bytes, n: int) -> bytes:
+    """A one-node graph b = a + a over ``a`` (n F32s, id 1) computed once on device 0, so it can be repeated
+    (GRAPH_RECOMPUTE); b's rpc_tensor."""
+    b = c.f32_tensor(n, 2, GGML_OP_ADD, (1, 1))
+    c.call(GRAPH_COMPUTE, struct.pack("<IIQI", 0, 1, 2, 2) + a + b)  # device, 1 node (id 2), 2 tensors
+    return b
+
+
 @contextlib.contextmanager
 def rpc_server_on(llama_bins, log: Path, **env: str):
     """The managed build's rpc-server on a free loopback port, its output in `log`; its port, once it listens."""
@@ -505,14 +512,7 @@ def rpc_server_on(llama_bins, log: Path, **env: str):
         proc = subprocess.Popen([str(llama_bins.rpc_server), "-H", "127.0.0.1", "-p", str(port), "-t", "1"],
                                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env})
     try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        else:
-            pytest.fail(f"rpc-server on {port} never listened: {log.read_text()}")
+        wait_listening(proc, "127.0.0.1", port, timeout=10)
         yield port
     finally:
         proc.terminate()
@@ -552,24 +552,23 @@ def gated_sets_hold_their_rules(port: int, log: Path, device_waits: bool) -> Non
     c.call(SET_TENSOR_GATED, t + b"\0" + struct.pack("<Q", 0) + data)
     assert c.call(GET_TENSOR, t + struct.pack("<QQ", 0, len(data)), len(data)) == data
     c.close()
-    breaks = [
+    breaks = [  # (its log line, the breach, whether it needs a stored graph to repeat: sum_graph)
         ("Command 8 before the data of a gated set",
-         lambda c, t: c.call(GET_TENSOR, t + struct.pack("<QQ", 0, 16))),
+         lambda c, t: c.call(GET_TENSOR, t + struct.pack("<QQ", 0, 16)), False),
         ("gated data does not match its gate",
-         lambda c, t: c.call(SET_TENSOR_GATED, t + b"\0" + struct.pack("<Q", 4) + data[4:])),
+         lambda c, t: c.call(SET_TENSOR_GATED, t + b"\0" + struct.pack("<Q", 4) + data[4:]), False),
         ("A SET_TENSOR into an open gate's region",
-         lambda c, t: c.call(SET_TENSOR, t + b"\0" + struct.pack("<Q", 512) + data[:64])),
-        ("Client connection closed", lambda c, t: c.s.close()),
+         lambda c, t: c.call(SET_TENSOR, t + b"\0" + struct.pack("<Q", 512) + data[:64]), False),
+        ("Client connection closed", lambda c, t: c.s.close(), False),
         ("A second graph before the data of a gated set",
-         lambda c, t: [c.call(GRAPH_RECOMPUTE, struct.pack("<I", 0)) for _ in range(2)]),
+         lambda c, t: [c.call(GRAPH_RECOMPUTE, struct.pack("<I", 0)) for _ in range(2)], True),
     ]
-    for n, (line, breach) in enumerate(breaks, start=2):
+    for n, (line, breach, graph) in enumerate(breaks, start=2):
         before = log.read_text().count(line)
         c = RawRpc(port)
         t = c.f32_tensor(256)
-        if "graph" in line:  # a stored graph to repeat: b = a + a
-            b = c.f32_tensor(256, 2, GGML_OP_ADD, (1, 1))
-            c.call(GRAPH_COMPUTE, struct.pack("<IIQI", 0, 1, 2, 2) + t + b)
+        if graph:
+            sum_graph(c, t, 256)
         c.call(GATE, t + struct.pack("<QQ", 0, len(data)))
         breach(c, t)
         assert c.closed(), line
@@ -628,7 +627,7 @@ import json, sys
 from pathlib import Path
 import httpx
 from arcsplit import serve
-from arcsplit.run.ports import free_port
+from arcsplit.run.ports import free_port, wait_listening
 model, llama_dir = sys.argv[1:3]
 with serve(model, gpus=[0, 1], backend="cpu", mode="rpc", ctx=1024, parallel=1, threads=1, port=free_port(),
            bus=False, rpc_seed=False, rpc_cache=False, llama_dir=llama_dir) as server:
