@@ -187,46 +187,83 @@ def llama_server_on(llama_bins, args: list[str], log: Path, **env: str) -> Itera
 
 
 
+def even_split(llama_bins, model: Path, queue_device: Path, tmp_path: Path, route: str, gate: str,
+               **env: str) -> tuple[list[int], list[str]]:
+    """llama-server started directly on an even split (-ts 1,1: attention layers on both sides), every card a QUEUE
+    device, gated sets ``gate`` ("1" on, "0" off), ``env`` for llama-server: the greedy tokens and every rpc-server's
+    log. ``hybrid``: llama-server's own card is one too, taken for a CUDA card by its RPC client
+    (ARCSPLIT_TEST_QUEUE_REG_NAME=CUDA; patch 0001 reads an activation asynchronously only off CUDA and SYCL cards).
+    ``rpc``: two rpc-servers, the activation relayed between them (0007)."""
+    queue = {"LD_PRELOAD": str(queue_device), "GGML_RPC_DEBUG": "1"}
+    logs = [tmp_path / f"rpc{i}-{gate}.log" for i in range(2 if route == "rpc" else 1)]
+    with contextlib.ExitStack() as stack:
+        ports = [stack.enter_context(rpc_server_on(llama_bins, log, **queue)) for log in logs]
+        devices = [f"RPC{i}" for i in range(len(ports))]
+        if route == "hybrid":
+            devices.insert(0, "QUEUE")
+        url = stack.enter_context(llama_server_on(
+            llama_bins, ["-m", str(model), "--rpc", ",".join(f"127.0.0.1:{p}" for p in ports),
+                         "--device", ",".join(devices), "-ngl", "99", "-ts", "1,1"],
+            tmp_path / f"server-{gate}.log", LD_PRELOAD=str(queue_device), ARCSPLIT_TEST_QUEUE_PROCS="llama-server",
+            ARCSPLIT_TEST_QUEUE_REG_NAME="CUDA", ARCSPLIT_RPC_GATE=gate, **env))
+        return greedy(url), [log.read_text(errors="replace") for log in logs]
+
+
+def alone(llama_bins, model: Path, tmp_path: Path) -> list[int]:
+    """The greedy tokens of llama-server alone on its CPU."""
+    with llama_server_on(llama_bins, ["-m", str(model), "-ngl", "0"], tmp_path / "alone.log") as url:
+        return greedy(url)
+
+
+def windows(log: str) -> list[list[str]]:
+    """Every gate window of an rpc-server's log: the events from a GATE to the data of the gate it opened."""
+    events = re.findall(r"^\[(gate|set_tensor|graph_compute|graph_recompute|set_tensor_gated)\]", log, re.M)
+    return [events[i:events.index("set_tensor_gated", i)] for i, e in enumerate(events) if e == "gate"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("route", ["hybrid", "rpc"])
 def test_gated_sets_on_an_even_split_with_attention_on_both_sides(llama_bins, demo_model, queue_device, tmp_path,
                                                                  route):
-    """llama-server started directly on an even split (-ts 1,1: attention layers on both sides, unlike arcsplit's CPU
-    plan for the demo model, which leaves only the output layer on the last card), every card a QUEUE device.
-    ``hybrid``: llama-server's own card is one too, taken for a CUDA card by its RPC client
-    (ARCSPLIT_TEST_QUEUE_REG_NAME=CUDA; patch 0001 reads an activation asynchronously only off CUDA and SYCL cards),
-    so the activation read off it reaches the rpc-server gated. ``rpc``: two rpc-servers, the activation relayed
-    between them (0007). With ARCSPLIT_RPC_GATE=1 the last rpc-server's device waits on the word every decoded
-    token, its graph queued ahead of the data, while the graph's other inputs (positions, masks, cache indices:
-    plain SET_TENSORs) pass the held data. The greedy tokens equal gated sets off and llama-server alone on its
-    CPU."""
-    with llama_server_on(llama_bins, ["-m", str(demo_model), "-ngl", "0"], tmp_path / "alone.log") as url:
-        plain = greedy(url)
-    queue = {"LD_PRELOAD": str(queue_device), "GGML_RPC_DEBUG": "1"}
-    seen = {}
-    for gate in ("1", "0"):
-        logs = [tmp_path / f"rpc{i}-{gate}.log" for i in range(2 if route == "rpc" else 1)]
-        with contextlib.ExitStack() as stack:
-            ports = [stack.enter_context(rpc_server_on(llama_bins, log, **queue)) for log in logs]
-            devices = [f"RPC{i}" for i in range(len(ports))]
-            if route == "hybrid":
-                devices.insert(0, "QUEUE")
-            url = stack.enter_context(llama_server_on(
-                llama_bins, ["-m", str(demo_model), "--rpc", ",".join(f"127.0.0.1:{p}" for p in ports),
-                             "--device", ",".join(devices), "-ngl", "99", "-ts", "1,1"],
-                tmp_path / f"server-{gate}.log", LD_PRELOAD=str(queue_device), ARCSPLIT_TEST_QUEUE_PROCS="llama-server",
-                ARCSPLIT_TEST_QUEUE_REG_NAME="CUDA", ARCSPLIT_RPC_GATE=gate))
-            seen[gate] = (greedy(url), logs[-1].read_text(errors="replace"))
-    (on, on_log), (off, off_log) = seen["1"], seen["0"]
+    """An even split (``even_split``; arcsplit's CPU plan for the demo model leaves only the output layer on the
+    last card). With ARCSPLIT_RPC_GATE=1 the last rpc-server's device waits on the word every decoded token, its graph
+    queued ahead of the data, while the graph's other inputs (positions, masks, cache indices: plain SET_TENSORs,
+    below ARCSPLIT_RPC_GATE_HOST_KIB) pass the held data. The greedy tokens equal gated sets off and llama-server
+    alone on its CPU."""
+    plain = alone(llama_bins, demo_model, tmp_path)
+    on, on_logs = even_split(llama_bins, demo_model, queue_device, tmp_path, route, "1")
+    off, off_logs = even_split(llama_bins, demo_model, queue_device, tmp_path, route, "0")
+    on_log, off_log = on_logs[-1], off_logs[-1]
     assert len(plain) == 12 and on == off == plain
     assert on_log.count("device wait: yes") >= 10 and WAITED in on_log, on_log[-3000:]
     assert "device wait" not in off_log and "still open after" not in on_log
     # all-RPC: between a gate and its graph come the graph's other inputs, passing the held data (in hybrid, patch
     # 0004 sends them before the activation's gate)
-    events = re.findall(r"^\[(gate|set_tensor|graph_compute|graph_recompute|set_tensor_gated)\]", on_log, re.M)
-    windows = [events[i:events.index("set_tensor_gated", i)] for i, e in enumerate(events) if e == "gate"]
-    passed = [w for w in windows if "set_tensor" in w and w[-1] in ("graph_compute", "graph_recompute")]
+    passed = [w for w in windows(on_log) if "set_tensor" in w and w[-1] in ("graph_compute", "graph_recompute")]
     if route == "rpc":
-        assert len(passed) >= 10, events[:40]
+        assert len(passed) >= 10, windows(on_log)[:20]
     else:
-        assert not passed and events.count("set_tensor") >= 10, events[:40]
+        assert not passed and on_log.count("[set_tensor]") >= 10, on_log[-3000:]
+
+
+@pytest.mark.slow
+def test_graph_inputs_from_host_memory_go_gated_from_their_size_up(llama_bins, demo_model, queue_device, tmp_path):
+    """ARCSPLIT_RPC_GATE_HOST_KIB=0 gates every graph input llama-server sets from host memory (by default only those
+    of 256 KiB and more: a prompt's embeddings on all-RPC's first server). All-RPC on an even split: the first
+    rpc-server, whose inputs all come from llama-server's host memory, now queues them behind the word too, and its
+    graph goes ahead of the last input's data (the ones before it are sent at the scheduler's synchronize: a gate
+    closed by its data before the graph); the data lands in the slot the device copies from. Tokens equal llama-server
+    alone."""
+    plain = alone(llama_bins, demo_model, tmp_path)
+    on, (first, last) = even_split(llama_bins, demo_model, queue_device, tmp_path, "rpc", "1",
+                                   ARCSPLIT_RPC_GATE_HOST_KIB="0")
+    assert len(plain) == 12 and on == plain
+    for log in (first, last):
+        assert log.count("device wait: yes") >= 20 and "still open after" not in log, log[-3000:]
+        assert "before the data of a gated set" not in log
+    ahead = [w for w in windows(first) if w[-1] in ("graph_compute", "graph_recompute")]
+    assert len(ahead) >= 10 and WAITED in first, windows(first)[:20]
+    # every set while serving is a gated set's (the host path logs its set as [set_tensor] right after); the
+    # weights' plain SET_TENSORs come before the first graph
+    events = re.findall(r"^\[(\w+)\]", first[first.index("[graph_compute]"):], re.M)
+    assert all(events[i - 1] == "set_tensor_gated" for i, e in enumerate(events) if e == "set_tensor"), events[:40]
