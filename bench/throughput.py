@@ -121,6 +121,8 @@ class Variant:
     -gate: patches on, and gated sets on too (ARCSPLIT_RPC_GATE=1, off by default; 0001, 0003, 0007, 0009):
     llama-server announces an activation bound for an rpc-server before its data, and an rpc-server whose device
     can wait on a host word (CUDA) launches the graph that reads it before the data comes;
+    -gatenohost: -gate, but a graph input from llama-server's host memory (a prompt's embeddings on all-RPC's first
+    rpc-server) is never gated (ARCSPLIT_RPC_GATE_HOST_KIB at 4 GiB), as before that change: its A/B with -gate;
     -nocram: llama-server's host-memory prompt cache off (--cache-ram 0; native-nocram too): no KV copied out and
     back at slot selection, which on an RPC route crosses the link;
     -alt: the same mode on the build --alt-llama-dir names (native-alt too): two builds in the same runs, e.g. one
@@ -214,6 +216,7 @@ _TAG_ENV: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "nopin": lambda: rpc_pinned_reads(False),
     "syncread": lambda: rpc_async_reads(False),
     "gate": lambda: rpc_gated_sets(True),
+    "gatenohost": lambda: rpc_gated_sets(True, host_kib=4 << 20),
 }
 
 
@@ -534,7 +537,9 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "(ARCSPLIT_RPC_ASYNC_READ=0, patches 0001, 0003 and 0007); `-gate` turns gated sets on (off by "
              "default): llama-server announces an activation bound for an rpc-server before its data, so an "
              "rpc-server whose device can wait on a host word (CUDA) launches its graph first (ARCSPLIT_RPC_GATE=1, "
-             "patches 0001, 0003, 0007 and 0009); `-alt` runs that mode on the build "
+             "patches 0001, 0003, 0007 and 0009), where a graph input from llama-server's host memory goes gated from "
+             "256 KiB up (a prompt's embeddings on all-RPC's first rpc-server), which `-gatenohost` never does "
+             "(ARCSPLIT_RPC_GATE_HOST_KIB at 4 GiB); `-alt` runs that mode on the build "
              "`--alt-llama-dir` names (the Build line gives both); `-nocram` runs llama-server with "
              "`--cache-ram 0` (no host-memory prompt cache); `-ubN` runs that mode at "
              "-ub N." + (

@@ -108,7 +108,7 @@ def test_a_mode_may_name_its_own_ubatch():
 def test_a_mode_may_switch_the_shared_memory_link_or_the_prompt_cache_off():
     """-noshm: the RPC link over loopback TCP (patch 0008 off, in the processes' environment); -nocram: llama-server
     with --cache-ram 0, native included, so an RPC row and native can be compared without the prompt cache."""
-    from arcsplit.llama.patches import ASYNC_READ_ENV, PINNED_ENV, SHM_ENV
+    from arcsplit.llama.patches import ASYNC_READ_ENV, GATE_ENV, GATE_HOST_ENV, PINNED_ENV, SHM_ENV
 
     a = throughput.parse(["--backend", "cuda", "--gpus", "0", "--same-card"])
     assert throughput.parse_mode("hybrid-noshm") == throughput.Variant("hybrid", "auto", "noshm")
@@ -119,6 +119,11 @@ def test_a_mode_may_switch_the_shared_memory_link_or_the_prompt_cache_off():
     with throughput.mode_env("hybrid-syncread"):  # patch 0001's queued read of llama-server's card, off
         assert os.environ[ASYNC_READ_ENV] == "0"
     assert PINNED_ENV not in os.environ
+    with throughput.mode_env("rpc-gate"):  # gated sets on, host inputs at the patch's own size
+        assert os.environ[GATE_ENV] == "1" and GATE_HOST_ENV not in os.environ
+    with throughput.mode_env("rpc-gatenohost"):  # ... and host inputs never gated: the A/B of that change
+        assert os.environ[GATE_ENV] == "1" and int(os.environ[GATE_HOST_ENV]) >= 1 << 22
+    assert GATE_ENV not in os.environ and GATE_HOST_ENV not in os.environ
     for mode in ("native-nocram", "rpc-nocram-ub512"):
         args = throughput.serve_kwargs(a, mode, ())[1]["extra_args"]
         assert args[-2:] == ("--cache-ram", "0"), (mode, args)

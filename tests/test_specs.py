@@ -208,18 +208,22 @@ def test_rpc_link_polling_only_for_gpu_groups_with_cores_to_spare() -> None:
         rpc_spin_us(cuda, 32, {"ARCSPLIT_RPC_SPIN_US": "fast"})
 
 
-def test_a_relay_chunk_that_is_not_a_number_is_one_clear_line() -> None:
-    """Patch 0007 reads ARCSPLIT_RPC_RELAY_KIB in llama-server and takes a word it cannot parse as 0 (whole tensors,
-    silently); arcsplit refuses it before any process starts and names the fix."""
-    from arcsplit.llama.patches import rpc_relay_kib
+@pytest.mark.parametrize("name", ["ARCSPLIT_RPC_RELAY_KIB", "ARCSPLIT_RPC_GATE_HOST_KIB"])
+def test_a_size_switch_that_is_not_a_number_is_one_clear_line(name: str) -> None:
+    """Patch 0007 reads ARCSPLIT_RPC_RELAY_KIB, and 0001 ARCSPLIT_RPC_GATE_HOST_KIB, in llama-server and takes a word
+    it cannot parse as 0 (whole tensors; every host input gated), silently; arcsplit refuses it before any process
+    starts and names the fix."""
+    from arcsplit.llama.patches import check_switches, rpc_gate_host_kib, rpc_relay_kib
 
-    assert rpc_relay_kib({"ARCSPLIT_RPC_RELAY_KIB": "256"}) == 256
-    assert rpc_relay_kib({"ARCSPLIT_RPC_RELAY_KIB": "0"}) == 0
-    assert rpc_relay_kib({"ARCSPLIT_RPC_RELAY_KIB": ""}) is None is rpc_relay_kib({})  # as unset
+    read = rpc_relay_kib if name == "ARCSPLIT_RPC_RELAY_KIB" else rpc_gate_host_kib
+    assert read({name: "256"}) == 256
+    assert read({name: "0"}) == 0
+    assert read({name: ""}) is None is read({})  # as unset
     for bad in ("1M", "-4", " "):
-        with pytest.raises(BadInput, match="ARCSPLIT_RPC_RELAY_KIB") as err:
-            rpc_relay_kib({"ARCSPLIT_RPC_RELAY_KIB": bad})
-        assert "whole number of KiB" in (err.value.fix or "")
+        for check in (read, check_switches):
+            with pytest.raises(BadInput, match=name) as err:
+                check({name: bad})
+            assert "whole number of KiB" in (err.value.fix or "")
 
 
 def test_a_pinned_reads_switch_that_is_not_0_or_1_is_one_clear_line() -> None:

@@ -38,6 +38,9 @@ ASYNC_READ_ENV = "ARCSPLIT_RPC_ASYNC_READ"
 # bench/throughput.py -gate; off by default until measured on a GPU)
 GATE_ENV = "ARCSPLIT_RPC_GATE"
 RELAY_ENV = "ARCSPLIT_RPC_RELAY_KIB"  # patch 0007: chunk (KiB) of an activation relayed between rpc-servers; 0: off
+# patches 0001 and 0003, with GATE_ENV: a graph input set from llama-server's host memory goes gated from this many KiB
+# up (a prompt's embeddings on all-RPC's first rpc-server; default 256, 0: every one)
+GATE_HOST_ENV = "ARCSPLIT_RPC_GATE_HOST_KIB"
 SHM_ENV = "ARCSPLIT_RPC_SHM"  # patch 0008: 1 in llama-server and an rpc-server on one host: shared-memory link
 # patch 0008: what one such link holds in /dev/shm while it is open (a header page, then a 4 MiB ring each way)
 SHM_LINK_BYTES = 4096 + 2 * (4 << 20)
@@ -166,17 +169,25 @@ def rpc_relay_chunks(kib: int) -> contextlib.AbstractContextManager[None]:
     return _environ_set(RELAY_ENV, str(max(0, kib)))
 
 
-def rpc_relay_kib(environ: Mapping[str, str] = os.environ) -> int | None:
-    """The user's ARCSPLIT_RPC_RELAY_KIB (patch 0007), None when unset or empty (the patch's default). llama-server
-    reads it itself, and takes a word it cannot parse as 0 (whole tensors, silently): checked before any process
-    starts."""
-    relay = environ.get(RELAY_ENV)
-    if not relay:
+def _kib(environ: Mapping[str, str], name: str, default: str) -> int | None:
+    """A size switch in KiB as the user set it, None when unset or empty (the patch's default). llama-server reads it
+    itself, and takes a word it cannot parse as 0, silently: refused here before any process starts."""
+    value = environ.get(name)
+    if not value:
         return None
-    if not relay.strip().isdigit():
-        raise BadInput(f"{RELAY_ENV}={relay!r} is not a number of KiB",
-                       f"set {RELAY_ENV} to a whole number of KiB (1024 is the default; 0 relays whole tensors)")
-    return int(relay)
+    if not value.strip().isdigit():
+        raise BadInput(f"{name}={value!r} is not a number of KiB", f"set {name} to a whole number of KiB ({default})")
+    return int(value)
+
+
+def rpc_relay_kib(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The user's ARCSPLIT_RPC_RELAY_KIB (patch 0007), None when unset (the patch's default)."""
+    return _kib(environ, RELAY_ENV, "1024 is the default; 0 relays whole tensors")
+
+
+def rpc_gate_host_kib(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The user's ARCSPLIT_RPC_GATE_HOST_KIB (patches 0001 and 0003, with gated sets on), None when unset."""
+    return _kib(environ, GATE_HOST_ENV, "256 is the default; 0 gates every graph input from host memory")
 
 
 def _switch(environ: Mapping[str, str], name: str, default: bool, other: str) -> bool:
@@ -221,6 +232,7 @@ def check_switches(environ: Mapping[str, str] = os.environ) -> None:
     """Every patch switch llama.cpp's processes read themselves, checked before one starts: a value they cannot
     parse is refused here (BadInput), not taken silently as on or off. A new switch is added here only."""
     rpc_relay_kib(environ)
+    rpc_gate_host_kib(environ)
     shm_link_on(environ)
     pinned_reads_on(environ)
     async_reads_on(environ)
@@ -234,10 +246,16 @@ def rpc_async_reads(on: bool) -> contextlib.AbstractContextManager[None]:
     return _environ_set(ASYNC_READ_ENV, "1" if on else "0")
 
 
-def rpc_gated_sets(on: bool) -> contextlib.AbstractContextManager[None]:
+@contextlib.contextmanager
+def rpc_gated_sets(on: bool, host_kib: int | None = None) -> Iterator[None]:
     """Groups started inside announce an activation bound for an rpc-server before its data (on) or send it as
-    before (off; patches 0001, 0003 and 0007, every process inherits GATE_ENV): for A/B runs."""
-    return _environ_set(GATE_ENV, "1" if on else "0")
+    before (off; patches 0001, 0003 and 0007, every process inherits GATE_ENV); ``host_kib``: a graph input from
+    host memory goes gated from that size up (GATE_HOST_ENV; None: the patch's default): for A/B runs."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_environ_set(GATE_ENV, "1" if on else "0"))
+        if host_kib is not None:
+            stack.enter_context(_environ_set(GATE_HOST_ENV, str(max(0, host_kib))))
+        yield
 
 
 def rpc_pinned_reads(on: bool) -> contextlib.AbstractContextManager[None]:
