@@ -290,6 +290,18 @@ def v_loadtool(text: str) -> Verdict:
                    "(same server, alternating)")
 
 
+def v_wait_word(text: str) -> Verdict:
+    """bench/gpu/wait_host_word.cu's line: every round held until the store and read the new value back."""
+    m = re.search(r"(\d+) rounds; the stream held until the store in (\d+), the new value came back in (\d+); "
+                  r"store -> stream done: ([\d.]+) / ([\d.]+) / ([\d.]+) us", text)
+    if not m:
+        return Verdict("FAIL", "no wait_host_word line in the file")
+    rounds, held, back = (int(m.group(i)) for i in (1, 2, 3))
+    ok = rounds > 0 and held == rounds == back
+    return Verdict("pass" if ok else "FAIL", f"held {held}/{rounds}, new value back {back}/{rounds}; store to the "
+                   f"stream's end {m.group(4)} / {m.group(5)} / {m.group(6)} us (min / median / max)")
+
+
 @dataclass(frozen=True)
 class Figure:
     title: str
@@ -372,6 +384,9 @@ FIGURES = [
            "by run_all)", "no slower with gates on where the device cannot wait (their CUDA gain needs a GPU run: not "
            "yet measured)", ("throughput_cpu_gate.md",),
            lambda t, f: v_gate(t)),
+    Figure("5k. Gated sets' device-side wait alone (patch 0009's primitive, bench/gpu/wait_host_word.cu, one H200; not "
+           "started by run_all)", "the stream holds the copy and a captured CUDA graph until the host stores the word, "
+           "every round", ("gpu/wait_host_word.md",), lambda t, f: v_wait_word(t)),
     Figure("5e. CPU cost of the RPC link's polling (patch 0005)", "measured (cores busy per token and idle)",
            ("poll_cost.md", "poll_cost_shm.md", "gpu/poll_cost_cuda_onecard_mps.md"), lambda t, f: v_generic(t)),
     Figure("5f. Where a decoded token's time goes on one GPU (CUPTI timeline of every process, H200)",
