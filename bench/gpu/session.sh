@@ -12,6 +12,9 @@
 #        MoE on one GPU (incremental rebuilds of the CUDA build; run it last: it rebuilds that build's tree)
 #   bash bench/gpu/session.sh pipeline  # PHASES="accuracy moe dense abpatch" (the default; recover1 too), in order
 #   bash bench/gpu/session.sh detach    # the pipeline in the background, results under $WORK/res; then collect
+#        (detach goes on into collect, which waits WAIT_S: give its call a timeout above WAIT_S, or WAIT_S=5 for a
+#        quick return; a call cut short returns nothing. And never `pkill -f` a phrase the call's own command line
+#        holds: it kills the call)
 #   bash bench/gpu/session.sh collect   # waits WAIT_S (540) for it; pipeline.log, res.tgz (and a pack's parts) to
 #        $OUT. Exits 3 at once on a fresh machine (no pipeline there), instead of waiting out the call. E.g.:
 #          call 1: W=/root/w; mkdir -p $W; cp -r .device/whl .device/llama-src.tar.gz .device/cudabin .device/librpc $W/
