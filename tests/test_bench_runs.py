@@ -105,10 +105,14 @@ def test_a_mode_may_name_its_own_ubatch():
             throughput.parse_mode(bad)
 
 
-def test_a_mode_may_switch_the_shared_memory_link_or_the_prompt_cache_off():
-    """-noshm: the RPC link over loopback TCP (patch 0008 off, in the processes' environment); -nocram: llama-server
-    with --cache-ram 0, native included, so an RPC row and native can be compared without the prompt cache."""
+def test_a_mode_may_switch_the_shared_memory_link_or_the_prompt_cache_off(monkeypatch):
+    """-noshm: the RPC link over loopback TCP (patch 0008 off, in the processes' environment); -nopin, -syncread,
+    -gate and -gatenohost likewise; -nocram: llama-server with --cache-ram 0, native included, so an RPC row and
+    native can be compared without the prompt cache."""
     from arcsplit.llama.patches import ASYNC_READ_ENV, GATE_ENV, GATE_HOST_ENV, PINNED_ENV, SHM_ENV
+
+    for name in (ASYNC_READ_ENV, GATE_ENV, GATE_HOST_ENV, PINNED_ENV, SHM_ENV):  # as a user might have set them
+        monkeypatch.delenv(name, raising=False)
 
     a = throughput.parse(["--backend", "cuda", "--gpus", "0", "--same-card"])
     assert throughput.parse_mode("hybrid-noshm") == throughput.Variant("hybrid", "auto", "noshm")
