@@ -251,9 +251,8 @@ def test_graph_inputs_from_host_memory_go_gated_from_their_size_up(llama_bins, d
     """ARCSPLIT_RPC_GATE_HOST_KIB=0 gates every graph input llama-server sets from host memory (by default only those
     of 256 KiB and more: a prompt's embeddings on all-RPC's first server). All-RPC on an even split: the first
     rpc-server, whose inputs all come from llama-server's host memory, now queues them behind the word too, and its
-    graph goes ahead of the last input's data (the ones before it are sent at the scheduler's synchronize: a gate
-    closed by its data before the graph); the data lands in the slot the device copies from. Tokens equal llama-server
-    alone."""
+    graph goes ahead of their data on every token (the data received into the slots the device copies from). Tokens
+    equal llama-server alone."""
     plain = alone(llama_bins, demo_model, tmp_path)
     on, (first, last) = even_split(llama_bins, demo_model, queue_device, tmp_path, "rpc", "1",
                                    ARCSPLIT_RPC_GATE_HOST_KIB="0")
