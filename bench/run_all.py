@@ -384,6 +384,10 @@ FIGURES = [
            "by run_all)", "no slower with gates on where the device cannot wait (their CUDA gain needs a GPU run: not "
            "yet measured)", ("throughput_cpu_gate.md",),
            lambda t, f: v_gate(t)),
+    Figure("5l. A prompt's embeddings gated too (ARCSPLIT_RPC_GATE_HOST_KIB), against the same set without, paired "
+           "(CPU: the host path; not started by run_all)", "no slower where the device cannot wait (the CUDA gain "
+           "needs a GPU run: not yet measured)", ("throughput_cpu_gate_host.md",),
+           lambda t, f: Verdict("info", first_line_with(t, "rpc-gate over rpc-gatenohost:").lstrip("> "))),
     Figure("5k. Gated sets' device-side wait alone (patch 0009's primitive, bench/gpu/wait_host_word.cu, one H200; not "
            "started by run_all)", "the stream holds the copy and a captured CUDA graph until the host stores the word, "
            "every round", ("gpu/wait_host_word.md",), lambda t, f: v_wait_word(t)),
