@@ -86,14 +86,28 @@ class Child(Tracked):
             self.create_time = None
         task_status.started()
         try:
-            await self._pump()
-            rc = await self._process.wait()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._pump)
+                rc = await self._process.wait()
+                self._reap_group()  # so the pipe reaches its end: a leftover would hold it open
             await self._process.aclose()  # exited already: this only releases the pipes
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.stop(grace=5.0)
+                self._reap_group()
             raise
         self._finish(rc)
+
+    def _reap_group(self) -> None:
+        """SIGKILL what is left of the process group once its leader has exited. ggml's abort forks to print a
+        backtrace; a SIGTERM landing in that fork before it is ready deadlocks its exit (fork holds malloc's lock),
+        and the fork, holding the output pipe and ignoring every later SIGTERM, outlived a stopped llama-server."""
+        if self.pid is None:
+            return
+        try:
+            os.killpg(self.pid, signal.SIGKILL)  # start_new_session: pgid == pid
+        except (ProcessLookupError, PermissionError):
+            pass
 
     async def _pump(self) -> None:
         assert self._process is not None and self._process.stdout is not None

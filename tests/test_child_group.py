@@ -1,0 +1,65 @@
+"""A member's process group ends with it. Found leaking in a CI run: an rpc-server was stopped under a loading
+llama-server, whose RPC client aborted; ggml's abort forks to print a backtrace, the group's SIGTERM landed in that
+fork before it was ready and deadlocked its exit (fork holds malloc's lock), and the fork, holding llama-server's
+output pipe with SIGTERM blocked, outlived the stopped group. Here a real process leaves such a straggler: it
+ignores SIGTERM and holds the pipe."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+
+from arcsplit.run.child import Child
+from arcsplit.run.procspec import ProcessSpec
+
+from _procs import dead
+
+# the straggler: SIGTERM ignored (inherited through exec), the output pipe inherited; its pid on the first line
+STRAGGLER = '(trap "" TERM; exec sleep 600) & echo $!; '
+
+
+def died(pid: int, timeout: float = 5.0) -> bool:
+    """Whether ``pid`` is dead within ``timeout`` seconds (``_procs.dead``: a zombie counts)."""
+    end = time.monotonic() + timeout
+    while not dead(pid):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _spec(script: str) -> ProcessSpec:
+    return ProcessSpec(name="p", role="rpc", argv=("sh", "-c", STRAGGLER + script), env=(), host="127.0.0.1",
+                       port=1, cards=())
+
+
+def test_a_leader_that_exits_takes_what_it_left_in_its_group_with_it():
+    """The leader exits on its own (a crash): its exit is reported, and nothing of its group is left running, though
+    the straggler holds the pipe the member reads to its end."""
+    child = Child(_spec("exit 3"))
+
+    async def main() -> None:
+        with anyio.fail_after(10):
+            await child.run()
+
+    anyio.run(main)
+    assert child.returncode == 3
+    assert died(int(child.lines[0]))
+
+
+def test_a_stopped_member_leaves_nothing_of_its_group():
+    """stop(): the leader goes at SIGTERM; what ignores it in its group is killed once the leader has gone."""
+    child = Child(_spec("exec sleep 600"))
+
+    async def main() -> None:
+        with anyio.fail_after(15):
+            async with anyio.create_task_group() as tg:
+                await tg.start(child.run)
+                while not child.lines:
+                    await anyio.sleep(0.01)
+                await child.stop(grace=5)
+                await child.done.wait()
+
+    anyio.run(main)
+    assert died(int(child.lines[0]))
