@@ -6,6 +6,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import anyio
 import httpx
 import psutil
 
@@ -33,3 +34,19 @@ def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 1
         assert proc.poll() is None and time.monotonic() < deadline, \
             f"llama-server never answered /health: {log.read_text(errors='replace')[-3000:]}"
         time.sleep(0.1)
+
+
+def stop_after_first_line(child, timeout: float = 10.0, grace: float = 5.0) -> None:
+    """Run the arcsplit.run.child.Child ``child`` until its first output line, then stop() it and wait until its run
+    has ended (its group reaped)."""
+
+    async def main() -> None:
+        with anyio.fail_after(timeout):
+            async with anyio.create_task_group() as tg:
+                await tg.start(child.run)
+                while not child.lines:
+                    await anyio.sleep(0.01)
+                await child.stop(grace=grace)
+                await child.done.wait()
+
+    anyio.run(main)

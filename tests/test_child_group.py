@@ -13,7 +13,7 @@ import anyio
 from arcsplit.run.child import Child
 from arcsplit.run.procspec import ProcessSpec
 
-from _procs import dead
+from _procs import dead, stop_after_first_line
 
 # the straggler: SIGTERM ignored (inherited through exec), the output pipe inherited; its pid on the first line
 STRAGGLER = '(trap "" TERM; exec sleep 600) & echo $!; '
@@ -51,15 +51,5 @@ def test_a_leader_that_exits_takes_what_it_left_in_its_group_with_it():
 def test_a_stopped_member_leaves_nothing_of_its_group():
     """stop(): the leader goes at SIGTERM; what ignores it in its group is killed once the leader has gone."""
     child = Child(_spec("exec sleep 600"))
-
-    async def main() -> None:
-        with anyio.fail_after(15):
-            async with anyio.create_task_group() as tg:
-                await tg.start(child.run)
-                while not child.lines:
-                    await anyio.sleep(0.01)
-                await child.stop(grace=5)
-                await child.done.wait()
-
-    anyio.run(main)
+    stop_after_first_line(child, timeout=15)
     assert died(int(child.lines[0]))

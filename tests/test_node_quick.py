@@ -22,6 +22,7 @@ from arcsplit.run.procspec import ProcessSpec
 from arcsplit.run.spawn import popen
 
 from _node_client import gone as _gone
+from _procs import stop_after_first_line
 
 
 def _spec(*argv: str) -> ProcessSpec:
@@ -98,16 +99,7 @@ def test_an_adopted_process_is_stopped_like_a_spawned_one(tmp_path):
     proc = popen(_spec("sh", "-c", "echo up; exec sleep 30"))
     child = Child(_spec("sh"))
     child.adopt(PopenProcess(proc))
-
-    async def main() -> None:
-        with anyio.fail_after(10):
-            async with anyio.create_task_group() as tg:
-                await tg.start(child.run)
-                while not child.lines:
-                    await anyio.sleep(0.01)
-                await child.stop(grace=5.0)
-
-    anyio.run(main)
+    stop_after_first_line(child)
     assert child.returncode == -signal.SIGTERM
     assert _gone(proc.pid, 5)
 
