@@ -6,27 +6,15 @@ ignores SIGTERM and holds the pipe."""
 
 from __future__ import annotations
 
-import time
-
 import anyio
 
 from arcsplit.run.child import Child
 from arcsplit.run.procspec import ProcessSpec
 
-from _procs import dead, stop_after_first_line
+from _procs import dead, stop_after_first_line, wait_until
 
 # the straggler: SIGTERM ignored (inherited through exec), the output pipe inherited; its pid on the first line
 STRAGGLER = '(trap "" TERM; exec sleep 600) & echo $!; '
-
-
-def died(pid: int, timeout: float = 5.0) -> bool:
-    """Whether ``pid`` is dead within ``timeout`` seconds (``_procs.dead``: a zombie counts)."""
-    end = time.monotonic() + timeout
-    while not dead(pid):
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _spec(script: str) -> ProcessSpec:
@@ -45,11 +33,13 @@ def test_a_leader_that_exits_takes_what_it_left_in_its_group_with_it():
 
     anyio.run(main)
     assert child.returncode == 3
-    assert died(int(child.lines[0]))
+    straggler = int(child.lines[0])
+    wait_until(lambda: dead(straggler), 5, "the straggler to die", interval=0.01)
 
 
 def test_a_stopped_member_leaves_nothing_of_its_group():
     """stop(): the leader goes at SIGTERM; what ignores it in its group is killed once the leader has gone."""
     child = Child(_spec("exec sleep 600"))
     stop_after_first_line(child, timeout=15)
-    assert died(int(child.lines[0]))
+    straggler = int(child.lines[0])
+    wait_until(lambda: dead(straggler), 5, "the straggler to die", interval=0.01)

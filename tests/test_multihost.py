@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(Path(__file__).parent))
 from _netns import NetHarness  # noqa: E402
-from _procs import dead  # noqa: E402
+from _procs import dead, wait_until  # noqa: E402
 from loadgen import LoadGen, Served  # noqa: E402
 
 from arcsplit.telemetry import Telemetry  # noqa: E402
@@ -126,16 +126,6 @@ def local_ssh(served: Served) -> dict[str, list[psutil.Process]]:
             if "node" in cmd[-1]:
                 out["session"].append(p)
     return out
-
-
-def wait_until(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def nothing_left_on_b(net: NetHarness, timeout: float = 30) -> None:

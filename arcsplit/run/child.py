@@ -102,12 +102,8 @@ class Child(Tracked):
         """SIGKILL what is left of the process group once its leader has exited. ggml's abort forks to print a
         backtrace; a SIGTERM landing in that fork before it is ready deadlocks its exit (fork holds malloc's lock),
         and the fork, holding the output pipe and ignoring every later SIGTERM, outlived a stopped llama-server."""
-        if self.pid is None:
-            return
-        try:
-            os.killpg(self.pid, signal.SIGKILL)  # start_new_session: pgid == pid
-        except (ProcessLookupError, PermissionError):
-            pass
+        if self.pid is not None:
+            _killpg(self.pid, signal.SIGKILL)
 
     async def _pump(self) -> None:
         assert self._process is not None and self._process.stdout is not None
@@ -163,11 +159,7 @@ class Child(Tracked):
     def signal_group(self, sig: int) -> None:
         if self.pid is None or self.done.is_set():
             return
-        try:
-            os.killpg(self.pid, sig)  # start_new_session: pgid == pid
-        except ProcessLookupError:
-            pass
-        except PermissionError:
+        if not _killpg(self.pid, sig):  # no right to the group: the process alone
             try:
                 os.kill(self.pid, sig)
             except ProcessLookupError:
@@ -268,3 +260,15 @@ def describe_exit(rc: int | None) -> str:
         except ValueError:
             pass
     return f"exit {rc}"
+
+
+def _killpg(pid: int, sig: int) -> bool:
+    """``sig`` to the process group ``pid`` leads (start_new_session: pgid == pid); False only where that group may
+    not be signalled (PermissionError). A group already gone counts as signalled."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        return False
+    return True
