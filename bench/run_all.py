@@ -78,13 +78,14 @@ def first_line_with(text: str, word: str) -> str:
     return re.sub(r"\s+", " ", line.replace("**", "")).strip()[:220]
 
 
-def v_gate(text: str) -> Verdict:
-    """The paired row of gated sets off over on: its median per column (the middle of min / median / max)."""
-    row = next((r for r in table_rows(text) if r and r[0] == "rpc / rpc-gate"), None)
+def v_gate(text: str, pair: str = "rpc / rpc-gate", reading: str = "off over on") -> Verdict:
+    """A paired row of bench/throughput.py (gated sets off over on, by default): its median per column (the middle of
+    min / median / max)."""
+    row = next((r for r in table_rows(text) if r and r[0] == pair), None)
     if row is None or len(row) < 4:
-        return Verdict("info", "no paired rpc / rpc-gate row in the file")
+        return Verdict("info", f"no paired {pair} row in the file")
     medians = [cell.replace("**", "").split(" / ")[1] for cell in row[1:4]]
-    return Verdict("info", "off over on, paired medians (prefill / decode / 4 streams): " + " / ".join(medians))
+    return Verdict("info", f"{reading}, paired medians (prefill / decode / 4 streams): " + " / ".join(medians))
 
 
 def v_plan_speed(text: str) -> Verdict:
@@ -387,7 +388,7 @@ FIGURES = [
     Figure("5l. A prompt's embeddings gated too (ARCSPLIT_RPC_GATE_HOST_KIB), against the same set without, paired "
            "(CPU: the host path; not started by run_all)", "no slower where the device cannot wait (the CUDA gain "
            "needs a GPU run: not yet measured)", ("throughput_cpu_gate_host.md",),
-           lambda t, f: Verdict("info", first_line_with(t, "rpc-gate over rpc-gatenohost:").lstrip("> "))),
+           lambda t, f: v_gate(t, "rpc-gate / rpc-gatenohost", "host inputs gated over not")),
     Figure("5k. Gated sets' device-side wait alone (patch 0009's primitive, bench/gpu/wait_host_word.cu, one H200; not "
            "started by run_all)", "the stream holds the copy and a captured CUDA graph until the host stores the word, "
            "every round", ("gpu/wait_host_word.md",), lambda t, f: v_wait_word(t)),

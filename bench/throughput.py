@@ -446,8 +446,14 @@ def run_ratios(runs: list[list[ModeResult]], mode: str, name: str) -> list[float
 
 
 def twins(modes: list[str]) -> list[tuple[str, str]]:
-    """(mode, its variant) pairs of one list: `rpc-noshm` is `rpc` with one thing changed, run beside it."""
-    return [(m.rsplit("-", 1)[0], m) for m in modes if "-" in m and m.rsplit("-", 1)[0] in modes]
+    """(mode, its variant) pairs of one list: `rpc-noshm` is `rpc` with one thing changed, run beside it; and
+    `rpc-gatenohost` is `rpc-gate` with one thing changed (a switch tag that extends another's)."""
+    pairs = [(m.rsplit("-", 1)[0], m) for m in modes if "-" in m and m.rsplit("-", 1)[0] in modes]
+    for m in modes:
+        base, _, tag = m.rpartition("-")
+        pairs += [(f"{base}-{t}", m) for t in _TAG_ENV
+                  if t != tag and tag.startswith(t) and tag in _TAG_ENV and f"{base}-{t}" in modes]
+    return pairs
 
 
 def paired_table(runs: list[list[ModeResult]], modes: list[str]) -> list[str]:

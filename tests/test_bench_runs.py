@@ -172,6 +172,7 @@ def test_a_merge_pairs_each_mode_with_its_variant_within_each_run(tmp_path):
 def test_twins_are_a_mode_and_its_variant_both_in_the_list():
     assert throughput.twins(["native", "native-ub256", "hybrid", "hybrid-noshm", "rpc-nocram"]) == [
         ("native", "native-ub256"), ("hybrid", "hybrid-noshm")]
+    assert throughput.twins(["native", "rpc-gate", "rpc-gatenohost"]) == [("rpc-gate", "rpc-gatenohost")]
 
 
 def test_a_mode_may_run_on_a_second_build_beside_the_first():
