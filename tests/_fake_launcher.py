@@ -34,6 +34,7 @@ class Script:
     ready_after: float = 0.0  # seconds after start
     lines_every: float | None = None  # print a line this often (progress for the stall timeout)
     ignores_term: bool = False  # only the kill after the grace period ends it
+    exit_after: float = 0.0  # seconds from SIGTERM to the exit (llama-server frees its buffers on the way out)
 
 
 class FakeMember(Tracked):  # the same transition table as a real member: an illegal change raises
@@ -62,12 +63,22 @@ class FakeMember(Tracked):  # the same transition table as a real member: an ill
         if self.script.start_rc is not None:
             self.line("error: failed to load model")
             self.exit(self.script.start_rc)
-        async with anyio.create_task_group() as tg:
-            if self.script.lines_every:
-                tg.start_soon(self._chatter, self.script.lines_every)
-            await self._exit.wait()
-            tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                if self.script.lines_every:
+                    tg.start_soon(self._chatter, self.script.lines_every)
+                await self._exit.wait()
+                tg.cancel_scope.cancel()
+        except BaseException:  # cancelled from outside: like Child.run, the member stops itself at once
+            with anyio.CancelScope(shield=True):
+                await self._terminate()
+                self._finish()
+            raise
+        self._finish()
+
+    def _finish(self) -> None:
         self.returncode, self.state = self._rc, MemberState.EXITED
+        self.launcher.log.append(("exit", self.spec.name))
         self.done.set()
         self._on_exit(self)
 
@@ -89,14 +100,22 @@ class FakeMember(Tracked):  # the same transition table as a real member: an ill
         with anyio.CancelScope(shield=True):
             if not self.alive:
                 return
+            await self._terminate(grace)
+            await self.done.wait()
+
+    async def _terminate(self, grace: float = 10.0) -> None:
+        """SIGTERM (once), then the exit: ``exit_after`` later, or the kill after ``grace``."""
+        if self.state is not MemberState.STOPPING and not self._exit.is_set():
             self.launcher.stopped.append(self.spec.name)
+            self.launcher.log.append(("stop", self.spec.name))
             self.state = MemberState.STOPPING
             if self.script.ignores_term:
                 await anyio.sleep(grace)
                 self.exit(-9)
             else:
+                await anyio.sleep(self.script.exit_after)
                 self.exit(-15)
-            await self.done.wait()
+        await self._exit.wait()
 
     @property
     def alive(self) -> bool:
@@ -124,6 +143,7 @@ class FakeLauncher:
         self.members: dict[str, FakeMember] = {}
         self.started: list[str] = []
         self.stopped: list[str] = []
+        self.log: list[tuple[str, str]] = []  # ("stop" | "exit", name), in the order they happened
         self.specs: list[ProcessSpec] = []
         self.health_code: int | None = 200
 

@@ -306,5 +306,13 @@ def test_a_group_that_cannot_start_raises_its_run_error_and_the_blocks_own_error
     with pytest.raises(KeyError, match="mine"):
         with arcsplit.serve(demo_model, port=port, **opts) as srv:
             assert httpx.get(f"{srv.url}/health", timeout=10).status_code == 200
+            run_dir = Path(srv.status()["run_dir"])
             raise KeyError("mine")
     assert is_free("127.0.0.1", port)  # stopped on the way out
+    # in order, as stop() does: llama-server exits on its own (no abort for an rpc-server gone under it, no kill
+    # after the grace), and every member's last lines reach its log
+    server_log = (run_dir / "server.log").read_text()
+    assert server_log.rstrip().endswith("=== exited exit 0"), server_log[-2000:]
+    assert "crashed" not in server_log
+    for rpc in ("rpc0", "rpc1"):
+        assert "=== exited" in (run_dir / f"{rpc}.log").read_text()

@@ -161,6 +161,25 @@ def test_stop_waits_out_the_grace_then_forces_a_member_that_ignores_sigterm():
     anyio.run(main)
 
 
+def test_a_cancelled_group_stops_in_order_too():
+    """Cancelling the task that runs the group (an error in the caller's ``async with`` block, a caller's timeout)
+    stops it as stop() does: llama-server first, and an rpc-server only once llama-server has exited. An
+    rpc-server that goes first makes llama-server abort in its RPC calls on the way out."""
+    fake = FakeLauncher(server=Script(exit_after=0.2))
+
+    async def main() -> None:
+        sup = supervisor(fake)
+        async with anyio.create_task_group() as tg:
+            await tg.start(sup.run)
+            tg.cancel_scope.cancel()
+        assert fake.log[0] == ("stop", "server")
+        server_gone = fake.log.index(("exit", "server"))
+        assert all(fake.log.index(("stop", rpc)) > server_gone for rpc in ("rpc0", "rpc1"))
+        assert sup.status()["state"] == "stopped"
+
+    anyio.run(main)
+
+
 def test_serve_starts_exactly_the_specs_of_its_route():
     """What the launcher is handed is the complete argv: nothing is spliced in after build_specs."""
     from arcsplit.run.specs import build_specs

@@ -112,6 +112,7 @@ class Supervisor:
         self._links_on_tcp: list[str] = []  # why same-host links stay on TCP this generation (patch 0008's warning)
         self._last_error: str | None = None
         self._unhealthy: str | None = None
+        self._held: set[anyio.CancelScope] = set()  # the members' runs, which only _teardown ends (_hold)
 
     # -- public surface -------------------------------------------------------------------------------------
 
@@ -549,9 +550,21 @@ class Supervisor:
         self._children[spec.name] = child
         return child
 
+    async def _hold(self, member: Member, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """A member's run, out of reach of a cancel of the task that runs the group (an error in the caller's
+        ``async with`` block, a caller's timeout): a cancelled member stops itself at once, so rpc-servers went
+        while llama-server was still freeing its buffers over RPC, and it aborted. _teardown stops the group in
+        order whatever ended it, and then cancels a run that is still going."""
+        with anyio.CancelScope(shield=True) as scope:
+            self._held.add(scope)
+            try:
+                await member.run(task_status=task_status)
+            finally:
+                self._held.discard(scope)
+
     async def _start_rpc(self, tg: TaskGroup, spec: ProcessSpec) -> None:
         child = self._child(spec)
-        await tg.start(child.run)
+        await tg.start(self._hold, child)
         self._publish_state(child)
         with anyio.move_on_after(self.timeouts.rpc_ready) as scope:
             while True:
@@ -571,7 +584,7 @@ class Supervisor:
 
     async def _start_server(self, tg: TaskGroup, spec: ProcessSpec) -> None:
         child = self._child(spec)
-        await tg.start(child.run)
+        await tg.start(self._hold, child)
         self._publish_state(child)
         stall = self.timeouts.stall
         deadline = time.monotonic() + stall
@@ -673,6 +686,8 @@ class Supervisor:
                 for c in self._children.values():
                     if c.pid is not None:
                         await c.done.wait()
+            for scope in list(self._held):  # a member whose exit was never seen: its own cancel path kills it
+                scope.cancel()
             self._write_state()
         finally:
             self._tearing_down = False
