@@ -37,10 +37,11 @@ async def warm_hosts(hosts: Sequence[Host], early: Mapping[str, Early] | None = 
     launcher = NodeLauncher(hosts)
     try:
         async with anyio.create_task_group() as tg:
-            await launcher.warm(tg, [h.name for h in hosts], early)
             try:
+                await launcher.warm(tg, [h.name for h in hosts], early)
                 yield launcher
             finally:
+                await launcher.close()  # the sessions outlast a cancel (remote.NodeSession): closing ends them
                 tg.cancel_scope.cancel()
     finally:
         await launcher.close()

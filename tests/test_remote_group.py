@@ -165,6 +165,21 @@ def test_the_agent_killed_restarts_the_group(tmp_path, demo_model, llama_bins):
     assert not agents() and not rpc_servers()
 
 
+def test_an_error_in_the_block_stops_llama_server_before_the_other_hosts_rpc_server(tmp_path, demo_model, llama_bins):
+    """An exception in the caller's block cancels the task that runs the group. llama-server here still exits first
+    and on its own: before, the cancel reached the host's session at once, its agent stopped the rpc-server there on
+    the session's EOF, and llama-server aborted freeing its buffers over RPC. Nothing is left there either."""
+    cfg = config(tmp_path, demo_model, TWO_HOSTS)
+    with pytest.raises((KeyError, ExceptionGroup)):  # the Supervisor's own task group wraps it (aserve unwraps)
+        with running(cfg, launcher=launcher(llama_bins, cfg.hosts)) as sup:
+            run_dir = Path(sup.status()["run_dir"])
+            raise KeyError("mine")
+    server_log = (run_dir / "server.log").read_text()
+    assert server_log.rstrip().endswith("=== exited exit 0"), server_log[-2000:]
+    assert "crashed" not in server_log
+    assert not agents() and not rpc_servers()
+
+
 def test_an_unreachable_host_is_one_line_with_ssh_s_reason(tmp_path, demo_model, llama_bins):
     refused = [sys.executable, "-c", "import sys; sys.stderr.write('ssh: connect to host b.invalid port 22: "
                "Connection refused\\n'); sys.exit(255)"]

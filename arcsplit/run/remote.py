@@ -101,7 +101,11 @@ class NodeSession:
         self._ask = anyio.Lock()
         self._write = anyio.Lock()
         self._heard = time.monotonic()
-        self._scope = anyio.CancelScope()
+        # The transport and its keepalive outlast a cancel of the task group they run in: the agent stops its
+        # rpc-servers on EOF, which must come after llama-server here has exited (the supervisor's teardown, then
+        # close()); close() ends both.
+        self._scope = anyio.CancelScope(shield=True)
+        self._held = anyio.CancelScope(shield=True)
 
     @property
     def where(self) -> str:
@@ -114,7 +118,7 @@ class NodeSession:
         if self._early is not None:
             self._child.adopt(self._early.process)
             self._early.taken, self._spawned = True, self._early.at
-        await tg.start(self._child.run)
+        await tg.start(self._transport)
         tg.start_soon(self._keepalive)
         await self.send({"op": "ping"})  # its pong is the agent's first word: when the login and its start are done
 
@@ -162,6 +166,10 @@ class NodeSession:
         async with self._write:
             return await self._child.send((json.dumps(msg, separators=(",", ":")) + "\n").encode())
 
+    async def _transport(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        with self._held:
+            await self._child.run(task_status=task_status)
+
     async def close(self, grace: float = 10.0) -> None:
         """EOF to the agent (it stops its rpc-servers and exits), then the transport; never cancelled midway."""
         with anyio.CancelScope(shield=True):
@@ -170,6 +178,7 @@ class NodeSession:
             with anyio.move_on_after(grace):
                 await self._child.done.wait()
             await self._child.stop(2.0)
+            self._held.cancel()  # a transport whose exit was never seen: Child's own cancel path kills it
             if self.control is not None:  # ssh removes it on its way out, unless it was killed
                 self.control.unlink(missing_ok=True)
 
@@ -549,11 +558,13 @@ class NodeLauncher:
             except ArcsplitError as exc:
                 errors.append(exc)
 
-        async with anyio.create_task_group() as otg:
-            for name in names:
-                otg.start_soon(one, name)
-        for session in warm.values():  # a host this generation does not use
-            await session.close(2.0)
+        try:
+            async with anyio.create_task_group() as otg:
+                for name in names:
+                    otg.start_soon(one, name)
+        finally:  # a host this generation does not use, or not yet greeted when the open was cancelled
+            for session in warm.values():
+                await session.close(2.0)
         if errors:
             await self.close()
             raise next((e for e in errors if isinstance(e, BadInput)), errors[0])
