@@ -263,6 +263,36 @@ llm.close()
     assert result["tokens"] == greedy(server.url)
 
 
+def test_a_stop_during_a_generation_ends_llama_server_with_its_own_forced_exit(demo_model):
+    """A SIGTERMed llama-server with a request in flight never exits on its own (its HTTP thread waits for the task
+    loop that the signal stopped): the stop's second SIGTERM is llama-server's forced exit, where waiting out the grace
+    for a SIGKILL took 10 s. The client's stream is cut off either way."""
+    opts = dict(gpus=[0, 1], backend="cpu", cpu_memory_mib=1024, ctx=1024, threads=1, bus=False)
+    first = threading.Event()
+    ended: list[str] = []
+
+    def generate(url: str) -> None:
+        try:
+            with httpx.stream("POST", f"{url}/completion", json={"prompt": PROMPT, "n_predict": 900, "stream": True,
+                                                                 "ignore_eos": True}, timeout=120) as r:
+                for _ in r.iter_lines():
+                    first.set()
+            ended.append("finished")
+        except httpx.HTTPError as exc:
+            ended.append(type(exc).__name__)
+
+    with arcsplit.serve(demo_model, port=free_port(), **opts) as srv:
+        run_dir = Path(srv.status()["run_dir"])
+        t = threading.Thread(target=generate, args=(srv.url,), daemon=True)
+        t.start()
+        assert first.wait(60), "no token streamed"
+    t.join(30)
+    server_log = (run_dir / "server.log").read_text()
+    assert "a second SIGTERM" in server_log and "Received second interrupt" in server_log, server_log[-2000:]
+    assert server_log.rstrip().endswith("=== exited exit 1"), server_log[-2000:]
+    assert ended and ended != ["finished"]
+
+
 def _free_pair_below_ephemeral() -> int:
     """A port P with P and P+1 free, below the kernel's ephemeral range: a port from free_port() is in that range,
     and any outgoing connection of the suite (HTTP clients, probes) may take P+1 before the bus binds it."""

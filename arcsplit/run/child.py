@@ -166,7 +166,8 @@ class Child(Tracked):
                 pass
 
     async def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM the group, SIGKILL after ``grace``; returns once the exit is observed. Never cancelled midway."""
+        """SIGTERM the group (again after the spec's ``term_again``), SIGKILL after ``grace``; returns once the exit
+        is observed. Never cancelled midway."""
         with anyio.CancelScope(shield=True):
             if not self.alive:
                 return
@@ -174,6 +175,14 @@ class Child(Tracked):
                 self.state = MemberState.STOPPING
             self.signal_group(signal.SIGTERM)
             await self._close_stdin()
+            again = self.spec.term_again
+            if again is not None and again < grace:  # the spec's second SIGTERM (llama-server's forced exit)
+                with anyio.move_on_after(again):
+                    await self._wait_exit()
+                    return
+                self._log_write(f"=== still running {again:g} s after SIGTERM: a second SIGTERM\n")
+                self.signal_group(signal.SIGTERM)
+                grace -= again
             with anyio.move_on_after(grace):
                 await self._wait_exit()
                 return

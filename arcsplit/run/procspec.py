@@ -30,6 +30,7 @@ class ProcessSpec:
     features_off: tuple[str, ...] = ()  # what this binary lacks, so arcsplit left out (llama/features.py)
     node: str = ""  # the layout host that runs it ("" this machine); a link: the host it forwards to
     connect: str = ""  # what llama-server dials for this rpc-server when not ``endpoint`` (an ssh forward's end)
+    term_again: float | None = None  # a stop's second SIGTERM this many seconds after the first (llama-server)
 
     @property
     def endpoint(self) -> str:

@@ -37,6 +37,11 @@ SERVER_LOG_ARGS = ("-lv", "4")  # buffer-size lines are printed at verbosity 4 (
 # `cmd_child_to_router:state:{json}` on stdout); setting this variable opts in. It also makes llama-server exit
 # on stdin EOF, a second guard besides the parent-death signal.
 ROUTER_PORT_ENV = "LLAMA_SERVER_ROUTER_PORT"
+# A SIGTERMed llama-server with a request in flight never exits: it joins its HTTP threads, and the request's thread
+# waits for a result from the task loop the signal stopped. A second SIGTERM is its own forced exit ("Received second
+# interrupt, terminating immediately", tools/server/server.cpp). A stop sends one this long after the first, instead
+# of waiting out the grace for the SIGKILL; an idle llama-server has exited by then.
+SERVER_TERM_AGAIN = 2.0
 
 
 def split_secrets(args: Sequence[str]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
@@ -217,7 +222,8 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int], link_ports: Seque
     fitted, off = fit_args(argv, config.server_features, config.server_bin)
     specs.append(ProcessSpec(name=server.name, role="server", argv=fitted + tuple(config.extra_args),
                              env=tuple(sorted(env.items())), host=config.host, port=config.port, cards=server.cards,
-                             devices=server.devices, keep_stdin=True, env_unset=unset, features_off=off))
+                             devices=server.devices, keep_stdin=True, env_unset=unset, features_off=off,
+                             term_again=SERVER_TERM_AGAIN))
     return tuple(specs)
 
 
