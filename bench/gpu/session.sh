@@ -26,7 +26,8 @@
 #        tree's patch set) swapped in, when the set differs from KEY's only in ggml-rpc.cpp (see swap_rpc below);
 #        modes ending -alt run on KEY as packed, so MODES=native,hybrid,hybrid-alt pairs the two in the same runs
 #   phase pack: the CUDA build as xz parts (15 MiB) under $OUT; kept as .device/cudabin/ and carried, a fresh
-#        machine unpacks a build whose key (flags, patch set) is this tree's instead of compiling it (~350 s)
+#        machine unpacks a build whose key (flags, patch set) is this tree's instead of compiling it (~350 s).
+#        bench/gpu/pack_here.sh makes the same parts without a GPU (CUDA 13.0 from PyPI, ~30 min on 2 cores)
 #   MODEL=moe bash bench/gpu/session.sh trace  # ONE GPU: a CUPTI timeline per route (bench/gpu_trace.py;
 #        phases trace / trace-dense in PHASES): where a decoded token's time goes, per process
 #   phases trace-light / trace-dense-light: the same with ARCSPLIT_CUPTI_LIGHT=1 (one record per CUDA graph);
@@ -97,6 +98,24 @@ unpack() {
   mkdir -p "$(dirname "$dir")"
   # shellcheck disable=SC2086
   cat $parts | xz -d | tar xf - -C "$(dirname "$dir")" && echo "build $(basename "$dir"): unpacked from cudabin/"
+  runs_here "$dir" || rm -rf "$dir"
+}
+
+runs_here() {
+  # a build packed on another machine (bench/gpu/pack_here.sh compiles one without a GPU) is used only where its
+  # libraries load and show the card, and where the CPU has every instruction-set flag of the machine that compiled
+  # it (GGML_NATIVE=ON builds ggml-cpu for that machine; AMX is off in every build); else it is compiled here
+  local dir=$1 missing
+  if [ -f "$dir/bin/.build-host-cpu-flags" ]; then
+    missing=$(comm -23 <(tr ' ' '\n' < "$dir/bin/.build-host-cpu-flags" | grep -E '^(avx|f16c|fma|bmi|sse|ssse|gfni|vaes|vpclmul)' | sort -u) \
+      <(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2 | tr ' ' '\n' | sort -u) | tr '\n' ' ')
+    if [ -n "$missing" ]; then
+      echo "packed build $(basename "$dir") needs CPU flags this machine lacks (${missing% }): compiling"; return 1
+    fi
+  fi
+  if ! timeout 60 "$dir/bin/llama-server" --list-devices 2>&1 | grep -q CUDA0; then
+    echo "packed build $(basename "$dir") shows no CUDA0 here (llama-server --list-devices): compiling"; return 1
+  fi
 }
 
 swap_rpc() {
