@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _netns import NetHarness, namespaces, ns_pids, sweep_stale, unavailable  # noqa: E402
-from _procs import dead  # noqa: E402
+from _procs import dead, wait_until  # noqa: E402
 
 from arcsplit.llama.locate import LlamaBinaries  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
@@ -46,15 +46,6 @@ def rpc_hello(host: str, port: int, timeout: float = 5.0) -> tuple[int, int, int
     (size,) = struct.unpack("<Q", data[:8])
     assert size == 4 + RPC_CONN_CAPS_SIZE, size
     return data[8], data[9], data[10]
-
-
-def wait_for(pred, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 @contextlib.contextmanager
@@ -101,7 +92,7 @@ def test_loopback_rpc_server_is_reachable_only_through_an_ssh_forward(net: NetHa
     b = net.host("b")
     port = free_port()  # free here too, so a refusal on 127.0.0.1 below is not someone else's listener
     with popen(net.ns_argv("b", [str(llama_bins.rpc_server), "-H", "127.0.0.1", "-p", str(port), "-t", "1"])) as rpc:
-        wait_for(lambda: ("127.0.0.1", port, "ggml-rpc-server") in net.listening("b")
+        wait_until(lambda: ("127.0.0.1", port, "ggml-rpc-server") in net.listening("b")
                  or rpc.poll() is not None, 30, "the rpc-server to listen in the namespace")
         assert rpc.poll() is None, rpc.stdout.read() if rpc.stdout else ""
         assert [row for row in net.listening("b") if row[1] == port] == [("127.0.0.1", port, "ggml-rpc-server")]
@@ -120,7 +111,7 @@ def test_loopback_rpc_server_is_reachable_only_through_an_ssh_forward(net: NetHa
                     return rpc_hello("127.0.0.1", local, timeout=2)[0] > 0
                 except OSError:
                     return False
-            wait_for(answered, 20, "an RPC HELLO through the forward")
+            wait_until(answered, 20, "an RPC HELLO through the forward")
             major, minor, patch = rpc_hello("127.0.0.1", local)
             assert major >= 1, (major, minor, patch)
 

@@ -9,7 +9,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from arcsplit.node.standing import socket_path
 from arcsplit.rig import Host, dump_layout, load_layout
 
 from _node_client import NodeClient, gone as _gone
+from _procs import wait_until
 
 LAYOUT = """
 name = "standing"
@@ -131,7 +131,7 @@ class Listener:
         self.proc = subprocess.Popen([sys.executable, "-m", "arcsplit", "node", "--listen", *extra, "--llama-dir",
                                       str(bin_dir), "--heartbeat", "5"], stderr=subprocess.PIPE, text=True)
         self.path = socket_path(extra[0] if extra else None)
-        _until(lambda: self.path.exists() or self.proc.poll() is not None, 30, "the socket")
+        wait_until(lambda: self.path.exists() or self.proc.poll() is not None, 30, "the socket")
         assert self.proc.poll() is None, self.proc.stderr.read() if self.proc.stderr else ""
 
     def stop(self) -> int:
@@ -161,16 +161,6 @@ class Attached(NodeClient):
         assert self.proc.stdin is not None
         self.proc.stdin.close()
         return self.proc.wait(30)
-
-
-def _until(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -275,7 +265,7 @@ def test_a_standing_agent_serves_over_a_real_sshd(demo_model, net, tmp_path, lla
     agent = subprocess.Popen(net.ns_argv("b", [str(b.arcsplit), "node", "--listen"]), stderr=subprocess.PIPE,
                              text=True)
     try:
-        _until(lambda: (b.dir / "rt" / "node.sock").exists() or agent.poll() is not None, 30, "b's agent")
+        wait_until(lambda: (b.dir / "rt" / "node.sock").exists() or agent.poll() is not None, 30, "b's agent")
         layout = two_hosts(net, tmp_path)
         layout.write_text(layout.read_text().replace('link = "ssh"', 'link = "ssh"\nagent = "standing"'))
         with serving(tmp_path, demo_model, layout) as served:

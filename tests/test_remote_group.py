@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -27,7 +26,7 @@ from arcsplit.run.remote import NodeLauncher, Transport
 from arcsplit.run.specs import ProcessSpec
 from arcsplit.run.supervisor import RestartPolicy, Supervisor
 
-from _procs import dead
+from _procs import dead, wait_until
 
 pytestmark = pytest.mark.slow
 PROMPT = "The three primary colors are"
@@ -123,16 +122,6 @@ def _ours(p: psutil.Process) -> bool:
         return False
 
 
-def wait_for(pred, timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_two_hosts_serve_the_tokens_of_one_host_and_leave_nothing(tmp_path, demo_model, llama_bins):
     with running(config(tmp_path, demo_model, ONE_HOST)) as sup:
         expected = greedy(sup.url)
@@ -158,7 +147,7 @@ def test_the_agent_killed_restarts_the_group(tmp_path, demo_model, llama_bins):
         first = sup.status()["processes"]["rpc0"]["pid"]
         (agent,) = agents()
         agent.kill()
-        wait_for(lambda: sup.status()["generation"] >= 2 and sup.status()["state"] == "ready", 90, "serving again")
+        wait_until(lambda: sup.status()["generation"] >= 2 and sup.status()["state"] == "ready", 90, "serving again")
         assert dead(first)
         assert "node agent on b exited" in " ".join(sup.logs("rpc0", 50))
         assert len(greedy(sup.url, 4)) == 4

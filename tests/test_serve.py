@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -30,7 +29,7 @@ from arcsplit.errors import RunError
 from arcsplit.run.ports import free_port
 from arcsplit.run.supervisor import RestartPolicy, Supervisor
 
-from _procs import dead
+from _procs import dead, wait_until
 
 pytestmark = pytest.mark.slow
 PROMPT = "The three primary colors are"
@@ -77,16 +76,6 @@ def greedy_tokens(url: str, n: int = 24) -> list[int]:
     tokens = r.json()["tokens"]
     assert len(tokens) == n
     return tokens
-
-
-def wait_for(pred, timeout: float = 60.0, what: str = "condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")
@@ -193,8 +182,8 @@ def test_restart_request_publishes_events_and_serves_again(rpc_group):
     rx = rpc_group.subscribe(10_000)
     gen = rpc_group.status()["generation"]
     rpc_group.portal.call(rpc_group.restart)
-    wait_for(lambda: (s := rpc_group.status())["generation"] == gen + 1 and s["state"] == "ready",
-             what="the restart")
+    wait_until(lambda: (s := rpc_group.status())["generation"] == gen + 1 and s["state"] == "ready",
+               60, "the restart")
     events = []
     while True:
         try:
@@ -217,10 +206,10 @@ def test_a_stopped_rpc_server_is_shown_paused_and_not_restarted(rpc_group, singl
     pid = before["processes"]["rpc0"]["pid"]
     os.kill(pid, signal.SIGSTOP)
     try:
-        wait_for(lambda: rpc_group.status()["processes"]["rpc0"]["paused"], timeout=20, what="rpc0 shown paused")
+        wait_until(lambda: rpc_group.status()["processes"]["rpc0"]["paused"], timeout=20, what="rpc0 shown paused")
     finally:
         os.kill(pid, signal.SIGCONT)
-    wait_for(lambda: not rpc_group.status()["processes"]["rpc0"]["paused"], timeout=20, what="rpc0 resumed")
+    wait_until(lambda: not rpc_group.status()["processes"]["rpc0"]["paused"], timeout=20, what="rpc0 resumed")
     after = rpc_group.status()
     assert after["generation"] == before["generation"] and after["processes"]["rpc0"]["pid"] == pid
     events = []
@@ -259,8 +248,8 @@ def test_kill9_mid_request_group_comes_back_and_serves(rpc_group, single_tokens,
     assert started.wait(30)
     os.kill(pid, signal.SIGKILL)
     t.join(60)
-    st = wait_for(lambda: (s := rpc_group.status())["generation"] > gen and s["state"] == "ready" and s,
-                  what="the group to restart")
+    st = wait_until(lambda: (s := rpc_group.status())["generation"] > gen and s["state"] == "ready" and s,
+                    60, "the group to restart")
     assert st["processes"][victim]["restarts"] >= 1
     assert dead(pid)
     assert greedy_tokens(rpc_group.url) == single_tokens
@@ -272,8 +261,8 @@ def test_sigterm_of_llama_server_is_noticed_even_if_it_does_not_exit(rpc_group, 
     before = rpc_group.status()
     gen = before["generation"]
     os.kill(before["processes"]["server"]["pid"], signal.SIGTERM)
-    st = wait_for(lambda: (s := rpc_group.status())["generation"] > gen and s["state"] == "ready" and s,
-                  what="the group to restart after SIGTERM of llama-server")
+    st = wait_until(lambda: (s := rpc_group.status())["generation"] > gen and s["state"] == "ready" and s,
+                    60, "the group to restart after SIGTERM of llama-server")
     assert st["processes"]["server"]["pid"] != before["processes"]["server"]["pid"]
     assert greedy_tokens(rpc_group.url) == single_tokens
 

@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -24,6 +23,7 @@ from arcsplit.demo import ensure_chat_model  # noqa: E402
 from arcsplit.llama import webui  # noqa: E402
 from arcsplit.llama.patches import MARKER  # noqa: E402
 from arcsplit.run.ports import free_port  # noqa: E402
+from _procs import wait_until  # noqa: E402
 
 SHOTS = Path(os.environ.get("ARCSPLIT_SCREENSHOTS", "")) if os.environ.get("ARCSPLIT_SCREENSHOTS") else None
 
@@ -110,16 +110,6 @@ def shoot(browser, tmp_path: Path, name: str) -> Path:
     return path
 
 
-def wait_for(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
-
-
 @pytest.mark.slow
 def test_managed_build_serves_llamas_ui_and_a_chat_round_trips(browser, tmp_path, llama_bins, chat_model):
     reason = webui.missing_reason(webui.root_of(llama_bins.bin_dir))
@@ -134,10 +124,10 @@ def test_managed_build_serves_llamas_ui_and_a_chat_round_trips(browser, tmp_path
             r = httpx.get(url + "/", timeout=10)
             assert r.status_code == 200 and "_app/immutable" in r.text  # the SvelteKit UI, not the fallback
             browser.get(url + "/")
-            box = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "textarea"), 60, "the chat input")[0]
+            box = wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, "textarea"), 60, "the chat input")[0]
             box.send_keys("Name the capital of France.")
             box.send_keys(Keys.ENTER)
-            wait_for(lambda: "Paris" in browser.find_element(By.TAG_NAME, "body").text, 120, "an answer with Paris")
+            wait_until(lambda: "Paris" in browser.find_element(By.TAG_NAME, "body").text, 120, "an answer with Paris")
             shot = shoot(browser, tmp_path, "webui-chat")
         finally:
             stop(proc)
@@ -161,7 +151,7 @@ def test_without_the_ui_the_page_says_how_and_completes(browser, tmp_path, llama
             browser.find_element(By.ID, "prompt").clear()
             browser.find_element(By.ID, "prompt").send_keys("The capital of France is")
             browser.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-            out = wait_for(lambda: (t := browser.find_element(By.ID, "out").text) not in ("", "…") and t, 60,
+            out = wait_until(lambda: (t := browser.find_element(By.ID, "out").text) not in ("", "…") and t, 60,
                            "the completion")
             shoot(browser, tmp_path, "webui-fallback")
         finally:
