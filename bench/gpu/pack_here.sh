@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA build the device machine's bench runs (bench/gpu/session.sh), compiled HERE, on a machine without a GPU,
 # and packed as .device/cudabin/: a lent GPU then spends its minutes measuring, not compiling (~350 s of a 30 min
-# budget; on 2 cores here it takes about 30 min, in the background).
+# budget; on 2 cores here it takes about 25 min, in the background).
 #   bash bench/gpu/pack_here.sh          # -> .device/cudabin/build-cuda-KEY.tar.xz.0 ... (15 MiB parts)
 # session.sh's unpack takes it when KEY (cmake flags + patch set) is the tree's, checks that it runs there
 # (llama-server --list-devices shows CUDA0) and that the CPU has every instruction-set flag of this machine

@@ -27,7 +27,7 @@
 #        modes ending -alt run on KEY as packed, so MODES=native,hybrid,hybrid-alt pairs the two in the same runs
 #   phase pack: the CUDA build as xz parts (15 MiB) under $OUT; kept as .device/cudabin/ and carried, a fresh
 #        machine unpacks a build whose key (flags, patch set) is this tree's instead of compiling it (~350 s).
-#        bench/gpu/pack_here.sh makes the same parts without a GPU (CUDA 13.0 from PyPI, ~30 min on 2 cores)
+#        bench/gpu/pack_here.sh makes the same parts without a GPU (CUDA 13.0 from PyPI, about 25 min on 2 cores)
 #   MODEL=moe bash bench/gpu/session.sh trace  # ONE GPU: a CUPTI timeline per route (bench/gpu_trace.py;
 #        phases trace / trace-dense in PHASES): where a decoded token's time goes, per process
 #   phases trace-light / trace-dense-light: the same with ARCSPLIT_CUPTI_LIGHT=1 (one record per CUDA graph);
