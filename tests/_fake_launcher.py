@@ -35,6 +35,7 @@ class Script:
     lines_every: float | None = None  # print a line this often (progress for the stall timeout)
     ignores_term: bool = False  # only the kill after the grace period ends it
     exit_after: float = 0.0  # seconds from SIGTERM to the exit (llama-server frees its buffers on the way out)
+    start_after: float = 0.0  # seconds before it reports started (the spawn)
 
 
 class FakeMember(Tracked):  # the same transition table as a real member: an illegal change raises
@@ -56,9 +57,10 @@ class FakeMember(Tracked):  # the same transition table as a real member: an ill
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self.state = MemberState.STARTING
+        self.launcher.started.append(self.spec.name)
+        await anyio.sleep(self.script.start_after)
         self.pid, self.started_at = next(_pids), time.monotonic()
         self.create_time = time.time()
-        self.launcher.started.append(self.spec.name)
         task_status.started()
         if self.script.start_rc is not None:
             self.line("error: failed to load model")

@@ -4,6 +4,7 @@ no llama.cpp. The same supervisor runs real processes in test_serve.py and test_
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import anyio
@@ -178,6 +179,27 @@ def test_a_cancelled_group_stops_in_order_too():
         assert sup.status()["state"] == "stopped"
 
     anyio.run(main)
+
+
+def test_a_cancel_while_members_start_reaches_them():
+    """A cancel that comes while members are still starting (before they report started) reaches them: anyio's
+    TaskGroup.start waits for the task it started to end, so a member out of the cancel's reach from its first
+    moment held the cancelled group. A layout's unreachable host cancels this machine's rpc-servers as they start:
+    ``serve`` then took 60 s to give up."""
+    fake = FakeLauncher(rpc0=Script(start_after=0.5), rpc1=Script(start_after=0.5))
+
+    async def main() -> None:
+        sup = supervisor(fake)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sup.run)
+            await wait_for(lambda: len(fake.started) == 2)  # both are starting
+            tg.cancel_scope.cancel()
+        assert sup.status()["state"] == "stopped"
+
+    t = threading.Thread(target=anyio.run, args=(main,), daemon=True)  # a hang must fail the test, not be it
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "the cancelled group waited on members that were still starting"
 
 
 def test_serve_starts_exactly_the_specs_of_its_route():

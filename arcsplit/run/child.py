@@ -13,7 +13,7 @@ import signal
 import time
 from collections import deque
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import Awaitable, Callable, TextIO
 
 import anyio
 import psutil
@@ -269,6 +269,27 @@ def describe_exit(rc: int | None) -> str:
         except ValueError:
             pass
     return f"exit {rc}"
+
+
+class _ShieldOnStart:
+    """A task status whose started() also makes ``scope`` a shield (run_held)."""
+
+    def __init__(self, scope: anyio.CancelScope, status: TaskStatus[None]) -> None:
+        self._scope, self._status = scope, status
+
+    def started(self, value: None = None) -> None:
+        self._scope.shield = True
+        self._status.started(value)
+
+
+async def run_held(scope: anyio.CancelScope, run: Callable[..., Awaitable[None]],
+                   task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    """``run(task_status=...)`` (a member's or a transport's run) inside ``scope``, which turns into a shield once
+    ``run`` reports started: from then on a cancel from outside does not reach it, only ``scope.cancel()`` (a group
+    stops in order: llama-server before the rpc-servers it calls). Before that it is cancellable as usual, so a
+    cancelled ``tg.start`` (which waits for the task it started to end) never waits on a shielded run."""
+    with scope:
+        await run(task_status=_ShieldOnStart(scope, task_status))
 
 
 def _killpg(pid: int, sig: int) -> bool:

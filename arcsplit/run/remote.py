@@ -31,7 +31,7 @@ from ..errors import ArcsplitError, BadInput, HostError
 from ..hosts import check_inventory, control_argv, node_argv, shares_connection
 from ..node import PROTO
 from ..rig import Host
-from .child import Child, describe_exit
+from .child import Child, describe_exit, run_held
 from .events import GpuReport, MemberSnapshot, Usage, member_snapshot
 from .launch import Health, Launcher, LocalLauncher, Member
 from .early import Early, control_socket, session_spec
@@ -105,7 +105,7 @@ class NodeSession:
         # rpc-servers on EOF, which must come after llama-server here has exited (the supervisor's teardown, then
         # close()); close() ends both.
         self._scope = anyio.CancelScope(shield=True)
-        self._held = anyio.CancelScope(shield=True)
+        self._held = anyio.CancelScope()  # a shield once the transport has started (child.run_held)
 
     @property
     def where(self) -> str:
@@ -167,8 +167,7 @@ class NodeSession:
             return await self._child.send((json.dumps(msg, separators=(",", ":")) + "\n").encode())
 
     async def _transport(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        with self._held:
-            await self._child.run(task_status=task_status)
+        await run_held(self._held, self._child.run, task_status)
 
     async def close(self, grace: float = 10.0) -> None:
         """EOF to the agent (it stops its rpc-servers and exits), then the transport; never cancelled midway."""

@@ -31,7 +31,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from ..errors import ArcsplitError, BadInput, RunError
 from ..llama import logs
 from ..llama.hostcheck import SHM_FIX, host_ram_short
-from .child import describe_exit
+from .child import describe_exit, run_held
 from .launch import Launcher, LocalLauncher, Member
 from .events import Event, EventBus, EventKind, HostData, MemberSnapshot, MemberStatus, Status
 from .ports import free_port, is_free
@@ -555,12 +555,12 @@ class Supervisor:
         ``async with`` block, a caller's timeout): a cancelled member stops itself at once, so rpc-servers went
         while llama-server was still freeing its buffers over RPC, and it aborted. _teardown stops the group in
         order whatever ended it, and then cancels a run that is still going."""
-        with anyio.CancelScope(shield=True) as scope:
-            self._held.add(scope)
-            try:
-                await member.run(task_status=task_status)
-            finally:
-                self._held.discard(scope)
+        scope = anyio.CancelScope()
+        self._held.add(scope)
+        try:
+            await run_held(scope, member.run, task_status)
+        finally:
+            self._held.discard(scope)
 
     async def _start_rpc(self, tg: TaskGroup, spec: ProcessSpec) -> None:
         child = self._child(spec)
