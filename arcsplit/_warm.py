@@ -35,16 +35,13 @@ async def warm_hosts(hosts: Sequence[Host], early: Mapping[str, Early] | None = 
     from .run.remote import NodeLauncher
 
     launcher = NodeLauncher(hosts)
-    try:
-        async with anyio.create_task_group() as tg:
-            try:
-                await launcher.warm(tg, [h.name for h in hosts], early)
-                yield launcher
-            finally:
-                await launcher.close()  # the sessions outlast a cancel (remote.NodeSession): closing ends them
-                tg.cancel_scope.cancel()
-    finally:
-        await launcher.close()
+    async with anyio.create_task_group() as tg:
+        try:
+            await launcher.warm(tg, [h.name for h in hosts], early)
+            yield launcher
+        finally:
+            await launcher.close()  # the sessions outlast a cancel (remote.NodeSession): closing ends them
+            tg.cancel_scope.cancel()
 
 
 def check_builds(launcher: NodeLauncher, server_bin: str) -> None:

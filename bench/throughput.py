@@ -451,8 +451,8 @@ def twins(modes: list[str]) -> list[tuple[str, str]]:
     pairs = [(m.rsplit("-", 1)[0], m) for m in modes if "-" in m and m.rsplit("-", 1)[0] in modes]
     for m in modes:
         base, _, tag = m.rpartition("-")
-        pairs += [(f"{base}-{t}", m) for t in _TAG_ENV
-                  if t != tag and tag.startswith(t) and tag in _TAG_ENV and f"{base}-{t}" in modes]
+        if tag in _TAG_ENV:
+            pairs += [(f"{base}-{t}", m) for t in _TAG_ENV if t != tag and tag.startswith(t) and f"{base}-{t}" in modes]
     return pairs
 
 
@@ -483,9 +483,9 @@ def spread_table(runs: list[list[ModeResult]]) -> list[str]:
     """The figures of several independent runs: per mode, each run's ratio to that run's native."""
     first = runs[0]
     native = native_of(first)
-    lines = [f"| mode | -ub | -ngl (-ts) | prefill t/s | decode t/s | 4 streams t/s | prefill / native | "
-             f"decode / native | 4 streams / native | greedy = native | ready s (min / median / max) | "
-             f"ready / native |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| mode | -ub | -ngl (-ts) | prefill t/s | decode t/s | 4 streams t/s | prefill / native | "
+             "decode / native | 4 streams / native | greedy = native | ready s (min / median / max) | "
+             "ready / native |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in first:
         ok = [x for results in runs for x in results if x.mode == r.mode and not x.error]
         if not ok:

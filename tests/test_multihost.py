@@ -18,7 +18,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import anyio
 import httpx

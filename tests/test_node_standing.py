@@ -4,7 +4,6 @@ attach command locally, as tests/test_remote_group.py does for `--stdio`)."""
 
 from __future__ import annotations
 
-import os
 import signal
 import stat
 import subprocess
