@@ -27,8 +27,8 @@ from .llama.devices import discover_rig
 from .llama.locate import LlamaBinaries, find_llama
 from .model import load_profile
 from .planner import Plan, PlanOptions, make_plan
-from .run import spawn
-from .run.ports import free_port, wait_listening
+from .proc import spawn
+from .proc.ports import free_port, wait_listening
 from .route import Route
 from .run.specs import ServeConfig, build_specs
 

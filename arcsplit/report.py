@@ -25,8 +25,8 @@ from typing import Any, Mapping, Sequence
 from . import __version__
 from ._dirs import cache_dir
 from .errors import BadInput
+from .proc.rundir import runs_root
 from .redact import Redactor, secret_env
-from .run.rundir import runs_root
 
 LOG_TAIL_LINES = 400
 BUILD_LOG_LINES = 60

@@ -40,7 +40,7 @@ from arcsplit import synth  # noqa: E402
 from arcsplit.llama.fitparams import RpcServers, fit_print  # noqa: E402
 from arcsplit.llama.devices import cpu_model, parse_list_devices  # noqa: E402
 from arcsplit.llama.locate import LlamaBinaries, find_llama, server_build_info  # noqa: E402
-from arcsplit.run.ports import free_port  # noqa: E402
+from arcsplit.proc.ports import free_port  # noqa: E402
 
 MiB = 1024 * 1024
 UBATCH = 512

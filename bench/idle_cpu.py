@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from arcsplit.cli import build_parser  # noqa: E402
 from arcsplit.cli.serve import build_config  # noqa: E402
-from arcsplit.run.ports import free_port  # noqa: E402
+from arcsplit.proc.ports import free_port  # noqa: E402
 from arcsplit.run.supervisor import Supervisor  # noqa: E402
 
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import arcsplit  # noqa: E402
 from arcsplit import synth  # noqa: E402
-from arcsplit.run.ports import free_port  # noqa: E402
+from arcsplit.proc.ports import free_port  # noqa: E402
 
 MiB = 1024 * 1024
 

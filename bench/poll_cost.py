@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import arcsplit  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.patches import rpc_link_polling  # noqa: E402
-from arcsplit.run.ports import free_port  # noqa: E402
+from arcsplit.proc.ports import free_port  # noqa: E402
 from throughput import build_line, same_card_rig  # noqa: E402
 from _report import write_report  # noqa: E402  (bench/ is sys.path[0] when run as a script)
 

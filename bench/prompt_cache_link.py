@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import arcsplit  # noqa: E402
-from arcsplit.run.ports import free_port  # noqa: E402
+from arcsplit.proc.ports import free_port  # noqa: E402
 from arcsplit.synth import write_llama  # noqa: E402
 from throughput import build_line  # noqa: E402
 from _report import write_report  # noqa: E402

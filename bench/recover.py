@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import arcsplit  # noqa: E402
 from arcsplit.demo import ensure_demo_model  # noqa: E402
-from arcsplit.run.ports import free_port  # noqa: E402
+from arcsplit.proc.ports import free_port  # noqa: E402
 
 PROMPT = "The three primary colors are"
 

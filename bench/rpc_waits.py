@@ -34,7 +34,7 @@ from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.patches import rpc_link_polling, rpc_patches_switched  # noqa: E402
 from arcsplit.llama.locate import find_llama  # noqa: E402
 from arcsplit.llama.patches import build_patches  # noqa: E402
-from arcsplit.run.ports import free_port  # noqa: E402
+from arcsplit.proc.ports import free_port  # noqa: E402
 from throughput import build_line  # noqa: E402
 from _report import write_report  # noqa: E402  (bench/ is sys.path[0] when run as a script)
 

@@ -72,7 +72,7 @@ from arcsplit.llama.patches import (rpc_async_reads, rpc_gated_sets, rpc_link_po
                                     rpc_patches_switched, rpc_pinned_reads, rpc_relay_chunks, rpc_shm_link)
 from arcsplit.route import Route  # noqa: E402
 from arcsplit.run.prepare import rpc_spin_us  # noqa: E402
-from arcsplit.run.ports import free_port  # noqa: E402
+from arcsplit.proc.ports import free_port  # noqa: E402
 
 PROMPT_TOKENS = 512
 STREAMS = 4

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from arcsplit.cli import build_parser  # noqa: E402
 from arcsplit.cli.serve import build_config  # noqa: E402
-from arcsplit.run.ports import free_port  # noqa: E402
+from arcsplit.proc.ports import free_port  # noqa: E402
 from arcsplit.run.specs import ROUTER_PORT_ENV, build_specs, n_rpc_servers  # noqa: E402
 from arcsplit.run.supervisor import Supervisor  # noqa: E402
 from _report import write_report  # noqa: E402
@@ -151,6 +151,7 @@ def ready_and_tokens(config, n_predict: int) -> tuple[float, list[int]]:
 
 def load_bench(a: argparse.Namespace) -> int:
     """--load: time to ready per route, weights over the socket vs read from the GGUF (patch 0006)."""
+    from arcsplit.llama import seeding
     from arcsplit.run import weightcache
     from arcsplit.run.prepare import prepare
     from arcsplit.cli.serve import request_from_args
@@ -166,7 +167,7 @@ def load_bench(a: argparse.Namespace) -> int:
         prepared = prepare(request_from_args(build_parser().parse_args(argv)))
         if weights == "seed" and not prepared.config.rpc_seed:
             raise SystemExit(f"{prepared.config.rpc_bin} cannot seed its cache (a build without patch "
-                             f"{weightcache.PATCH}); `arcsplit llama build` makes one")
+                             f"{seeding.PATCH}); `arcsplit llama build` makes one")
         return prepared.config
 
     times: dict[tuple[str, str], list[float]] = {c: [] for c in cases}

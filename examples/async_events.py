@@ -10,7 +10,7 @@ import httpx
 
 import arcsplit
 from arcsplit.demo import ensure_demo_model
-from arcsplit.run.ports import free_port
+from arcsplit.proc.ports import free_port
 
 
 async def main(model: str) -> None:

@@ -9,7 +9,7 @@ import httpx
 
 import arcsplit
 from arcsplit.demo import ensure_demo_model
-from arcsplit.run.ports import free_port
+from arcsplit.proc.ports import free_port
 
 model = sys.argv[1] if len(sys.argv) > 1 else ensure_demo_model()
 

@@ -20,7 +20,7 @@ from arcsplit.cli import build_parser
 from arcsplit.cli.serve import request_from_args
 from arcsplit.run.bus import BusInfo
 from arcsplit.run.instance import Instance as RunInstance
-from arcsplit.run.ports import free_port
+from arcsplit.proc.ports import free_port
 from arcsplit.run.supervisor import RestartPolicy, Supervisor
 from arcsplit.telemetry import run_telemetry
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from arcsplit.llama.logs import parse_buffer_line, sum_buffers
-from arcsplit.run.ports import free_port
+from arcsplit.proc.ports import free_port
 
 from _procs import wait_healthy
 

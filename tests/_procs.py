@@ -50,7 +50,7 @@ def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 1
 
 
 def stop_after_first_line(child, timeout: float = 10.0, grace: float = 5.0) -> None:
-    """Run the arcsplit.run.child.Child ``child`` until its first output line, then stop() it and wait until its run
+    """Run the arcsplit.proc.child.Child ``child`` until its first output line, then stop() it and wait until its run
     has ended (its group reaped)."""
 
     async def main() -> None:

@@ -22,7 +22,7 @@ import zmq
 import arcsplit
 from arcsplit.errors import NotRunning, RunError
 from arcsplit.run.bus import TOPIC_PREFIX, list_runs
-from arcsplit.run.ports import free_port, is_free
+from arcsplit.proc.ports import free_port, is_free
 from _instance import ENV_KEYS, isolated_env
 
 pytestmark = pytest.mark.slow

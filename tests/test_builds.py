@@ -21,7 +21,7 @@ from arcsplit.llama import patches
 from arcsplit.llama.build import CONFIG_FILE, TARGETS, BuildConfig, managed_builds, sycl_flags
 from arcsplit.llama.locate import find_llama, pick_build
 from arcsplit.llama.source import llama_root
-from arcsplit.run.ports import free_port
+from arcsplit.proc.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

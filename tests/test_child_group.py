@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import anyio
 
-from arcsplit.run.child import Child
-from arcsplit.run.procspec import ProcessSpec
+from arcsplit.proc.child import Child
+from arcsplit.proc.spec import ProcessSpec
 
 from _procs import dead, stop_after_first_line, wait_until
 

@@ -195,7 +195,7 @@ def test_the_headline_command_resolves_to_sycl_before_starting_anything(arc_mach
     """`arcsplit serve model.gguf --gpus 0,1` with no --backend: the config handed to the runner is SYCL.
     (--mode hybrid: mode auto would probe one multi-device context, which needs the cards.)"""
     from arcsplit.cli import serve as serve_cli
-    from arcsplit.run.ports import free_port
+    from arcsplit.proc.ports import free_port
 
     seen = []
 

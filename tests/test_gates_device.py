@@ -24,7 +24,7 @@ import pytest
 
 from arcsplit import serve as serve_group
 from arcsplit.llama.build import cache_trees
-from arcsplit.run.ports import free_port
+from arcsplit.proc.ports import free_port
 
 from _procs import wait_healthy
 from test_patches import (GATE, GET_TENSOR, GRAPH_RECOMPUTE, SET_TENSOR, SET_TENSOR_GATED, RawRpc,

@@ -168,7 +168,7 @@ def test_a_load_that_would_run_the_host_out_of_memory_is_stopped(llama_bins, dem
 
     import psutil
 
-    from arcsplit.run.ports import free_port
+    from arcsplit.proc.ports import free_port
 
     port = free_port()
     env = {**os.environ, H.RAM_ENV: str(10 ** 9), "ARCSPLIT_STATE_DIR": str(tmp_path / "state"),

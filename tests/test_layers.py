@@ -1,8 +1,10 @@
 """The house's import graph, read from the source (no import runs): data flows one way, surfaces use the API.
 
 Layers, bottom up: the pure core (model, planner, memory, rig, synth, backends, route, hosts) -> llama/ (llama.cpp's
-binaries) -> run/ (processes and sockets) -> telemetry/ -> the surfaces (cli/, tui/, _api.py and _warm.py, inproc.py). A module
-may import its own layer and the ones below, never one above; the CLI reaches run/ only through the public API.
+binaries) -> proc/ (process mechanics and the node wire protocol) -> run/ (deciding and supervising a group) ->
+telemetry/ -> node/ (the agent on another host) -> the surfaces (cli/, tui/, _api.py and _warm.py, inproc.py). A
+module may import its own layer and the ones below, never one above; run/ and node/ never import each other; the
+CLI reaches run/ only through the public API; no circle of module-level imports. docs/architecture.md tells why.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "arcsplit"
 PURE = {"model", "planner", "memory", "rig", "synth", "errors", "_dirs", "backends", "redact", "route", "hosts"}
-RANK = {**{m: 0 for m in PURE}, "llama": 1, "demo": 1, "run": 2, "telemetry": 3, "cli": 4, "tui": 4, "_api": 4, "_warm": 4,
-        "inproc": 4, "__main__": 4, "report": 4}
+RANK = {**{m: 0 for m in PURE}, "llama": 1, "demo": 1, "proc": 2, "run": 3, "telemetry": 4, "node": 5, "cli": 6, "tui": 6,
+        "_api": 6, "_warm": 6, "inproc": 6, "__main__": 6, "report": 6, "__init__": 6}
 
 
 def _unit(path: Path) -> str:
@@ -51,10 +53,15 @@ def modules() -> list[Path]:
     return sorted(p for p in PKG.rglob("*.py") if _unit(p) in RANK)
 
 
+def test_every_package_and_module_has_a_rank():
+    units = {_unit(p) for p in PKG.rglob("*.py")}
+    assert not units - RANK.keys(), f"give {sorted(units - RANK.keys())} a rank in RANK (and docs/architecture.md)"
+
+
 def test_the_walker_sees_relative_and_absolute_imports():
     assert "_api" in imports(PKG / "cli" / "serve.py")  # the CLI's serve goes through the API
     assert "run" in imports(PKG / "_api.py") and "llama" in imports(PKG / "run" / "prepare.py")
-    assert imports(PKG / "run" / "bus.py") >= {"_dirs", "errors", "run"}
+    assert imports(PKG / "run" / "bus.py") >= {"_dirs", "errors", "proc"} and "run" in imports(PKG / "run" / "supervisor.py")
 
 
 @pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PKG)))
@@ -74,3 +81,102 @@ def test_the_planner_oracle_is_not_in_the_pure_core():
     # llama-fit-params (the oracle, and plan --measure) runs processes: beside the pure planner it dragged llama/ in
     assert not (PKG / "fitoracle.py").exists() and "llama" not in imports(PKG / "planner.py")
     assert (PKG / "llama" / "fitparams.py").exists()  # it runs processes: the llama/ layer, above the planner
+
+
+@pytest.mark.parametrize("a, b", [("run", "node"), ("node", "run")])
+def test_run_and_node_share_process_mechanics_through_proc_only(a, b):
+    # the supervisor and the node agent both start and watch processes: arcsplit/proc/ holds what they share
+    bad = sorted(str(p.relative_to(PKG)) for p in (PKG / a).rglob("*.py") if b in imports(p))
+    assert not bad, f"{bad} import arcsplit.{b}: move what they share to arcsplit/proc/"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _resolve(path: Path, node: ast.ImportFrom | ast.Import) -> set[str]:
+    """The arcsplit modules one import statement loads by name (``from pkg import mod`` counts mod when it is one)."""
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names if a.name.startswith("arcsplit.")}
+    here = _module_name(path).split(".")
+    if path.name != "__init__.py":
+        here = here[:-1]  # the module's package
+    base = here[: len(here) - node.level + 1] if node.level else []
+    target = ".".join(base + (node.module.split(".") if node.module else []))
+    if not target.startswith("arcsplit"):
+        return set()
+    found = {target}
+    for a in node.names:
+        sub = f"{target}.{a.name}"
+        if (PKG.parent / sub.replace(".", "/")).with_suffix(".py").exists() or (PKG.parent / sub.replace(".", "/")).is_dir():
+            found.add(sub)
+    return found
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """The arcsplit modules ``path`` imports when it is imported: top-level statements (and ``try`` or ``if``
+    blocks there), not inside functions, not under ``if TYPE_CHECKING``."""
+    found: set[str] = set()
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.update(_resolve(path, node))
+            elif isinstance(node, ast.If):
+                if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                    walk(node.body)
+                walk(node.orelse)
+            elif isinstance(node, ast.Try):
+                walk(node.body)
+                for h in node.handlers:
+                    walk(h.body)
+                walk(node.orelse)
+                walk(node.finalbody)
+
+    walk(ast.parse(path.read_text(encoding="utf-8")).body)
+    return found
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each strongly connected set of more than one module (Tarjan), as a sorted list."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1 or v in graph.get(v, ()):
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_circle_finder_finds_one():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_circle_of_module_level_imports():
+    graph = {_module_name(p): _module_level_imports(p) for p in PKG.rglob("*.py")}
+    graph = {m: {t for t in ts if t in graph and t != m} for m, ts in graph.items()}
+    assert "arcsplit.proc.spawn" in graph["arcsplit.proc.child"]  # the walker resolves "from . import spawn"
+    assert not circles(graph), f"import circles (module level): {circles(graph)}"

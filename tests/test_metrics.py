@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _instance import isolated_env  # noqa: E402
 
 from arcsplit.run.bus import attach  # noqa: E402
-from arcsplit.run.ports import free_port  # noqa: E402
+from arcsplit.proc.ports import free_port  # noqa: E402
 from arcsplit.telemetry.prometheus import render  # noqa: E402
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

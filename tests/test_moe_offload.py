@@ -103,7 +103,7 @@ def test_serve_with_experts_in_host_ram_matches_all_on_cards(llama_bins, tmp_pat
     """Two 64 MiB CPU cards cannot hold the 8-layer MoE: auto keeps some experts on llama-server's CPU, the
     group loads for real, and greedy tokens equal a run with every expert on the cards."""
     import arcsplit
-    from arcsplit.run.ports import free_port
+    from arcsplit.proc.ports import free_port
     from _instance import isolated_env
 
     model = synth.write_qwen3moe(tmp_path_factory.mktemp("moe-real") / "moe.gguf", n_layer=8, n_embd=256,

@@ -541,7 +541,7 @@ def test_host_key_mismatch_is_one_line_naming_the_fix(demo_model: Path, net: Net
 
 def test_busy_remote_port_is_one_line(demo_model: Path, net: NetHarness, tmp_path: Path) -> None:
     """--rpc-ports names a port that something else holds on b: refused before llama-server starts."""
-    from arcsplit.run.ports import free_port
+    from arcsplit.proc.ports import free_port
 
     busy, mine = free_port(), free_port()
     holder = subprocess.Popen(net.ns_argv("b", [sys.executable, "-c", (

@@ -23,7 +23,7 @@ from _netns import NetHarness, namespaces, ns_pids, sweep_stale, unavailable  # 
 from _procs import dead, wait_until  # noqa: E402
 
 from arcsplit.llama.locate import LlamaBinaries  # noqa: E402
-from arcsplit.run.ports import free_port  # noqa: E402
+from arcsplit.proc.ports import free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,8 @@ import pytest
 
 from arcsplit.errors import BadInput
 from arcsplit.node.agent import check_rpc_argv
-from arcsplit.run.ports import free_port
-from arcsplit.run.rundir import since_boot
+from arcsplit.proc.ports import free_port
+from arcsplit.proc.rundir import since_boot
 
 from _node_client import NodeClient, gone as _gone
 

@@ -1,5 +1,5 @@
 """The node agent's first phase (arcsplit/node/quick.py): an rpc-server started and ready before anyio is imported,
-then supervised by the agent like any other (run/popen.py's PopenProcess adopted by a Child)."""
+then supervised by the agent like any other (proc/popen.py's PopenProcess adopted by a Child)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from arcsplit.run.child import Child
-from arcsplit.run.popen import PopenProcess
-from arcsplit.run.procspec import ProcessSpec
-from arcsplit.run.spawn import popen
+from arcsplit.proc.child import Child
+from arcsplit.proc.popen import PopenProcess
+from arcsplit.proc.spec import ProcessSpec
+from arcsplit.proc.spawn import popen
 
 from _node_client import gone as _gone
 from _procs import stop_after_first_line

@@ -16,7 +16,7 @@ import pytest
 import arcsplit
 from arcsplit import synth
 from arcsplit.model import load_profile
-from arcsplit.run.ports import free_port
+from arcsplit.proc.ports import free_port
 from _instance import isolated_env
 
 pytestmark = pytest.mark.slow

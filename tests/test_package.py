@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from arcsplit.llama.build import BuildConfig
-from arcsplit.run.ports import free_port
+from arcsplit.proc.ports import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

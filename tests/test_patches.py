@@ -23,7 +23,7 @@ from arcsplit.llama import build as build_mod
 from arcsplit.llama import patches
 from arcsplit.llama.build import BuildConfig
 from arcsplit.llama.patches import rpc_patches_switched, rpc_shm_link
-from arcsplit.run.ports import free_port, wait_listening
+from arcsplit.proc.ports import free_port, wait_listening
 from arcsplit.synth import write_llama
 from arcsplit.llama.source import extract_source, fetch_sdist
 
@@ -627,7 +627,7 @@ import json, sys
 from pathlib import Path
 import httpx
 from arcsplit import serve
-from arcsplit.run.ports import free_port, wait_listening
+from arcsplit.proc.ports import free_port, wait_listening
 model, llama_dir = sys.argv[1:3]
 with serve(model, gpus=[0, 1], backend="cpu", mode="rpc", ctx=1024, parallel=1, threads=1, port=free_port(),
            bus=False, rpc_seed=False, rpc_cache=False, llama_dir=llama_dir) as server:

@@ -20,7 +20,7 @@ from arcsplit.errors import BadInput, HostError
 from arcsplit.hosts import check_inventory
 from arcsplit.llama.locate import server_build_info
 from arcsplit.rig import Host, load_layout
-from arcsplit.run.ports import free_port
+from arcsplit.proc.ports import free_port
 from arcsplit.run.prepare import ServeRequest, preview
 from arcsplit.run.remote import NodeLauncher, Transport
 from arcsplit.run.specs import ProcessSpec

@@ -26,7 +26,7 @@ from anyio.from_thread import start_blocking_portal
 from arcsplit.cli import build_parser
 from arcsplit.cli.serve import build_config
 from arcsplit.errors import RunError
-from arcsplit.run.ports import free_port
+from arcsplit.proc.ports import free_port
 from arcsplit.run.supervisor import RestartPolicy, Supervisor
 
 from _procs import dead, wait_until

@@ -17,7 +17,7 @@ import pytest
 
 from arcsplit.hosts import forward_argv
 from arcsplit.rig import load_layout
-from arcsplit.run.ports import free_port
+from arcsplit.proc.ports import free_port
 from arcsplit.run.early import CONTROL_NAME, control_socket
 from arcsplit.run.remote import NodeLauncher, SharedLink
 from arcsplit.run.specs import ProcessSpec

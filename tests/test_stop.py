@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _instance import isolated_env  # noqa: E402
 
 from arcsplit._api import BusInfo, attach, runs  # noqa: E402
-from arcsplit.run.ports import free_port  # noqa: E402
+from arcsplit.proc.ports import free_port  # noqa: E402
 from arcsplit.tui.app import DashApp  # noqa: E402
 from arcsplit.tui.feed import Feed  # noqa: E402
 from arcsplit.tui.widgets import render_header  # noqa: E402

@@ -218,7 +218,7 @@ def test_serve_starts_exactly_the_specs_of_its_route():
 
 
 def test_states_follow_the_one_table_and_an_illegal_transition_raises():
-    from arcsplit.run.states import (GROUP_TRANSITIONS, MEMBER_TRANSITIONS, GroupState, IllegalTransition,
+    from arcsplit.proc.states import (GROUP_TRANSITIONS, MEMBER_TRANSITIONS, GroupState, IllegalTransition,
                                      MemberState, advance)
 
     assert advance(GROUP_TRANSITIONS, GroupState.READY, GroupState.STOPPING) is GroupState.STOPPING

@@ -8,7 +8,7 @@ import sys
 
 import psutil
 
-from arcsplit.run.rundir import sweep
+from arcsplit.proc.rundir import sweep
 
 
 def _entry(p: subprocess.Popen, argv: list[str], create_time: float | None = None) -> dict:
@@ -47,10 +47,10 @@ def test_sweep_kills_only_what_matches_pid_create_time_and_cmdline(tmp_path):
 
 def test_two_instances_of_one_process_in_one_second_get_their_own_run_dirs(tmp_path, monkeypatch):
     # the Python API may serve twice at once from one process: one run dir (and bus.json) each
-    from arcsplit.run.rundir import RunDir
+    from arcsplit.proc.rundir import RunDir
 
     monkeypatch.setenv("ARCSPLIT_STATE_DIR", str(tmp_path))
-    monkeypatch.setattr("arcsplit.run.rundir.new_run_id", lambda: "20261201-000000-42")
+    monkeypatch.setattr("arcsplit.proc.rundir.new_run_id", lambda: "20261201-000000-42")
     dirs = [RunDir.create().path for _ in range(3)]
     assert [d.name for d in dirs] == ["20261201-000000-42", "20261201-000000-42-2", "20261201-000000-42-3"]
     assert RunDir.create("20261201-000000-42").path == dirs[0]  # a run id given by the caller is reused
@@ -61,7 +61,7 @@ def test_a_clock_step_leaves_a_live_run_alive_and_its_children_unswept(tmp_path)
     the clock (NTP, a virtual machine resumed) moves it. What a run recorded before the step must still name the
     same live processes: the bus lists the run, the sweep leaves it alone; a dead run's leftover still goes."""
     from arcsplit.run.bus import BusInfo
-    from arcsplit.run.rundir import since_boot, supervisor_identity
+    from arcsplit.proc.rundir import since_boot, supervisor_identity
 
     argv = [sys.executable, "-c", "import time; time.sleep(60)"]
     owned, leftover = (subprocess.Popen(argv) for _ in range(2))

@@ -18,7 +18,7 @@ import pytest
 
 from arcsplit.cli import main
 from arcsplit.cli.unit import quote, render_unit
-from arcsplit.run.ports import free_port
+from arcsplit.proc.ports import free_port
 from arcsplit.run.systemd import notify, watchdog_interval
 
 

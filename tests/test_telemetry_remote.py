@@ -17,7 +17,7 @@ from test_telemetry_intel import MiB, Rig, xe_fdinfo
 
 from arcsplit.node.agent import Agent
 from arcsplit.rig import Host
-from arcsplit.run.procspec import ProcessSpec
+from arcsplit.proc.spec import ProcessSpec
 from arcsplit.run.remote import NodeSession, RemoteMember
 from arcsplit.telemetry import STALE_AFTER, Telemetry
 from arcsplit.telemetry.cpu import RemoteSampler

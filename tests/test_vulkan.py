@@ -189,7 +189,7 @@ def _serving(argv: list[str]) -> Iterator[Any]:
 
     from arcsplit.cli import build_parser
     from arcsplit.cli.serve import build_config
-    from arcsplit.run.ports import free_port
+    from arcsplit.proc.ports import free_port
     from arcsplit.run.supervisor import RestartPolicy, Supervisor
 
     config, _, _, _ = build_config(build_parser().parse_args(["serve", "--port", str(free_port()), *argv]))

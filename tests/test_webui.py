@@ -22,7 +22,7 @@ from _instance import isolated_env  # noqa: E402
 from arcsplit.demo import ensure_chat_model  # noqa: E402
 from arcsplit.llama import webui  # noqa: E402
 from arcsplit.llama.patches import MARKER  # noqa: E402
-from arcsplit.run.ports import free_port  # noqa: E402
+from arcsplit.proc.ports import free_port  # noqa: E402
 from _procs import wait_until  # noqa: E402
 
 SHOTS = Path(os.environ.get("ARCSPLIT_SCREENSHOTS", "")) if os.environ.get("ARCSPLIT_SCREENSHOTS") else None

@@ -19,9 +19,10 @@ import pytest
 
 from arcsplit import serve as serve_group
 from arcsplit.errors import LlamaError
+from arcsplit.llama import seeding
 from arcsplit.llama.patches import STOCK_ENV
 from arcsplit.run import supervisor, weightcache
-from arcsplit.run.ports import free_port
+from arcsplit.proc.ports import free_port
 from arcsplit.run.prepare import ServeRequest, prepare
 from arcsplit.run.specs import build_specs
 from arcsplit.synth import write_llama
@@ -70,10 +71,10 @@ def test_a_build_without_the_patch_does_not_seed(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / ".arcsplit-patches").write_text("abc\n0001-rpc-async-uploads\n")
-    assert not weightcache.can_seed(bin_dir / "ggml-rpc-server", None)
-    (bin_dir / ".arcsplit-patches").write_text(f"abc\n0001-rpc-async-uploads\n{weightcache.PATCH}\n")
-    assert weightcache.can_seed(bin_dir / "ggml-rpc-server", None)
-    assert not weightcache.can_seed(bin_dir / "ggml-rpc-server", frozenset({"-c", "-t"}))  # a foreign build
+    assert not seeding.can_seed(bin_dir / "ggml-rpc-server", None)
+    (bin_dir / ".arcsplit-patches").write_text(f"abc\n0001-rpc-async-uploads\n{seeding.PATCH}\n")
+    assert seeding.can_seed(bin_dir / "ggml-rpc-server", None)
+    assert not seeding.can_seed(bin_dir / "ggml-rpc-server", frozenset({"-c", "-t"}))  # a foreign build
 
 
 def _index_for(gguf: Path, root: Path) -> Path:

@@ -1,9 +1,9 @@
 """The agent's loop: read ops, run rpc-servers as Child processes, write events; stop everything on EOF or silence.
 
-Every rpc-server is a run/child.Child (own process group, parent-death signal, confined environment from its spec),
+Every rpc-server is a proc/child.Child (own process group, parent-death signal, confined environment from its spec),
 so the agent dying by SIGKILL still takes its rpc-servers with it. Its state file (pids, create times, argv) lives
 in its own run dir under ``state_dir()/nodes/<run id>`` and the next agent's hello sweeps what a dead one left
-(run/rundir.sweep, the same check of pid + create time + argv as the supervisor's).
+(proc/rundir.sweep, the same check of pid + create time + argv as the supervisor's).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from .. import backends
 from ..errors import BadInput
-from ..run.child import Child
-from ..run.popen import PopenProcess
-from ..run.ports import probe_once
-from ..run.rundir import RunDir
+from ..proc.child import Child
+from ..proc.popen import PopenProcess
+from ..proc.ports import probe_once
+from ..proc.rundir import RunDir
 from .ops import (Inventory, answering, check_rpc_argv, drop_missing_seeds, greet, hello_args, hello_events,
                   nodes_root, pick_ports, rpc_process, started_events, write_state)
 

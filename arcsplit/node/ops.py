@@ -17,11 +17,11 @@ from typing import Any, Callable, Iterable
 from .. import backends
 from ..errors import BadInput
 from ..llama.locate import RPC_NAMES
-from ..run.ports import free_port, is_free
-from ..run.procspec import LOOPBACK, ProcessSpec
-from ..run.rundir import RunDir, since_boot, supervisor_identity, sweep
-from ..run.weightcache import SEED_FLAG, can_seed
-from . import PROTO
+from ..llama.seeding import SEED_FLAG, can_seed
+from ..proc.ports import free_port, is_free
+from ..proc.rundir import RunDir, since_boot, supervisor_identity, sweep
+from ..proc.spec import LOOPBACK, ProcessSpec
+from ..proc.wire import PROTO
 
 # ggml-rpc-server's own options (tools/rpc/rpc-server.cpp): the only ones a client may pass. True: takes a value.
 RPC_FLAGS = {"-H": True, "--host": True, "-p": True, "--port": True, "-t": True, "--threads": True,

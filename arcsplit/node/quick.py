@@ -3,7 +3,7 @@
 Over SSH the agent starts after the login, and everything on that host waits for it: on a small machine anyio,
 asyncio and psutil take 0.2-0.3 s to import, longer than the rest of the agent's start. So ``--stdio`` begins
 here, with the standard library and arcsplit's light modules: it answers the first ops with node/ops.py (the
-agent's own code for them) and starts each rpc-server with run/spawn.py's ``popen`` (the same shim, environment
+agent's own code for them) and starts each rpc-server with proc/spawn.py's ``popen`` (the same shim, environment
 and session as every child). The heavy imports run in a thread once the first rpc-server is started, or once no op
 has come for ``IDLE_IMPORT`` s (a client planning a big model): not while hello, ports and start are on their way,
 which is where a start over SSH waits on this host. An import thread then holds the interpreter lock and one of a
@@ -28,10 +28,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..run.ports import accepts_now
-from ..run.procspec import ProcessSpec
-from ..run.rundir import RunDir
-from ..run.spawn import popen
+from ..proc.ports import accepts_now
+from ..proc.rundir import RunDir
+from ..proc.spawn import popen
+from ..proc.spec import ProcessSpec
 from .ops import (Inventory, answering, greet, hello_args, hello_events, pick_ports, rpc_process, started_events,
                   write_state)
 

@@ -77,7 +77,7 @@ class BusInfo:
 
     def alive(self) -> bool:
         """Still the process that wrote this file (a reused pid is not)."""
-        from .rundir import same_process
+        from ..proc.rundir import same_process
 
         return same_process(self.pid, self.create_time, started=self.since_boot) is not None
 
@@ -173,7 +173,7 @@ class BusServer:
                 raise BadInput(f"cannot bind the bus at {pub_ep}: {exc}", "pick another --bus address") from None
             for f in files:
                 f.chmod(0o600)
-            from .rundir import since_boot
+            from ..proc.rundir import since_boot
 
             me = psutil.Process()
             self.info = BusInfo(run_id=self.run_id, run_dir=str(self.run_dir), pub=pub_ep, ctl=ctl_ep,
@@ -286,7 +286,7 @@ class _AllowOnly:
 
 def list_runs() -> list[BusInfo]:
     """Running instances (newest first): a bus.json whose supervisor process is still the one that wrote it."""
-    from .rundir import runs_root
+    from ..proc.rundir import runs_root
 
     found = []
     root = runs_root()

@@ -3,7 +3,7 @@
 A start across hosts waits for each other host's ssh login and node agent (~0.5 s), since that host's rpc-servers
 start only after its agent's hello. Importing the supervisor, the planner and the CLI's flags takes ~0.2 s on a
 small machine. This module imports only the ssh command lines, and spawns each session before anything imports
-anyio (run/popen.py then presents it as anyio's Process), so ``serve`` (arcsplit/_warm.py) starts each host's
+anyio (proc/popen.py then presents it as anyio's Process), so ``serve`` (arcsplit/_warm.py) starts each host's
 session that much sooner. The launcher adopts each one (NodeLauncher.warm) and runs it like one it started
 itself; :func:`end` ends one the run never takes (a usage error).
 """
@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Sequence
 
 from .._dirs import runtime_dir
 from ..hosts import node_argv, shares_connection
+from ..proc import spawn
+from ..proc.spec import ProcessSpec
 from ..rig import Host
-from . import spawn
-from .procspec import ProcessSpec
 
 if TYPE_CHECKING:
     from anyio.abc import Process
@@ -81,7 +81,7 @@ def start_sessions(hosts: Sequence[Host]) -> dict[str, Early]:
         except OSError:
             continue
         spawned.append((host.name, popen, tuple(argv), control, time.monotonic()))
-    from .popen import PopenProcess
+    from ..proc.popen import PopenProcess
 
     return {name: Early(PopenProcess(popen), argv, control, at) for name, popen, argv, control, at in spawned}
 

@@ -13,7 +13,7 @@ from typing import Any, Literal, Mapping, NotRequired, Required, TypedDict
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from .states import GroupState, MemberState
+from ..proc.states import GroupState, MemberState
 
 EventKind = Literal["state", "log", "plan", "buffers", "group", "progress", "verdict", "telemetry", "sync", "host"]
 

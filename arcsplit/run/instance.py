@@ -13,10 +13,10 @@ import anyio
 from anyio.abc import TaskStatus
 
 from ..errors import ArcsplitError
+from ..proc.rundir import RunDir
 from .bus import BusInfo, BusServer
 from .launch import Launcher
 from .prepare import Prepared, hybrid_fallback
-from .rundir import RunDir
 from .supervisor import RestartPolicy, Supervisor, Timeouts
 
 Watcher = Callable[[Supervisor], Coroutine[Any, Any, None]]

@@ -1,7 +1,7 @@
 """The launcher seam: how the supervisor starts a member of the group and asks whether it is ready.
 
 The supervisor decides *when* (order, readiness, restarts, backoff, stall, watchdog); a Launcher decides *how*:
-``LocalLauncher`` runs each ProcessSpec as a local child process (run/child.py). A remote launcher (rpc-servers
+``LocalLauncher`` runs each ProcessSpec as a local child process (proc/child.py). A remote launcher (rpc-servers
 on another host, started by an agent over SSH) implements the same three things; the tests use an in-memory one
 (tests/_fake_launcher.py) to check the supervisor's logic in seconds without llama.cpp.
 """
@@ -17,11 +17,11 @@ import anyio
 import psutil
 from anyio.abc import TaskStatus
 
-from .child import Child
-from .ports import probe_once
-from .events import MemberSnapshot
-from .procspec import ProcessSpec
-from .states import MemberState
+from ..proc.child import Child
+from ..proc.ports import probe_once
+from ..proc.spec import ProcessSpec
+from ..proc.states import MemberState
+from .events import MemberSnapshot, member_snapshot
 
 Health = Callable[[], Awaitable["int | None"]]
 
@@ -87,6 +87,9 @@ class LocalMember(Child):
             return float(t.user + t.system)
         except psutil.Error:
             return 0.0
+
+    def snapshot(self) -> MemberSnapshot:
+        return member_snapshot(self, self.uptime())
 
 
 class LocalLauncher:

@@ -19,21 +19,22 @@ from ..errors import ArcsplitError, BadInput
 from ..llama import compute_cache
 from ..llama.childenv import clean_env
 from ..llama.detect import BackendChoice, resolve
+from ..llama.devices import discover_rig, host_budget, parse_gpus
 from ..llama.features import binary_features
 from ..llama.fitparams import measure_compute
-from ..llama.devices import discover_rig, host_budget, parse_gpus
 from ..llama.locate import LlamaBinaries, find_llama
 from ..llama.mode import ModeDecision, choose_mode
 from ..llama.patches import SPIN_ENV
 from ..llama.patches import check_switches
 from ..llama.patches import shm_link_on as rpc_shm  # the user's ARCSPLIT_RPC_SHM, read where serve prepares
+from ..llama.seeding import can_seed
 from ..llama.webui import serve_dir
 from ..model import load_profile
 from ..planner import Plan, PlanOptions, make_plan
+from ..proc.ports import check_free, check_host, free_port
 from ..rig import Rig, per_host
-from . import weightcache
-from .ports import check_free, check_host, free_port
 from ..route import MODES, OUTPUT_LAYER_CHOICES, Route
+from . import weightcache
 from .specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, n_links, n_rpc_servers
 
 MODE_CHOICES = ("auto", *MODES)
@@ -348,7 +349,7 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     rpc_features = binary_features(binaries.rpc_server) if binaries and foreign else None
     # rpc-servers read the weights from the GGUF (patch 0006): here, and on a layout's other hosts from their copy
     seed = bool(req.rpc_seed and route.rpc and binaries
-                and weightcache.can_seed(binaries.rpc_server, rpc_features.flags if rpc_features else None))
+                and can_seed(binaries.rpc_server, rpc_features.flags if rpc_features else None))
     rpc_cache = str(cache_dir() / "rpc-cache") if req.rpc_cache or seed else None
     pruned = None
     if rpc_cache and serving:  # before the load: stale indexes and old copies go; at most one model's worth stays

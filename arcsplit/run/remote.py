@@ -29,14 +29,14 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from ..errors import ArcsplitError, BadInput, HostError
 from ..hosts import check_inventory, control_argv, node_argv, shares_connection
-from ..node import PROTO
+from ..proc.child import Child, describe_exit, run_held
+from ..proc.spec import ProcessSpec
+from ..proc.states import MemberState, Tracked
+from ..proc.wire import PROTO
 from ..rig import Host
-from .child import Child, describe_exit, run_held
+from .early import Early, control_socket, session_spec
 from .events import GpuReport, MemberSnapshot, Usage, member_snapshot
 from .launch import Health, Launcher, LocalLauncher, Member
-from .early import Early, control_socket, session_spec
-from .procspec import ProcessSpec
-from .states import MemberState, Tracked
 
 PING_EVERY = 2.0  # the agent's default --heartbeat is 10 s
 SILENT_AFTER = 10.0  # no message from the agent (it sends stats every second) this long: the session is dead

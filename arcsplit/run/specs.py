@@ -20,10 +20,11 @@ from ..hosts import forward_argv
 from ..llama.childenv import Dropped, overlay
 from ..llama.features import RPC_OPTIONAL, RPC_REQUIRED, Features, fit_args
 from ..llama.patches import SHM_ENV, SPIN_ENV
+from ..llama.seeding import SEED_FLAG
+from ..proc.spec import LOOPBACK, ProcessSpec
 from ..rig import Host, per_host
 from ..route import HOST_DEVICE, Route
-from .procspec import LOOPBACK, ProcessSpec
-from .weightcache import INDEX_ENV, SEED_FLAG, store
+from .weightcache import INDEX_ENV, store
 
 if TYPE_CHECKING:  # the node agent builds ProcessSpecs too: it should not import the planner
     from ..planner import Plan

@@ -13,7 +13,7 @@ exponential backoff; a cap of consecutive failures gives up with the log lines t
 
 Members are started through a Launcher (run/launch.py: local processes today; a remote host or an in-memory fake
 implement the same seam), from specs that are complete (run/specs.py); states change only along the tables in
-run/states.py.
+proc/states.py.
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ from anyio.abc import TaskGroup, TaskStatus
 from ..errors import ArcsplitError, BadInput, RunError
 from ..llama import logs
 from ..llama.hostcheck import SHM_FIX, host_ram_short
-from .child import describe_exit, run_held
-from .launch import Launcher, LocalLauncher, Member
+from ..proc.child import describe_exit, run_held
+from ..proc.ports import free_port, is_free
+from ..proc.rundir import RunDir, since_boot, supervisor_identity, sweep
+from ..proc.states import GROUP_TRANSITIONS, GroupState, MemberState, advance
 from .events import Event, EventBus, EventKind, HostData, MemberSnapshot, MemberStatus, Status
-from .ports import free_port, is_free
+from .launch import Launcher, LocalLauncher, Member
 from .remote import NodeLauncher, runs_remote, same_build
-from .states import GROUP_TRANSITIONS, GroupState, MemberState, advance
-from .rundir import RunDir, since_boot, supervisor_identity, sweep
 from .specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, card_of_buffer, n_links
 
 # llama-server's load progress in the router's child protocol (specs.ROUTER_PORT_ENV opts in), one per 200 ms.

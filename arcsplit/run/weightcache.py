@@ -16,17 +16,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import LlamaError
-from ..llama.patches import build_patches
+from ..llama.seeding import SEED_FLAG
 
-PATCH = "0006-rpc-seed-cache-from-gguf"
-SEED_FLAG = "--seed-cache"  # rpc-server: index this GGUF into the cache directory and serve from it
 INDEX_ENV = "GGML_RPC_FNV_INDEX"  # llama-server: where the indexes are (the rpc-servers' cache directory)
 INDEX_SUFFIX = ".fnvidx"
 # The index's first line. Version 2 lists tensors from 64 KiB (version 1: from 1 MiB); an rpc-server of this patch
@@ -40,15 +37,6 @@ _STALE_TMP_S = 3600.0  # an unfinished index older than this was left by a kille
 def store(cache_root: str | Path) -> Path:
     """Where rpc-server -c keeps its entries when LLAMA_CACHE is ``cache_root`` (tools/rpc/rpc-server.cpp)."""
     return Path(cache_root) / "rpc"
-
-
-def can_seed(rpc_bin: Path, foreign_flags: frozenset[str] | None) -> bool:
-    """Whether this rpc-server can seed: a managed build carrying the patch, or a foreign one offering the flag."""
-    if not sys.platform.startswith("linux"):
-        return False  # the patch reads /proc/self/maps; elsewhere the flag fails
-    if foreign_flags is not None:
-        return SEED_FLAG in foreign_flags
-    return PATCH in (build_patches(rpc_bin.parent) or [])
 
 
 def _identity(path: Path) -> str | None:

@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from ..errors import PortBusy
 
-# The states a group and a process go through (run/supervisor.py, run/child.py); a state not listed here
+# The states a group and a process go through (run/supervisor.py, proc/child.py); a state not listed here
 # still shows, so a new one is never hidden.
 GROUP_STATES = ("new", "starting", "ready", "backoff", "stopping", "stopped")
 PROCESS_STATES = ("new", "starting", "ready", "stopping", "exited")

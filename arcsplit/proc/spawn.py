@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .procspec import ProcessSpec
+from .spec import ProcessSpec
 
 if TYPE_CHECKING:
     from anyio.abc import Process
@@ -53,7 +53,7 @@ async def start(spec: ProcessSpec) -> Process:
 
 
 def popen(spec: ProcessSpec) -> subprocess.Popen[bytes]:
-    """:func:`start` without an event loop (the node agent before anyio is imported); run/popen.py's
+    """:func:`start` without an event loop (the node agent before anyio is imported); proc/popen.py's
     PopenProcess lets a Child adopt it. Spawned from the calling thread, which must outlive the child's
     supervision (the parent-death signal follows it)."""
     return subprocess.Popen(

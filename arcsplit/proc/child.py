@@ -20,8 +20,7 @@ import psutil
 from anyio.abc import Process, TaskStatus
 
 from . import spawn
-from .events import MemberSnapshot, member_snapshot
-from .procspec import ProcessSpec
+from .spec import ProcessSpec
 from .states import MemberState, Tracked
 
 # What llama-server's router sends a child to make it exit (tools/server/server-models.cpp).
@@ -250,9 +249,6 @@ class Child(Tracked):
                 now = False
         changed, self.paused = now != self.paused, now
         return changed
-
-    def snapshot(self) -> MemberSnapshot:
-        return member_snapshot(self, self.uptime())
 
 
 def describe_exit(rc: int | None) -> str:

@@ -1,0 +1,202 @@
+"""The node wire protocol: JSON lines between a supervisor (run/remote.py) and a node agent (node/).
+
+One owner for both ends: the ops a client sends (typed records that encode to the JSON on the wire), the one
+:func:`dispatch` that routes a decoded op to the agent's handler (node/quick.py before anyio is imported,
+node/agent.py after: each is a :class:`Handler`), and the events the agent answers with. Its own module, standard
+library only, so both ends import it without importing each other, and the agent on every other host reads it
+before it can say hello. docs/multihost.md describes each message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, Sequence, TypeVar
+
+from .spec import LOOPBACK
+
+PROTO = 1  # bumped when a message changes meaning; hello refuses another value
+OPS = ("hello", "ports", "start", "stop", "ping")
+
+Msg = dict[str, Any]
+
+
+def encode(msg: Mapping[str, Any]) -> bytes:
+    """One message as its line on the wire."""
+    return (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+
+
+def decode(raw: bytes) -> dict[str, Any]:
+    """One line from the wire; ValueError when it is not a JSON object."""
+    msg = json.loads(raw)
+    if not isinstance(msg, dict):
+        raise ValueError("not an object")
+    return msg
+
+
+# -- client -> node: the ops ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Ping:
+    """Any message counts as a ping; this one is answered with ``pong``."""
+
+    def msg(self) -> Msg:
+        return {"op": "ping"}
+
+
+@dataclass(frozen=True)
+class Hello:
+    """Open a run on the node: sweep, run dir, inventory. ``backend``: the group's (that build's rpc-server)."""
+
+    run: str
+    backend: str | None = None
+    proto: Any = PROTO
+
+    @classmethod
+    def of(cls, msg: Mapping[str, Any]) -> Hello:
+        return cls(run=str(msg.get("run", "")), backend=msg.get("backend"), proto=msg.get("proto"))
+
+    def msg(self) -> Msg:
+        return {"op": "hello", "run": self.run, "proto": self.proto, **({"backend": self.backend} if self.backend else {})}
+
+
+@dataclass(frozen=True)
+class Ports:
+    """``n`` ports free on the node for ``bind``: ``want`` exactly these, else ``prefer`` these where free."""
+
+    n: int
+    bind: str = LOOPBACK
+    want: Sequence[Any] | None = None
+    prefer: Sequence[Any] = ()
+
+    @classmethod
+    def of(cls, msg: Mapping[str, Any]) -> Ports:
+        return cls(n=int(msg.get("n", 1)), bind=str(msg.get("bind", LOOPBACK)), want=msg.get("want"),
+                   prefer=msg.get("prefer") or ())
+
+    def msg(self) -> Msg:
+        out: Msg = {"op": "ports", "n": self.n, "bind": self.bind}
+        if self.want:
+            out["want"] = list(self.want)
+        elif self.prefer:
+            out["prefer"] = list(self.prefer)
+        return out
+
+
+@dataclass(frozen=True)
+class Start:
+    """Run one rpc-server: ``spec`` as the client wrote it (node/ops.py checks every field); None: not an object."""
+
+    spec: Mapping[str, Any] | None
+
+    @classmethod
+    def of(cls, msg: Mapping[str, Any]) -> Start:
+        spec = msg.get("spec")
+        return cls(spec if isinstance(spec, dict) else None)
+
+    @property
+    def name(self) -> str:
+        return str((self.spec or {}).get("name", ""))
+
+    def msg(self) -> Msg:
+        return {"op": "start", "spec": dict(self.spec or {})}
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Stop one rpc-server (SIGTERM, SIGKILL after ``grace`` s)."""
+
+    name: str
+    grace: float = 10.0
+
+    @classmethod
+    def of(cls, msg: Mapping[str, Any]) -> Stop:
+        return cls(name=str(msg.get("name", "")), grace=float(msg.get("grace", 10.0)))
+
+    def msg(self) -> Msg:
+        return {"op": "stop", "name": self.name, "grace": self.grace}
+
+
+T = TypeVar("T", covariant=True)
+
+
+class Handler(Protocol[T]):
+    """One phase of the agent: what it does with each op (its return: node/quick.py's "handled", node/agent.py's
+    awaitable)."""
+
+    @property
+    def greeted(self) -> bool:
+        """A hello was answered: the other ops may come."""
+        ...
+
+    def ping(self, op: Ping) -> T: ...
+    def hello(self, op: Hello) -> T: ...
+    def ports(self, op: Ports) -> T: ...
+    def start(self, op: Start) -> T: ...
+    def stop(self, op: Stop) -> T: ...
+    def refuse(self, op: object, why: str, fix: str) -> T: ...
+
+
+def dispatch(msg: Mapping[str, Any], handler: Handler[T]) -> T:
+    """The one place an op name is read: ``msg`` to the handler's method with its typed record (ValueError or
+    TypeError from a field that is not what the op needs)."""
+    op = msg.get("op")
+    if op == "ping":
+        return handler.ping(Ping())
+    if op == "hello":
+        return handler.hello(Hello.of(msg))
+    if not handler.greeted:
+        return handler.refuse(op, f"{op!r} before hello", "send hello first")
+    if op == "ports":
+        return handler.ports(Ports.of(msg))
+    if op == "start":
+        return handler.start(Start.of(msg))
+    if op == "stop":
+        return handler.stop(Stop.of(msg))
+    return handler.refuse(op, f"unknown op {op!r}", f"ops: {', '.join(OPS)}")
+
+
+def subject(msg: Mapping[str, Any]) -> str:
+    """The process an op is about ("" for the session): the name an error answering it carries."""
+    if msg.get("op") == "start":
+        return Start.of(msg).name
+    if msg.get("op") == "stop":
+        return str(msg.get("name", ""))
+    return ""
+
+
+# -- node -> client: the events ------------------------------------------------------------------------------------
+
+def hello(inventory: Mapping[str, Any] | None, started_s: float | None) -> Msg:
+    """The answer to hello: this host's inventory (llama build, cards), the agent's pid and start time."""
+    return {"ev": "hello", "proto": PROTO, **(inventory or {}), "pid": os.getpid(), "started_s": started_s}
+
+
+def ports(got: Sequence[int]) -> Msg:
+    return {"ev": "ports", "ports": list(got)}
+
+
+def started(name: str, pid: int | None, create_time: float | None) -> Msg:
+    return {"ev": "started", "name": name, "pid": pid, "create_time": create_time}
+
+
+def line(name: str, text: str) -> Msg:
+    """A line of output: of process ``name``, or the agent's own (``name`` "")."""
+    return {"ev": "line", "name": name, "line": text}
+
+
+def ready(name: str) -> Msg:
+    return {"ev": "ready", "name": name}
+
+
+def exited(name: str, returncode: int | None) -> Msg:
+    return {"ev": "exit", "name": name, "returncode": returncode}
+
+
+def error(name: str, message: str) -> Msg:
+    return {"ev": "error", "name": name, "message": message}
+
+
+def pong() -> Msg:
+    return {"ev": "pong"}
