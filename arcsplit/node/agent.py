@@ -8,12 +8,11 @@ in its own run dir under ``state_dir()/nodes/<run id>`` and the next agent's hel
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import anyio
 import psutil
@@ -23,6 +22,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from .. import backends
 from ..errors import BadInput
+from ..proc import wire
 from ..proc.child import Child
 from ..proc.popen import PopenProcess
 from ..proc.ports import probe_once
@@ -136,7 +136,7 @@ class Agent:
             await anyio.sleep(1.0)
             silent = time.monotonic() - self._last_heard
             if silent > self.heartbeat:
-                self.emit({"ev": "error", "name": "", "message": f"no ping for {silent:.0f} s: stopping"})
+                self.emit(wire.error("", f"no ping for {silent:.0f} s: stopping"))
                 tg.cancel_scope.cancel()
                 return
             self.emit(self.stats())
@@ -168,41 +168,18 @@ class Agent:
 
     async def _handle(self, tg: TaskGroup, raw: bytes) -> None:
         try:
-            msg = json.loads(raw)
-            if not isinstance(msg, dict):
-                raise ValueError("not an object")
+            msg = wire.decode(raw)
         except ValueError:
-            self.emit({"ev": "error", "name": "", "message": "not a JSON object line"})
+            self.emit(wire.error("", "not a JSON object line"))
             return
-        op, name = msg.get("op"), ""
+        name = wire.subject(msg) if self.run_dir is not None else ""  # an error about a process names it
         try:
-            if op == "ping":
-                answering()
-                self.emit({"ev": "pong"})
-            elif op == "hello":
-                await self._hello(msg)
-            elif self.run_dir is None:
-                raise BadInput(f"{op!r} before hello", "send hello first")
-            elif op == "ports":
-                self.emit({"ev": "ports", "ports": pick_ports(msg, self.allow_bind)})
-            elif op == "start":
-                raw_spec = msg.get("spec")
-                spec: dict[str, Any] = raw_spec if isinstance(raw_spec, dict) else {}
-                name = str(spec.get("name", ""))
-                await self._start(tg, spec)
-            elif op == "stop":
-                name = str(msg.get("name", ""))
-                child = self.children.get(name)
-                if child is None:
-                    raise BadInput(f"no process {name!r} here")
-                tg.start_soon(child.stop, float(msg.get("grace", 10.0)))
-            else:
-                raise BadInput(f"unknown op {op!r}", "ops: hello, ports, start, stop, ping")
+            await wire.dispatch(msg, _Ops(self, tg))
         except (BadInput, ValueError, TypeError) as exc:
-            self.emit({"ev": "error", "name": name, "message": str(exc)})
+            self.emit(wire.error(name, str(exc)))
 
-    async def _hello(self, msg: dict[str, Any]) -> None:
-        run, self.backend = hello_args(msg)
+    async def _hello(self, op: wire.Hello) -> None:
+        run, self.backend = hello_args(op)
         if self.run_dir is None:
             self.run_dir, self.inventory, killed = await anyio.to_thread.run_sync(greet, run, self.backend,
                                                                                   self._inventory_fn)
@@ -212,7 +189,7 @@ class Agent:
         for event in hello_events(self.inventory, killed):
             self.emit(event)
 
-    async def _start(self, tg: TaskGroup, spec: dict[str, Any]) -> None:
+    async def _start(self, tg: TaskGroup, spec: Mapping[str, Any]) -> None:
         name = str(spec.get("name", ""))
         old = self.children.get(name)
         if old is not None and old.alive:
@@ -254,15 +231,15 @@ class Agent:
         while child.alive:
             if await probe_once(child.spec.host, child.spec.port, timeout=1.0):
                 if child.alive:
-                    self.emit({"ev": "ready", "name": child.spec.name})
+                    self.emit(wire.ready(child.spec.name))
                 return
             await anyio.sleep(0.02)  # as the supervisor's own probe: only during a start
 
     def _on_line(self, child: Child, line: str) -> None:
-        self.emit({"ev": "line", "name": child.spec.name, "line": line})
+        self.emit(wire.line(child.spec.name, line))
 
     def _on_exit(self, child: Child) -> None:
-        self.emit({"ev": "exit", "name": child.spec.name, "returncode": child.returncode})
+        self.emit(wire.exited(child.spec.name, child.returncode))
         self._write_state()
 
     def _write_state(self) -> None:
@@ -270,6 +247,39 @@ class Agent:
             return
         write_state(self.run_dir, [(c.spec, c.pid, c.create_time) for c in self.children.values()
                                    if c.alive and c.pid is not None])
+
+
+class _Ops:
+    """The agent's side of wire.dispatch: each op, its errors raised for Agent._handle to report."""
+
+    def __init__(self, agent: Agent, tg: TaskGroup) -> None:
+        self.agent, self.tg = agent, tg
+
+    @property
+    def greeted(self) -> bool:
+        return self.agent.run_dir is not None
+
+    async def ping(self, op: wire.Ping) -> None:
+        answering()
+        self.agent.emit(wire.pong())
+
+    async def hello(self, op: wire.Hello) -> None:
+        await self.agent._hello(op)
+
+    async def ports(self, op: wire.Ports) -> None:
+        self.agent.emit(wire.ports(pick_ports(op, self.agent.allow_bind)))
+
+    async def start(self, op: wire.Start) -> None:
+        await self.agent._start(self.tg, op.spec or {})
+
+    async def stop(self, op: wire.Stop) -> None:
+        child = self.agent.children.get(op.name)
+        if child is None:
+            raise BadInput(f"no process {op.name!r} here")
+        self.tg.start_soon(child.stop, op.grace)
+
+    async def refuse(self, op: object, why: str, fix: str) -> None:
+        raise BadInput(why, fix)
 
 
 async def _read_stdin(send: MemoryObjectSendStream[bytes], rest: bytes = b"", eof: bool = False) -> None:

@@ -12,7 +12,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from .. import backends
 from ..errors import BadInput
@@ -21,7 +21,8 @@ from ..llama.seeding import SEED_FLAG, can_seed
 from ..proc.ports import free_port, is_free
 from ..proc.rundir import RunDir, since_boot, supervisor_identity, sweep
 from ..proc.spec import LOOPBACK, ProcessSpec
-from ..proc.wire import PROTO
+from ..proc import wire
+from ..proc.wire import PROTO, Hello, Ports
 
 # ggml-rpc-server's own options (tools/rpc/rpc-server.cpp): the only ones a client may pass. True: takes a value.
 RPC_FLAGS = {"-H": True, "--host": True, "-p": True, "--port": True, "-t": True, "--threads": True,
@@ -102,15 +103,15 @@ def drop_missing_seeds(argv: tuple[str, ...], can_seed: bool) -> tuple[tuple[str
     return tuple(out), notes
 
 
-def hello_args(msg: dict[str, Any]) -> tuple[str, str | None]:
+def hello_args(op: Hello) -> tuple[str, str | None]:
     """A hello's run id and backend (the group's: that build's rpc-server, not whatever auto picks here)."""
-    run = str(msg.get("run", ""))
-    if msg.get("proto") != PROTO:
-        raise BadInput(f"protocol {msg.get('proto')!r} is not this node's {PROTO}",
+    run = op.run
+    if op.proto != PROTO:
+        raise BadInput(f"protocol {op.proto!r} is not this node's {PROTO}",
                        "run the same arcsplit version on both hosts")
     if not _RUN_ID.match(run):
         raise BadInput(f"run id {run!r} is not a plain name")
-    backend = msg.get("backend")
+    backend = op.backend
     if backend is not None and backend not in backends.NAMES:
         raise BadInput(f"backend {backend!r} is unknown here", f"use one of {', '.join(backends.NAMES)}")
     return run, backend
@@ -136,26 +137,24 @@ def answering() -> float | None:
 
 def hello_events(inventory: dict[str, Any] | None, killed: list[int]) -> list[dict[str, Any]]:
     """What a hello is answered with: a line naming what was swept (if anything), then the hello itself."""
-    swept = [{"ev": "line", "name": "", "line": f"swept leftovers of a dead agent: pids {killed}"}] if killed else []
-    return [*swept, {"ev": "hello", "proto": PROTO, **(inventory or {}), "pid": os.getpid(),
-                     "started_s": answering()}]
+    swept = [wire.line("", f"swept leftovers of a dead agent: pids {killed}")] if killed else []
+    return [*swept, wire.hello(inventory, answering())]
 
 
 def started_events(spec: ProcessSpec, pid: int | None, create_time: float | None,
                    notes: list[str]) -> list[dict[str, Any]]:
     """What a start is answered with: ``started``, then one line per note (a ``--seed-cache`` file dropped)."""
-    return [{"ev": "started", "name": spec.name, "pid": pid, "create_time": create_time},
-            *({"ev": "line", "name": spec.name, "line": f"arcsplit node: {note}"} for note in notes)]
+    return [wire.started(spec.name, pid, create_time), *(wire.line(spec.name, f"arcsplit node: {note}") for note in notes)]
 
 
-def pick_ports(msg: dict[str, Any], allow_bind: tuple[str, ...]) -> list[int]:
+def pick_ports(op: Ports, allow_bind: tuple[str, ...]) -> list[int]:
     """The ``ports`` op: ``n`` ports free here (``want``: exactly these; ``prefer``: these where free)."""
-    n, bind = int(msg.get("n", 1)), str(msg.get("bind", LOOPBACK))
+    n, bind = op.n, op.bind
     if not 0 < n <= MAX_PORTS:
         raise BadInput(f"ports: n={n} is not 1-{MAX_PORTS}")
     if bind != LOOPBACK and bind not in allow_bind:
         raise BadInput(f"binding {bind} is not allowed on this host", "start the node with --allow-bind ADDR")
-    want = msg.get("want")
+    want = op.want
     if want is not None:  # the user's ports: each must be free here
         ports = [int(p) for p in want]
         if len(ports) != n or any(not 0 < p < 65536 for p in ports):
@@ -166,7 +165,7 @@ def pick_ports(msg: dict[str, Any], allow_bind: tuple[str, ...]) -> list[int]:
                            "stop what uses it there or pass other --rpc-ports")
         return ports
     ports = []
-    for p in msg.get("prefer") or ():  # the client's guesses (its ssh links already point there), if free
+    for p in op.prefer:  # the client's guesses (its ssh links already point there), if free
         if len(ports) < n and isinstance(p, int) and 0 < p < 65536 and p not in ports and port_free(bind, p):
             ports.append(p)
     while len(ports) < n:
@@ -186,7 +185,7 @@ def port_free(bind: str, port: int) -> bool:
         raise BadInput(f"cannot listen on {bind} here: {exc.strerror}") from None
 
 
-def rpc_process(spec: dict[str, Any], inventory: dict[str, Any] | None,
+def rpc_process(spec: Mapping[str, Any], inventory: dict[str, Any] | None,
                 allow_bind: tuple[str, ...]) -> tuple[ProcessSpec, list[str]]:
     """A ``start`` op's spec -> the rpc-server to run (this host's binary, its own flags, a free port) and one
     note per ``--seed-cache`` file dropped; BadInput if refused."""

@@ -18,7 +18,6 @@ anything unusual (an error is reported by the agent, once).
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import select
 import subprocess
@@ -30,6 +29,7 @@ from typing import Any, Callable
 
 from ..proc.ports import accepts_now
 from ..proc.rundir import RunDir
+from ..proc import wire
 from ..proc.spawn import popen
 from ..proc.spec import ProcessSpec
 from .ops import (Inventory, answering, greet, hello_args, hello_events, pick_ports, rpc_process, started_events,
@@ -90,7 +90,7 @@ def first_ops(fd: int, emit: Emit, *, allow_bind: tuple[str, ...], inventory: In
             for s in h.started:
                 if not s.ready and s.popen.poll() is None and accepts_now(s.spec.host, s.spec.port):
                     s.ready = True
-                    emit({"ev": "ready", "name": s.spec.name})
+                    emit(wire.ready(s.spec.name))
             if h.eof and not h.started and not h.lines:
                 return h  # the client left: nothing to stop, nothing to answer, no reason to import the rest
             if deferred or h.eof:
@@ -154,31 +154,53 @@ class _Prefetched:
 def _handle(raw: bytes, h: Handover, emit: Emit, allow_bind: tuple[str, ...], inventory: Inventory) -> bool:
     """One op on the happy path; False leaves it (and all after it) to the agent, which also reports errors."""
     try:
-        msg = json.loads(raw)
-        op = msg.get("op") if isinstance(msg, dict) else None
-        if op == "ping":
-            answering()
-            emit({"ev": "pong"})
-        elif op == "hello":
-            run, backend = hello_args(msg)
-            killed: list[int] = []
-            if h.run_dir is None:
-                h.run_dir, h.inventory, killed = greet(run, backend, inventory)
-            h.backend = backend
-            for event in hello_events(h.inventory, killed):
-                emit(event)
-        elif op == "ports" and h.run_dir is not None:
-            emit({"ev": "ports", "ports": pick_ports(msg, allow_bind)})
-        elif op == "start" and h.run_dir is not None and isinstance(msg.get("spec"), dict):
-            if any(s.spec.name == msg["spec"].get("name") for s in h.started):
-                return False
-            spec, dropped = rpc_process(msg["spec"], h.inventory, allow_bind)
-            _start(spec, dropped, h, emit)
-        else:
-            return False
+        return wire.dispatch(wire.decode(raw), _Early(h, emit, allow_bind, inventory))
     except Exception:  # noqa: BLE001 - nothing was started: the agent handles the line again and says what is wrong
         return False
-    return True
+
+
+class _Early:
+    """The ops this loop answers itself (a wire.Handler: True handled, False left to the agent): ping, hello,
+    ports, and start of a new rpc-server; everything else, and any op before hello, goes to the agent."""
+
+    def __init__(self, h: Handover, emit: Emit, allow_bind: tuple[str, ...], inventory: Inventory) -> None:
+        self.h, self.emit, self.allow_bind, self.inventory = h, emit, allow_bind, inventory
+
+    @property
+    def greeted(self) -> bool:
+        return self.h.run_dir is not None
+
+    def ping(self, op: wire.Ping) -> bool:
+        answering()
+        self.emit(wire.pong())
+        return True
+
+    def hello(self, op: wire.Hello) -> bool:
+        run, backend = hello_args(op)
+        killed: list[int] = []
+        if self.h.run_dir is None:
+            self.h.run_dir, self.h.inventory, killed = greet(run, backend, self.inventory)
+        self.h.backend = backend
+        for event in hello_events(self.h.inventory, killed):
+            self.emit(event)
+        return True
+
+    def ports(self, op: wire.Ports) -> bool:
+        self.emit(wire.ports(pick_ports(op, self.allow_bind)))
+        return True
+
+    def start(self, op: wire.Start) -> bool:
+        if op.spec is None or any(s.spec.name == op.name for s in self.h.started):
+            return False
+        spec, dropped = rpc_process(op.spec, self.h.inventory, self.allow_bind)
+        _start(spec, dropped, self.h, self.emit)
+        return True
+
+    def stop(self, op: wire.Stop) -> bool:
+        return False
+
+    def refuse(self, op: object, why: str, fix: str) -> bool:
+        return False
 
 
 def _start(spec: ProcessSpec, notes: list[str], h: Handover, emit: Emit) -> None:
@@ -206,7 +228,7 @@ def run_stdio(*, heartbeat: float, allow_bind: tuple[str, ...], inventory: Inven
     def emit(event: dict[str, Any]) -> None:
         try:
             with lock:
-                out.write(json.dumps(event, separators=(",", ":")) + "\n")
+                out.write(wire.encode(event).decode())
         except (BrokenPipeError, OSError):
             pass  # the client is gone: stdin's EOF ends the loop
 

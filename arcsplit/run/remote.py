@@ -32,7 +32,7 @@ from ..hosts import check_inventory, control_argv, node_argv, shares_connection
 from ..proc.child import Child, describe_exit, run_held
 from ..proc.spec import ProcessSpec
 from ..proc.states import MemberState, Tracked
-from ..proc.wire import PROTO
+from ..proc import wire
 from ..rig import Host
 from .early import Early, control_socket, session_spec
 from .events import GpuReport, MemberSnapshot, Usage, member_snapshot
@@ -120,7 +120,7 @@ class NodeSession:
             self._early.taken, self._spawned = True, self._early.at
         await tg.start(self._transport)
         tg.start_soon(self._keepalive)
-        await self.send({"op": "ping"})  # its pong is the agent's first word: when the login and its start are done
+        await self.send(wire.Ping().msg())  # its pong is the agent's first word: when the login and its start are done
 
     async def open(self, tg: TaskGroup) -> dict[str, Any]:
         """Start the transport unless :meth:`spawn` did, say hello; the hello's inventory, or HostError with the
@@ -129,22 +129,14 @@ class NodeSession:
             await self.spawn(tg)
         if self.dead:  # a warm session that ended while serve planned: its reason, not a second try
             raise HostError(self.dead, ssh_fix(self.host, self.dead))
-        hello: dict[str, Any] = {"op": "hello", "run": self.run_id, "proto": PROTO}
-        if self.backend:
-            hello["backend"] = self.backend
-        answer = await self.request(hello, "hello", HELLO_TIMEOUT)
+        answer = await self.request(wire.Hello(self.run_id, self.backend).msg(), "hello", HELLO_TIMEOUT)
         self.hello = answer
         return answer
 
     async def ports(self, n: int, bind: str, want: Sequence[int] = (), prefer: Sequence[int] = ()) -> list[int]:
         """``n`` free ports there, or HostError when one of ``want`` (the user's) is taken; ``prefer``: ports to
         keep where free there (an agent that predates it just picks others)."""
-        msg: dict[str, Any] = {"op": "ports", "n": n, "bind": bind}
-        if want:
-            msg["want"] = list(want)
-        elif prefer:
-            msg["prefer"] = list(prefer)
-        answer = await self.request(msg, "ports", 30.0)
+        answer = await self.request(wire.Ports(n, bind, list(want) or None, list(prefer)).msg(), "ports", 30.0)
         return [int(p) for p in answer["ports"]]
 
     async def request(self, msg: Mapping[str, Any], ev: str, timeout: float) -> dict[str, Any]:
@@ -164,7 +156,7 @@ class NodeSession:
 
     async def send(self, msg: Mapping[str, Any]) -> bool:
         async with self._write:
-            return await self._child.send((json.dumps(msg, separators=(",", ":")) + "\n").encode())
+            return await self._child.send(wire.encode(msg))
 
     async def _transport(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         await run_held(self._held, self._child.run, task_status)
@@ -189,7 +181,7 @@ class NodeSession:
                     self.notes.append(f"no message for {SILENT_AFTER:.0f} s")
                     await self._child.stop(2.0)
                     return
-                await self.send({"op": "ping"})
+                await self.send(wire.Ping().msg())
 
     def _on_line(self, _child: Child, line: str) -> None:
         self._heard = time.monotonic()
@@ -331,9 +323,9 @@ class RemoteMember(_Relayed):
         if self.session.dead:
             self.lost(self.session.dead)
         else:
-            await self.session.send({"op": "start", "spec": {
+            await self.session.send(wire.Start({
                 "name": s.name, "argv": list(s.argv), "env": s.env_dict, "env_unset": list(s.env_unset),
-                "host": s.host, "port": s.port, "cards": list(s.cards), "devices": list(s.devices)}})
+                "host": s.host, "port": s.port, "cards": list(s.cards), "devices": list(s.devices)}).msg())
             await self._started.wait()
         await self._hold(task_status, 5.0)
 
@@ -343,7 +335,7 @@ class RemoteMember(_Relayed):
                 return
             if self.state is not MemberState.STOPPING:
                 self.state = MemberState.STOPPING
-            await self.session.send({"op": "stop", "name": self.spec.name, "grace": grace})
+            await self.session.send(wire.Stop(self.spec.name, grace).msg())
             with anyio.move_on_after(grace + 5.0):
                 await self.done.wait()
                 return
