@@ -115,7 +115,7 @@ def instance(prepared: Prepared, *, max_restarts: int = 5, stall_timeout: float 
              launcher: Launcher | None = None) -> Instance:
     """A checked request ready to run (``await inst.run()``); telemetry, when asked, and ``watchers`` watch it.
     ``systemd``: tell systemd about the run (Type=notify, watchdog) when started by it (``arcsplit serve`` is).
-    ``launcher``: how members start (default: the supervisor's own, local or with the layout's hosts)."""
+    ``launcher``: how members start (default: run/remote.launcher_for, local or with the layout's hosts)."""
     if systemd:
         from .run.systemd import run_notify
 

@@ -19,6 +19,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from arcsplit.run.events import MemberSnapshot, member_snapshot
+from arcsplit.run.launch import OneHost
 from arcsplit.run.specs import ProcessSpec
 from arcsplit.proc.states import MemberState, Tracked
 
@@ -137,7 +138,7 @@ class FakeMember(Tracked):  # the same transition table as a real member: an ill
         return member_snapshot(self, None)
 
 
-class FakeLauncher:
+class FakeLauncher(OneHost):  # no other host: the part of the protocol only they need is a no-op
     """Records what was started and stopped, in order; ``health`` is what /health answers once ready."""
 
     def __init__(self, **scripts: Script) -> None:

@@ -14,6 +14,7 @@ from anyio.from_thread import start_blocking_portal
 
 from arcsplit.errors import RunError
 from arcsplit.route import Route
+from arcsplit.run.remote import launcher_for
 from arcsplit.run.specs import ServeConfig
 from arcsplit.run.supervisor import RestartPolicy, Supervisor
 
@@ -43,7 +44,8 @@ def test_one_context_failure_hands_over_to_the_hybrid_fallback(tmp_path, log, ki
         return None  # decline: the group then gives up, which ends the test
 
     with start_blocking_portal() as portal:
-        sup = Supervisor(config, fallback=fallback, policy=RestartPolicy(base_delay=0.01, max_failures=0))
+        sup = Supervisor(config, fallback=fallback, policy=RestartPolicy(base_delay=0.01, max_failures=0),
+                         launcher=launcher_for(config))
         with pytest.raises(RunError):
             with portal.wrap_async_context_manager(sup):
                 pass

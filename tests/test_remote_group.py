@@ -22,7 +22,7 @@ from arcsplit.llama.locate import server_build_info
 from arcsplit.rig import Host, load_layout
 from arcsplit.proc.ports import free_port
 from arcsplit.run.prepare import ServeRequest, preview
-from arcsplit.run.remote import NodeLauncher, Transport
+from arcsplit.run.remote import NodeLauncher, Transport, launcher_for
 from arcsplit.run.specs import ProcessSpec
 from arcsplit.run.supervisor import RestartPolicy, Supervisor
 
@@ -92,6 +92,7 @@ def launcher(llama_bins, hosts, node: Any = None, check: Any = "same build") -> 
 def running(cfg, **kw) -> Iterator[Supervisor]:
     kw.setdefault("policy", RestartPolicy(base_delay=0.2, max_delay=1.0, max_failures=3))
     with start_blocking_portal() as portal:
+        kw.setdefault("launcher", launcher_for(cfg))
         sup = Supervisor(cfg, **kw)
         with portal.wrap_async_context_manager(sup) as s:
             yield s

@@ -27,6 +27,7 @@ from arcsplit.cli import build_parser
 from arcsplit.cli.serve import build_config
 from arcsplit.errors import RunError
 from arcsplit.proc.ports import free_port
+from arcsplit.run.remote import launcher_for
 from arcsplit.run.supervisor import RestartPolicy, Supervisor
 
 from _procs import dead, wait_until
@@ -63,6 +64,7 @@ def running(config, **kw) -> Iterator[Supervisor]:
     """The supervisor on its own event-loop thread, as the Python API will run it."""
     kw.setdefault("policy", RestartPolicy(base_delay=0.2, max_delay=1.0, max_failures=3))
     with start_blocking_portal() as portal:
+        kw.setdefault("launcher", launcher_for(config))
         sup = Supervisor(config, **kw)
         with portal.wrap_async_context_manager(sup) as s:
             s.portal = portal  # type: ignore[attr-defined]
@@ -170,7 +172,8 @@ def test_crash_loop_gives_up_with_the_reason_and_leaves_nothing(demo_model):
     config = config_for(demo_model, extra=("--no-such-flag",))
     before = {p.pid for p in psutil.Process().children(recursive=True)}  # the shared group's, if running
     with start_blocking_portal() as portal:
-        sup = Supervisor(config, policy=RestartPolicy(base_delay=0.05, max_delay=0.1, max_failures=2))
+        sup = Supervisor(config, policy=RestartPolicy(base_delay=0.05, max_delay=0.1, max_failures=2),
+                         launcher=launcher_for(config))
         with pytest.raises(RunError) as info:
             with portal.wrap_async_context_manager(sup):
                 pass

@@ -190,11 +190,12 @@ def _serving(argv: list[str]) -> Iterator[Any]:
     from arcsplit.cli import build_parser
     from arcsplit.cli.serve import build_config
     from arcsplit.proc.ports import free_port
+    from arcsplit.run.remote import launcher_for
     from arcsplit.run.supervisor import RestartPolicy, Supervisor
 
     config, _, _, _ = build_config(build_parser().parse_args(["serve", "--port", str(free_port()), *argv]))
     with start_blocking_portal() as portal:
-        sup = Supervisor(config, policy=RestartPolicy(max_failures=0))
+        sup = Supervisor(config, policy=RestartPolicy(max_failures=0), launcher=launcher_for(config))
         with portal.wrap_async_context_manager(sup) as s:
             yield s
 

@@ -44,3 +44,8 @@ class ProcessSpec:
     @property
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
+
+
+def runs_remote(spec: ProcessSpec) -> bool:
+    """Whether the process runs on another host (a link names its host but runs here)."""
+    return bool(spec.node) and spec.role != "link"

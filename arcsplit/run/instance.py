@@ -17,6 +17,7 @@ from ..proc.rundir import RunDir
 from .bus import BusInfo, BusServer
 from .launch import Launcher
 from .prepare import Prepared, hybrid_fallback
+from .remote import launcher_for
 from .supervisor import RestartPolicy, Supervisor, Timeouts
 
 Watcher = Callable[[Supervisor], Coroutine[Any, Any, None]]
@@ -36,7 +37,8 @@ class Instance:
         self.supervisor = Supervisor(prepared.config, run_dir=self.run_dir, policy=policy, timeouts=timeouts,
                                      fallback=hybrid_fallback(prepared, say),
                                      decision={"mode": prepared.decision.mode,
-                                               "reasons": list(prepared.decision.reasons)}, launcher=launcher)
+                                               "reasons": list(prepared.decision.reasons)},
+                                     launcher=launcher or launcher_for(prepared.config))
         self._bus = bus
         self._bus_tcp = bus_tcp
         self._watchers = tuple(watchers)

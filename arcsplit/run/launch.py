@@ -1,22 +1,26 @@
 """The launcher seam: how the supervisor starts a member of the group and asks whether it is ready.
 
 The supervisor decides *when* (order, readiness, restarts, backoff, stall, watchdog); a Launcher decides *how*:
-``LocalLauncher`` runs each ProcessSpec as a local child process (proc/child.py). A remote launcher (rpc-servers
-on another host, started by an agent over SSH) implements the same three things; the tests use an in-memory one
-(tests/_fake_launcher.py) to check the supervisor's logic in seconds without llama.cpp.
+``LocalLauncher`` runs each ProcessSpec as a local child process (proc/child.py). run/remote.NodeLauncher (rpc-servers
+on other hosts, started by their agents over SSH) implements the same protocol, and the part only other hosts need
+(open, close, ports, inventories) is a no-op here (``OneHost``); the tests use an in-memory one
+(tests/_fake_launcher.py) to check the supervisor's logic in seconds without llama.cpp. The supervisor is given
+its launcher (run/remote.launcher_for picks one) and names none.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Protocol, Sequence
 
 import anyio
 import psutil
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 
+from ..errors import RunError
 from ..proc.child import Child
 from ..proc.ports import probe_once
 from ..proc.spec import ProcessSpec
@@ -63,8 +67,39 @@ class Member(Protocol):
     def snapshot(self) -> MemberSnapshot: ...
 
 
+@dataclass(frozen=True)
+class HostOpened:
+    """Another host's agent session, open for this generation: how long the login and the agent's start took."""
+
+    name: str
+    ssh: str
+    opened_s: float
+    started_s: float | None  # the agent's own start, as it measured it; None from an agent that does not say
+
+
 class Launcher(Protocol):
-    """Starts members and answers the two readiness questions the supervisor asks."""
+    """Starts members and answers the two readiness questions the supervisor asks; for cards on other hosts it
+    also opens and closes their agents' sessions and asks them for ports (no-ops where there is no other host)."""
+
+    async def open(self, tg: TaskGroup, run_id: str, names: Sequence[str], backend: str | None = None) -> None:
+        """One agent session per host in ``names`` for this generation, its build checked; raises if one fails."""
+
+    async def close(self) -> None:
+        """End every host session (the group's processes there end with it)."""
+
+    def opened(self, names: Sequence[str]) -> list[HostOpened]:
+        """How long each of ``names``' sessions took to open this generation."""
+
+    def node_bins(self) -> tuple[tuple[str, str], ...]:
+        """Each open host's rpc-server binary (ServeConfig.node_bins)."""
+
+    async def ports(self, node: str, n: int, bind: str, want: Sequence[int] = (),
+                    prefer: Sequence[int] = ()) -> list[int]:
+        """``n`` ports free on host ``node`` (``want``: exactly these; ``prefer``: these where free)."""
+
+    @property
+    def inventories(self) -> Mapping[str, Mapping[str, Any]]:
+        """What each open host said it runs (its build, devices): for the state file and a field report."""
 
     def member(self, spec: ProcessSpec, *, log_path: Path | None, on_line: Callable[[Any, str], None],
                on_exit: Callable[[Any], None], ring: deque[str]) -> Member: ...
@@ -92,7 +127,33 @@ class LocalMember(Child):
         return member_snapshot(self, self.uptime())
 
 
-class LocalLauncher:
+class OneHost:
+    """The other-host half of the Launcher protocol for a launcher that reaches no other host: nothing to open,
+    close or ask, and a group with cards elsewhere is refused."""
+
+    async def open(self, tg: TaskGroup, run_id: str, names: Sequence[str], backend: str | None = None) -> None:
+        if names:
+            raise RunError(f"cards on {', '.join(names)} need a launcher that reaches other hosts")
+
+    async def close(self) -> None:
+        pass
+
+    def opened(self, names: Sequence[str]) -> list[HostOpened]:
+        return []
+
+    def node_bins(self) -> tuple[tuple[str, str], ...]:
+        return ()
+
+    async def ports(self, node: str, n: int, bind: str, want: Sequence[int] = (),
+                    prefer: Sequence[int] = ()) -> list[int]:
+        raise RunError(f"no host {node} here")
+
+    @property
+    def inventories(self) -> Mapping[str, Mapping[str, Any]]:
+        return {}
+
+
+class LocalLauncher(OneHost):
     """Every member is a process on this machine, confined by its spec's environment."""
 
     def member(self, spec: ProcessSpec, *, log_path: Path | None, on_line: Callable[[Any, str], None],

@@ -254,36 +254,7 @@ def prepare(req: ServeRequest, rig: Rig | None = None, progress: Callable[[str],
     multi-card Intel rig in auto mode, once per runtime), which ``progress`` hears about. ``rig``: a layout's
     cards (its [[hosts]] included) instead of this machine's live ones; this machine's cards as the layout gives
     them, the other hosts' checked by their node agents when the group starts."""
-    if rig is not None:
-        if req.gpus is not None:
-            raise BadInput("--layout and --gpus both name cards", "pass one of them")
-        kinds = sorted({c.backend for c in rig.cards})
-        if len(kinds) > 1:
-            raise BadInput(f"the layout mixes backends {', '.join(kinds)}", "one group runs one backend: split the layout")
-        backend, choice = kinds[0], None
-    else:
-        backend, choice = resolve(req.backend, req.llama_dir)
-    req = replace(req, backend=backend)
-    rpc_ports = _check(req)
-    gpus = _gpus(req)
-    binaries = find_llama(req.llama_dir, backend=req.backend, build=req.build)
-    check_free(req.host, req.port, "llama-server", "--port")
-    for p in rpc_ports or ():
-        check_free(req.rpc_host, p, "rpc-server", "--rpc-ports")
-    model = Path(req.model)
-    if not model.exists():
-        raise BadInput(f"model {model} does not exist", "pass the path of a .gguf file")
-    if not model.is_file():
-        raise BadInput(f"model {model} is not a regular file", "pass the path of a .gguf file")
-    profile = load_profile(model)
-    if rig is None:
-        rig = discover_rig(req.backend, gpus, binaries if req.backend != "cpu" else None, req.cpu_memory_mib)
-    forced = None if req.mode == "auto" else req.mode
-    # The runtime probe opens this machine's cards: a layout with other hosts names cards it cannot open here.
-    verdict, known = (None, None) if rig.hosts else _runtime(req, rig, binaries, progress=progress)
-    decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known,
-                           n_remote=sum(1 for c in rig.cards if c.host))
-    return _prepared(req, binaries, profile, rig, decision, rpc_ports, choice, serving=True)
+    return decide(req, rig, serving=True, progress=progress)
 
 
 def preview(req: ServeRequest, rig: Rig | None = None) -> Prepared:
@@ -293,28 +264,66 @@ def preview(req: ServeRequest, rig: Rig | None = None) -> Prepared:
     auto picks the mode as serve does, but from the runtime verdict and recorded failures only: serve may also
     run (or reuse) a probe of one multi-device context, which ``arcsplit doctor`` shows.
     """
+    return decide(req, rig, serving=False)
+
+
+def decide(req: ServeRequest, rig: Rig | None, *, serving: bool,
+           progress: Callable[[str], None] = lambda line: None) -> Prepared:
+    """The one pipeline from a request to a config: backend, the request's values, build, model, cards, runtime,
+    mode, plan, specs. ``serving``: a group starts next here, so the build must exist, the ports be free, the
+    runtime be probed if needed, and a layout's cards be this machine's (else the layout may be another machine)."""
+    req, choice = _backend(req, rig)
     rpc_ports = _check(req)
-    profile = load_profile(req.model)
-    layout = rig is not None
-    if rig is not None:
-        kinds = sorted({c.backend for c in rig.cards})
-        if len(kinds) > 1:
-            raise BadInput(f"the layout mixes backends {', '.join(kinds)}", "one group runs one backend: split the layout")
-        req, choice = replace(req, backend=kinds[0]), None
+    if serving:
+        binaries: LlamaBinaries | None = find_llama(req.llama_dir, backend=req.backend, build=req.build)
+        _check_here(req, rpc_ports)
     else:
-        backend, choice = resolve(req.backend, req.llama_dir)
-        req = replace(req, backend=backend)
-    try:
-        binaries = find_llama(req.llama_dir, backend=req.backend, build=req.build)
-    except ArcsplitError:
-        binaries = None  # planning needs no build; the argv then names the binaries without a path
+        binaries = _build_if_any(req)
+    profile = load_profile(req.model)
+    here = serving or rig is None  # the rig's cards are this machine's
     if rig is None:
         rig = discover_rig(req.backend, _gpus(req), binaries if req.backend != "cpu" else None, req.cpu_memory_mib)
-    forced = None if req.mode == "auto" else req.mode
-    verdict, known = (None, None) if layout else _runtime(req, rig, binaries, probe=False)
-    decision = choose_mode(req.backend, len(rig.cards), forced=forced, verdict=verdict, probe_results=known,
-                           n_remote=sum(1 for c in rig.cards if c.host))
-    return _prepared(req, binaries, profile, rig, decision, rpc_ports, choice, live=not layout)
+    # The runtime probe opens this machine's cards: a layout with other hosts names cards it cannot open here.
+    verdict, known = (_runtime(req, rig, binaries, probe=None if serving else False, progress=progress)
+                      if here and not rig.hosts else (None, None))
+    decision = choose_mode(req.backend, len(rig.cards), forced=None if req.mode == "auto" else req.mode,
+                           verdict=verdict, probe_results=known, n_remote=sum(1 for c in rig.cards if c.host))
+    return _prepared(req, binaries, profile, rig, decision, rpc_ports, choice, live=here, serving=serving)
+
+
+def _backend(req: ServeRequest, rig: Rig | None) -> tuple[ServeRequest, BackendChoice | None]:
+    """The request with its backend: a layout's (its cards are of one kind), else resolved from this machine's
+    cards and builds (with the reason, for the notes)."""
+    if rig is None:
+        backend, choice = resolve(req.backend, req.llama_dir)
+        return replace(req, backend=backend), choice
+    if req.gpus is not None:
+        raise BadInput("--layout and --gpus both name cards", "pass one of them")
+    kinds = sorted({c.backend for c in rig.cards})
+    if len(kinds) > 1:
+        raise BadInput(f"the layout mixes backends {', '.join(kinds)}", "one group runs one backend: split the layout")
+    return replace(req, backend=kinds[0]), None
+
+
+def _check_here(req: ServeRequest, rpc_ports: list[int] | None) -> None:
+    """What only a start here needs: the ports free now, the model a file."""
+    check_free(req.host, req.port, "llama-server", "--port")
+    for p in rpc_ports or ():
+        check_free(req.rpc_host, p, "rpc-server", "--rpc-ports")
+    model = Path(req.model)
+    if not model.exists():
+        raise BadInput(f"model {model} does not exist", "pass the path of a .gguf file")
+    if not model.is_file():
+        raise BadInput(f"model {model} is not a regular file", "pass the path of a .gguf file")
+
+
+def _build_if_any(req: ServeRequest) -> LlamaBinaries | None:
+    """The build a plan names, if there is one: planning needs none (the argv then names the binaries without a
+    path)."""
+    try:
+        return find_llama(req.llama_dir, backend=req.backend, build=req.build)
+    except ArcsplitError:
+        return None
 
 
 def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, rig: Rig, decision: ModeDecision,

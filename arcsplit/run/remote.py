@@ -22,30 +22,28 @@ from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Sequence
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from ..errors import ArcsplitError, BadInput, HostError
 from ..hosts import check_inventory, control_argv, node_argv, shares_connection
-from ..proc.child import Child, describe_exit, run_held
-from ..proc.spec import ProcessSpec
-from ..proc.states import MemberState, Tracked
 from ..proc import wire
+from ..proc.child import Child, describe_exit, run_held
+from ..proc.spec import ProcessSpec, runs_remote
+from ..proc.states import MemberState, Tracked
 from ..rig import Host
 from .early import Early, control_socket, session_spec
 from .events import GpuReport, MemberSnapshot, Usage, member_snapshot
-from .launch import Health, Launcher, LocalLauncher, Member
+from .launch import Health, HostOpened, Launcher, LocalLauncher, Member
+
+if TYPE_CHECKING:
+    from .specs import ServeConfig  # specs imports this module (seed_path)
 
 PING_EVERY = 2.0  # the agent's default --heartbeat is 10 s
 SILENT_AFTER = 10.0  # no message from the agent (it sends stats every second) this long: the session is dead
 HELLO_TIMEOUT = 60.0  # ssh's ConnectTimeout is 10 s; the agent's inventory runs llama-server --version
-
-
-def runs_remote(spec: ProcessSpec) -> bool:
-    """Whether the process runs on another host (a link names its host but runs here)."""
-    return bool(spec.node) and spec.role != "link"
 
 
 @dataclass(frozen=True)
@@ -580,6 +578,17 @@ class NodeLauncher:
         return tuple(sorted((name, str(s.hello["llama"]["rpc_bin"])) for name, s in self.sessions.items()
                             if s.hello and (s.hello.get("llama") or {}).get("rpc_bin")))
 
+    def opened(self, names: Sequence[str]) -> list[HostOpened]:
+        """How long each of ``names``' sessions took to open this generation (one not opened now: left out)."""
+        out = []
+        for name in names:
+            session = self.sessions.get(name)
+            if session is not None and session.opened_in is not None:
+                started = (session.hello or {}).get("started_s")
+                out.append(HostOpened(name, session.host.ssh, round(session.opened_in, 3),
+                                      started if isinstance(started, (int, float)) else None))
+        return out
+
     async def ports(self, node: str, n: int, bind: str, want: Sequence[int] = (),
                     prefer: Sequence[int] = ()) -> list[int]:
         """``n`` free ports on host ``node``, as its agent sees them (``want``: these, checked free there;
@@ -622,3 +631,9 @@ class NodeLauncher:
     async def health(self, spec: ProcessSpec, timeout: float) -> AsyncIterator[Health]:
         async with self.local.health(spec, timeout) as check:
             yield check
+
+
+def launcher_for(config: ServeConfig) -> Launcher:
+    """The launcher a group needs: its hosts' agents (each build checked against this machine's) where it has
+    cards on other hosts, else this machine's processes."""
+    return NodeLauncher(config.hosts, check=same_build(config.server_bin)) if config.hosts else LocalLauncher()

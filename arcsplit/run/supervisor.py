@@ -1,8 +1,7 @@
 """The serving group: rpc-servers then llama-server, watched as one unit and restarted as one unit.
 
-    async with Supervisor(config) as sup:      # returns once the group first answers /health 200
+    async with Supervisor(config, launcher=launcher_for(config)) as sup:  # once the group first answers 200
         print(sup.status()["url"])
-        await sup.wait_stopped()
 
 Readiness by role (reference/supervisors.md §8): an rpc-server is ready when it is alive and one
 connect-and-close succeeds (never probed again: it serves one client at a time); llama-server when /health
@@ -11,8 +10,8 @@ turns 200, with a *stall* timeout that any log line, load-progress report or CPU
 not polled). When any member exits the group is stopped in order (llama-server first) and restarted with
 exponential backoff; a cap of consecutive failures gives up with the log lines that explain why.
 
-Members are started through a Launcher (run/launch.py: local processes today; a remote host or an in-memory fake
-implement the same seam), from specs that are complete (run/specs.py); states change only along the tables in
+Members are started through the Launcher it is given (run/launch.py: local processes, run/remote.py: other hosts'
+agents, the tests' in-memory fake; it names none), from specs that are complete (run/specs.py); states change only along the tables in
 proc/states.py.
 """
 
@@ -34,10 +33,10 @@ from ..llama.hostcheck import SHM_FIX, host_ram_short
 from ..proc.child import describe_exit, run_held
 from ..proc.ports import free_port, is_free
 from ..proc.rundir import RunDir, since_boot, supervisor_identity, sweep
+from ..proc.spec import runs_remote
 from ..proc.states import GROUP_TRANSITIONS, GroupState, MemberState, advance
 from .events import Event, EventBus, EventKind, HostData, MemberSnapshot, MemberStatus, Status
-from .launch import Launcher, LocalLauncher, Member
-from .remote import NodeLauncher, runs_remote, same_build
+from .launch import Launcher, Member
 from .specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, card_of_buffer, n_links
 
 # llama-server's load progress in the router's child protocol (specs.ROUTER_PORT_ENV opts in), one per 200 ms.
@@ -77,10 +76,9 @@ class Supervisor:
     def __init__(self, config: ServeConfig, *, run_dir: RunDir | None = None, policy: RestartPolicy = RestartPolicy(),
                  timeouts: Timeouts = Timeouts(), fallback: Fallback | None = None, log_lines: int = 2000,
                  sweep_leftovers: bool = True, decision: dict[str, Any] | None = None,
-                 launcher: Launcher | None = None) -> None:
+                 launcher: Launcher) -> None:
         self.config = config
-        self.launcher: Launcher = launcher or (NodeLauncher(config.hosts, check=same_build(config.server_bin))
-                                               if config.hosts else LocalLauncher())
+        self.launcher = launcher
         self.decision = decision or {"mode": config.mode, "reasons": []}  # why this mode, for status()
         self.policy = policy
         self.timeouts = timeouts
@@ -104,7 +102,6 @@ class Supervisor:
         self._restart_requested = False
         self._tearing_down = False
         self._wake = anyio.Event()
-        self._stopped = anyio.Event()
         self._ready_event = anyio.Event()
         self._progress: dict[str, Any] = {}
         self._buffers: list[logs.BufferLine] = []
@@ -136,9 +133,6 @@ class Supervisor:
 
     async def wait_ready(self) -> None:
         await self._ready_event.wait()
-
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
 
     def logs(self, name: str | None = None, n: int = 100) -> list[str]:
         """The last ``n`` captured lines of one process (or of all, prefixed with the process name)."""
@@ -286,7 +280,6 @@ class Supervisor:
                 await self._teardown()
                 self._set_group(GroupState.STOPPED, {})
                 self._write_state(ended=True)
-                self._stopped.set()
                 self.events.close()
 
     async def _one_generation(self) -> "str | _StartFailed":
@@ -445,7 +438,6 @@ class Supervisor:
             where = [i for i, proc in enumerate(procs) if proc.host == host]
             h = config.host_named(host)
             bind = h.address if h.link == "direct" and h.address else LOOPBACK
-            assert isinstance(self.launcher, NodeLauncher)
             try:
                 got = await self.launcher.ports(host, len(where), bind, [fixed[i] for i in where] if fixed else (),
                                                 [prefer[i] for i in where] if prefer and not fixed else ())
@@ -461,9 +453,6 @@ class Supervisor:
         hosts = _hosts(self.config)
         if not hosts:
             return
-        if not isinstance(self.launcher, NodeLauncher):
-            raise _StartFailed("group", f"cards on {', '.join(hosts)} need a launcher that reaches other hosts",
-                               "fatal")
         assert self.run_dir is not None
         try:
             await self.launcher.open(tg, self.run_dir.path.name, hosts, self.config.backend)
@@ -472,13 +461,9 @@ class Supervisor:
             # or ssh setup (the error says which), so the user hears it now; once the group has run, it is retried.
             fatal = isinstance(exc, BadInput) or not self._ready_event.is_set()
             raise _StartFailed("group", str(exc), "fatal" if fatal else None, exc if fatal else None) from None
-        for name in hosts:
-            session = self.launcher.sessions.get(name)
-            if session is not None and session.opened_in is not None:
-                started = (session.hello or {}).get("started_s")
-                self._publish("host", name, HostData(ssh=session.host.ssh, opened_s=round(session.opened_in, 3),
-                                                     generation=self._generation,
-                                                     started_s=started if isinstance(started, (int, float)) else None))
+        for o in self.launcher.opened(hosts):
+            self._publish("host", o.name, HostData(ssh=o.ssh, opened_s=o.opened_s, generation=self._generation,
+                                                   started_s=o.started_s))
         bins = self.launcher.node_bins()
         if bins != self.config.node_bins:
             self.config = replace(self.config, node_bins=bins)
@@ -679,8 +664,7 @@ class Supervisor:
                 for c in self._children.values():
                     if c.spec.role != "server":
                         tg.start_soon(c.stop, grace)
-            if isinstance(self.launcher, NodeLauncher):
-                await self.launcher.close()
+            await self.launcher.close()
             # Pumps drain to EOF after the exit; bound it in case a grandchild holds the pipe.
             with anyio.move_on_after(5):
                 for c in self._children.values():
@@ -719,7 +703,7 @@ class Supervisor:
                  # for `arcsplit report`: what this run was asked to do, and its last error
                  "backend": self.config.backend, "decision": self.decision, "plan": self.config.plan.to_dict(),
                  "last_error": self._last_error}
-        if isinstance(self.launcher, NodeLauncher) and self.launcher.inventories:
+        if self.launcher.inventories:
             # what each other host said it runs (build, devices): a field report needs both sides
             state["hosts"] = {name: {"ssh": self.config.host_named(name).ssh, **inv}
                               for name, inv in self.launcher.inventories.items()}
