@@ -22,7 +22,7 @@ from .run.bus import BusInfo, Client, attach, list_runs
 from .run.events import Event, Status
 from .run.instance import Instance, Watcher
 from .run.launch import Launcher
-from .run.prepare import (MODE_CHOICES, OUTPUT_LAYER_CHOICES, Prepared, ServeRequest, planned_specs, prepare,
+from .decide.prepare import (MODE_CHOICES, OUTPUT_LAYER_CHOICES, Prepared, ServeRequest, planned_specs, prepare,
                           preview)
 from .run.supervisor import RestartPolicy, Timeouts
 

@@ -22,6 +22,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Sequence
 
+from .decide.specs import ServeConfig, build_specs
 from .errors import ArcsplitError, LlamaError, RunError
 from .llama.devices import discover_rig
 from .llama.locate import LlamaBinaries, find_llama
@@ -30,7 +31,6 @@ from .planner import Plan, PlanOptions, make_plan
 from .proc import spawn
 from .proc.ports import free_port, wait_listening
 from .route import Route
-from .run.specs import ServeConfig, build_specs
 
 _registered: set[str] = set()
 _live: list[tuple[weakref.ref, list[subprocess.Popen]]] = []

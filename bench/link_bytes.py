@@ -41,7 +41,7 @@ from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.patches import rpc_shm_link  # noqa: E402
 from arcsplit.planner import MASK_START, LinkCost, link_costs  # noqa: E402
 from arcsplit.proc.ports import free_port  # noqa: E402
-from arcsplit.run.prepare import ServeRequest  # noqa: E402
+from arcsplit.decide.prepare import ServeRequest  # noqa: E402
 from throughput import build_line, complete, long_prompt  # noqa: E402
 from _report import write_report  # noqa: E402  (bench/ is sys.path[0] when run as a script)
 

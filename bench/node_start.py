@@ -31,12 +31,15 @@ from throughput import build_line, machine  # noqa: E402
 EVENTS = ("pong", "hello", "started", "ready")
 
 
-def one(quick: bool, state: Path, llama_dir: Path, run: int, hello_after: float | None = None) -> dict[str, float]:
-    env = {**os.environ, "ARCSPLIT_STATE_DIR": str(state), "ARCSPLIT_NODE_QUICK": "1" if quick else "0"}
+def one(quick: bool, state: Path, llama_dir: Path, run: int, hello_after: float | None = None,
+        tree: Path = ROOT) -> dict[str, float]:
+    """One agent's start, of the arcsplit checkout at ``tree`` (bench/startup.py times another one)."""
+    env = {**os.environ, "ARCSPLIT_STATE_DIR": str(state), "ARCSPLIT_NODE_QUICK": "1" if quick else "0",
+           "PYTHONPATH": str(tree)}
     t0 = time.perf_counter()
     p = subprocess.Popen([sys.executable, "-m", "arcsplit", "node", "--stdio", "--backend", "cpu",
                           "--llama-dir", str(llama_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         cwd=ROOT, env=env)
+                         cwd=tree, env=env)
     assert p.stdin is not None and p.stdout is not None
 
     def send(**msg: object) -> None:

@@ -71,7 +71,7 @@ from arcsplit.llama.locate import find_llama, server_build_info  # noqa: E402
 from arcsplit.llama.patches import (rpc_async_reads, rpc_gated_sets, rpc_link_polling,  # noqa: E402
                                     rpc_patches_switched, rpc_pinned_reads, rpc_relay_chunks, rpc_shm_link)
 from arcsplit.route import Route  # noqa: E402
-from arcsplit.run.prepare import rpc_spin_us  # noqa: E402
+from arcsplit.decide.prepare import rpc_spin_us  # noqa: E402
 from arcsplit.proc.ports import free_port  # noqa: E402
 
 PROMPT_TOKENS = 512
@@ -188,7 +188,7 @@ def same_card_rig(card: int, n_cards: int) -> Iterator[None]:
     of its free memory, so llama-server and every rpc-server see (and load onto) the same GPU. arcsplit
     itself refuses a card named twice; only this bench shares one on purpose (as _Twin indices)."""
     from arcsplit.rig import Card, Rig
-    from arcsplit.run import prepare as prep
+    from arcsplit.decide import prepare as prep
 
     real = prep.discover_rig
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from arcsplit.cli import build_parser  # noqa: E402
 from arcsplit.cli.serve import build_config  # noqa: E402
 from arcsplit.proc.ports import free_port  # noqa: E402
-from arcsplit.run.specs import ROUTER_PORT_ENV, build_specs, n_rpc_servers  # noqa: E402
+from arcsplit.decide.specs import ROUTER_PORT_ENV, build_specs, n_rpc_servers  # noqa: E402
 from arcsplit.run.supervisor import Supervisor  # noqa: E402
 from _report import write_report  # noqa: E402
 
@@ -152,8 +152,8 @@ def ready_and_tokens(config, n_predict: int) -> tuple[float, list[int]]:
 def load_bench(a: argparse.Namespace) -> int:
     """--load: time to ready per route, weights over the socket vs read from the GGUF (patch 0006)."""
     from arcsplit.llama import seeding
-    from arcsplit.run import weightcache
-    from arcsplit.run.prepare import prepare
+    from arcsplit.decide import weightcache
+    from arcsplit.decide.prepare import prepare
     from arcsplit.cli.serve import request_from_args
 
     cases = [("native", "-")] + [(r, w) for r in a.routes.split(",") if r != "native" for w in ("socket", "seed")]

@@ -20,7 +20,7 @@ from anyio.abc import TaskStatus
 
 from arcsplit.run.events import MemberSnapshot, member_snapshot
 from arcsplit.run.launch import OneHost
-from arcsplit.run.specs import ProcessSpec
+from arcsplit.decide.specs import ProcessSpec
 from arcsplit.proc.states import MemberState, Tracked
 
 _pids = itertools.count(40_000)

@@ -9,7 +9,7 @@ from arcsplit import backends
 from arcsplit.errors import BadInput
 from arcsplit.model import load_profile
 from arcsplit.rig import Card, Rig
-from arcsplit.run.prepare import ServeRequest, plan_for_mode, prepare
+from arcsplit.decide.prepare import ServeRequest, plan_for_mode, prepare
 from arcsplit.synth import write_llama
 
 G = 1 << 30

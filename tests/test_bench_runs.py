@@ -45,7 +45,7 @@ def test_merged_ratios_are_per_run_against_that_runs_native(tmp_path):
 
 def test_same_card_rig_gives_one_gpu_to_every_card_of_a_route(monkeypatch):
     from arcsplit.rig import Card, Rig
-    from arcsplit.run import prepare
+    from arcsplit.decide import prepare
 
     seen = []
 

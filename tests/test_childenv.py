@@ -11,7 +11,7 @@ import pytest
 
 from arcsplit.llama.childenv import KEEP_VAR, SYCL_RULES, clean_env, overlay
 from arcsplit.proc.child import Child
-from arcsplit.run.specs import ProcessSpec, build_specs, n_rpc_servers
+from arcsplit.decide.specs import ProcessSpec, build_specs, n_rpc_servers
 
 from test_specs import config
 

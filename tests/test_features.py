@@ -128,7 +128,7 @@ def test_version_is_read_once_per_binary_version(llama_bins, tmp_path, monkeypat
 @pytest.mark.slow  # needs the llama.cpp build
 def test_serve_with_a_foreign_build_probes_it(llama_bins, demo_model, tmp_path, monkeypatch):
     """--llama-dir (not the managed build): prepare asks its --help; this build lacks nothing."""
-    from arcsplit.run.prepare import ServeRequest, prepare
+    from arcsplit.decide.prepare import ServeRequest, prepare
 
     monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path))
     p = prepare(ServeRequest(model=str(demo_model), gpus=[0, 1], backend="cpu", port=18932,

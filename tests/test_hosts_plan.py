@@ -21,7 +21,7 @@ from arcsplit.model import load_profile
 from arcsplit.planner import DEFAULT_LINK_GBIT, PlanOptions, make_plan, plan_for_split
 from arcsplit.rig import Card, Host, Rig, dump_layout, load_layout
 from arcsplit.route import Route
-from arcsplit.run.specs import ServeConfig, build_specs, card_of_buffer, n_links
+from arcsplit.decide.specs import ServeConfig, build_specs, card_of_buffer, n_links
 
 MiB = 1024 * 1024
 SECRET = "sk-not-for-other-hosts"

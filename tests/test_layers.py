@@ -1,10 +1,11 @@
 """The house's import graph, read from the source (no import runs): data flows one way, surfaces use the API.
 
 Layers, bottom up: the pure core (model, planner, memory, rig, synth, backends, route, hosts) -> llama/ (llama.cpp's
-binaries) -> proc/ (process mechanics and the node wire protocol) -> run/ (deciding and supervising a group) ->
-telemetry/ -> node/ (the agent on another host) -> the surfaces (cli/, tui/, _api.py and _warm.py, inproc.py). A
-module may import its own layer and the ones below, never one above; run/ and node/ never import each other; the
-CLI reaches run/ only through the public API; no circle of module-level imports. docs/architecture.md tells why.
+binaries) -> proc/ (process mechanics and the node wire protocol) -> decide/ (request -> plan -> process specs) ->
+run/ (supervising a group, here and through other hosts' agents) -> telemetry/ -> node/ (the agent on another host)
+-> the surfaces (cli/, tui/, _api.py and _warm.py, inproc.py). A module may import its own layer and the ones below,
+never one above; run/ and node/ never import each other; the CLI reaches decide/ and run/ only through the public
+API; no circle of module-level imports. docs/architecture.md tells why.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "arcsplit"
 PURE = {"model", "planner", "memory", "rig", "synth", "errors", "_dirs", "backends", "redact", "route", "hosts"}
-RANK = {**{m: 0 for m in PURE}, "llama": 1, "demo": 1, "proc": 2, "run": 3, "telemetry": 4, "node": 5, "cli": 6, "tui": 6,
-        "_api": 6, "_warm": 6, "inproc": 6, "__main__": 6, "report": 6, "__init__": 6}
+RANK = {**{m: 0 for m in PURE}, "llama": 1, "demo": 1, "proc": 2, "decide": 3, "run": 4, "telemetry": 5, "node": 6,
+        "cli": 7, "tui": 7, "_api": 7, "_warm": 7, "inproc": 7, "__main__": 7, "report": 7, "__init__": 7}
 
 
 def _unit(path: Path) -> str:
@@ -60,7 +61,7 @@ def test_every_package_and_module_has_a_rank():
 
 def test_the_walker_sees_relative_and_absolute_imports():
     assert "_api" in imports(PKG / "cli" / "serve.py")  # the CLI's serve goes through the API
-    assert "run" in imports(PKG / "_api.py") and "llama" in imports(PKG / "run" / "prepare.py")
+    assert "run" in imports(PKG / "_api.py") and "llama" in imports(PKG / "decide" / "prepare.py")
     assert imports(PKG / "run" / "bus.py") >= {"_dirs", "errors", "proc"} and "run" in imports(PKG / "run" / "supervisor.py")
 
 
@@ -74,7 +75,8 @@ def test_no_import_runs_back_up_the_house(path):
 @pytest.mark.parametrize("path", sorted((PKG / "cli").glob("*.py")), ids=lambda p: p.name)
 def test_the_cli_reaches_the_running_side_only_through_the_api(path):
     # _warm: the API's light part, so that serve can open other hosts before the serving stack is imported
-    assert "run" not in imports(path), f"cli/{path.name} imports arcsplit.run: use arcsplit._api (or _warm)"
+    for unit in ("run", "decide"):
+        assert unit not in imports(path), f"cli/{path.name} imports arcsplit.{unit}: use arcsplit._api (or _warm)"
 
 
 def test_the_planner_oracle_is_not_in_the_pure_core():

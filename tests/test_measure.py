@@ -16,7 +16,7 @@ from arcsplit.llama import compute_cache, fitparams
 from arcsplit.model import load_profile
 from arcsplit.planner import PlanOptions, plan_for_split
 from arcsplit.rig import Card
-from arcsplit.run.prepare import ServeRequest, measure_plan, preview
+from arcsplit.decide.prepare import ServeRequest, measure_plan, preview
 
 MiB = 1024 * 1024
 

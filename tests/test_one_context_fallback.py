@@ -15,7 +15,7 @@ from anyio.from_thread import start_blocking_portal
 from arcsplit.errors import RunError
 from arcsplit.route import Route
 from arcsplit.run.remote import launcher_for
-from arcsplit.run.specs import ServeConfig
+from arcsplit.decide.specs import ServeConfig
 from arcsplit.run.supervisor import RestartPolicy, Supervisor
 
 from test_specs import make_plan

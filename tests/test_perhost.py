@@ -18,7 +18,7 @@ from arcsplit.model import load_profile
 from arcsplit.planner import PlanOptions, make_plan
 from arcsplit.rig import Card, Host, Rig, dump_layout, load_layout, per_host
 from arcsplit.route import Route
-from arcsplit.run.specs import ServeConfig, build_specs, card_of_buffer, n_links, n_rpc_servers, rpc_buffer_types
+from arcsplit.decide.specs import ServeConfig, build_specs, card_of_buffer, n_links, n_rpc_servers, rpc_buffer_types
 
 MiB = 1024 * 1024
 B = Host("b", "me@b", rpc_servers="per-host")

@@ -21,9 +21,9 @@ from arcsplit.hosts import check_inventory
 from arcsplit.llama.locate import server_build_info
 from arcsplit.rig import Host, load_layout
 from arcsplit.proc.ports import free_port
-from arcsplit.run.prepare import ServeRequest, preview
+from arcsplit.decide.prepare import ServeRequest, preview
 from arcsplit.run.remote import NodeLauncher, Transport, launcher_for
-from arcsplit.run.specs import ProcessSpec
+from arcsplit.decide.specs import ProcessSpec
 from arcsplit.run.supervisor import RestartPolicy, Supervisor
 
 from _procs import dead, wait_until

@@ -22,7 +22,7 @@ import pytest
 from arcsplit.cli import main as cli_main
 from arcsplit.llama.locate import LlamaBinaries
 from arcsplit.rig import Card, Rig
-from arcsplit.run import prepare as prepare_mod
+from arcsplit.decide import prepare as prepare_mod
 from arcsplit.run.supervisor import Supervisor, Timeouts
 
 from _fake_launcher import FakeLauncher

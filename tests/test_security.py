@@ -66,7 +66,7 @@ def test_no_shell_anywhere():
 
 def _prepare(demo_model, llama_bins, capsys, **kw):
     from arcsplit._api import ServeRequest, prepare
-    from arcsplit.run.specs import build_specs
+    from arcsplit.decide.specs import build_specs
 
     req = ServeRequest(model=str(demo_model), gpus="0,1", cpu_memory_mib=1024, ctx=4096, port=_free_port(),
                        llama_dir=str(llama_bins.server.parent), **kw)
@@ -194,7 +194,7 @@ def test_api_key_never_recorded_and_run_files_private(given, demo_model, llama_b
 
 def test_api_key_flag_forms_move_to_the_environment():
     """`--api-key K` and `--api-key=K` both leave argv; other args keep their order."""
-    from arcsplit.run.specs import split_secrets
+    from arcsplit.decide.specs import split_secrets
 
     args, env = split_secrets(("-c", "4096", "--api-key", "k1", "--jinja", "--api-key=k2", "--api-key-file", "/f"))
     assert args == ("-c", "4096", "--jinja", "--api-key-file", "/f")

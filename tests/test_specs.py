@@ -8,7 +8,7 @@ from arcsplit.errors import BadInput
 from arcsplit.planner import HOST_DEVICE, CardPlan, Plan, PlanOptions
 from arcsplit.rig import Card
 from arcsplit.route import Route
-from arcsplit.run.specs import SERVER_LOG_ARGS, ServeConfig, build_specs, n_rpc_servers, rpc_threads
+from arcsplit.decide.specs import SERVER_LOG_ARGS, ServeConfig, build_specs, n_rpc_servers, rpc_threads
 
 G = 1 << 30
 
@@ -197,7 +197,7 @@ def test_rpc_link_polling_only_for_gpu_groups_with_cores_to_spare() -> None:
     """Patch 0005's ARCSPLIT_RPC_SPIN_US: set by arcsplit on GPU groups of a machine with cores to spare, never on
     the CPU backend (there the cards are the cores); the user's own value wins; nonsense is one clear line."""
     from arcsplit.route import RPC_SPIN_US
-    from arcsplit.run.prepare import rpc_spin_us
+    from arcsplit.decide.prepare import rpc_spin_us
 
     cuda, sycl, cpu = (Route.build("rpc", b, [0, 1]) for b in ("cuda", "sycl", "cpu"))
     assert rpc_spin_us(cuda, 32, {}) == RPC_SPIN_US > 0
@@ -286,7 +286,7 @@ def test_shared_memory_link_reaches_llama_server_and_the_rpc_servers_of_this_hos
 
 
 def test_the_shared_memory_switch_is_zero_or_one_else_one_clear_line() -> None:
-    from arcsplit.run.prepare import rpc_shm
+    from arcsplit.decide.prepare import rpc_shm
 
     assert rpc_shm({}) is True and rpc_shm({"ARCSPLIT_RPC_SHM": ""}) is True  # on by default
     assert rpc_shm({"ARCSPLIT_RPC_SHM": "0"}) is False and rpc_shm({"ARCSPLIT_RPC_SHM": "1"}) is True

@@ -20,7 +20,7 @@ from arcsplit.rig import load_layout
 from arcsplit.proc.ports import free_port
 from arcsplit.run.early import CONTROL_NAME, control_socket
 from arcsplit.run.remote import NodeLauncher, SharedLink
-from arcsplit.run.specs import ProcessSpec
+from arcsplit.decide.specs import ProcessSpec
 
 from _netns import NetHarness, unavailable
 

@@ -15,7 +15,7 @@ from arcsplit.planner import CardPlan, Plan, PlanOptions
 from arcsplit.rig import Card
 from arcsplit.route import Route
 from arcsplit.run.supervisor import RestartPolicy, Supervisor, Timeouts
-from arcsplit.run.specs import ServeConfig
+from arcsplit.decide.specs import ServeConfig
 
 from _fake_launcher import FakeLauncher, Script
 
@@ -204,7 +204,7 @@ def test_a_cancel_while_members_start_reaches_them():
 
 def test_serve_starts_exactly_the_specs_of_its_route():
     """What the launcher is handed is the complete argv: nothing is spliced in after build_specs."""
-    from arcsplit.run.specs import build_specs
+    from arcsplit.decide.specs import build_specs
 
     fake = FakeLauncher()
 

@@ -20,7 +20,7 @@ import pytest
 import arcsplit
 from arcsplit.llama.facts import neo_from_sycl, parse_dpctl, parse_sycl_ls
 from arcsplit.llama.probe import plan_probe
-from arcsplit.run.specs import ServeConfig, build_specs, n_rpc_servers
+from arcsplit.decide.specs import ServeConfig, build_specs, n_rpc_servers
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "runtime"

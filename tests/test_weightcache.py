@@ -1,4 +1,4 @@
-"""The rpc-servers' weight cache seeded from the local GGUF (patch 0006, arcsplit/run/weightcache.py).
+"""The rpc-servers' weight cache seeded from the local GGUF (patch 0006, arcsplit/decide/weightcache.py).
 
 Fast: the argv/env arcsplit gives a seeded group and how the cache is pruned. Slow (the real CPU build, real
 sockets): the weights do not cross the socket, greedy output is the same seeded or not, a peer with the patch
@@ -21,10 +21,11 @@ from arcsplit import serve as serve_group
 from arcsplit.errors import LlamaError
 from arcsplit.llama import seeding
 from arcsplit.llama.patches import STOCK_ENV
-from arcsplit.run import supervisor, weightcache
+from arcsplit.decide import weightcache
+from arcsplit.run import supervisor
 from arcsplit.proc.ports import free_port
-from arcsplit.run.prepare import ServeRequest, prepare
-from arcsplit.run.specs import build_specs
+from arcsplit.decide.prepare import ServeRequest, prepare
+from arcsplit.decide.specs import build_specs
 from arcsplit.synth import write_llama
 
 from test_hosts_plan import _config as _hosts_config, untied  # noqa: F401 (a fixture)

@@ -61,7 +61,7 @@ def _plan(args: argparse.Namespace) -> int:
     secret = dict(config.secret_env)
     shared = {h.name: h for h in prepared.rig.hosts if shares_connection(h)}  # links added to the node's ssh
 
-    def argv(s: Any) -> list[str]:  # a run.specs.ProcessSpec (the CLI reaches run/ only through the API)
+    def argv(s: Any) -> list[str]:  # a proc.spec.ProcessSpec (the CLI reaches run/ only through the API)
         if s.role == "link" and s.node in shared:
             return control_argv(shared[s.node], CONTROL_SHOWN, "forward", s.argv)
         return list(s.argv)

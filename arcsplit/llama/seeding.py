@@ -1,6 +1,6 @@
 """Whether an rpc-server can read its weights from the GGUF itself (patch 0006, ``--seed-cache``).
 
-A fact of a llama.cpp build, read both by the supervisor (run/weightcache.py seeds this machine's rpc-servers) and
+A fact of a llama.cpp build, read both by the supervisor (decide/weightcache.py seeds this machine's rpc-servers) and
 by the node agent on another host (which drops ``--seed-cache`` where its build cannot): so it lives with the
 other build facts, light enough for the agent's start.
 """

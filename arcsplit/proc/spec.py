@@ -1,7 +1,7 @@
 """One process to run (a ProcessSpec): the value the specs build, the supervisor and the node agent start.
 
 Its own module, with nothing but the standard library, because the node agent on every other host imports it
-at each start, before it can say hello: run/specs.py (which builds these from a plan) pulls in the route, the
+at each start, before it can say hello: decide/specs.py (which builds these from a plan) pulls in the route, the
 rig and llama.cpp's flag tables.
 """
 

@@ -12,11 +12,11 @@ from typing import Any, Callable, Coroutine, Sequence
 import anyio
 from anyio.abc import TaskStatus
 
+from ..decide.prepare import Prepared, hybrid_fallback
 from ..errors import ArcsplitError
 from ..proc.rundir import RunDir
 from .bus import BusInfo, BusServer
 from .launch import Launcher
-from .prepare import Prepared, hybrid_fallback
 from .remote import launcher_for
 from .supervisor import RestartPolicy, Supervisor, Timeouts
 

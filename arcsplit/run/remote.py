@@ -22,11 +22,12 @@ from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from ..decide.specs import ServeConfig
 from ..errors import ArcsplitError, BadInput, HostError
 from ..hosts import check_inventory, control_argv, node_argv, shares_connection
 from ..proc import wire
@@ -37,9 +38,6 @@ from ..rig import Host
 from .early import Early, control_socket, session_spec
 from .events import GpuReport, MemberSnapshot, Usage, member_snapshot
 from .launch import Health, HostOpened, Launcher, LocalLauncher, Member
-
-if TYPE_CHECKING:
-    from .specs import ServeConfig  # specs imports this module (seed_path)
 
 PING_EVERY = 2.0  # the agent's default --heartbeat is 10 s
 SILENT_AFTER = 10.0  # no message from the agent (it sends stats every second) this long: the session is dead

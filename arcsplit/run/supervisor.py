@@ -11,7 +11,7 @@ not polled). When any member exits the group is stopped in order (llama-server f
 exponential backoff; a cap of consecutive failures gives up with the log lines that explain why.
 
 Members are started through the Launcher it is given (run/launch.py: local processes, run/remote.py: other hosts'
-agents, the tests' in-memory fake; it names none), from specs that are complete (run/specs.py); states change only along the tables in
+agents, the tests' in-memory fake; it names none), from specs that are complete (decide/specs.py); states change only along the tables in
 proc/states.py.
 """
 
@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from ..decide.specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, card_of_buffer, n_links
 from ..errors import ArcsplitError, BadInput, RunError
 from ..llama import logs
 from ..llama.hostcheck import SHM_FIX, host_ram_short
@@ -37,7 +38,6 @@ from ..proc.spec import runs_remote
 from ..proc.states import GROUP_TRANSITIONS, GroupState, MemberState, advance
 from .events import Event, EventBus, EventKind, HostData, MemberSnapshot, MemberStatus, Status
 from .launch import Launcher, Member
-from .specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, card_of_buffer, n_links
 
 # llama-server's load progress in the router's child protocol (specs.ROUTER_PORT_ENV opts in), one per 200 ms.
 _ROUTER_STATE = "cmd_child_to_router:state:"
