@@ -27,6 +27,7 @@ from .errors import ArcsplitError, LlamaError, RunError
 from .llama.devices import discover_rig
 from .llama.locate import LlamaBinaries, find_llama
 from .model import load_profile
+from .modes import Mode
 from .planner import Plan, PlanOptions, make_plan
 from .proc import spawn
 from .proc.ports import free_port, wait_listening
@@ -124,9 +125,9 @@ def load(model: str | os.PathLike[str], gpus: Sequence[int] = (0, 1), *, backend
     gpus = list(gpus)
     profile = load_profile(os.fspath(model))
     rig = discover_rig(backend, gpus, binaries, cpu_memory_mib)
-    route = Route.build("rpc", backend, [c.index for c in rig.cards])
+    route = Route.build(Mode.RPC, backend, [c.index for c in rig.cards])
     plan: Plan = make_plan(profile, rig, PlanOptions(n_ctx=ctx, flash_attn=flash_attn), devices=route.devices)
-    config = ServeConfig(plan=plan, mode="rpc", backend=backend, server_bin=str(binaries.server),
+    config = ServeConfig(plan=plan, mode=Mode.RPC, backend=backend, server_bin=str(binaries.server),
                          rpc_bin=str(binaries.rpc_server), threads=threads, cores=os.cpu_count() or 1)
     specs = [s for s in build_specs(config, [free_port() for _ in plan.cards]) if s.role == "rpc"]
     procs: list[subprocess.Popen] = []

@@ -44,7 +44,7 @@ def default_margin(backend: str) -> int:
     """Bytes kept free per card: llama.cpp's own --fit-target for GPUs. A CPU card's budget is already the limit,
     so it keeps only 16 MiB: the compute model was measured up to ~1.5 MiB low on the demo model's cards
     (bench/results/fit_context.md), and a plan must never allocate past what it promised."""
-    return 16 * MiB if backend == "cpu" else 1024 * MiB
+    return 16 * MiB if backend == backends.CPU else 1024 * MiB
 
 
 @dataclass(frozen=True)
@@ -197,8 +197,9 @@ class Rig:
                 raise BadInput(f"card {card.index} ({card.name}) names host {card.host!r}, which is not in [[hosts]]",
                                f"add a [[hosts]] entry named {card.host!r}, or use one of: "
                                f"{', '.join(names) or 'none (leave host out for this machine)'}")
-            if card.host and card.backend == "sycl" and self.host(card.host).per_host:
-                raise BadInput(f"host {card.host!r}: rpc_servers = \"per-host\" is refused on sycl ({PER_HOST_SYCL})",
+            if card.host and not backends.get(card.backend).per_host_rpc and self.host(card.host).per_host:
+                raise BadInput(f"host {card.host!r}: rpc_servers = \"per-host\" is refused on {card.backend} "
+                               f"({PER_HOST_SYCL})",
                                f'remove rpc_servers from host {card.host!r} (per-card is the default)')
         order = {"": 0, **{n: i + 1 for i, n in enumerate(names)}}
         object.__setattr__(self, "cards", tuple(sorted(self.cards, key=lambda c: order[c.host])))  # stable
@@ -302,8 +303,9 @@ def _mib(p: Path, i: int, raw: dict[str, Any], key: str, default: float | None) 
 def _card_from_toml(p: Path, i: int, raw: dict[str, Any], nth: int, host: str) -> Card:
     """Card ``i`` of the file, the ``nth`` of its host: its default index there."""
     backend = str(raw.get("backend", "")).lower()
-    if backend not in backends.NAMES:
-        raise BadInput(f"layout {p}: cards[{i}].backend {raw.get('backend')!r} is unknown", f"use one of {', '.join(backends.NAMES)}")
+    if backend not in backends.REGISTRY:
+        raise BadInput(f"layout {p}: cards[{i}].backend {raw.get('backend')!r} is unknown",
+                       f"use one of {', '.join(backends.names())}")
     total = _mib(p, i, raw, "memory_mib", None)
     free = _mib(p, i, raw, "free_mib", total / MiB)
     margin = _mib(p, i, raw, "margin_mib", default_margin(backend) / MiB)

@@ -28,10 +28,10 @@ from typing import Any, Collection, Mapping, Sequence
 
 from . import backends
 from .errors import BadInput
+from .modes import MODES, Mode, parse
 from .rig import PER_HOST_SYCL
 
-# How the cards share one model, fastest first where they work (llama/mode.py chooses among them).
-MODES = ("single", "multi", "multi+workaround", "hybrid", "rpc")
+__all__ = ["MODES", "Mode", "Route", "RouteCard", "RouteProcess", "holders"]
 
 # llama-server's own CPU as a plan card: it keeps the first layers and is never named in --device.
 HOST_DEVICE = "CPU"
@@ -80,7 +80,7 @@ class RouteProcess:
 class Route:
     """(mode, backend, cards) -> every card's holder, device name and visibility; the route's defaults."""
 
-    mode: str
+    mode: Mode
     backend: str
     cards: tuple[RouteCard, ...]
     processes: tuple[RouteProcess, ...]  # rpc-servers in --rpc order, then llama-server
@@ -92,49 +92,25 @@ class Route:
         host of each card ("" this machine; None: all here). Each host's cards must be together, this machine's
         first, as Rig keeps them. ``per_host``: the other hosts whose cards share one rpc-server."""
         be = backends.get(backend)
-        if mode not in MODES:
-            raise BadInput(f"unknown mode {mode!r}", f"use one of {', '.join(MODES)}")
+        m = parse(mode)
         n = len(indices)
-        if n < 1:
-            raise BadInput("no cards to run on", "pass --gpus with at least one card")
-        where = tuple(hosts) if hosts is not None else ("",) * n
-        if len(where) != n:
-            raise BadInput(f"{len(where)} hosts for {n} cards", "give one host per card")
-        if len(set(zip(where, indices))) != n:
-            raise BadInput(f"card list {list(indices)} names a card twice", "list each card once")
-        runs = [h for k, h in enumerate(where) if k == 0 or where[k - 1] != h]
-        if len(set(runs)) != len(runs) or ("" in runs and runs[0] != ""):
-            raise BadInput("a host's cards are not next to each other in layer order",
-                           "list this machine's cards first, then each host's cards together")
+        where = _check_hosts(indices, hosts)
         here = [p for p in range(n) if not where[p]]
-        if mode == "single" and len(here) != n:
-            raise BadInput("mode single runs one card on this machine, but cards on other hosts are in the layout",
-                           "use --mode hybrid or rpc (or auto)")
-        if mode in ("multi", "multi+workaround", "hybrid") and not here:
-            raise BadInput(f"mode {mode} needs a card on this machine for llama-server, but every card is on "
-                           f"another host", "use --mode rpc (or auto)")
-        if mode == "single" and n != 1:
-            raise BadInput(f"mode single needs one card, there are {n}", "pick --mode auto")
-        if backend == "cpu" and mode in ("multi", "multi+workaround"):
-            raise BadInput("the CPU backend has no multi-device mode", "use --mode rpc or --mode hybrid")
-        if mode in ("multi", "multi+workaround", "hybrid") and n < 2:
-            raise BadInput(f"mode {mode} needs at least 2 cards", "pass --gpus with 2+ cards, or drop --mode")
-        if mode == "multi+workaround" and backend != "sycl":
-            raise BadInput("the multi+workaround mode exists only for sycl", "use --mode multi")
+        _check_mode(m, be, n, len(here))
         # Positions llama-server holds itself (of this machine's cards); every other card gets its own rpc-server,
         # in --gpus order.
-        local = here if mode in ("single", "multi", "multi+workaround") else here[:1] if mode == "hybrid" else []
+        local = here if m is Mode.SINGLE or m.one_context else here[:1] if m is Mode.HYBRID else []
         remote = [p for p in range(n) if p not in local]
-        if backend == "cpu":
+        if be.on_cpu:
             # CPU cards: llama-server's own CPU is a card only in hybrid (it keeps the first layers); in single mode
             # it runs everything with `--device none` and the planner sizes the card as an ordinary one.
-            local_names = {p: (HOST_DEVICE if mode == "hybrid" else be.device_name(indices[p])) for p in local}
+            local_names = {p: (HOST_DEVICE if m is Mode.HYBRID else be.device_name(indices[p])) for p in local}
         else:
             order = sorted(indices[p] for p in local)  # a process numbers the cards it sees in ascending order
             local_names = {p: be.device_name(order.index(indices[p])) for p in local}
-        server_env = tuple(sorted(be.visibility([indices[p] for p in local] if backend != "cpu" else []).items()))
-        if backend == "sycl" and any(where[p] in per_host for p in remote):
-            raise BadInput(f"one rpc-server per host is refused on sycl ({PER_HOST_SYCL})",
+        server_env = tuple(sorted(be.visibility([indices[p] for p in local] if not be.on_cpu else []).items()))
+        if not be.per_host_rpc and any(where[p] in per_host for p in remote):
+            raise BadInput(f"one rpc-server per host is refused on {backend} ({PER_HOST_SYCL})",
                            'leave rpc_servers out of that [[hosts]] entry (per-card is the default)')
         groups: list[list[int]] = []  # the positions of each rpc-server, in --rpc order
         for p in remote:
@@ -159,7 +135,7 @@ class Route:
         for p in range(n):
             proc = next(q for q in processes if p in q.cards)
             cards.append(RouteCard(p, indices[p], proc.name, proc.devices[proc.cards.index(p)], proc.env, where[p]))
-        return cls(mode, backend, tuple(cards), processes)
+        return cls(m, backend, tuple(cards), processes)
 
     # -- what the planner and llama-server's argv take from it ---------------------------------------------
 
@@ -171,7 +147,8 @@ class Route:
     @property
     def server_devices(self) -> list[str]:
         """llama-server's --device list: every card but the ones its own CPU computes (those have no device)."""
-        return [c.device for c in self.cards if not (self.backend == "cpu" and c.holder == SERVER)]
+        on_cpu = backends.get(self.backend).on_cpu
+        return [c.device for c in self.cards if not (on_cpu and c.holder == SERVER)]
 
     @property
     def rpc(self) -> tuple[RouteProcess, ...]:
@@ -204,7 +181,7 @@ class Route:
             except ValueError:
                 raise BadInput(f"ARCSPLIT_RPC_SPIN_US={override!r} is not a number of microseconds",
                                "set ARCSPLIT_RPC_SPIN_US to a whole number (0 turns polling off)") from None
-        return RPC_SPIN_US if self.backend != "cpu" and cores >= RPC_SPIN_MIN_CORES else 0
+        return RPC_SPIN_US if not backends.get(self.backend).on_cpu and cores >= RPC_SPIN_MIN_CORES else 0
 
     def output_local(self, choice: str = "auto") -> bool | None:
         """Whether the output layer goes on the first card (PlanOptions.output_on_first). In a hybrid group that is
@@ -218,7 +195,7 @@ class Route:
             raise BadInput(f"unknown --output-layer {choice!r}", f"use one of {', '.join(OUTPUT_LAYER_CHOICES)}")
         if choice != "last" and self.cross_host_output:
             return None if choice == "auto" else True
-        return choice == "local" and self.mode == "hybrid"
+        return choice == "local" and self.mode is Mode.HYBRID
 
     @property
     def cross_host_output(self) -> bool:
@@ -233,6 +210,43 @@ class Route:
                 "processes": [{"name": p.name, "role": p.role, "cards": list(p.cards), "devices": list(p.devices),
                                "env": dict(p.env), "host": p.host, "select": list(p.select)}
                               for p in self.processes]}
+
+
+def _check_hosts(indices: Sequence[int], hosts: Sequence[str] | None) -> tuple[str, ...]:
+    """Each card's host ("" here), once checked: one per card, no card twice, each host's cards together and this
+    machine's first."""
+    n = len(indices)
+    if n < 1:
+        raise BadInput("no cards to run on", "pass --gpus with at least one card")
+    where = tuple(hosts) if hosts is not None else ("",) * n
+    if len(where) != n:
+        raise BadInput(f"{len(where)} hosts for {n} cards", "give one host per card")
+    if len(set(zip(where, indices))) != n:
+        raise BadInput(f"card list {list(indices)} names a card twice", "list each card once")
+    runs = [h for k, h in enumerate(where) if k == 0 or where[k - 1] != h]
+    if len(set(runs)) != len(runs) or ("" in runs and runs[0] != ""):
+        raise BadInput("a host's cards are not next to each other in layer order",
+                       "list this machine's cards first, then each host's cards together")
+    return where
+
+
+def _check_mode(mode: Mode, be: backends.Backend, n: int, n_here: int) -> None:
+    """Whether ``mode`` can run ``n`` cards of ``be``, ``n_here`` of them on this machine."""
+    if mode is Mode.SINGLE and n_here != n:
+        raise BadInput("mode single runs one card on this machine, but cards on other hosts are in the layout",
+                       "use --mode hybrid or rpc (or auto)")
+    if mode.needs_local_server_card and not n_here:
+        raise BadInput(f"mode {mode} needs a card on this machine for llama-server, but every card is on "
+                       f"another host", "use --mode rpc (or auto)")
+    if mode is Mode.SINGLE and n != 1:
+        raise BadInput(f"mode single needs one card, there are {n}", "pick --mode auto")
+    if be.on_cpu and mode.one_context:
+        raise BadInput("the CPU backend has no multi-device mode", "use --mode rpc or --mode hybrid")
+    if mode.needs_local_server_card and n < 2:
+        raise BadInput(f"mode {mode} needs at least 2 cards", "pass --gpus with 2+ cards, or drop --mode")
+    if mode is Mode.MULTI_WORKAROUND and not be.one_context_workaround:
+        having = ", ".join(b.name for b in backends.REGISTRY.values() if b.one_context_workaround)
+        raise BadInput(f"the multi+workaround mode exists only for {having}", "use --mode multi")
 
 
 def holders(status: Mapping[str, Any]) -> list[str]:

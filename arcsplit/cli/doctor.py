@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any, Sequence
 
+from .. import backends
 from ..errors import ArcsplitError, BadInput
 from ..llama import detect
 from ..llama.detect import BackendChoice, is_integrated
@@ -19,7 +20,8 @@ from ..llama.facts import parse_sycl_ls, read_text
 from ..llama.locate import find_llama
 from ..llama.logs import PINNED_OUTPUT_ENV
 from ..llama.patches import build_patches
-from ..llama.mode import MODES, NEO_WORKAROUND_ENV
+from ..llama.mode import NEO_WORKAROUND_ENV
+from ..modes import MODES
 from ..llama.probe import DEFAULT_TIMEOUT_S, ProbeResult
 from ..llama.runtime import RuntimeReport, check_runtime
 from . import print_json, say
@@ -70,7 +72,7 @@ def remedies(report: RuntimeReport, vulkan: str | None = None) -> list[dict[str,
             {"title": "Hybrid: llama-server holds only card 0, where the bug does not strike",
              "command": f"arcsplit serve model.gguf --gpus {gpus} --mode hybrid"},
         ]
-    if report.backend == "sycl":
+    if report.backend == backends.SYCL:
         env = " ".join(f"{k}={v}" for k, v in (report.verdict.env or NEO_WORKAROUND_ENV).items())
         out += [
             {"title": "Update NEO past 26.27.39122 (Intel's own fix, compute-runtime e91243a9d0, first in 26.27.39122.10; "
@@ -104,17 +106,17 @@ def remedies(report: RuntimeReport, vulkan: str | None = None) -> list[dict[str,
 
 def _vulkan_route(args: argparse.Namespace, report: RuntimeReport, offline: bool) -> tuple[str | None, ProbeResult | None]:
     """When SYCL's one context is broken here and a Vulkan build exists, probe Vulkan's one context like the others."""
-    if report.backend != "sycl" or not report.multi_broken or len(report.gpus) < 2:
+    if report.backend != backends.SYCL or not report.multi_broken or len(report.gpus) < 2:
         return None, None
     try:
-        vk = find_llama(args.llama_dir, backend="vulkan")
+        vk = find_llama(args.llama_dir, backend=backends.VULKAN)
     except ArcsplitError:
         return None, None
-    if vk.found_by != "managed" and "vulkan" not in detect.build_backends(vk.bin_dir):
+    if vk.found_by != "managed" and backends.VULKAN not in detect.build_backends(vk.bin_dir):
         return None, None  # the located build is not a Vulkan one
     if offline or args.no_probe:
         return "built", None
-    vr = check_runtime("vulkan", list(report.gpus), vk, reprobe=args.reprobe, probe=True, timeout=args.timeout,
+    vr = check_runtime(backends.VULKAN, list(report.gpus), vk, reprobe=args.reprobe, probe=True, timeout=args.timeout,
                        sysfs_root=detect.SYSFS_ROOT, progress=say)
     multi = next((p for p in vr.probes if p.mode == "multi"), None)
     return ("built" if multi is None else "works" if multi.ok else "fails"), multi
@@ -149,10 +151,10 @@ def diagnose(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """The doctor's findings as --json data and as text (``arcsplit report`` bundles both)."""
     backend = args.backend
     choice: BackendChoice | None = None
-    if backend == "auto":  # a pasted sycl-ls or kernel is about the Intel case
+    if backend == backends.AUTO:  # a pasted sycl-ls or kernel is about the Intel case
         offline = args.sycl_ls or args.kernel or args.kernel_config
         if offline:
-            backend = "sycl"
+            backend = backends.SYCL
         else:
             backend, choice = detect.resolve(backend, args.llama_dir, purpose="check")
     gpus = parse_gpus(args.gpus)
@@ -198,7 +200,7 @@ def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: l
         lines += [f"  auto: {choice.reason}"] + [f"  note: {n}" for n in choice.notes]
     lines += ["", "Facts"]
     row = lambda k, v: lines.append(f"  {k:<22} {v}")  # noqa: E731
-    if r.backend == "sycl" or f.neo:
+    if r.backend == backends.SYCL or f.neo:
         row("NEO (compute-runtime)", f"{f.neo.label}   [{f.neo.source}]" if f.neo else "not read")
         for extra in f.neo_readings[1:]:
             if f.neo is not None and extra.build != f.neo.build:
@@ -267,7 +269,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "them against known-bad runtimes, probe the real llama.cpp on the cards, and pick the "
                                    "fastest mode that works. For a bug report, pass saved outputs with --sycl-ls, "
                                    "--kernel and --kernel-config.")
-    p.add_argument("--backend", choices=detect.CHOICES, default="auto",
+    p.add_argument("--backend", choices=backends.choices(), default="auto",
                    help="ggml backend (default auto: what serve would pick here; sycl for Intel Arc cards)")
     p.add_argument("--gpus", metavar="LIST", help="cards to check, e.g. 0,1 (default: all)")
     p.add_argument("--mode", choices=MODES, help="show the decision for a forced mode")

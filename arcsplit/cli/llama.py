@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..backends import CHOICES
+from .. import backends
 from ..errors import BadInput
 from ..llama.source import SDIST_VERSION
 from . import print_json
@@ -28,7 +28,7 @@ def _build(args: argparse.Namespace) -> int:
     from .devices import say_choice
 
     args.backend, choice = resolve(args.backend, purpose="build")
-    extra = (sycl_flags(args.sycl_arch) if args.backend == "sycl" else ()) + tuple(args.cmake_flag or ())
+    extra = (sycl_flags(args.sycl_arch) if args.backend == backends.SYCL else ()) + tuple(args.cmake_flag or ())
     bad = [f for f in extra if not f.startswith("-D")]
     if bad:
         raise BadInput(f"--cmake-flag {bad[0]!r} is not a -DNAME=VALUE definition", "write it like -DGGML_CUDA_F16=ON")
@@ -185,7 +185,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="Build llama-server, ggml-rpc-server, llama-cli, llama-bench and "
                                     "llama-fit-params (GGML_RPC=ON) from the llama.cpp tree vendored in "
                                     f"llama-cpp-python {SDIST_VERSION}, into the user cache. Cached per backend.")
-    b.add_argument("--backend", choices=CHOICES, default="auto",
+    b.add_argument("--backend", choices=backends.choices(), default="auto",
                    help="ggml backend (default auto: sycl for Intel Arc cards when icpx is on PATH, else vulkan when "
                         "glslc is; cuda for NVIDIA; cpu without a GPU)")
     b.add_argument("--jobs", "-j", type=int, default=None, help="parallel compile jobs (default: all cores)")
@@ -203,7 +203,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     w = lsub.add_parser("which", help="report the binaries arcsplit will run and their build",
                         description="Report the llama.cpp binaries arcsplit will run, their build and origin.")
     add_llama_dir(w)
-    w.add_argument("--backend", choices=CHOICES, default="auto",
+    w.add_argument("--backend", choices=backends.choices(), default="auto",
                    help="which managed build to fall back to (default auto: the one serve would use)")
     w.add_argument("--all", action="store_true", help="list every managed build and its key")
     w.add_argument("--json", action="store_true", help="machine-readable output")

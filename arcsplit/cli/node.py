@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..backends import CHOICES
+from .. import backends
 from ..errors import ArcsplitError, BadInput
 from .llama import add_llama_dir
 
@@ -35,7 +35,7 @@ def inventory(args: argparse.Namespace, backend: str | None = None) -> dict[str,
         out["devices"] = []
         return out
     try:
-        bins = None if backend == "cpu" else find_llama(args.llama_dir, backend=backend, build=args.build)
+        bins = None if backends.get(backend).on_cpu else find_llama(args.llama_dir, backend=backend, build=args.build)
         out["devices"] = card_rows(discover_rig(backend, None, bins))
     except ArcsplitError as exc:
         out["devices"], out["devices_error"] = [], str(exc)
@@ -90,6 +90,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-bind", action="append", metavar="ADDR",
                    help="an address rpc-servers may bind besides 127.0.0.1 (layout link = \"direct\"; repeatable; "
                         "never 0.0.0.0)")
-    p.add_argument("--backend", choices=CHOICES, default="auto", help="which llama.cpp build's rpc-server to run (default auto)")
+    p.add_argument("--backend", choices=backends.choices(), default="auto", help="which llama.cpp build's rpc-server to run (default auto)")
     add_llama_dir(p)
     p.set_defaults(func=_node)

@@ -21,13 +21,12 @@ import anyio
 
 from ..errors import ArcsplitError, BadInput
 from ..rig import MiB, Rig, load_layout
-from ..route import MODES, OUTPUT_LAYER_CHOICES
+from ..modes import CHOICES as MODE_CHOICES, Mode
+from ..route import OUTPUT_LAYER_CHOICES
 from . import say as _say
 from .devices import add_card_options
 from .llama import add_llama_dir
 
-
-MODE_CHOICES = ("auto", *MODES)  # run/prepare's; not imported from there: see _serve's warm start
 
 
 def request_from_args(args: argparse.Namespace) -> Any:
@@ -128,7 +127,7 @@ def _tell(prepared: Any, args: argparse.Namespace) -> None:
     if prepared.config.ui_dir == str(webui.FALLBACK_DIR):
         why = webui.missing_reason(webui.root_of(Path(prepared.config.server_bin).parent))
         _say(f"note: llama.cpp's web UI is not built ({why}); / shows how to get it")
-    if prepared.config.mode in ("hybrid", "rpc"):
+    if prepared.config.mode in (Mode.HYBRID, Mode.RPC):
         from ..llama.patches import missing_note
 
         note = missing_note(Path(prepared.config.server_bin).parent)

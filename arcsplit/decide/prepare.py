@@ -30,14 +30,15 @@ from ..llama.patches import shm_link_on as rpc_shm  # the user's ARCSPLIT_RPC_SH
 from ..llama.seeding import can_seed
 from ..llama.webui import serve_dir
 from ..model import load_profile
+from ..modes import AUTO as AUTO_MODE, CHOICES as MODE_CHOICES, Mode, parse_choice
 from ..planner import Plan, PlanOptions, make_plan
 from ..proc.ports import check_free, check_host, free_port
 from ..rig import Rig, per_host
-from ..route import MODES, OUTPUT_LAYER_CHOICES, Route
+from ..route import OUTPUT_LAYER_CHOICES, Route
 from . import weightcache
 from .specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, n_links, n_rpc_servers
 
-MODE_CHOICES = ("auto", *MODES)
+__all__ = ["MODE_CHOICES", "OUTPUT_LAYER_CHOICES"]  # re-exported by arcsplit._api
 
 
 @dataclass(frozen=True)
@@ -129,11 +130,11 @@ def _runtime(req: ServeRequest, rig: Rig, binaries: Any, probe: bool | None = No
     versions, then (unless ``probe`` is False) the probe of one multi-device context (run once, cached per
     NEO/kernel/build/cards)."""
     observed = load_observed(req.backend)
-    if req.backend != "sycl" or len(rig.cards) < 2 or req.mode != "auto":
+    if not backends.get(req.backend).probe_by_default or len(rig.cards) < 2 or req.mode != AUTO_MODE:
         return None, observed or None
     from ..llama.runtime import check_runtime
 
-    report = check_runtime("sycl", [c.index for c in rig.cards], binaries, probe=probe, progress=progress)
+    report = check_runtime(req.backend, [c.index for c in rig.cards], binaries, probe=probe, progress=progress)
     known = {p.mode: p.ok for p in report.probes}
     known.update(observed)  # a load that failed here since the probe outranks it
     return report.verdict, known or None
@@ -184,12 +185,12 @@ def measure_plan(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: boo
     from ..errors import DoesNotFit
     from ..memory import ctx_class, ctx_class_below
 
-    native = req.backend == "cpu" or live
-    binaries = find_llama(req.llama_dir if native else None, backend=req.backend if native else "cpu",
+    native = backends.get(req.backend).on_cpu or live
+    binaries = find_llama(req.llama_dir if native else None, backend=req.backend if native else backends.CPU,
                           build=req.build if native else None)
     if binaries.fit_params is None:
         raise ArcsplitError(f"the llama.cpp build in {binaries.bin_dir} has no llama-fit-params to measure with",
-                            f"build one with `arcsplit llama build --backend {req.backend if native else 'cpu'}`, or "
+                            f"build one with `arcsplit llama build --backend {req.backend if native else backends.CPU}`, or "
                             "plan without --measure")
     route = Route.build(mode, req.backend, [c.index for c in rig.cards]) if native else None
     try:
@@ -214,7 +215,7 @@ def measure_plan(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: boo
         for at in (top, low):
             if at is not None and (at, todo.tensor_split) not in tried:
                 tried.add((at, todo.tensor_split))
-                compute_cache.store(key, req.backend if native else "cpu", measure_compute(binaries, todo, route, at))
+                compute_cache.store(key, req.backend if native else backends.CPU, measure_compute(binaries, todo, route, at))
                 runs += 1
         plan = plan_for_mode(profile, rig, req, mode, live)
     return plan, runs
@@ -222,8 +223,7 @@ def measure_plan(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: boo
 
 def _check(req: ServeRequest) -> list[int] | None:
     """The request's own values, before anything is looked up; returns the fixed rpc ports, if any."""
-    if req.mode not in MODE_CHOICES:
-        raise BadInput(f"unknown mode {req.mode!r}", f"use one of {', '.join(MODE_CHOICES)}")
+    parse_choice(req.mode)  # an unknown mode is a one-line error listing the choices
     if not 0 < req.port < 65536:
         raise BadInput(f"--port {req.port} is not a port number", "use 1-65535")
     if req.ctx is not None and req.ctx <= 0:
@@ -282,11 +282,12 @@ def decide(req: ServeRequest, rig: Rig | None, *, serving: bool,
     profile = load_profile(req.model)
     here = serving or rig is None  # the rig's cards are this machine's
     if rig is None:
-        rig = discover_rig(req.backend, _gpus(req), binaries if req.backend != "cpu" else None, req.cpu_memory_mib)
+        rig = discover_rig(req.backend, _gpus(req), None if backends.get(req.backend).on_cpu else binaries,
+                           req.cpu_memory_mib)
     # The runtime probe opens this machine's cards: a layout with other hosts names cards it cannot open here.
     verdict, known = (_runtime(req, rig, binaries, probe=None if serving else False, progress=progress)
                       if here and not rig.hosts else (None, None))
-    decision = choose_mode(req.backend, len(rig.cards), forced=None if req.mode == "auto" else req.mode,
+    decision = choose_mode(req.backend, len(rig.cards), forced=parse_choice(req.mode),
                            verdict=verdict, probe_results=known, n_remote=sum(1 for c in rig.cards if c.host))
     return _prepared(req, binaries, profile, rig, decision, rpc_ports, choice, live=here, serving=serving)
 
@@ -370,7 +371,7 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
                          rpc_ports=tuple(rpc_ports) if rpc_ports else None, threads=req.threads, cores=cores,
                          extra_args=tuple(req.extra_args), rpc_spin_us=rpc_spin_us(route, cores), rpc_shm=shm,
                          rpc_cache_dir=rpc_cache, rpc_seed=(profile.shards or (plan.model_path,)) if seed else (),
-                         mode_env=tuple(sorted(decision.env.items())), forced_mode=req.mode != "auto",
+                         mode_env=tuple(sorted(decision.env.items())), forced_mode=req.mode != AUTO_MODE,
                          ui_dir=serve_dir(binaries.server.parent) if binaries else None, env_dropped=dropped,
                          server_features=binary_features(binaries.server) if binaries and foreign else None,
                          rpc_features=rpc_features, hosts=rig.hosts)
@@ -418,7 +419,7 @@ def hybrid_fallback(prepared: Prepared, say: Callable[[str], None] | None = None
         record_observed(cfg.backend, cfg.mode, False, message)
         if say:
             say(f"{cfg.mode} failed with a one-context error ({message[:120]}); falling back to hybrid (recorded)")
-        plan = plan_for_mode(prepared.profile, prepared.rig, prepared.request, "hybrid")
-        return replace(cfg, plan=plan, mode="hybrid", mode_env=())
+        plan = plan_for_mode(prepared.profile, prepared.rig, prepared.request, Mode.HYBRID)
+        return replace(cfg, plan=plan, mode=Mode.HYBRID, mode_env=())
 
     return fallback

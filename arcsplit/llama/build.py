@@ -46,7 +46,7 @@ _COMMON = (
 class BuildConfig:
     """Everything that makes two builds different; its key names the build directory."""
 
-    backend: str = "cpu"
+    backend: str = backends.CPU
     extra_flags: tuple[str, ...] = ()
     # arcsplit's llama.cpp patches (arcsplit/data/patches); False builds the stock tree.
     patched: bool = True
@@ -112,7 +112,7 @@ class ManagedBuild:
     @property
     def is_default(self) -> bool:
         """What ``arcsplit llama build --backend B`` makes with no other flag."""
-        return self.backend in backends.NAMES and self.key == BuildConfig(self.backend).key
+        return self.backend in backends.REGISTRY and self.key == BuildConfig(self.backend).key
 
     def to_dict(self) -> dict[str, object]:
         cfg = self.config
@@ -131,7 +131,7 @@ def managed_builds(backend: str | None = None) -> list[ManagedBuild]:
         if d.suffix == ".partial" or not all((bin_dir / t).exists() for t in TARGETS):
             continue
         config = _read_config(bin_dir)
-        if config is None and key.split("-", 1)[0] in backends.NAMES and key == BuildConfig(key.split("-", 1)[0]).key:
+        if config is None and key.split("-", 1)[0] in backends.REGISTRY and key == BuildConfig(key.split("-", 1)[0]).key:
             config = BuildConfig(key.split("-", 1)[0])  # a default build needs no record to be known
         build = ManagedBuild(key, bin_dir, bin_dir.stat().st_mtime, config)
         if backend is None or build.backend == backend:
@@ -203,7 +203,7 @@ def stale_builds() -> list[StaleBuild]:
             continue
         config = _read_config(d / "bin")
         backend = key.split("-", 1)[0]
-        if config is None and not (backend in backends.NAMES and key == BuildConfig(backend).key):
+        if config is None and not (backend in backends.REGISTRY and key == BuildConfig(backend).key):
             found.append((d, "made by an older arcsplit (no build record)"))
         elif config is not None and config.key != key:
             found.append((d, "made with another patch set or flags (an older arcsplit)"))
@@ -266,7 +266,7 @@ def is_built(config: BuildConfig) -> bool:
 
 def check_toolchain(backend: str, flags: tuple[str, ...] = ()) -> tuple[str, ...]:
     """Say what is missing before anything is downloaded or compiled; returns notes on what the build will lack."""
-    found = find_vulkan(flags) if backend == "vulkan" else None
+    found = find_vulkan(flags) if backend == backends.VULKAN else None
     for program, fix in backends.get(backend).toolchain:
         if found is not None and program == "glslc":
             continue  # it may be in $VULKAN_SDK/bin, not on PATH: vulkan_problem looks in both

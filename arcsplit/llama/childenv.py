@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from .. import backends
+
 KEEP_VAR = "ARCSPLIT_KEEP_ENV"
 
 
@@ -62,7 +64,7 @@ class Dropped:
 
 
 def rules_for(backend: str) -> tuple[Hygiene, ...]:
-    return SYCL_RULES if backend == "sycl" else ()
+    return SYCL_RULES if backend == backends.SYCL else ()
 
 
 def clean_env(backend: str, environ: Mapping[str, str]) -> tuple[dict[str, str], tuple[Dropped, ...]]:

@@ -22,12 +22,7 @@ from .facts import CardFact, _run, discover_cards, parse_sycl_ls
 AUTO = backends.AUTO
 ENV = "ARCSPLIT_BACKEND"  # what auto means when set: a machine's standing choice (the test suite pins cpu with it)
 SYSFS_ROOT = "/sys"  # read at call time: tests point it at a recorded tree
-CHOICES = backends.CHOICES
 _VENDOR_LABEL = {"intel": "Intel", "nvidia": "NVIDIA", "amd": "AMD"}
-_BACKEND_LABEL = {"sycl": "SYCL", "cuda": "CUDA", "vulkan": "Vulkan", "cpu": "CPU"}
-# A llama.cpp build made with BUILD_SHARED_LIBS (arcsplit's, and most distributions') keeps one library per ggml
-# backend beside its binaries or in ../lib: the backends a build dir we did not make can drive.
-_BACKEND_LIBS = {"sycl": "libggml-sycl.so", "cuda": "libggml-cuda.so", "vulkan": "libggml-vulkan.so"}
 
 
 @dataclass(frozen=True)
@@ -78,7 +73,7 @@ def decide(facts: DetectFacts, purpose: str = "run") -> BackendChoice:
     if not gpus:
         why = "no GPU in sysfs" if not igpus else f"only an integrated GPU ({_describe(igpus)})"
         hint = "" if not igpus else "; --backend sycl or vulkan uses it"
-        return BackendChoice("cpu", f"backend cpu: {why}; each card is an rpc-server on the CPU{hint}", tuple(notes))
+        return BackendChoice(backends.CPU, f"backend cpu: {why}; each card is an rpc-server on the CPU{hint}", tuple(notes))
     what = _describe(gpus)
     cands = candidates({c.vendor for c in gpus if c.vendor})
     if not cands:
@@ -86,14 +81,14 @@ def decide(facts: DetectFacts, purpose: str = "run") -> BackendChoice:
     if purpose == "check":
         return BackendChoice(cands[0], f"backend {cands[0]}: {what}", tuple(notes))
     usable = [b for b in cands if b in facts.usable]
-    if "sycl" in usable and facts.sycl_gpus == 0 and len(usable) > 1:
-        usable.remove("sycl")
+    if backends.SYCL in usable and facts.sycl_gpus == 0 and len(usable) > 1:
+        usable.remove(backends.SYCL)
         notes.append("sycl-ls lists no Level Zero GPU, so the SYCL build could not use these cards")
     if not usable:
         raise _missing(what + "".join(f" ({n})" for n in facts.notes), cands, purpose)
     chosen = usable[0]
     thing = "build" if purpose == "run" else "toolchain"
-    reason = f"backend {chosen}: {what} and a {_BACKEND_LABEL[chosen]} {thing}"
+    reason = f"backend {chosen}: {what} and a {backends.get(chosen).label} {thing}"
     others = usable[1:]
     if others:
         notes.append(f"also usable: {', '.join(others)} (--backend {others[0]})")
@@ -101,13 +96,13 @@ def decide(facts: DetectFacts, purpose: str = "run") -> BackendChoice:
 
 
 def _missing(what: str, cands: Sequence[str], purpose: str) -> ArcsplitError:
-    names = " or ".join(_BACKEND_LABEL[b] for b in cands)
+    names = " or ".join(backends.get(b).label for b in cands)
     if purpose == "build":
         tools = ", ".join(f"{prog} ({b})" for b in cands for prog, _ in backends.get(b).toolchain[1:])
         return BadInput(f"{what} found, but none of {tools} is on PATH to build a {names} llama.cpp",
                         "; ".join(f"--backend {b}: {backends.get(b).toolchain[-1][1]}" for b in cands)
                         + "; or --backend cpu")
-    how = " or ".join(f"`arcsplit llama build --backend {b}`" + (" (needs Intel oneAPI)" if b == "sycl" else "")
+    how = " or ".join(f"`arcsplit llama build --backend {b}`" + (" (needs Intel oneAPI)" if b == backends.SYCL else "")
                       for b in cands)
     return BadInput(f"{what} found, but no {names} build of llama.cpp", f"run {how}, or pass --backend cpu")
 
@@ -117,9 +112,12 @@ def _missing(what: str, cands: Sequence[str], purpose: str) -> ArcsplitError:
 
 
 def build_backends(bin_dir: Path) -> tuple[str, ...]:
-    """The GPU backends a build dir's libraries provide; () for a CPU-only (or a static) build."""
+    """The GPU backends a build dir's libraries provide (Backend.library: a build made with BUILD_SHARED_LIBS,
+    arcsplit's and most distributions', keeps one per ggml backend beside its binaries or in ../lib); () for a
+    CPU-only (or a static) build."""
     dirs = (bin_dir, bin_dir.parent / "lib")
-    return tuple(b for b, lib in _BACKEND_LIBS.items() if any((d / lib).exists() for d in dirs))
+    return tuple(b.name for b in backends.REGISTRY.values()
+                 if b.library and any((d / b.library).exists() for d in dirs))
 
 
 def _located(llama_dir: str | None, environ: dict[str, str] | os._Environ[str]) -> Path | None:
@@ -138,12 +136,12 @@ def managed_backends() -> tuple[str, ...]:
     from .build import managed_builds
 
     have = {b.backend for b in managed_builds()}
-    return tuple(b for b in backends.GPU_NAMES if b in have)
+    return tuple(b for b in backends.gpu_names() if b in have)
 
 
 def toolchain_backends(which: Callable[[str], str | None] = shutil.which) -> tuple[str, ...]:
     """GPU backends whose compilers are on PATH (what ``llama build --backend auto`` can make)."""
-    return tuple(b for b in backends.GPU_NAMES if all(which(p) for p, _ in backends.get(b).toolchain))
+    return tuple(b for b in backends.gpu_names() if all(which(p) for p, _ in backends.get(b).toolchain))
 
 
 RunTool = Callable[[Sequence[str]], "tuple[str | None, str]"]
@@ -167,7 +165,7 @@ def gather(purpose: str = "run", llama_dir: str | None = None, sysfs_root: str |
         else:
             usable = managed()
     sycl_gpus = None
-    if purpose != "build" and "sycl" in usable and (not cards or any(c.vendor == "intel" for c in cards)):
+    if purpose != "build" and backends.SYCL in usable and (not cards or any(c.vendor == "intel" for c in cards)):
         out, _ = run(["sycl-ls"])
         if out is not None:
             sycl_gpus = sum(1 for d in parse_sycl_ls(out) if d.backend == "level_zero" and d.type == "gpu")
@@ -185,7 +183,7 @@ def resolve(backend: str, llama_dir: str | None = None, purpose: str = "run",
     pinned = os.environ.get(ENV)
     if pinned and pinned != AUTO:
         if pinned not in backends.REGISTRY:
-            raise BadInput(f"{ENV}={pinned!r} is not a backend", f"set it to one of {', '.join(CHOICES)}, or unset it")
+            raise BadInput(f"{ENV}={pinned!r} is not a backend", f"set it to one of {', '.join(backends.choices())}, or unset it")
         return pinned, None  # the user's standing choice, as good as --backend: nothing to explain
     facts = gather("run" if purpose == "check" else purpose, llama_dir, sysfs_root)
     if purpose == "check":  # doctor: what serve would pick, else (no build yet) what the cards want

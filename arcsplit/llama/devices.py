@@ -123,7 +123,7 @@ def cpu_rig(gpus: list[int] | None, cpu_memory_mib: int | None = None) -> Rig:
     budget = (cpu_memory_mib * MiB if cpu_memory_mib is not None
               else psutil.virtual_memory().available // len(indices))
     name = cpu_model()
-    cards = tuple(Card(backend="cpu", index=i, name=name, total_bytes=budget, free_bytes=budget)
+    cards = tuple(Card(backend=backends.CPU, index=i, name=name, total_bytes=budget, free_bytes=budget)
                   for i in indices)
     return Rig(cards=cards, name=f"{len(cards)} CPU card(s)")
 
@@ -139,12 +139,12 @@ def _vulkan_named_devices(binaries: LlamaBinaries, gpus: list[int] | None) -> li
     found = []
     for g in (gpus if gpus is not None else range(_VK_MAX_PROBE)):
         listed = [d for d in parse_list_devices(list_devices(binaries, {"GGML_VK_VISIBLE_DEVICES": str(g)}))
-                  if d.backend == "vulkan"]
+                  if d.backend == backends.VULKAN]
         if not listed:
             if gpus is None:
                 break
             continue
-        found.append(DeviceInfo(f"Vulkan{g}", "vulkan", g, listed[0].description, listed[0].total_mib,
+        found.append(DeviceInfo(backends.get(backends.VULKAN).device_name(g), backends.VULKAN, g, listed[0].description, listed[0].total_mib,
                                 listed[0].free_mib))
     return found
 
@@ -156,7 +156,7 @@ def host_budget(rig: Rig, host_memory_mib: int | None = None, live: bool = True)
         return host_memory_mib * MiB
     if not live:
         return None
-    cpu_cards = sum(c.free_bytes for c in rig.cards if c.backend == "cpu")
+    cpu_cards = sum(c.free_bytes for c in rig.cards if c.backend == backends.CPU)
     return max(0, psutil.virtual_memory().available - cpu_cards)
 
 
@@ -170,21 +170,21 @@ def card_rows(rig: Rig) -> list[dict[str, Any]]:
 def discover_rig(backend: str, gpus: list[int] | None, binaries: LlamaBinaries | None = None,
                  cpu_memory_mib: int | None = None) -> Rig:
     """The live rig: cards in the order of ``gpus`` (all the backend's cards when None)."""
-    if backend == "cpu":
-        return cpu_rig(gpus, cpu_memory_mib)
     be = backends.get(backend)
+    if be.on_cpu:
+        return cpu_rig(gpus, cpu_memory_mib)
     binaries = binaries or find_llama(backend=backend)
     devices = [d for d in parse_list_devices(list_devices(binaries, dict(be.base_env) or None))
                if d.backend == backend]
-    if not devices and backend == "sycl" and gpus:
+    if not devices and backend == backends.SYCL and gpus:
         # A runtime whose multi-device context is broken may fail to list all cards at once;
         # one single-device context per card still works (ggml-org/llama.cpp#22885).
         for g in gpus:
             env = be.visibility([g])
             for d in parse_list_devices(list_devices(binaries, env)):
-                if d.backend == "sycl":
-                    devices.append(DeviceInfo(f"SYCL{g}", "sycl", g, d.description, d.total_mib, d.free_mib))
-    if not devices and backend == "vulkan":
+                if d.backend == backend:
+                    devices.append(DeviceInfo(be.device_name(g), backend, g, d.description, d.total_mib, d.free_mib))
+    if not devices and backend == backends.VULKAN:
         devices = _vulkan_named_devices(binaries, gpus)
     if not devices:
         raise UnknownCard(f"llama.cpp reports no {backend} devices",

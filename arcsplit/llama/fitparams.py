@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import backends
 from ..errors import LlamaError
+from ..modes import Mode
 from .locate import LlamaBinaries
 
 if TYPE_CHECKING:
@@ -141,7 +143,7 @@ def measure_compute(binaries: LlamaBinaries, plan: "Plan", route: "Route | None"
                        "--kv-unified)", "measure with --no-kv-unified, or plan without --measure")
     cards = [(j, c) for j, c in enumerate(plan.cards) if c.device != HOST_DEVICE]
     if route is None:
-        route = Route.build("rpc", "cpu", list(range(len(cards))))
+        route = Route.build(Mode.RPC, backends.CPU, list(range(len(cards))))
         names = [f"RPC{i}" for i in range(len(cards))]
     else:
         names = [c.device for _, c in cards]

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from .. import backends
 from .facts import LIB_DIRS, CardFact
 from ..errors import BadInput
 from .patches import SHM_ENV, SHM_LINK_BYTES, shm_link_on
@@ -249,7 +250,7 @@ def ram_check(meminfo_text: str, backend: str, environ: Mapping[str, str] = os.e
 
 def guard_floor_applies(backend: str, environ: Mapping[str, str] = os.environ) -> bool:
     """The load guard runs on SYCL (NEO's host mirror), and on any backend once the user sets the floor."""
-    return backend == "sycl" or RAM_ENV in environ
+    return backend == backends.SYCL or RAM_ENV in environ
 
 
 def host_ram_short(backend: str, meminfo: str | Path = "/proc/meminfo") -> str | None:
@@ -320,7 +321,7 @@ def host_checks(backend: str, cards: Sequence[CardFact], bin_dir: Path | None = 
     """Every check that applies to ``backend`` on this machine (``cards``: the discrete cards from sysfs)."""
     sysfs, proc, dev, root = Path(sysfs), Path(proc), Path(dev), Path(root)
     checks: list[Check] = []
-    gpu = backend != "cpu"
+    gpu = backend != backends.CPU
     if gpu:
         for c in cards:
             text = _read(sysfs / "class" / "drm" / c.drm / "device" / "resource")
@@ -344,7 +345,7 @@ def host_checks(backend: str, cards: Sequence[CardFact], bin_dir: Path | None = 
         checks.append(holders_check(drm_clients(proc, os.getpid()), [c.pci_slot for c in cards if c.pci_slot]))
         # all-RPC holds one link per card (an rpc-server each), hybrid one fewer
         checks.append(shm_check(shm_free(dev), max(1, len(cards)), environ))
-    if backend == "sycl":
+    if backend == backends.SYCL:
         found = {lib: _resolve(lib, root, environ) for lib in ONEAPI_LIBS}
         setvars = next((s for s in SETVARS if (root / s.lstrip("/")).exists()), None)
         unresolved: list[str] = []

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .. import backends
 from ..errors import LlamaError
 from .answers import answer, cache_path, run_flag
 from .build import ManagedBuild, managed_builds
@@ -87,7 +88,7 @@ def _in_dir(d: Path, found_by: str) -> LlamaBinaries | None:
     return LlamaBinaries(server, rpc, opt("llama-cli"), opt("llama-bench"), opt("llama-fit-params"), found_by)
 
 
-def find_llama(llama_dir: str | Path | None = None, backend: str = "cpu", build: str | None = None) -> LlamaBinaries:
+def find_llama(llama_dir: str | Path | None = None, backend: str = backends.CPU, build: str | None = None) -> LlamaBinaries:
     """Resolve the binaries; a directory or build the user names must hold them, or it is an error."""
     if build is not None:
         if llama_dir is not None:

@@ -11,14 +11,11 @@ from typing import Any, Iterable, Mapping, Protocol
 
 from .. import backends
 from ..errors import BadInput
-from ..route import MODES
+from ..modes import AUTO_ORDER, MODES, Mode
 from .verdict import Verdict
 
 # Intel's workaround for the NEO >= 26.05 multi-device failure (intel/compute-runtime#916).
 NEO_WORKAROUND_ENV = {"NEOReadDebugKeys": "1", "ForceZeDeviceCanAccessPerReturnValue": "0"}
-_ORDER = ("multi", "multi+workaround", "hybrid", "rpc")
-_SPEED = {"multi": "native speed", "multi+workaround": "one context, no peer access",
-          "hybrid": "~0.87x native decode", "rpc": "~0.75x native decode"}
 
 
 class ProbeLike(Protocol):
@@ -36,7 +33,7 @@ class ProbeLike(Protocol):
 class ModeDecision:
     """``env`` is extra environment for llama-server (only in multi+workaround); ``verified``: a probe ran it."""
 
-    mode: str
+    mode: Mode
     env: dict[str, str] = field(default_factory=dict)
     reasons: tuple[str, ...] = ()
     verified: bool = False
@@ -61,98 +58,121 @@ def choose_mode(backend: str, n_cards: int, forced: str | None = None, verdict: 
                 n_remote: int = 0) -> ModeDecision:
     """The fastest mode that works here; ``forced`` (--mode) wins but a known failure is stated. ``n_remote`` of the
     cards are on other hosts: each is an rpc-server there, and the choice is about this machine's cards."""
-    backends.get(backend)  # an unknown name is a one-line error
+    be = backends.get(backend)  # an unknown name is a one-line error
     if n_cards < 1:
         raise BadInput("no cards to run on", "pass --gpus with at least one card")
     if n_remote:
-        return _across_hosts(backend, n_cards - n_remote, n_remote, forced, verdict, probe_results)
+        return _across_hosts(be, n_cards - n_remote, n_remote, forced, verdict, probe_results)
     if forced is not None and forced not in MODES:
         raise BadInput(f"unknown mode {forced!r}", f"use one of {', '.join(MODES)}")
+    want = None if forced is None else Mode(forced)
     probes = _probe_map(probe_results)
     reasons: list[str] = []
     if verdict is not None and verdict.affects == "all" and verdict.status == "bad":
         reasons.append(f"warning: {verdict.summary} ({', '.join(verdict.sources)}) - no mode avoids it")
-
     if n_cards == 1:
-        if forced in ("multi", "multi+workaround", "hybrid"):
-            raise BadInput(f"--mode {forced} needs at least 2 cards", "pass --gpus with 2+ cards, or drop --mode")
-        if forced == "rpc":
-            return ModeDecision("rpc", {}, tuple(reasons + ["forced by --mode rpc: the card runs behind one rpc-server"]))
-        return ModeDecision("single", {}, tuple(reasons + ["one card: no multi-device context needed"]))
-
-    if backend == "cpu":
-        if forced in ("multi", "multi+workaround", "single"):
-            raise BadInput(f"--mode {forced} does not exist on the CPU backend",
-                           "CPU cards are rpc-servers: use --mode rpc or --mode hybrid")
-        if forced == "hybrid":
-            return ModeDecision("hybrid", {}, tuple(reasons + ["forced by --mode hybrid: the first CPU card runs in llama-server"]),
-                                probes.get("hybrid", (False, ""))[0])
-        return ModeDecision("rpc", {}, tuple(reasons + [
-            "the CPU backend has no multi-device context: each CPU card is its own rpc-server"]),
-            probes.get("rpc", (False, ""))[0])
-
-    if forced == "single":
+        return _one_card(want, reasons)
+    if be.on_cpu:
+        return _cpu_cards(want, reasons, probes)
+    if want is Mode.SINGLE:
         raise BadInput(f"--mode single needs exactly one card, got {n_cards}", "pass one card with --gpus, or drop --mode")
-    if forced == "multi+workaround" and backend != "sycl":
+    if want is Mode.MULTI_WORKAROUND and not be.one_context_workaround:
         raise BadInput(f"--mode multi+workaround is Intel NEO's workaround and does nothing on {backend}",
                        "use --mode multi, hybrid or rpc")
+    prior = _Prior(be, verdict, probes)
+    if want is not None:
+        ok, why = prior.works(want)
+        reasons.append(f"forced by --mode {want}")
+        if (want in probes and not ok) or (want is Mode.MULTI and prior.bad_multi):
+            reasons.append(f"warning: {why}")
+        return ModeDecision(want, prior.env_of(want), tuple(reasons), want in probes and ok)
+    for mode in AUTO_ORDER:
+        if mode is Mode.MULTI_WORKAROUND and not be.one_context_workaround:
+            continue
+        ok, why = prior.works(mode)
+        if ok:
+            reasons.append(f"{mode} ({mode.speed}): {why}")
+            return ModeDecision(mode, prior.env_of(mode), tuple(reasons), mode in probes)
+        reasons.append(f"skipped {mode}: {why}")
+    reasons.append("no mode worked in the probe; rpc is the last resort - see `arcsplit doctor` for remedies")
+    return ModeDecision(Mode.RPC, {}, tuple(reasons), False)
 
-    bad_multi = verdict is not None and verdict.status == "bad" and verdict.affects == "multi-device"
-    workaround_env = (verdict.env if verdict is not None and verdict.env else NEO_WORKAROUND_ENV)
 
-    def works(mode: str) -> tuple[bool, str]:
+def _one_card(forced: Mode | None, reasons: list[str]) -> ModeDecision:
+    if forced is not None and forced.needs_local_server_card:
+        raise BadInput(f"--mode {forced} needs at least 2 cards", "pass --gpus with 2+ cards, or drop --mode")
+    if forced is Mode.RPC:
+        return ModeDecision(Mode.RPC, {}, tuple(reasons + ["forced by --mode rpc: the card runs behind one rpc-server"]))
+    return ModeDecision(Mode.SINGLE, {}, tuple(reasons + ["one card: no multi-device context needed"]))
+
+
+def _cpu_cards(forced: Mode | None, reasons: list[str], probes: dict[str, tuple[bool, str]]) -> ModeDecision:
+    """CPU cards are rpc-servers: rpc, or hybrid when asked."""
+    if forced is not None and (forced.one_context or forced is Mode.SINGLE):
+        raise BadInput(f"--mode {forced} does not exist on the CPU backend",
+                       "CPU cards are rpc-servers: use --mode rpc or --mode hybrid")
+    if forced is Mode.HYBRID:
+        return ModeDecision(Mode.HYBRID, {}, tuple(reasons + ["forced by --mode hybrid: the first CPU card runs in llama-server"]),
+                            probes.get(Mode.HYBRID, (False, ""))[0])
+    return ModeDecision(Mode.RPC, {}, tuple(reasons + [
+        "the CPU backend has no multi-device context: each CPU card is its own rpc-server"]),
+        probes.get(Mode.RPC, (False, ""))[0])
+
+
+@dataclass(frozen=True)
+class _Prior:
+    """What is known of each mode before loading the model: probe results beat the version table."""
+
+    backend: backends.Backend
+    verdict: Verdict | None
+    probes: dict[str, tuple[bool, str]]
+
+    @property
+    def bad_multi(self) -> bool:
+        v = self.verdict
+        return v is not None and v.status == "bad" and v.affects == "multi-device"
+
+    def env_of(self, mode: Mode) -> dict[str, str]:
+        """llama-server's extra environment in ``mode``: the workaround's, in multi+workaround."""
+        if mode is not Mode.MULTI_WORKAROUND:
+            return {}
+        v = self.verdict
+        return dict(v.env if v is not None and v.env else NEO_WORKAROUND_ENV)
+
+    def works(self, mode: Mode) -> tuple[bool, str]:
         """(usable, why): a probe result beats the version prior."""
-        if mode in probes:
-            ok, status = probes[mode]
+        verdict = self.verdict
+        if mode in self.probes:
+            ok, status = self.probes[mode]
             return ok, f"probe: {mode} {'worked' if ok else 'failed (' + status + ')'}"
-        if mode == "multi":
-            if bad_multi:
+        if mode is Mode.MULTI:
+            if self.bad_multi:
                 rule, sources = (verdict.rule, verdict.sources) if verdict is not None else ("?", ())
                 return False, f"not probed; versions say it fails (rule {rule}: {', '.join(sources)})"
             if verdict is not None and verdict.status == "unknown":
                 return True, (f"not probed; versions cannot tell ({verdict.summary}); if loading fails with "
-                              f"'failed to allocate {backend.upper()}0 buffer', run `arcsplit doctor` or use --mode hybrid")
+                              f"'failed to allocate {self.backend.name.upper()}0 buffer', run `arcsplit doctor` "
+                              f"or use --mode hybrid")
             return True, "not probed; " + (f"versions say it works ({verdict.summary})" if verdict else "no known bug")
-        if mode == "multi+workaround":
+        if mode is Mode.MULTI_WORKAROUND:
             return False, "not used unless a probe verified the workaround env"
         return True, "not probed; single-device contexts are not affected by the known multi-device bugs"
 
-    if forced is not None:
-        ok, why = works(forced)
-        env = dict(workaround_env) if forced == "multi+workaround" else {}
-        reasons.append(f"forced by --mode {forced}")
-        if forced in probes and not ok:
-            reasons.append(f"warning: {why}")
-        elif forced == "multi" and bad_multi:
-            reasons.append(f"warning: {why}")
-        return ModeDecision(forced, env, tuple(reasons), forced in probes and ok)
 
-    candidates = [m for m in _ORDER if m != "multi+workaround" or backend == "sycl"]
-    for mode in candidates:
-        ok, why = works(mode)
-        if ok:
-            reasons.append(f"{mode} ({_SPEED[mode]}): {why}")
-            env = dict(workaround_env) if mode == "multi+workaround" else {}
-            return ModeDecision(mode, env, tuple(reasons), mode in probes)
-        reasons.append(f"skipped {mode}: {why}")
-    reasons.append("no mode worked in the probe; rpc is the last resort - see `arcsplit doctor` for remedies")
-    return ModeDecision("rpc", {}, tuple(reasons), False)
-
-
-def _across_hosts(backend: str, n_here: int, n_remote: int, forced: str | None, verdict: Verdict | None,
+def _across_hosts(be: backends.Backend, n_here: int, n_remote: int, forced: str | None, verdict: Verdict | None,
                   probe_results: Iterable[ProbeLike] | Mapping[str, bool] | None) -> ModeDecision:
     """A layout with cards on other hosts: those are rpc-servers there whatever the mode; the mode is this
     machine's."""
     there = f"the {n_remote} card(s) on other hosts: rpc-servers there (one per card, or per host: rpc_servers)"
-    if forced == "single":
+    if forced == Mode.SINGLE:
         raise BadInput("--mode single runs one card on this machine, but the layout has cards on other hosts",
                        "use --mode hybrid or rpc, or drop --mode")
     if n_here == 0:
-        if forced in ("multi", "multi+workaround", "hybrid"):
+        if forced in (Mode.MULTI, Mode.MULTI_WORKAROUND, Mode.HYBRID):
             raise BadInput(f"--mode {forced} needs a card on this machine for llama-server, but every card is on "
                            "another host", "use --mode rpc, or drop --mode")
-        return ModeDecision("rpc", {}, (f"every card is on another host: {there}",))
-    if n_here == 1 and backend != "cpu" and forced is None:
-        return ModeDecision("hybrid", {}, (f"one card here: llama-server holds it; {there}",))
-    decision = choose_mode(backend, max(n_here, 2), forced, verdict, probe_results)
+        return ModeDecision(Mode.RPC, {}, (f"every card is on another host: {there}",))
+    if n_here == 1 and not be.on_cpu and forced is None:
+        return ModeDecision(Mode.HYBRID, {}, (f"one card here: llama-server holds it; {there}",))
+    decision = choose_mode(be.name, max(n_here, 2), forced, verdict, probe_results)
     return replace(decision, reasons=(*decision.reasons, there))

@@ -24,15 +24,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .. import backends
 from .._dirs import cache_dir
 from ..errors import BadInput, LlamaError
+from ..modes import AUTO_ORDER, Mode
 from ..route import Route
 from .childenv import clean_env
 from .locate import LlamaBinaries
 from .logs import PINNED_OUTPUT_ENV, pinned_output_line
 from .mode import NEO_WORKAROUND_ENV
 
-PROBE_MODES = ("multi", "multi+workaround", "hybrid", "rpc")
+PROBE_MODES: tuple[Mode, ...] = AUTO_ORDER  # what a probe can load: the modes auto chooses among
 DEFAULT_TIMEOUT_S = 180.0
 CACHE_VERSION = 1
 
@@ -236,17 +238,19 @@ def plan_probe(mode: str, backend: str, gpus: Sequence[int], env_extra: dict[str
     """The probe of ``mode``: the same Route serve would run (rpc-servers, llama-bench in llama-server's place)."""
     if mode not in PROBE_MODES:
         raise BadInput(f"unknown probe mode {mode!r}", f"use one of {', '.join(PROBE_MODES)}")
-    if len(gpus) < 2 and mode != "rpc":
+    if len(gpus) < 2 and mode != Mode.RPC:
         raise BadInput(f"probing {mode} needs at least 2 cards", "pass --gpus with 2+ cards")
+    be = backends.get(backend)
     extra = dict(env_extra or {})
-    if mode == "multi+workaround":
-        if backend != "sycl":
-            raise BadInput("the NEO workaround exists only for sycl", "probe multi, hybrid or rpc")
+    if mode == Mode.MULTI_WORKAROUND:
+        if not be.one_context_workaround:
+            having = ", ".join(b.name for b in backends.REGISTRY.values() if b.one_context_workaround)
+            raise BadInput(f"the NEO workaround exists only for {having}", "probe multi, hybrid or rpc")
         extra = {**NEO_WORKAROUND_ENV, **extra}
-    if backend == "cpu" and mode != "rpc":
+    if be.on_cpu and mode != Mode.RPC:
         raise BadInput(f"the CPU backend has no {mode} mode to probe", "probe rpc (one rpc-server per CPU card)")
     route = Route.build(mode, backend, list(gpus))
-    label = "CPU" if backend == "cpu" else backend
+    label = "CPU" if be.on_cpu else backend
     servers = tuple((f"{label} card {route.cards[p.cards[0]].index}", dict(p.env)) for p in route.rpc)
     # llama-bench sees what llama-server would see, so it never builds a context over more cards than that.
     return ProbePlan(mode, servers, {**dict(route.server.env), **extra}, route.server.devices, extra)
@@ -323,7 +327,7 @@ def run_probes(modes: Sequence[str], backend: str, gpus: Sequence[int], binaries
     try:
         model = probe_model(workdir, len(gpus))
         for i, mode in enumerate(modes, 1):
-            extra = workaround_env if mode == "multi+workaround" else None
+            extra = workaround_env if mode == Mode.MULTI_WORKAROUND else None
             progress(f"probe {i}/{len(modes)}: {mode} on {len(gpus)} {backend} cards (up to {timeout:.0f} s) …")
             r = run_probe(mode, backend, gpus, binaries, model, timeout, extra)
             progress(f"probe {i}/{len(modes)}: {mode} {'works' if r.ok else r.status} after {r.seconds:.1f} s")

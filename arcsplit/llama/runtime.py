@@ -10,17 +10,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .. import backends
 from ..errors import ArcsplitError
+from ..modes import Mode
 from .childenv import Dropped, clean_env
 from .facts import Facts, gather_facts
 from .locate import LlamaBinaries, server_build_info
 from .mode import ModeDecision, choose_mode
 from .probe import DEFAULT_TIMEOUT_S, ProbeResult, cache_key, load_cached, run_probes, save_cached
 from .verdict import Verdict, verdict_for
-
-_PROBE_ORDER = {"sycl": ("multi", "multi+workaround", "hybrid"), "cuda": ("multi", "hybrid"),
-                "vulkan": ("multi", "hybrid"), "cpu": ("rpc",)}
-
 
 @dataclass(frozen=True)
 class RuntimeReport:
@@ -38,7 +36,7 @@ class RuntimeReport:
 
     @property
     def multi_probe(self) -> ProbeResult | None:
-        return next((p for p in self.probes if p.mode == "multi"), None)
+        return next((p for p in self.probes if p.mode == Mode.MULTI), None)
 
     @property
     def disagreement(self) -> str | None:
@@ -72,9 +70,9 @@ class RuntimeReport:
                 "env_dropped": [d.to_dict() for d in self.env_dropped]}
 
 
-def probe_modes(backend: str, n_cards: int) -> tuple[str, ...]:
-    """What to probe, fastest first; one card needs no multi-device probe."""
-    return _PROBE_ORDER.get(backend, ()) if n_cards >= 2 else ()
+def probe_modes(backend: str, n_cards: int) -> tuple[Mode, ...]:
+    """What to probe, fastest first (Backend.probe_modes); one card needs no multi-device probe."""
+    return backends.get(backend).probe_modes if n_cards >= 2 else ()
 
 
 def check_runtime(backend: str, gpus: Sequence[int], binaries: LlamaBinaries | None, reprobe: bool = False,
@@ -105,7 +103,7 @@ def check_runtime(backend: str, gpus: Sequence[int], binaries: LlamaBinaries | N
     modes = probe_modes(backend, n)
     results: list[ProbeResult] = []
     at, cached, note = None, False, None
-    want = (probe is True or reprobe) or (probe is None and backend == "sycl")
+    want = (probe is True or reprobe) or (probe is None and backends.get(backend).probe_by_default)
     if probe is False:
         note = "probe skipped (--no-probe)"
     elif not modes:

@@ -112,8 +112,8 @@ def hello_args(op: Hello) -> tuple[str, str | None]:
     if not _RUN_ID.match(run):
         raise BadInput(f"run id {run!r} is not a plain name")
     backend = op.backend
-    if backend is not None and backend not in backends.NAMES:
-        raise BadInput(f"backend {backend!r} is unknown here", f"use one of {', '.join(backends.NAMES)}")
+    if backend is not None and backend not in backends.REGISTRY:
+        raise BadInput(f"backend {backend!r} is unknown here", f"use one of {', '.join(backends.names())}")
     return run, backend
 
 

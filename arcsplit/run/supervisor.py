@@ -31,6 +31,7 @@ from ..decide.specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, card
 from ..errors import ArcsplitError, BadInput, RunError
 from ..llama import logs
 from ..llama.hostcheck import SHM_FIX, host_ram_short
+from ..modes import Mode
 from ..proc.child import describe_exit, run_held
 from ..proc.ports import free_port, is_free
 from ..proc.rundir import RunDir, since_boot, supervisor_identity, sweep
@@ -252,7 +253,7 @@ class Supervisor:
                     self._failures = 0
                 self._failures += 1
                 failure = reason if isinstance(reason, _StartFailed) else None
-                if failure and failure.kind in logs.MULTI_DEVICE_KINDS and self.config.mode in ("multi", "multi+workaround") \
+                if failure and failure.kind in logs.MULTI_DEVICE_KINDS and Mode(self.config.mode).one_context \
                         and self._fallback and not self.config.forced_mode:
                     new = self._fallback(self.config, failure.message)
                     if new is not None:
