@@ -18,6 +18,7 @@ from anyio.from_thread import start_blocking_portal
 from .errors import ArcsplitError, RunError
 from .planner import Plan
 from .rig import load_layout
+from .proc.states import GroupState
 from .run.bus import BusInfo, Client, attach, list_runs
 from .run.events import Event, Status
 from .run.instance import Instance, Watcher
@@ -84,8 +85,8 @@ class AsyncServer:
         sup = self._instance.supervisor
         generation = sup.status()["generation"]
         await sup.restart()
-        while not (sup.status()["generation"] > generation and sup.status()["state"] == "ready"):
-            if sup.status()["state"] == "stopped":
+        while not (sup.status()["generation"] > generation and sup.status()["state"] is GroupState.READY):
+            if sup.status()["state"] is GroupState.STOPPED:
                 raise RunError("the group stopped instead of restarting", "see server.status()['last_error']")
             await anyio.sleep(0.05)
 

@@ -104,12 +104,12 @@ def test_vram_of_our_clients_counted_once_per_client(tmp_path):
     rig.fd(200, 4, "/dev/dri/renderD128", xe_fdinfo("0000:03:00.0", 9, 1024 * 1024, 0, 0, 1000))
     clients = drm_clients([100, 200, 999], rig.proc)  # 999: gone
     assert sorted((c.pid, c.client_id) for c in clients) == [(100, "7"), (200, "9")]
-    out = IntelSampler(rig.sys, rig.proc).sample([100, 200])
+    out = IntelSampler(rig.sys, rig.proc).sample(None, [100, 200])
     card = out["0000:03:00.0"]
-    assert card["used"] == 5 * 1024 * MiB
-    assert card["resident"] == (4 * 1024 * 1024 - 1024 + 1024 * 1024 - 1024) * 1024
-    assert card["total"] == 16 * 1024 * MiB
-    assert card["clients"] == 2
+    assert card.used == 5 * 1024 * MiB and card.drm is not None
+    assert card.drm.resident == (4 * 1024 * 1024 - 1024 + 1024 * 1024 - 1024) * 1024
+    assert card.total == 16 * 1024 * MiB
+    assert card.drm.clients == 2
 
 
 def test_utilisation_power_temperature_frequency(tmp_path):
@@ -119,17 +119,17 @@ def test_utilisation_power_temperature_frequency(tmp_path):
     rig.fd(100, 5, "/dev/dri/renderD128", xe_fdinfo("0000:03:00.0", 3, 1024, 0, 0, 1_000_000))
     now = [50.0]
     s = IntelSampler(rig.sys, rig.proc, clock=lambda: now[0])
-    first = s.sample([100])["0000:03:00.0"]
-    assert first["util"] is None and first["power"] is None  # rates need two samples
-    assert first["temp"] == 61.0 and first["temps"] == {"pkg": 61.0, "vram": 72.0}
-    assert (first["freq"], first["freq_max"]) == (2400, 2800)
+    first = s.sample(None, [100])["0000:03:00.0"]
+    assert first.util is None and first.power is None  # rates need two samples
+    assert first.drm is not None and first.temp == 61.0 and first.drm.temps == {"pkg": 61.0, "vram": 72.0}
+    assert (first.drm.freq, first.drm.freq_max) == (2400, 2800)
     # 2 s later: ccs busy 2.0e6 of 4.0e6 cycles on 4 engines (12.5 %), rcs 1.0e6 of 4.0e6 on 1 (25 %)
     fdinfo.write_text(xe_fdinfo("0000:03:00.0", 3, 1024, 1_000_000, 2_000_000, 5_000_000))
     (dev / "hwmon" / "hwmon4" / "energy1_input").write_text(str(1_000_000_000 + 2 * 95_000_000) + "\n")
     now[0] += 2.0
-    second = s.sample([100])["0000:03:00.0"]
-    assert second["util"] == pytest.approx(0.25)
-    assert second["power"] == pytest.approx(95.0)
+    second = s.sample(None, [100])["0000:03:00.0"]
+    assert second.util == pytest.approx(0.25)
+    assert second.power == pytest.approx(95.0)
 
 
 def test_i915_engine_time_and_local_memory(tmp_path):
@@ -144,12 +144,12 @@ def test_i915_engine_time_and_local_memory(tmp_path):
     rig.fd(100, 3, "/dev/dri/card0", info(10**9))
     now = [10.0]
     s = IntelSampler(rig.sys, rig.proc, clock=lambda: now[0])
-    assert s.sample([100])["0000:03:00.0"]["used"] == 2048 * MiB
+    assert s.sample(None, [100])["0000:03:00.0"].used == 2048 * MiB
     (rig.proc / "100" / "fdinfo" / "3").write_text(info(10**9 + 5 * 10**8))
     now[0] += 1.0
-    card = s.sample([100])["0000:03:00.0"]
-    assert card["util"] == pytest.approx(0.5)
-    assert card["temp"] is None and card["power"] is None  # no hwmon: not readable, not an error
+    card = s.sample(None, [100])["0000:03:00.0"]
+    assert card.util == pytest.approx(0.5)
+    assert card.temp is None and card.power is None  # no hwmon: not readable, not an error
 
 
 def test_plan_cards_get_their_intel_card(tmp_path):

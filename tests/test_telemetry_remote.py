@@ -115,7 +115,7 @@ def test_agent_stats_have_no_gpus_without_a_sampler_children_or_a_working_read(t
     idle.children.clear()
     assert "gpus" not in idle.stats()
 
-    def broken(self: IntelSampler, pids: object) -> None:
+    def broken(self: IntelSampler, indices: object, pids: object) -> None:
         raise PermissionError("sysfs went away")
 
     monkeypatch.setattr(IntelSampler, "sample", broken)
@@ -157,7 +157,7 @@ def test_a_remote_card_row_is_its_agents_report(tmp_path):
                               log_path=None, on_line=lambda *_: None, on_exit=lambda _m: None, ring=deque())
         member.pid = 4242
         session._on_line(session._child, line)
-        assert session.gpus is not None and session.gpus["at"] == pytest.approx(time.time(), abs=5)
+        assert session.gpus is not None and session.gpus.at == pytest.approx(time.time(), abs=5)
         return dict(member.snapshot())
 
     snap = anyio.run(snapshot)

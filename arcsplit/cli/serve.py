@@ -23,6 +23,7 @@ from ..errors import ArcsplitError, BadInput
 from ..rig import MiB, Rig, load_layout
 from ..modes import CHOICES as MODE_CHOICES, Mode
 from ..route import OUTPUT_LAYER_CHOICES
+from ..proc.states import GroupState, MemberState
 from . import say as _say
 from .devices import add_card_options
 from .llama import add_llama_dir
@@ -246,13 +247,13 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
             if pct >= last_pct + 10 or pct == 100:
                 last_pct = pct
                 _say(f"loading {ev.data.get('stage') or 'model'}: {pct}%{_card_loads(ev.data.get('cards') or [])}")
-        elif ev.kind == "state" and ev.data.get("state") == "ready" and ev.name != "server":
+        elif ev.kind == "state" and ev.data.get("state") == MemberState.READY and ev.name != "server":
             _say(f"{ev.name} ready on {ev.data.get('endpoint')} (pid {ev.data.get('pid')})")
         elif ev.kind == "group":
             state = ev.data.get("state")
-            if state == "starting":
+            if state == GroupState.STARTING:
                 last_pct = -10
-            elif state == "ready":
+            elif state == GroupState.READY:
                 metrics = f"; arcsplit metrics {metrics_url}" if metrics_url else ""
                 print(f"arcsplit: serving {sup.url} (mode {sup.config.mode}, {len(sup.config.plan.cards)} card(s))"
                       f"{metrics}", flush=True)
@@ -262,7 +263,7 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
                     _say(f"note: {note}")
                 if demo:
                     _example(sup.url, demo)
-            elif state == "backoff":
+            elif state == GroupState.BACKOFF:
                 _say(f"group failed ({ev.data.get('error')}); restart {ev.data.get('failures')} in "
                      f"{ev.data.get('delay'):.1f} s")
         elif ev.kind == "verdict":

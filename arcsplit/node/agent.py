@@ -27,12 +27,11 @@ from ..proc.child import Child
 from ..proc.popen import PopenProcess
 from ..proc.ports import probe_once
 from ..proc.rundir import RunDir
+from ..samples import CardSampler, sampler_class
 from .ops import (Inventory, answering, check_rpc_argv, drop_missing_seeds, greet, hello_args, hello_events,
                   nodes_root, pick_ports, rpc_process, started_events, write_state)
 
 if TYPE_CHECKING:
-    from ..telemetry.intel import IntelSampler
-    from ..telemetry.nvidia import NvidiaSampler
     from .quick import Handover
 
 __all__ = ["Agent", "GpuReporter", "check_rpc_argv", "drop_missing_seeds", "nodes_root", "serve_stdio"]
@@ -41,46 +40,33 @@ Emit = Callable[[dict[str, Any]], None]
 
 
 class GpuReporter:
-    """This host's cards as the main host's telemetry would sample them were they local: the samplers of the
-    group's backend (backends.REGISTRY[...].sampler), made at the first report and kept for their rates. Every card
-    of that kind here is reported (the main host matches plan cards to them as it does its own); memory counts only
-    the agent's children. Plain file reads (Intel) or NVML calls, no subprocess; a sampler that is not available,
-    or that fails, reports nothing. The samplers are imported at the first report, not at the agent's start (the
-    telemetry package pulls in the route and HTTP)."""
+    """This host's cards as the main host's telemetry would sample them were they local: the sampler of the
+    group's backend (Backend.sampler), made at the first report and kept for its rates. Every card of that kind
+    here is reported (the main host matches plan cards to them as it does its own); memory counts only the agent's
+    children. Plain file reads (Intel) or NVML calls, no subprocess; a sampler that is not available, or that
+    fails, reports nothing. The sampler's module is imported at the first report, not at the agent's start."""
 
     def __init__(self, sys_root: Path, proc_root: Path, nvml: bool) -> None:
         self._sys_root, self._proc_root, self._want_nvml = sys_root, proc_root, nvml
-        self._intel: IntelSampler | None = None
-        self._nvidia: NvidiaSampler | None = None
+        self._sampler: CardSampler | None = None
 
     def sample(self, backend: str | None, pids: list[int]) -> dict[str, dict[str, dict[str, Any]]]:
-        """-> {"intel": {pci: row}} or {"cuda": {"index": row}} (JSON keys are strings); {} when there is none."""
+        """-> {kind: {card key: row}} (CardSampler.kind: {"intel": {pci: row}}, {"cuda": {"index": row}}); {} when
+        there is none."""
         known = backends.REGISTRY.get(backend or "")
-        kind = known.sampler if known else None
+        if known is None or known.sampler is None:
+            return {}
         try:
-            if kind == "intel":
-                if self._intel is None:
-                    from ..telemetry.intel import IntelSampler
-
-                    self._intel = IntelSampler(self._sys_root, self._proc_root)
-                rows = self._intel.sample(pids) if self._intel.available else {}
-                return {"intel": rows} if rows else {}
-            if kind == "nvidia" and self._want_nvml:
-                if self._nvidia is None:
-                    from ..telemetry.nvidia import NvidiaSampler
-
-                    self._nvidia = NvidiaSampler()
-                if not self._nvidia.available:
-                    return {}
-                nv = self._nvidia.sample(range(self._nvidia.count()), pids)
-                return {"cuda": {str(i): row for i, row in nv.items()}} if nv else {}
+            if self._sampler is None:
+                self._sampler = sampler_class(known.sampler).create(self._sys_root, self._proc_root, self._want_nvml)
+            rows = self._sampler.sample(None, pids) if self._sampler.available else {}
+            return {self._sampler.kind: {key: row.to_dict() for key, row in rows.items()}} if rows else {}
         except Exception:  # a sampler's surprise must not end the agent (and its rpc-servers) or the stats
-            pass
-        return {}
+            return {}
 
     def close(self) -> None:
-        if self._nvidia is not None:
-            self._nvidia.close()
+        if self._sampler is not None:
+            self._sampler.close()
 
 
 class Agent:

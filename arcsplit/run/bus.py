@@ -37,6 +37,8 @@ from anyio.abc import TaskStatus
 
 from .._dirs import runtime_dir
 from ..errors import BadInput, NotRunning, RunError
+from .events import SyncData
+from ..proc.states import GroupState
 
 SCHEMA_VERSION = 1
 INFO_FILE = "bus.json"
@@ -211,7 +213,7 @@ class BusServer:
 
     async def _forward(self, pub: zmq.asyncio.Socket, events: Any) -> None:
         async for ev in events:
-            await self._send(pub, ev.kind, ev.name, ev.data, ev.time)
+            await self._send(pub, ev.kind, ev.name, ev.data.to_dict(), ev.time)
 
     async def _serve(self, ctl: zmq.asyncio.Socket, pub: zmq.asyncio.Socket) -> None:
         """Answer requests until cancelled; a ``stop`` is answered first, then passed on."""
@@ -254,14 +256,14 @@ class BusServer:
         if cmd == "stop":
             return {"stopping": True}
         if cmd == "sync":
-            await self._send(pub, "sync", "bus", {"token": str(args.get("token", ""))})
+            await self._send(pub, "sync", "bus", SyncData(str(args.get("token", ""))).to_dict())
             return {"seq": self.seq}
         raise ValueError(f"unknown command {cmd!r}")
 
 
 def is_final(msg: dict[str, Any]) -> bool:
     """The group's last event: nothing follows "stopped", and the bus closes after it."""
-    return msg.get("kind") == "group" and (msg.get("data") or {}).get("state") == "stopped"
+    return msg.get("kind") == "group" and (msg.get("data") or {}).get("state") == GroupState.STOPPED
 
 
 def _rid(payload: bytes) -> Any:

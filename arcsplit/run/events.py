@@ -1,5 +1,10 @@
 """Typed events and status records the supervisor publishes, and an in-process fan-out that never blocks.
 
+Every event's ``data`` is a frozen record of its kind (``StateData`` for ``state``, ``GroupData`` for ``group``,
+...). A record reads like the JSON object it becomes on the bus (``ev.data["state"]``, ``ev.data.get("url")``), so
+the Python API's callers see what they always saw; ``to_dict()`` is that object, and the one place its shape is
+written (docs/bus.md lists the fields per kind).
+
 Each subscriber gets a bounded memory stream; when it is full the event is dropped for that subscriber
 (and counted), so a slow dashboard can never stall supervision. The ZeroMQ bus subscribes like anyone else.
 """
@@ -7,20 +12,42 @@ Each subscriber gets a bounded memory stream; when it is full the event is dropp
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, NotRequired, Required, TypedDict
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Iterator, Literal, Mapping, TypedDict
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ..proc.states import GroupState, MemberState
+from ..samples import CardRow, GpuReport
 
 EventKind = Literal["state", "log", "plan", "buffers", "group", "progress", "verdict", "telemetry", "sync", "host"]
 
 
-# -- what each kind carries in ``data`` (docs/bus.md); on the wire these are plain JSON objects ------------------
+class Payload(Mapping[str, Any]):
+    """The base of every event's record: read-only access by wire key, over ``to_dict()``."""
 
-class Usage(TypedDict):
+    kind: ClassVar[EventKind]
+
+    def to_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
+
+
+def _fields(record: Any, *names: str) -> dict[str, Any]:
+    return {n: getattr(record, n) for n in names}
+
+
+@dataclass(frozen=True)
+class Usage:
     """A process on another host as its node agent last reported it (this machine cannot sample it): CPU seconds
     so far, resident bytes, threads, and when the report arrived here (time.time())."""
 
@@ -29,102 +56,220 @@ class Usage(TypedDict):
     threads: int | None
     at: float
 
-
-class GpuReport(TypedDict):
-    """Another host's cards as its node agent last sampled them (this machine cannot read them): each card's row as
-    the local samplers give it, with memory counted for that agent's processes only; every card there of the
-    group's sampler kind, so plan cards match them as local ones do. ``intel``: by PCI address; ``cuda``: by CUDA
-    index as a string (JSON keys); ``at``: when the report arrived here (time.time()), one a second."""
-
-    intel: dict[str, dict[str, Any]]
-    cuda: dict[str, dict[str, Any]]
-    at: float
+    def to_dict(self) -> dict[str, Any]:
+        return _fields(self, "cpu_s", "rss", "threads", "at")
 
 
-class MemberSnapshot(TypedDict):
-    """``state`` events: one member after a change of state."""
+@dataclass(frozen=True, eq=True)
+class StateData(Payload):
+    """``state`` events (and status's processes): one member after a change of state."""
 
+    kind: ClassVar[EventKind] = "state"
     state: MemberState
     pid: int | None
     port: int
     endpoint: str
     returncode: int | None
     uptime: float | None
-    argv: list[str]
+    argv: tuple[str, ...]
     paused: bool
     host: str  # the layout host it runs on ("" this machine; a link: the host it reaches); its pid is there
-    usage: NotRequired[Usage]  # a running process on another host: its agent's last report
-    gpus: NotRequired[GpuReport]  # the same, of its host's cards (the whole host's: telemetry picks the held ones)
+    usage: Usage | None = None  # a running process on another host: its agent's last report
+    gpus: GpuReport | None = None  # the same, of its host's cards (the whole host's: telemetry picks the held ones)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {**_fields(self, "state", "pid", "port", "endpoint", "returncode", "uptime"), "argv": list(self.argv),
+               "paused": self.paused, "host": self.host}
+        if self.usage is not None:
+            out["usage"] = self.usage.to_dict()
+        if self.gpus is not None:
+            out["gpus"] = self.gpus.to_dict()
+        return out
 
 
-class GroupData(TypedDict, total=False):
-    """``group`` events: the group's new state, with what explains it."""
-
-    state: Required[GroupState]
-    generation: int  # starting
-    url: str  # ready
-    buffers: dict[str, Any]  # ready: as in Status.buffers
-    notes: list[str]  # ready: what works but slower than it should (Status.notes)
-    delay: float  # backoff: seconds until the next start
-    failures: int  # backoff: failures in a row
-    error: str | None  # backoff: the last error
+MemberSnapshot = StateData  # what a member's snapshot() returns
 
 
-class HostData(TypedDict):
+def member_snapshot(member: Any, uptime: float | None) -> StateData:
+    """A member's snapshot (launch.Member: state, pid, returncode, paused and its spec), whatever runs it."""
+    spec = member.spec
+    return StateData(state=member.state, pid=member.pid, port=spec.port, endpoint=spec.endpoint,
+                     returncode=member.returncode, uptime=uptime, argv=tuple(spec.argv), paused=member.paused,
+                     host=spec.node)
+
+
+@dataclass(frozen=True)
+class GroupData(Payload):
+    """``group`` events: the group's new state (stopping, stopped: nothing else); the kinds below add what explains
+    the others."""
+
+    kind: ClassVar[EventKind] = "group"
+    state: GroupState
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state}
+
+
+@dataclass(frozen=True)
+class GroupStarting(GroupData):
+    state: GroupState = GroupState.STARTING
+    generation: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "generation": self.generation}
+
+
+@dataclass(frozen=True)
+class GroupReady(GroupData):
+    state: GroupState = GroupState.READY
+    url: str = ""
+    buffers: Mapping[str, Any] = field(default_factory=dict)  # as in Status.buffers
+    notes: tuple[str, ...] = ()  # what works but slower than it should (Status.notes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "url": self.url, "buffers": dict(self.buffers), "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class GroupBackoff(GroupData):
+    state: GroupState = GroupState.BACKOFF
+    delay: float = 0.0  # seconds until the next start
+    failures: int = 0  # failures in a row
+    error: str | None = None  # the last error
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "delay": self.delay, "failures": self.failures, "error": self.error}
+
+
+@dataclass(frozen=True)
+class HostData(Payload):
     """``host`` events (name: the layout host): its node session opened for a generation. ``opened_s``: from
     starting its ssh to the agent's first message (the login and the agent's start: what a start across hosts
     adds; a slow login shows here first)."""
 
+    kind: ClassVar[EventKind] = "host"
     ssh: str
     opened_s: float
     generation: int
     started_s: float | None  # of which the agent's own start there: from sshd's fork of the login shell to its
     # first answer (the shell's rc, Python, the agent's imports); None from an agent that does not say
 
+    def to_dict(self) -> dict[str, Any]:
+        return _fields(self, "ssh", "opened_s", "generation", "started_s")
 
-class LogData(TypedDict):
+
+@dataclass(frozen=True)
+class LogData(Payload):
+    kind: ClassVar[EventKind] = "log"
     line: str
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"line": self.line}
 
-class CardLoad(TypedDict):
+
+@dataclass(frozen=True)
+class CardLoad:
     card: int | None  # plan card position; None: host memory that is no card
     done: int  # model bytes loaded so far
     total: int  # model bytes of this card (llama-server's buffer lines)
 
+    def to_dict(self) -> dict[str, Any]:
+        return _fields(self, "card", "done", "total")
 
-class ProgressData(TypedDict):
+
+@dataclass(frozen=True)
+class ProgressData(Payload):
+    kind: ClassVar[EventKind] = "progress"
     stage: str | None
     value: float  # 0..1 of llama-server's model load
-    cards: list[CardLoad]  # per card, in plan order (logs.load_progress); empty before the buffer lines
+    cards: tuple[CardLoad, ...]  # per card, in plan order (logs.load_progress); empty before the buffer lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "value": self.value, "cards": [c.to_dict() for c in self.cards]}
 
 
-class VerdictData(TypedDict):
+@dataclass(frozen=True)
+class VerdictData(Payload):
     """A one-context load failed with the multi-device allocation signature; the group falls back."""
 
+    kind: ClassVar[EventKind] = "verdict"
     failed_mode: str
-    kind: str
+    failure: str  # the failure's kind (logs.MULTI_DEVICE_KINDS); "kind" on the wire
     message: str
     fallback: str
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"failed_mode": self.failed_mode, "kind": self.failure, "message": self.message,
+                "fallback": self.fallback}
 
-class PlanData(TypedDict):
-    plan: dict[str, Any]  # Plan.to_dict()
+
+@dataclass(frozen=True)
+class PlanData(Payload):
+    kind: ClassVar[EventKind] = "plan"
+    plan: Mapping[str, Any]  # Plan.to_dict()
     mode: str
 
-
-def member_snapshot(member: Any, uptime: float | None) -> MemberSnapshot:
-    """A member's snapshot (launch.Member: state, pid, returncode, paused and its spec), whatever runs it."""
-    spec = member.spec
-    return {"state": member.state, "pid": member.pid, "port": spec.port, "endpoint": spec.endpoint,
-            "returncode": member.returncode, "uptime": uptime, "argv": list(spec.argv), "paused": member.paused,
-            "host": spec.node}
+    def to_dict(self) -> dict[str, Any]:
+        return {"plan": dict(self.plan), "mode": self.mode}
 
 
-class MemberStatus(MemberSnapshot):
-    """One entry of Status.processes."""
+@dataclass(frozen=True)
+class BuffersData(Payload):
+    """``buffers`` events (and Status.buffers): actual bytes per plan card beside the plan's prediction."""
 
-    restarts: int
-    role: str  # "rpc" | "link" (an ssh forward to a host's rpc-server) | "server"
+    kind: ClassVar[EventKind] = "buffers"
+    cards: tuple[Mapping[str, Any], ...]  # {"device", "plan": {kind: bytes}, "actual": {kind: bytes}}
+    host: Mapping[str, int]  # what llama-server's own CPU holds that no card does
+    plan_host: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cards": [dict(c) for c in self.cards], "host": dict(self.host), "plan_host": self.plan_host}
+
+
+@dataclass(frozen=True)
+class TelemetryData(Payload):
+    """``telemetry`` events: one sample (telemetry/__init__.py)."""
+
+    kind: ClassVar[EventKind] = "telemetry"
+    time: float
+    cards: tuple[CardRow, ...]
+    processes: Mapping[str, Mapping[str, Any]]  # name -> {pid, cpu, rss, threads[, host]}
+    server: Mapping[str, Any] | None  # llama-server's /metrics and /slots, once it serves
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"time": self.time, "cards": [c.to_dict() for c in self.cards],
+                "processes": {k: dict(v) for k, v in self.processes.items()}, "server": self.server}
+
+
+@dataclass(frozen=True)
+class TelemetryError(Payload):
+    """A ``telemetry`` event whose sample failed (telemetry never takes supervision down)."""
+
+    kind: ClassVar[EventKind] = "telemetry"
+    time: float
+    error: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"time": self.time, "error": self.error}
+
+
+@dataclass(frozen=True)
+class SyncData(Payload):
+    """The bus's own ``sync`` answer: a subscriber sees its token once its subscription is live."""
+
+    kind: ClassVar[EventKind] = "sync"
+    token: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"token": self.token}
+
+
+def with_remote(snap: StateData, usage: Usage | None, gpus: GpuReport | None) -> StateData:
+    """A remote member's snapshot with its agent's last reports."""
+    return replace(snap, usage=usage, gpus=gpus)
+
+
+MemberStatus = dict[str, Any]  # one entry of Status.processes: StateData.to_dict() with "restarts" and "role"
 
 
 class Status(TypedDict):
@@ -151,15 +296,20 @@ class Status(TypedDict):
 
 @dataclass(frozen=True)
 class Event:
-    """One thing that happened; ``data`` is the record of its kind (MemberSnapshot for state, GroupData, ...)."""
+    """One thing that happened; ``data`` is the record of its kind (StateData for state, GroupData, ...)."""
 
     kind: EventKind
     name: str  # process name ("rpc0", "server") or "group"
-    data: Mapping[str, Any] = field(default_factory=dict)
+    data: Payload
     time: float = field(default_factory=time.time)
 
+    @classmethod
+    def of(cls, name: str, data: Payload) -> "Event":
+        """The event that carries ``data`` (its kind is the record's)."""
+        return cls(data.kind, name, data)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"time": self.time, "kind": self.kind, "name": self.name, "data": self.data}
+        return {"time": self.time, "kind": self.kind, "name": self.name, "data": self.data.to_dict()}
 
 
 class EventBus:

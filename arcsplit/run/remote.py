@@ -36,7 +36,8 @@ from ..proc.spec import ProcessSpec, runs_remote
 from ..proc.states import MemberState, Tracked
 from ..rig import Host
 from .early import Early, control_socket, session_spec
-from .events import GpuReport, MemberSnapshot, Usage, member_snapshot
+from ..samples import GpuReport
+from .events import StateData, Usage, member_snapshot, with_remote
 from .launch import Health, HostOpened, Launcher, LocalLauncher, Member
 
 PING_EVERY = 2.0  # the agent's default --heartbeat is 10 s
@@ -201,8 +202,7 @@ class NodeSession:
                           for k, v in (msg.get("cpu") or {}).items()}
             self.stopped = set(msg.get("stopped") or ())
             gpus = msg.get("gpus")
-            self.gpus = (GpuReport(intel=dict(gpus.get("intel") or {}), cuda=dict(gpus.get("cuda") or {}), at=at)
-                         if isinstance(gpus, dict) else None)
+            self.gpus = GpuReport.from_dict(gpus, at) if isinstance(gpus, dict) else None
         elif ev in ("hello", "ports") or (ev == "error" and not name):
             self._answer = msg
             self._reply.set()
@@ -277,16 +277,10 @@ class _Relayed(Tracked):
         self.done.set()
         self._on_exit(self)
 
-    def snapshot(self) -> MemberSnapshot:
+    def snapshot(self) -> StateData:
         end = self.exited_at or time.time()
-        snap = member_snapshot(self, (end - self.started_at) if self.started_at else None)
-        usage = self.usage()
-        if usage is not None:
-            snap["usage"] = usage
-        gpus = self.gpus()
-        if gpus is not None:
-            snap["gpus"] = gpus
-        return snap
+        return with_remote(member_snapshot(self, (end - self.started_at) if self.started_at else None),
+                           self.usage(), self.gpus())
 
     def usage(self) -> Usage | None:
         """What its host's agent last said of it (None: nothing yet, not running, or a link)."""
@@ -365,7 +359,7 @@ class RemoteMember(_Relayed):
 
     def cpu_seconds(self) -> float:
         usage = self.usage()
-        return usage["cpu_s"] if usage else 0.0
+        return usage.cpu_s if usage else 0.0
 
     def usage(self) -> Usage | None:
         return self.session.usage.get(self.spec.name) if self.alive else None

@@ -37,7 +37,9 @@ from ..proc.ports import free_port, is_free
 from ..proc.rundir import RunDir, since_boot, supervisor_identity, sweep
 from ..proc.spec import runs_remote
 from ..proc.states import GROUP_TRANSITIONS, GroupState, MemberState, advance
-from .events import Event, EventBus, EventKind, HostData, MemberSnapshot, MemberStatus, Status
+from .events import (BuffersData, CardLoad, Event, EventBus, GroupBackoff, GroupData, GroupReady, GroupStarting,
+                     HostData, LogData, MemberStatus, Payload, PlanData, ProgressData, StateData, Status,
+                     VerdictData)
 from .launch import Launcher, Member
 
 # llama-server's load progress in the router's child protocol (specs.ROUTER_PORT_ENV opts in), one per 200 ms.
@@ -148,10 +150,10 @@ class Supervisor:
         procs: dict[str, MemberStatus] = {}
         for spec in self._specs:
             child = self._children.get(spec.name)
-            snap: MemberSnapshot = child.snapshot() if child else {
-                "state": MemberState.NEW, "pid": None, "port": spec.port, "endpoint": spec.endpoint,
-                "returncode": None, "uptime": None, "argv": list(spec.argv), "paused": False, "host": spec.node}
-            procs[spec.name] = {**snap, "restarts": self._restarts.get(spec.name, 0), "role": spec.role}
+            snap = child.snapshot() if child else StateData(
+                state=MemberState.NEW, pid=None, port=spec.port, endpoint=spec.endpoint, returncode=None, uptime=None,
+                argv=tuple(spec.argv), paused=False, host=spec.node)
+            procs[spec.name] = {**snap.to_dict(), "restarts": self._restarts.get(spec.name, 0), "role": spec.role}
         return {
             "state": self._group_state,
             "mode": self.config.mode,
@@ -162,7 +164,7 @@ class Supervisor:
             "uptime": (time.time() - self._ready_at) if self._ready_at and self._group_state is GroupState.READY else None,
             "processes": procs,
             "progress": dict(self._progress),
-            "buffers": self.buffers(),
+            "buffers": self.buffers().to_dict(),
             "last_error": self._last_error,
             "notes": self.notes(),
             "run_dir": str(self.run_dir.path) if self.run_dir else None,
@@ -177,7 +179,7 @@ class Supervisor:
         return [f"llama-server's links to the rpc-servers of this host run over loopback TCP, not shared memory "
                 f"({why}), which is slower; {SHM_FIX}" for why in self._links_on_tcp]
 
-    def buffers(self) -> dict[str, Any]:
+    def buffers(self) -> BuffersData:
         """Actual bytes per plan card from llama-server's buffer lines, beside the plan's prediction."""
         plan = self.config.plan
         actual = logs.sum_buffers(self._buffers)
@@ -193,7 +195,7 @@ class Supervisor:
             for kind, n in kinds.items():
                 kind = "KV" if kind in ("KV", "RS") else kind
                 target[kind] = target.get(kind, 0) + n
-        return {"cards": cards, "host": host, "plan_host": plan.host_bytes}
+        return BuffersData(cards=tuple(cards), host=host, plan_host=plan.host_bytes)
 
     # -- context manager ------------------------------------------------------------------------------------
 
@@ -241,7 +243,7 @@ class Supervisor:
             sweep()
         if self.run_dir is None:
             self.run_dir = RunDir.create()
-        self._publish("plan", "group", {"plan": self.config.plan.to_dict(), "mode": self.config.mode})
+        self._publish("group", PlanData(plan=self.config.plan.to_dict(), mode=self.config.mode))
         try:
             while not self._stop_requested:
                 reason = await self._one_generation()
@@ -257,8 +259,8 @@ class Supervisor:
                         and self._fallback and not self.config.forced_mode:
                     new = self._fallback(self.config, failure.message)
                     if new is not None:
-                        self._publish("verdict", "group", {"failed_mode": self.config.mode, "kind": failure.kind,
-                                                           "message": failure.message, "fallback": new.mode})
+                        self._publish("group", VerdictData(failed_mode=self.config.mode, failure=failure.kind,
+                                                           message=failure.message, fallback=new.mode))
                         self.decision = {"mode": new.mode, "reasons": [
                             f"{self.config.mode} failed here with the multi-device allocation error "
                             f"(recorded); fell back to {new.mode}"]}
@@ -272,14 +274,14 @@ class Supervisor:
                     raise RunError(f"gave up after {self._failures} failures in a row: {self._last_error}",
                                    f"logs: {self.run_dir.path}")
                 delay = min(self.policy.max_delay, self.policy.base_delay * 2 ** (self._failures - 1))
-                self._set_group(GroupState.BACKOFF, {"delay": delay, "failures": self._failures, "error": self._last_error})
+                self._set_group(GroupBackoff(delay=delay, failures=self._failures, error=self._last_error))
                 self._wake = anyio.Event()
                 with anyio.move_on_after(delay):
                     await self._wake.wait()  # stop() or restart() cut the wait short
         finally:
             with anyio.CancelScope(shield=True):
                 await self._teardown()
-                self._set_group(GroupState.STOPPED, {})
+                self._set_group(GroupData(GroupState.STOPPED))
                 self._write_state(ended=True)
                 self.events.close()
 
@@ -300,8 +302,9 @@ class Supervisor:
             try:
                 await self._start_group(tg)
                 self._ready_at = time.time()
-                self._set_group(GroupState.READY, {"url": self.url, "buffers": self.buffers(), "notes": self.notes()})
-                self._publish("buffers", "group", self.buffers())
+                buffers = self.buffers()
+                self._set_group(GroupReady(url=self.url, buffers=buffers.to_dict(), notes=tuple(self.notes())))
+                self._publish("group", buffers)
                 if not self._ready_event.is_set():
                     self._ready_event.set()
                     self._task_started()
@@ -356,10 +359,10 @@ class Supervisor:
             for child in list(self._children.values()):
                 if child.check_paused():
                     self._publish_state(child)
-                    self._publish("log", child.spec.name, {"line": (
+                    self._publish(child.spec.name, LogData((
                         f"arcsplit: {child.spec.name} (pid {child.pid}) is stopped (SIGSTOP or a debugger): "
                         "requests wait until it gets SIGCONT") if child.paused else
-                        f"arcsplit: {child.spec.name} (pid {child.pid}) resumed"})
+                        f"arcsplit: {child.spec.name} (pid {child.pid}) resumed"))
             if misses >= t.health_failures:
                 self._unhealthy = (f"llama-server stopped answering /health ({why}, {misses} times in "
                                    f"{misses * t.health_interval:.0f} s) while its process is alive")
@@ -463,8 +466,8 @@ class Supervisor:
             fatal = isinstance(exc, BadInput) or not self._ready_event.is_set()
             raise _StartFailed("group", str(exc), "fatal" if fatal else None, exc if fatal else None) from None
         for o in self.launcher.opened(hosts):
-            self._publish("host", o.name, HostData(ssh=o.ssh, opened_s=o.opened_s, generation=self._generation,
-                                                   started_s=o.started_s))
+            self._publish(o.name, HostData(ssh=o.ssh, opened_s=o.opened_s, generation=self._generation,
+                                           started_s=o.started_s))
         bins = self.launcher.node_bins()
         if bins != self.config.node_bins:
             self.config = replace(self.config, node_bins=bins)
@@ -476,7 +479,7 @@ class Supervisor:
             raise _StartFailed("group", str(exc), "fatal") from None
 
     async def _start_group(self, tg: TaskGroup) -> None:
-        self._set_group(GroupState.STARTING, {"generation": self._generation})
+        self._set_group(GroupStarting(generation=self._generation))
         self._children = {}
         failures: list[_StartFailed] = []
 
@@ -603,13 +606,13 @@ class Supervisor:
                     raise _StartFailed("server", f"llama-server made no progress for {stall:.0f} s while loading" + _tail(child))
                 await anyio.sleep(0.05)
         child.state = MemberState.READY
-        self._progress.update(value=1.0, cards=self._card_loads(1.0))
+        self._progress.update(value=1.0, cards=[c.to_dict() for c in self._card_loads(1.0)])
         self._publish_state(child)
 
     # -- output and exits -----------------------------------------------------------------------------------
 
     def _on_line(self, child: Member, line: str) -> None:
-        self._publish("log", child.spec.name, {"line": line})
+        self._publish(child.spec.name, LogData(line))
         if child.spec.role != "server":
             return
         if line.startswith(_ROUTER_STATE):
@@ -620,8 +623,9 @@ class Supervisor:
             payload = state.get("payload") or {}
             if state.get("state") == "loading" and "value" in payload:
                 value = float(payload["value"])
-                self._progress = {"stage": payload.get("current"), "value": value, "cards": self._card_loads(value)}
-                self._publish("progress", child.spec.name, dict(self._progress))
+                progress = ProgressData(stage=payload.get("current"), value=value, cards=self._card_loads(value))
+                self._progress = progress.to_dict()
+                self._publish(child.spec.name, progress)
             return
         if (why := logs.link_on_tcp(line)) is not None and why not in self._links_on_tcp:
             self._links_on_tcp.append(why)
@@ -631,7 +635,7 @@ class Supervisor:
         elif (mode := logs.parse_load_mode(line)) is not None:
             self._load_mmap = logs.load_mode_mmaps(mode)
 
-    def _card_loads(self, value: float) -> list[dict[str, Any]]:
+    def _card_loads(self, value: float) -> tuple[CardLoad, ...]:
         """Model bytes loaded per plan card at load fraction ``value`` (events.CardLoad), host memory last."""
         card_of = card_of_buffer(self._specs, self.config.route.host_position)
         per: dict[int | None, tuple[int, int]] = {}
@@ -640,7 +644,7 @@ class Supervisor:
             d, t = per.get(pos, (0, 0))
             per[pos] = (d + done, t + total)
         order = sorted(per, key=lambda pos: (pos is None, pos or 0))
-        return [{"card": pos, "done": per[pos][0], "total": per[pos][1]} for pos in order]
+        return tuple(CardLoad(card=pos, done=per[pos][0], total=per[pos][1]) for pos in order)
 
     def _on_exit(self, child: Member) -> None:
         self._publish_state(child)
@@ -653,7 +657,7 @@ class Supervisor:
         self._tearing_down = True
         try:
             if any(c.alive for c in self._children.values()) and self._group_state is not GroupState.STOPPING:
-                self._set_group(GroupState.STOPPING, {})
+                self._set_group(GroupData(GroupState.STOPPING))
             # A llama-server whose rpc peer died sits in a blocking RPC call and ignores SIGTERM: waiting the full
             # grace then only delays the restart (measured: 10 of 13.6 s to serve again).
             failed = any(c.done.is_set() for c in self._children.values()) or bool(self._unhealthy)
@@ -679,17 +683,17 @@ class Supervisor:
 
     # -- events and state file ------------------------------------------------------------------------------
 
-    def _publish(self, kind: EventKind, name: str, data: Mapping[str, Any]) -> None:
-        self.events.publish(Event(kind=kind, name=name, data=data))
+    def _publish(self, name: str, data: Payload) -> None:
+        self.events.publish(Event.of(name, data))
 
     def _publish_state(self, child: Member) -> None:
-        self._publish("state", child.spec.name, child.snapshot())
+        self._publish(child.spec.name, child.snapshot())
         if self.run_dir is not None:
             self._write_state()
 
-    def _set_group(self, state: GroupState, data: dict[str, Any]) -> None:
-        self._group_state = advance(GROUP_TRANSITIONS, self._group_state, state)
-        self._publish("group", "group", {"state": state, **data})
+    def _set_group(self, data: GroupData) -> None:
+        self._group_state = advance(GROUP_TRANSITIONS, self._group_state, data.state)
+        self._publish("group", data)
 
     def _write_state(self, ended: bool = False) -> None:
         if self.run_dir is None:

@@ -15,6 +15,8 @@ from typing import Any, Mapping
 import anyio
 from anyio.abc import TaskStatus
 
+from ..proc.states import GroupState
+
 
 def notify(message: str, env: Mapping[str, str] = os.environ) -> bool:
     """Send one sd_notify message; False when not run by systemd (no $NOTIFY_SOCKET)."""
@@ -67,12 +69,12 @@ async def run_notify(sup: Any, env: Mapping[str, str] = os.environ, *,
             if ev.kind != "group":
                 continue
             current = ev.data.get("state")
-            state["ready"] = current == "ready"
-            if current == "ready":
+            state["ready"] = current == GroupState.READY
+            if current == GroupState.READY:
                 notify(f"READY=1\nSTATUS=serving {sup.url} (mode {sup.config.mode})", env)
-            elif current == "backoff":
+            elif current == GroupState.BACKOFF:
                 notify(f"STATUS=restarting after: {ev.data.get('error')}", env)
-            elif current == "starting":
+            elif current == GroupState.STARTING:
                 notify("STATUS=starting the group", env)
-            elif current == "stopping":
+            elif current == GroupState.STOPPING:
                 notify("STOPPING=1\nSTATUS=stopping", env)

@@ -1,11 +1,11 @@
 """Telemetry: what each card, process and llama-server is doing now, usable without the dashboard.
 
     tel = Telemetry()
-    data = await tel.sample(sup.status())      # one sample: {"time", "cards", "processes", "server"}
+    data = await tel.sample(sup.status())      # one sample (TelemetryData): {"time", "cards", "processes", "server"}
     await run_telemetry(sup, interval=2.0)     # publishes Event("telemetry", "group", data) until cancelled
 
-Sources by card backend: Intel (sycl, vulkan on an Intel card) -> fdinfo/sysfs/hwmon (intel.py), CUDA -> NVML
-(nvidia.py, optional), CPU -> psutil of the process that holds the card (cpu.py); a process on another host ->
+Sources by card backend (its Backend.sampler): Intel (sycl, vulkan on an Intel card) -> fdinfo/sysfs/hwmon
+(intel.py), CUDA -> NVML (nvidia.py, optional), CPU -> psutil of the process that holds the card (cpu.py); a process on another host ->
 its node agent's report of CPU seconds, RSS and threads (cpu.RemoteSampler), and a GPU card held there -> that
 agent's rows of its host's cards, sampled there by these same samplers (one report a second; older than
 STALE_AFTER: no reading); llama-server -> /metrics and /slots (server.py). Each sample is a few file reads and two
@@ -16,21 +16,22 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import anyio
 
 from .. import backends
-from ..route import holders
+from ..route import HOST_DEVICE, holders
+from ..run.events import Event, TelemetryData, TelemetryError
+from ..proc.states import GroupState, MemberState
+from ..samples import CardRow, CardSample, CardSampler, GpuReport, sampler_class
 from .cpu import ProcessSampler, RemoteSampler, cpu_card, threads_of
-from .intel import IntelSampler
-from .nvidia import NvidiaSampler
 from .server import ServerSampler
 
 __all__ = ["Telemetry", "sample", "run_telemetry"]
 
-_INTEL_BACKENDS = tuple(n for n, b in backends.REGISTRY.items() if b.sampler == "intel")
 STALE_AFTER = 5.0  # s: a remote card's report older than this (its agent sends one a second) is no reading
+_RUNNING = (MemberState.STARTING, MemberState.READY, MemberState.STOPPING)  # states with a process to sample
 
 
 def _elsewhere(proc: dict[str, Any]) -> bool:
@@ -38,21 +39,16 @@ def _elsewhere(proc: dict[str, Any]) -> bool:
     return bool(proc.get("host")) and proc.get("role") != "link"
 
 
-def card_row(card: dict[str, Any], pos: int, intel: dict[str, dict[str, Any]] | None,
-             nvidia: dict[int, dict[str, Any]] | None) -> dict[str, Any] | None:
-    """A GPU plan card's row among one host's sampled cards: Intel by the card's PCI address, else the i-th Intel
-    card of that host by PCI address (Level Zero's order); CUDA by index. None: no reading of it."""
-    backend = card.get("backend")
-    if backend in _INTEL_BACKENDS and intel:
-        pdev = card.get("pci")
-        if pdev not in intel:
-            order = sorted(intel)
-            idx = int(card.get("index", pos))
-            pdev = order[idx] if idx < len(order) else None
-        return intel.get(pdev) if pdev else None
-    if backend == "cuda" and nvidia:
-        return nvidia.get(int(card.get("index", pos)))
-    return None
+def _is_cpu(card: dict[str, Any]) -> bool:
+    """A CPU card (its holder's share of the CPU), or llama-server's own CPU in a hybrid group."""
+    be = backends.REGISTRY.get(str(card.get("backend")))
+    return card.get("device") == HOST_DEVICE or (be is not None and be.sampler is None)
+
+
+def _sampler_of(card: dict[str, Any]) -> str | None:
+    """The CardSampler path of a plan card's backend (Backend.sampler); None: none reads it."""
+    be = backends.REGISTRY.get(str(card.get("backend")))
+    return None if be is None or _is_cpu(card) else be.sampler
 
 
 class Telemetry:
@@ -61,73 +57,81 @@ class Telemetry:
     def __init__(self, *, sys_root: Path = Path("/sys/class/drm"), proc_root: Path = Path("/proc"),
                  nvml: bool = True) -> None:
         self._sys_root, self._proc_root, self._want_nvml = sys_root, proc_root, nvml
-        self._intel: IntelSampler | None = None
-        self._nvidia: NvidiaSampler | None = None
+        self._cards: dict[str, CardSampler] = {}  # by Backend.sampler
         self._procs = ProcessSampler()
         self._remote = RemoteSampler()
         self._server: ServerSampler | None = None
 
-    def _intel_sampler(self) -> IntelSampler:
-        if self._intel is None:
-            self._intel = IntelSampler(self._sys_root, self._proc_root)
-        return self._intel
+    def _sampler(self, path: str) -> CardSampler:
+        if path not in self._cards:
+            self._cards[path] = sampler_class(path).create(self._sys_root, self._proc_root, self._want_nvml)
+        return self._cards[path]
 
-    def _nvidia_sampler(self) -> NvidiaSampler | None:
-        if self._nvidia is None and self._want_nvml:
-            self._nvidia = NvidiaSampler()
-        return self._nvidia
+    def _local_rows(self, here: Sequence[dict[str, Any]], pids: list[int]) -> dict[str, dict[str, CardSample]]:
+        """This machine's readings by sampler, of the samplers the plan's cards here need."""
+        wanted: dict[str, list[int]] = {}
+        for card in here:
+            path = _sampler_of(card)
+            if path is not None:
+                wanted.setdefault(path, []).append(int(card.get("index", 0)))
+        out: dict[str, dict[str, CardSample]] = {}
+        for path, indices in wanted.items():
+            sampler = self._sampler(path)
+            if sampler.available:
+                out[path] = sampler.sample(indices, pids)
+        return out
 
-    async def sample(self, status: dict[str, Any]) -> dict[str, Any]:
+    def _card(self, card: dict[str, Any], pos: int, by: dict[str, Any], proc: dict[str, Any] | None,
+              local: dict[str, dict[str, CardSample]], now: float) -> CardSample | None:
+        """One plan card's reading: its holder's use (CPU), its host agent's report, or this machine's sampler."""
+        if _is_cpu(card):
+            return cpu_card(proc, card.get("free"), threads_of(by.get("argv")))
+        path = _sampler_of(card)
+        if path is None:
+            return None
+        if _elsewhere(by):  # held on another host: its agent's report of that host's cards, if fresh
+            raw = by.get("gpus")
+            report = GpuReport.from_dict(raw) if raw else None
+            if report is None or now - report.at > STALE_AFTER:
+                return None
+            cls = sampler_class(path)
+            return cls.match(card, pos, report.rows.get(cls.kind) or {})
+        rows = local.get(path)
+        return sampler_class(path).match(card, pos, rows) if rows else None
+
+    async def sample(self, status: dict[str, Any]) -> TelemetryData:
+        """One sample of a group's status: each plan card's reading, each process's use, llama-server's metrics."""
         procs_status: dict[str, dict[str, Any]] = status.get("processes") or {}
         pids = {name: p["pid"] for name, p in procs_status.items()  # another host's pid is not one of ours
-                if p.get("pid") and p.get("state") not in ("exited", "stopped", "failed", "new")
-                and not _elsewhere(p)}
+                if p.get("pid") and p.get("state") in _RUNNING and not _elsewhere(p)}
         procs = {**self._procs.sample(pids), **self._remote.sample(procs_status)}  # the others: their agents' word
         cards = (status.get("plan") or {}).get("cards") or []
         held_by = holders(status)
         held = [procs_status.get(held_by[pos] if pos < len(held_by) else "") or {} for pos in range(len(cards))]
-        here = [c for c, h in zip(cards, held) if not _elsewhere(h)]
-        rows: list[dict[str, Any]] = []
-        intel = nvidia = None
-        if any(c.get("backend") in _INTEL_BACKENDS for c in here):
-            sampler = self._intel_sampler()
-            if sampler.available:
-                intel = sampler.sample(pids.values())
-        if any(c.get("backend") == "cuda" for c in here):
-            nv = self._nvidia_sampler()
-            if nv is not None and nv.available:
-                nvidia = nv.sample([int(c["index"]) for c in here if c.get("backend") == "cuda"], pids.values())
+        local = self._local_rows([c for c, h in zip(cards, held) if not _elsewhere(h)], list(pids.values()))
         now = time.time()
+        rows = []
         for pos, (card, by) in enumerate(zip(cards, held)):
             holder = held_by[pos] if pos < len(held_by) else ""
-            base = {"pos": pos, "device": card.get("device"), "backend": card.get("backend"), "holder": holder}
-            row: dict[str, Any] | None = None
-            if card.get("backend") == "cpu" or card.get("device") == "CPU":
-                row = cpu_card(procs.get(holder), card.get("free"), threads_of(by.get("argv")))
-            elif _elsewhere(by):  # held on another host: its agent's report of that host's cards, if fresh
-                report = by.get("gpus")
-                if report and now - report["at"] <= STALE_AFTER:
-                    row = card_row(card, pos, report["intel"], {int(i): r for i, r in report["cuda"].items()})
-            else:
-                row = card_row(card, pos, intel, nvidia)
-            rows.append({**base, **(row or {"source": None})})
+            reading = self._card(card, pos, by, procs.get(holder), local, now)
+            rows.append(CardRow(pos, card.get("device"), card.get("backend"), holder, reading or CardSample(None)))
         server = None
-        if status.get("state") == "ready" and status.get("url"):
+        if status.get("state") == GroupState.READY and status.get("url"):
             if self._server is None or self._server.base_url != status["url"].rstrip("/"):
                 if self._server is not None:
                     await self._server.aclose()
                 self._server = ServerSampler(status["url"])
             server = await self._server.sample()
-        return {"time": time.time(), "cards": rows, "processes": procs, "server": server}
+        return TelemetryData(time=time.time(), cards=tuple(rows), processes=procs, server=server)
 
     async def aclose(self) -> None:
         if self._server is not None:
             await self._server.aclose()
-        if self._nvidia is not None:
-            self._nvidia.close()
+        for sampler in self._cards.values():
+            sampler.close()
 
 
-async def sample(status: dict[str, Any], telemetry: Telemetry | None = None) -> dict[str, Any]:
+async def sample(status: dict[str, Any], telemetry: Telemetry | None = None) -> TelemetryData:
     """One sample of a group's status (rates need two samples from one Telemetry, so pass it to keep them)."""
     tel = telemetry or Telemetry()
     try:
@@ -142,16 +146,15 @@ async def run_telemetry(sup: Any, interval: float = 2.0, telemetry: Telemetry | 
 
     Runs beside the supervisor until cancelled; nothing it reads can raise out of it.
     """
-    from ..run.events import Event
-
     tel = telemetry or Telemetry()
     try:
         while True:
             started = time.monotonic()
+            data: TelemetryData | TelemetryError
             try:
                 data = await tel.sample(sup.status())
             except Exception as exc:  # telemetry must never take supervision down
-                data = {"time": time.time(), "error": f"{type(exc).__name__}: {exc}"}
+                data = TelemetryError(time=time.time(), error=f"{type(exc).__name__}: {exc}")
             sup.events.publish(Event("telemetry", "group", data))
             await anyio.sleep(max(0.0, interval - (time.monotonic() - started)))
     finally:

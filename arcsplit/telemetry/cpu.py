@@ -6,6 +6,8 @@ from typing import Any
 
 import psutil
 
+from ..samples import CardSample
+
 
 class ProcessSampler:
     """Keeps one psutil.Process per pid so cpu_percent() is the use since the previous sample."""
@@ -78,11 +80,11 @@ def threads_of(argv: list[str] | None) -> int | None:
     return None
 
 
-def cpu_card(proc: dict[str, Any] | None, budget: int | None, threads: int | None) -> dict[str, Any]:
-    """A CPU card's row: memory is the holder's RSS against its planned budget, use is CPU over its threads."""
+def cpu_card(proc: dict[str, Any] | None, budget: int | None, threads: int | None) -> CardSample:
+    """A CPU card's reading: memory is the holder's RSS against its planned budget, use is CPU over its threads."""
     if proc is None:
-        return {"source": "psutil", "used": None, "total": budget, "util": None, "temp": None, "power": None}
+        return CardSample(source="psutil", total=budget)
     cpu = proc.get("cpu")
     n = threads or psutil.cpu_count() or 1
-    return {"source": "psutil", "used": proc.get("rss"), "total": budget,
-            "util": None if cpu is None else min(1.0, cpu / 100.0 / n), "temp": None, "power": None}
+    return CardSample(source="psutil", used=proc.get("rss"), total=budget,
+                      util=None if cpu is None else min(1.0, cpu / 100.0 / n))

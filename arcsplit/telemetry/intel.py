@@ -22,9 +22,10 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 from ..llama.hostcheck import parse_fdinfo, to_bytes
+from ..samples import CardSample, DrmDetail
 
 INTEL_VENDOR = "0x8086"
 _CARD_RE = re.compile(r"^card(\d+)$")
@@ -194,7 +195,10 @@ def energy_uj(card: DrmCard) -> int | None:
 
 
 class IntelSampler:
-    """Keeps the previous counters so utilisation and power are rates over the last interval."""
+    """Keeps the previous counters so utilisation and power are rates over the last interval. A
+    samples.CardSampler: Level Zero (sycl) and Mesa (vulkan) on Intel cards."""
+
+    kind: ClassVar[str] = "intel"
 
     def __init__(self, sys_root: Path = Path("/sys/class/drm"), proc_root: Path = Path("/proc"),
                  clock: Any = time.monotonic) -> None:
@@ -206,29 +210,43 @@ class IntelSampler:
         self._cycles: dict[tuple[str, str, str], tuple[int, int]] = {}
         self._engine_ns: dict[tuple[str, str, str], tuple[float, int]] = {}
 
+    @classmethod
+    def create(cls, sys_root: Path, proc_root: Path, nvml: bool) -> "IntelSampler":
+        return cls(sys_root, proc_root)
+
     @property
     def available(self) -> bool:
         return bool(self.cards)
 
-    def sample(self, pids: Iterable[int]) -> dict[str, dict[str, Any]]:
-        """pdev -> {card, driver, used, resident, total, util, freq, freq_max, temp, temps, power}."""
+    def sample(self, indices: Sequence[int] | None, pids: Iterable[int]) -> dict[str, CardSample]:
+        """pdev -> reading of every Intel card here (``indices`` are Level Zero's, not sysfs's: all are read)."""
         now = self.clock()
         clients = drm_clients(pids, self.proc_root)
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, CardSample] = {}
         for card in self.cards:
             mine = [c for c in clients if c.pdev == card.pdev]
             act, fmax = frequency_mhz(card)
             temps = temperatures(card)
-            out[card.pdev] = {
-                "source": card.driver or "intel", "card": card.card, "pdev": card.pdev,
-                "used": sum(c.vram_total for c in mine) if mine else 0,
-                "resident": sum(c.vram_resident for c in mine) if mine else 0,
-                "total": vram_total(card), "util": self._util(card.pdev, mine, now),
-                "freq": act, "freq_max": fmax, "temps": temps,
-                "temp": temps.get("pkg", next(iter(temps.values()), None)),
-                "power": self._power(card, now), "clients": len(mine),
-            }
+            drm = DrmDetail(card=card.card, pdev=card.pdev, resident=sum(c.vram_resident for c in mine),
+                            freq=act, freq_max=fmax, temps=temps, clients=len(mine))
+            out[card.pdev] = CardSample(
+                source=card.driver or "intel", used=sum(c.vram_total for c in mine), total=vram_total(card),
+                util=self._util(card.pdev, mine, now), temp=temps.get("pkg", next(iter(temps.values()), None)),
+                power=self._power(card, now), drm=drm)
         return out
+
+    @staticmethod
+    def match(card: Mapping[str, Any], pos: int, rows: Mapping[str, CardSample]) -> CardSample | None:
+        """By the plan card's PCI address, else the i-th card of that host by PCI address (Level Zero's order)."""
+        pdev = card.get("pci")
+        if pdev not in rows:
+            order = sorted(rows)
+            idx = int(card.get("index", pos))
+            pdev = order[idx] if idx < len(order) else None
+        return rows.get(pdev) if pdev else None
+
+    def close(self) -> None:
+        pass
 
     def _power(self, card: DrmCard, now: float) -> float | None:
         e = energy_uj(card)

@@ -17,11 +17,19 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Info
 from prometheus_client.registry import Collector
 
 from ..errors import PortBusy
+from ..samples import CardRow
+from ..proc.states import GroupState, MemberState
 
-# The states a group and a process go through (run/supervisor.py, proc/child.py); a state not listed here
-# still shows, so a new one is never hidden.
-GROUP_STATES = ("new", "starting", "ready", "backoff", "stopping", "stopped")
-PROCESS_STATES = ("new", "starting", "ready", "stopping", "exited")
+# The states a group and a process go through (proc/states.py); a state not listed here still shows, so a new one is
+# never hidden.
+GROUP_STATES: tuple[str, ...] = tuple(GroupState)
+PROCESS_STATES: tuple[str, ...] = tuple(MemberState)
+# Per-card gauges: (CardSample field, metric name, help).
+_CARD_METRICS = (("used", "card_used_bytes", "bytes our processes use on the card"),
+                 ("total", "card_total_bytes", "card memory (a CPU card: its budget)"),
+                 ("util", "card_utilisation_ratio", "busiest engine, 0-1"),
+                 ("temp", "card_temperature_celsius", "card temperature"),
+                 ("power", "card_power_watts", "card power"))
 
 
 def _states(states: tuple[str, ...], current: str) -> dict[str, bool]:
@@ -31,14 +39,14 @@ def _states(states: tuple[str, ...], current: str) -> dict[str, bool]:
 def families(status: dict[str, Any], telemetry: dict[str, Any] | None = None) -> list[Metric]:
     """The metric families of one status() (and the latest telemetry sample, when there is one)."""
     out: list[Metric] = []
-    state = str(status.get("state") or "new")
+    state = str(status.get("state") or GroupState.NEW)
     info = InfoMetricFamily("arcsplit", "the served group", value={
         "mode": str(status.get("mode") or ""), "backend": str(status.get("backend") or ""),
         "url": str(status.get("url") or ""), "model": str((status.get("plan") or {}).get("model") or "")})
     group = StateSetMetricFamily("arcsplit_group_state", "state of the serving group",
                                  value=_states(GROUP_STATES, state))
     ready = GaugeMetricFamily("arcsplit_group_ready", "1 while the group answers /health",
-                              value=1 if state == "ready" else 0)
+                              value=1 if state == GroupState.READY else 0)
     failures = GaugeMetricFamily("arcsplit_group_failures", "consecutive failed starts of the group",
                                  value=status.get("failures") or 0)
     uptime = GaugeMetricFamily("arcsplit_group_uptime_seconds", "seconds since the group became ready (0 when not)",
@@ -57,9 +65,9 @@ def families(status: dict[str, Any], telemetry: dict[str, Any] | None = None) ->
     puptime = GaugeMetricFamily("arcsplit_process_uptime_seconds", "seconds the process has run",
                                 labels=["process"])
     for name, p in procs.items():
-        role, current = str(p.get("role") or ""), str(p.get("state") or "new")
+        role, current = str(p.get("role") or ""), str(p.get("state") or MemberState.NEW)
         pstate.add_metric([name, role], _states(PROCESS_STATES, current))
-        up.add_metric([name, role], 1 if current in ("starting", "ready") else 0)
+        up.add_metric([name, role], 1 if current in (MemberState.STARTING, MemberState.READY) else 0)
         restarts.add_metric([name], p.get("restarts") or 0)
         if p.get("uptime") is not None:
             puptime.add_metric([name], p["uptime"])
@@ -80,16 +88,13 @@ def families(status: dict[str, Any], telemetry: dict[str, Any] | None = None) ->
         if total is not None:
             planned.add_metric([str(i), str(c.get("device") or "")], total)
     out.append(planned)
-    rows = (telemetry or {}).get("cards") or []
-    for key, name, help_ in (("used", "card_used_bytes", "bytes our processes use on the card"),
-                             ("total", "card_total_bytes", "card memory (a CPU card: its budget)"),
-                             ("util", "card_utilisation_ratio", "busiest engine, 0-1"),
-                             ("temp", "card_temperature_celsius", "card temperature"),
-                             ("power", "card_power_watts", "card power")):
+    rows = [CardRow.from_dict(c) for c in (telemetry or {}).get("cards") or []]
+    for key, name, help_ in _CARD_METRICS:
         fam = GaugeMetricFamily(f"arcsplit_{name}", help_, labels=labels)
-        for c in rows:
-            if c.get(key) is not None:
-                fam.add_metric([str(c["pos"]), str(c.get("device") or "")], c[key])
+        for row in rows:
+            value = getattr(row.sample, key)
+            if value is not None:
+                fam.add_metric([str(row.pos), str(row.device or "")], value)
         out.append(fam)
     return [m for m in out if m.samples]
 
@@ -150,7 +155,7 @@ class MetricsEndpoint:
                 try:
                     async for ev in events:
                         if ev.kind == "telemetry" and "cards" in ev.data:
-                            self._telemetry = ev.data
+                            self._telemetry = ev.data.to_dict()
                 finally:
                     self._portal = None
         finally:

@@ -22,6 +22,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, Label, Log, Static, TabbedContent, TabPane
 
 from ..run.bus import is_final
+from ..proc.states import GroupState
 from .state import DashState
 from .widgets import (HELP, process_rows, render_cards, render_header, render_layers, render_plan,
                       render_server)
@@ -169,7 +170,7 @@ class DashApp(App[None]):
         inbox, self._inbox = self._inbox, []
         for msg in inbox:
             self._dirty |= self.state.apply(msg)
-            if msg.get("kind") == "group" and (msg.get("data") or {}).get("state") in ("ready", "backoff"):
+            if msg.get("kind") == "group" and (msg.get("data") or {}).get("state") in (GroupState.READY, GroupState.BACKOFF):
                 self._refresh_status()  # restart counts and buffers are in status(), not in the events
         if self._dirty:
             self._redraw()

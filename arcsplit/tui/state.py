@@ -10,6 +10,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..proc.states import MemberState
+
 PANELS = ("header", "cards", "layers", "procs", "server", "logs", "plan")
 HISTORY = 60  # sparkline samples
 
@@ -110,7 +112,7 @@ class DashState:
         """Uptime as of now: the value from the last status/state message plus the time since it came."""
         p = (self.status.get("processes") or {}).get(name) or {}
         up = p.get("uptime")
-        if up is None or p.get("state") not in ("ready", "starting"):
+        if up is None or p.get("state") not in (MemberState.READY, MemberState.STARTING):
             return None
         return float(up) + ((now or self.clock()) - p.get("_at", self.received))
 

@@ -9,14 +9,18 @@ from typing import Any
 from textual.markup import escape
 
 from ..route import holders as route_holders
+from ..samples import NO_READING, CardRow
+from ..proc.states import GroupState, MemberState
 from .state import DashState
 
 SPARK = "▁▂▃▄▅▆▇█"
 CARD_COLOURS = ("$primary", "$secondary", "$accent", "$success", "$warning")
-STATE_STYLE = {"ready": "$success", "starting": "$warning", "stopping": "$warning", "backoff": "$warning",
-               "exited": "$error", "failed": "$error", "stopped": "$text-muted", "new": "$text-muted"}
-STATE_MARK = {"ready": "●", "starting": "◐", "stopping": "◑", "backoff": "◌", "exited": "✖", "failed": "✖",
-              "stopped": "○", "new": "○"}
+# Every member and group state (proc/states.py) has a colour and a mark; an unknown one shows as "?".
+_M, _G = MemberState, GroupState
+STATE_STYLE: dict[str, str] = {_G.READY: "$success", _G.STARTING: "$warning", _G.STOPPING: "$warning", _G.BACKOFF: "$warning",
+               _M.EXITED: "$error", _G.STOPPED: "$text-muted", _G.NEW: "$text-muted"}
+STATE_MARK: dict[str, str] = {_G.READY: "●", _G.STARTING: "◐", _G.STOPPING: "◑", _G.BACKOFF: "◌", _M.EXITED: "✖", _G.STOPPED: "○",
+              _G.NEW: "○"}
 NONE = "—"
 
 
@@ -89,7 +93,7 @@ def render_header(state: DashState, run_id: str = "") -> str:
              f"[b]{escape(str(st.get('mode') or NONE))}[/b]/{escape(str(st.get('backend') or NONE))}",
              escape(str(st.get("url") or ""))]
     prog = st.get("progress") or {}
-    if st.get("state") == "starting" and prog.get("value") is not None:
+    if st.get("state") == GroupState.STARTING and prog.get("value") is not None:
         cards = [f"{'host' if c['card'] is None else c['card']}: {100 * c['done'] // max(1, c['total'])}%"
                  for c in prog.get("cards") or []]
         parts.append(f"loading {100 * float(prog['value']):.0f}%" + (f" ({', '.join(cards)})" if cards else ""))
@@ -103,23 +107,23 @@ def render_cards(state: DashState) -> str:
     cards = _cards(state)
     if not cards:
         return "[$text-muted]no plan yet[/]"
-    tel = {c.get("pos"): c for c in state.telemetry.get("cards") or []}
+    tel = {r.pos: r.sample for r in map(CardRow.from_dict, state.telemetry.get("cards") or [])}
     bufs = (state.status.get("buffers") or {}).get("cards") or []
     lines = []
     for i, c in enumerate(cards):
-        t = tel.get(i) or {}
+        t = tel.get(i, NO_READING)
         planned = (c.get("bytes") or {}).get("total")
         alloc = sum((bufs[i].get("actual") or {}).values()) if i < len(bufs) and bufs[i].get("actual") else None
-        total = t.get("total") or c.get("free")
-        used = t.get("used")
+        total = t.total or c.get("free")
+        used = t.used
         colour = CARD_COLOURS[i % len(CARD_COLOURS)]
-        extras = [f"use {fmt_pct(t.get('util'))}"]
-        if t.get("temp") is not None:
-            extras.append(f"{t['temp']:.0f}°C")
-        if t.get("power") is not None:
-            extras.append(f"{t['power']:.0f} W")
-        if t.get("freq") is not None:
-            extras.append(f"{t['freq']} MHz")
+        extras = [f"use {fmt_pct(t.util)}"]
+        if t.temp is not None:
+            extras.append(f"{t.temp:.0f}°C")
+        if t.power is not None:
+            extras.append(f"{t.power:.0f} W")
+        if t.drm is not None and t.drm.freq is not None:
+            extras.append(f"{t.drm.freq} MHz")
         name = escape(str(c.get("name") or "")[:20])
         lines.append(f"[b {colour}]{i}[/] [b]{escape(str(c.get('device')))}[/b] {escape(str(c.get('backend')))} "
                      f"{name}  " + "  ".join(extras))
