@@ -21,7 +21,7 @@ from ..llama.locate import find_llama
 from ..llama.logs import PINNED_OUTPUT_ENV
 from ..llama.patches import build_patches
 from ..llama.mode import NEO_WORKAROUND_ENV
-from ..modes import MODES
+from ..modes import MODES, Mode
 from ..llama.probe import DEFAULT_TIMEOUT_S, ProbeResult
 from ..llama.runtime import RuntimeReport, check_runtime
 from . import print_json, say
@@ -118,7 +118,7 @@ def _vulkan_route(args: argparse.Namespace, report: RuntimeReport, offline: bool
         return "built", None
     vr = check_runtime(backends.VULKAN, list(report.gpus), vk, reprobe=args.reprobe, probe=True, timeout=args.timeout,
                        sysfs_root=detect.SYSFS_ROOT, progress=say)
-    multi = next((p for p in vr.probes if p.mode == "multi"), None)
+    multi = next((p for p in vr.probes if p.mode == Mode.MULTI), None)
     return ("built" if multi is None else "works" if multi.ok else "fails"), multi
 
 

@@ -15,16 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from .. import backends
 from ..errors import BadInput
 from ..hosts import forward_argv
 from ..llama.childenv import Dropped, overlay
 from ..llama.features import RPC_OPTIONAL, RPC_REQUIRED, Features, fit_args
 from ..llama.patches import SHM_ENV, SPIN_ENV
 from ..llama.seeding import SEED_FLAG
+from ..modes import Mode
 from ..proc.spec import LOOPBACK, ProcessSpec
 from ..rig import Host, per_host
-from ..modes import Mode
 from ..route import HOST_DEVICE, Route
 from .weightcache import INDEX_ENV, store
 
@@ -216,7 +215,7 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int], link_ports: Seque
         argv += ["--rpc", ",".join(s.dial for s in rpc_specs)]  # before --device
     rpc_buffers = rpc_buffer_types(rpc_specs)
     argv += plan.llama_server_args(devices=route.server_devices, buffers=rpc_buffers)
-    if backends.get(config.backend).on_cpu and route.rpc:
+    if config.backend == "cpu" and route.rpc:
         argv += ["-t", str(threads)]  # llama-server computes the host card's layers; share cores evenly
     if SERVER_LOG_ARGS[0] not in config.extra_args:  # the user's own verbosity wins
         argv += list(SERVER_LOG_ARGS)

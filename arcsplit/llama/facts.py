@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from .. import backends
 from ..errors import BadInput
 
 TIMEOUT_S = 20.0
@@ -441,7 +440,7 @@ def _package_query() -> tuple[dict[str, str], str | None, str]:
     return {}, None, "no dpkg-query, rpm or pacman"
 
 
-def gather_facts(backend: str = backends.SYCL, build_info: Any = None, sycl_ls_file: str | Path | None = None,
+def gather_facts(backend: str = "sycl", build_info: Any = None, sycl_ls_file: str | Path | None = None,
                  kernel: str | None = None, kernel_config: str | Path | None = None,
                  sysfs_root: str | Path | None = "/sys", timeout: float = TIMEOUT_S, host_root: str | Path = "/") -> Facts:
     """Read every source that exists. With ``--sycl-ls FILE`` NEO comes from the file only: it describes
@@ -456,7 +455,7 @@ def gather_facts(backend: str = backends.SYCL, build_info: Any = None, sycl_ls_f
     sycl_devices: list[SyclDevice] = []
     loader: str | None = None
 
-    if backend != backends.SYCL and sycl_ls_file is None:
+    if backend != "sycl" and sycl_ls_file is None:
         pass  # NEO, Level Zero and oneAPI only matter under SYCL; no point listing them as unread
     elif sycl_ls_file is not None:
         text = read_text(sycl_ls_file, "sycl-ls")
@@ -509,7 +508,7 @@ def gather_facts(backend: str = backends.SYCL, build_info: Any = None, sycl_ls_f
         full = next((r for r in readings if r.release and r.build == neo.build), None)
         if full:
             neo = NeoVersion(neo.build, full.release, neo.raw, neo.source)
-    if neo is None and backend == backends.SYCL:
+    if neo is None and backend == "sycl":
         unread.append("NEO version: no source gave it (install sycl-ls from oneAPI, or clinfo)")
 
     compiler = getattr(build_info, "compiler", None)
@@ -524,8 +523,8 @@ def gather_facts(backend: str = backends.SYCL, build_info: Any = None, sycl_ls_f
         unread.append("llama.cpp build: --version printed neither a build number nor a version")
     if llama_build and compiler:
         llama_build += f", built with {compiler}"
-    oneapi, _src = _oneapi_version(compiler, root) if sycl_ls_file is None and backend == backends.SYCL else (None, None)
-    if oneapi is None and backend == backends.SYCL:
+    oneapi, _src = _oneapi_version(compiler, root) if sycl_ls_file is None and backend == "sycl" else (None, None)
+    if oneapi is None and backend == "sycl":
         unread.append("oneAPI: not in the sycl-ls file" if sycl_ls_file is not None
                       else "oneAPI: no $CMPLR_ROOT/$ONEAPI_ROOT, no /opt/intel/oneapi/compiler/latest")
 
