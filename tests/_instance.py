@@ -19,6 +19,7 @@ from arcsplit._api import prepare
 from arcsplit.cli import build_parser
 from arcsplit.cli.serve import request_from_args
 from arcsplit.run.bus import BusInfo
+from arcsplit.run.events import Event, Payload
 from arcsplit.run.instance import Instance as RunInstance
 from arcsplit.proc.ports import free_port
 from arcsplit.run.supervisor import RestartPolicy, Supervisor
@@ -54,11 +55,9 @@ class Instance:
     def url(self) -> str:
         return self.sup.url
 
-    def publish(self, kind: str, name: str, data: dict[str, Any]) -> None:
+    def publish(self, name: str, data: Payload) -> None:
         """Publish an event from the supervisor's own loop (EventBus is not thread-safe)."""
-        from arcsplit.run.events import Event
-
-        self.portal.call(self.sup.events.publish, Event(kind, name, data))
+        self.portal.call(self.sup.events.publish, Event.of(name, data))
 
 
 def serve_args(model: Path, gpus: str = "0,1", mode: str = "auto", ctx: int = 1024) -> Any:

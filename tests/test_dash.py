@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _instance import isolated_env, running_instance  # noqa: E402
 
 from arcsplit.run.bus import attach  # noqa: E402
+from arcsplit.run.events import Event, LogData  # noqa: E402
 from arcsplit.tui.app import DashApp  # noqa: E402
 from arcsplit.tui.feed import Feed  # noqa: E402
 
@@ -91,7 +92,7 @@ def test_logs_panel_follows_filters_and_searches(inst):
         await until(pilot, lambda: log.line_count > 0)
         assert any(line.lstrip().startswith("server │") for line in log.lines)
         marker = f"dash-marker-{time.monotonic_ns()}"
-        inst.publish("log", "rpc1", {"line": f"{marker} from the bus"})
+        inst.publish("rpc1", LogData(f"{marker} from the bus"))
         await until(pilot, lambda: any(marker in line for line in log.lines))
         # one process only
         while app.log_proc != "rpc1":
@@ -124,7 +125,7 @@ def test_two_dashboards_watch_one_instance(inst):
             async with apps[0].run_test(size=(80, 24)) as p0, apps[1].run_test(size=(100, 30)) as p1:
                 marker = f"both-{time.monotonic_ns()}"
                 await until(p0, lambda: all(a.state.connected for a in apps))
-                inst.publish("log", "server", {"line": marker})
+                inst.publish("server", LogData(marker))
                 await until(p1, lambda: all(any(marker in line for _, line in a.state.logs) for a in apps))
         finally:
             for f in feeds:
@@ -202,13 +203,11 @@ async def flood(inst: Any, seconds: float, per_second: int) -> int:
     """Publish log lines from the supervisor's loop, as a chatty llama-server would."""
     import anyio
 
-    from arcsplit.run.events import Event
-
     sent = 0
     t0 = time.monotonic()
     while time.monotonic() - t0 < seconds:
         for _ in range(per_second // 100):
-            inst.sup.events.publish(Event("log", "server", {"line": f"flood line {sent} slot 0 decoding token"}))
+            inst.sup.events.publish(Event.of("server", LogData(f"flood line {sent} slot 0 decoding token")))
             sent += 1
         await anyio.sleep(0.01)
     return sent

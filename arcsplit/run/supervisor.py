@@ -22,7 +22,7 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
