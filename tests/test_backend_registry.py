@@ -22,12 +22,12 @@ from arcsplit.llama.facts import CardFact
 from arcsplit.llama.mode import choose_mode
 from arcsplit.llama.runtime import probe_modes
 from arcsplit.modes import Mode
-from arcsplit.node import PROTO
 from arcsplit.node.agent import Agent
 from arcsplit.node.ops import hello_args
 from arcsplit.rig import Host
 from arcsplit.route import Route
-from arcsplit.run.procspec import ProcessSpec
+from arcsplit.proc.spec import ProcessSpec
+from arcsplit.proc.wire import PROTO, Hello
 from arcsplit.run.remote import NodeSession, RemoteMember
 from arcsplit.samples import CardSample
 from arcsplit.telemetry import Telemetry
@@ -140,7 +140,7 @@ class _Child:
 
 
 def test_the_node_agent_reports_its_cards_and_the_main_host_reads_them(rocm, tmp_path):
-    assert hello_args({"proto": PROTO, "run": "r1", "backend": "rocm"}) == ("r1", "rocm")  # its hello is accepted
+    assert hello_args(Hello.of({"op": "hello", "proto": PROTO, "run": "r1", "backend": "rocm"})) == ("r1", "rocm")
     agent = Agent(lambda _m: None, heartbeat=10.0, allow_bind=(), inventory=lambda _b: {}, nvml=False)
     agent.backend = "rocm"  # as the hello sets it
     agent.children["rpc1"] = _Child()  # type: ignore[assignment]

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from _bus_wire import through_bus
 
+from arcsplit.proc.states import GroupState, MemberState
 from arcsplit.run.events import (BuffersData, CardLoad, Event, GroupBackoff, GroupData, GroupReady, GroupStarting,
                                  HostData, LogData, Payload, PlanData, ProgressData, StateData, TelemetryData,
                                  TelemetryError, Usage, VerdictData)
 from arcsplit.samples import CardRow, CardSample, DrmDetail, GpuReport
-from arcsplit.states import GroupState, MemberState
 
 GOLDEN = Path(__file__).parent / "fixtures" / "bus_events_20c3fe2.json"
 T = 1_700_000_000.25
