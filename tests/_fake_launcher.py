@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Callable
 import anyio
 from anyio.abc import TaskStatus
 
-from arcsplit.run.events import MemberSnapshot, member_snapshot
+from arcsplit.run.events import StateData, member_snapshot
 from arcsplit.run.launch import OneHost
 from arcsplit.decide.specs import ProcessSpec
 from arcsplit.proc.states import MemberState, Tracked
@@ -134,7 +134,7 @@ class FakeMember(Tracked):  # the same transition table as a real member: an ill
     def cpu_seconds(self) -> float:
         return 0.0
 
-    def snapshot(self) -> MemberSnapshot:
+    def snapshot(self) -> StateData:
         return member_snapshot(self, None)
 
 

@@ -1,11 +1,11 @@
 """The house's import graph, read from the source (no import runs): data flows one way, surfaces use the API.
 
 Layers, bottom up: the pure core (model, planner, memory, rig, synth, backends, modes, route, samples, hosts) ->
-llama/ (llama.cpp's binaries) -> proc/ (process mechanics and the node wire protocol) -> decide/ (request -> plan -> process specs) ->
-run/ (supervising a group, here and through other hosts' agents) -> telemetry/ -> node/ (the agent on another host)
--> the surfaces (cli/, tui/, _api.py and _warm.py, inproc.py). A module may import its own layer and the ones below,
-never one above; run/ and node/ never import each other; the CLI reaches decide/ and run/ only through the public
-API; no circle of module-level imports. docs/architecture.md tells why.
+llama/ (llama.cpp's binaries) -> proc/ (process mechanics and the node wire protocol) -> decide/ (request -> plan
+-> process specs) -> run/ (supervising a group, here and through other hosts' agents) -> telemetry/ -> node/ (the
+agent on another host) -> the surfaces (cli/, tui/, _api.py and _warm.py, inproc.py). A module may import its own
+layer and the ones below, never one above; run/ and node/ never import each other; the CLI reaches decide/ and run/
+only through the public API; no circle of module-level imports. docs/architecture.md tells why.
 """
 
 from __future__ import annotations

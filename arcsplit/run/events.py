@@ -87,9 +87,6 @@ class StateData(Payload):
         return out
 
 
-MemberSnapshot = StateData  # what a member's snapshot() returns
-
-
 def member_snapshot(member: Any, uptime: float | None) -> StateData:
     """A member's snapshot (launch.Member: state, pid, returncode, paused and its spec), whatever runs it."""
     spec = member.spec

@@ -25,7 +25,7 @@ from ..proc.child import Child
 from ..proc.ports import probe_once
 from ..proc.spec import ProcessSpec
 from ..proc.states import MemberState
-from .events import MemberSnapshot, member_snapshot
+from .events import StateData, member_snapshot
 
 Health = Callable[[], Awaitable["int | None"]]
 
@@ -64,7 +64,7 @@ class Member(Protocol):
     def cpu_seconds(self) -> float:
         """CPU time used so far (0 when unknown): a load that prints nothing still shows progress here."""
 
-    def snapshot(self) -> MemberSnapshot: ...
+    def snapshot(self) -> StateData: ...
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ class LocalMember(Child):
         except psutil.Error:
             return 0.0
 
-    def snapshot(self) -> MemberSnapshot:
+    def snapshot(self) -> StateData:
         return member_snapshot(self, self.uptime())
 
 
