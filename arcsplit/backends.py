@@ -10,11 +10,15 @@ card needs. Pure: no I/O.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .errors import BadInput
 from .modes import Mode
+
+if TYPE_CHECKING:
+    from .samples import CardSampler
 
 @dataclass(frozen=True)
 class Backend:
@@ -67,6 +71,16 @@ class Backend:
         """The cards are shares of the host's CPU, each held by an rpc-server: no devices of the backend's own."""
         return self.prefix is None
 
+    def sampler_class(self) -> type[CardSampler] | None:
+        """The class ``sampler`` names, imported at its first use (the node agent pays for a sampler only when its
+        group's backend has one); None: a CPU card, read from its holder process."""
+        if self.sampler is None:
+            return None
+        if self.sampler not in _SAMPLERS:
+            module, _, name = self.sampler.partition(":")
+            _SAMPLERS[self.sampler] = getattr(importlib.import_module(module), name)
+        return _SAMPLERS[self.sampler]
+
     def device_name(self, position: int) -> str:
         """The name llama.cpp gives the ``position``-th card a process sees."""
         return f"{self.prefix or 'CPU'}{position}"
@@ -85,6 +99,7 @@ class Backend:
         return {self.visibility_var: value, **dict(self.base_env)}
 
 
+_SAMPLERS: dict[str, type[CardSampler]] = {}  # Backend.sampler -> its class, once imported
 # The names code may still need to say (a flag it passes, a file it reads): compare Backend fields instead.
 CPU, SYCL, CUDA, VULKAN = "cpu", "sycl", "cuda", "vulkan"
 _CMAKE = "apt-get install cmake"

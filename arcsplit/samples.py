@@ -6,18 +6,17 @@ for its host's cards (node/agent.py, inside its ``stats`` line), the supervisor 
 the bus. On the wire it is a flat JSON object ({"source", "used", "total", "util", "temp", "power"}, Intel's DRM
 details beside them); ``to_dict``/``from_dict`` are the only places that know that shape.
 
-``CardSampler`` is what a backend's sampler (``Backend.sampler``, "module:Class") implements; ``sampler_class``
-imports it at its first use, so the node agent pays for a sampler only when its group's backend has one.
+``CardSampler`` is what a backend's sampler (``Backend.sampler``, "module:Class") implements;
+``Backend.sampler_class()`` imports it at its first use.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping, Protocol, Sequence
 
-__all__ = ["NO_READING", "CardRow", "CardSample", "CardSampler", "DrmDetail", "GpuReport", "sampler_class"]
+__all__ = ["NO_READING", "CardRow", "CardSample", "CardSampler", "DrmDetail", "GpuReport"]
 
 
 @dataclass(frozen=True)
@@ -145,15 +144,3 @@ class CardSampler(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-_CLASSES: dict[str, type[CardSampler]] = {}
-
-
-def sampler_class(path: str) -> type[CardSampler]:
-    """The CardSampler class a ``Backend.sampler`` names ("package.module:Class"), imported once."""
-    cls = _CLASSES.get(path)
-    if cls is None:
-        module, _, name = path.partition(":")
-        cls = _CLASSES[path] = getattr(importlib.import_module(module), name)
-    return cls

@@ -27,11 +27,11 @@ from ..proc.child import Child
 from ..proc.popen import PopenProcess
 from ..proc.ports import probe_once
 from ..proc.rundir import RunDir
-from ..samples import CardSampler, sampler_class
 from .ops import (Inventory, answering, check_rpc_argv, drop_missing_seeds, greet, hello_args, hello_events,
                   nodes_root, pick_ports, rpc_process, started_events, write_state)
 
 if TYPE_CHECKING:
+    from ..samples import CardSampler
     from .quick import Handover
 
 __all__ = ["Agent", "GpuReporter", "check_rpc_argv", "drop_missing_seeds", "nodes_root", "serve_stdio"]
@@ -58,7 +58,10 @@ class GpuReporter:
             return {}
         try:
             if self._sampler is None:
-                self._sampler = sampler_class(known.sampler).create(self._sys_root, self._proc_root, self._want_nvml)
+                cls = known.sampler_class()
+                if cls is None:
+                    return {}
+                self._sampler = cls.create(self._sys_root, self._proc_root, self._want_nvml)
             rows = self._sampler.sample(None, pids) if self._sampler.available else {}
             return {self._sampler.kind: {key: row.to_dict() for key, row in rows.items()}} if rows else {}
         except Exception:  # a sampler's surprise must not end the agent (and its rpc-servers) or the stats

@@ -24,7 +24,7 @@ from .. import backends
 from ..route import HOST_DEVICE, holders
 from ..run.events import Event, TelemetryData, TelemetryError
 from ..proc.states import GroupState, MemberState
-from ..samples import CardRow, CardSample, CardSampler, GpuReport, sampler_class
+from ..samples import CardRow, CardSample, CardSampler, GpuReport
 from .cpu import ProcessSampler, RemoteSampler, cpu_card, threads_of
 from .server import ServerSampler
 
@@ -45,10 +45,10 @@ def _is_cpu(card: dict[str, Any]) -> bool:
     return card.get("device") == HOST_DEVICE or (be is not None and be.sampler is None)
 
 
-def _sampler_of(card: dict[str, Any]) -> str | None:
-    """The CardSampler path of a plan card's backend (Backend.sampler); None: none reads it."""
+def _sampler_of(card: dict[str, Any]) -> backends.Backend | None:
+    """A plan card's backend, if a sampler reads its cards (Backend.sampler); None: none does."""
     be = backends.REGISTRY.get(str(card.get("backend")))
-    return None if be is None or _is_cpu(card) else be.sampler
+    return None if be is None or _is_cpu(card) else be
 
 
 class Telemetry:
@@ -62,23 +62,25 @@ class Telemetry:
         self._remote = RemoteSampler()
         self._server: ServerSampler | None = None
 
-    def _sampler(self, path: str) -> CardSampler:
-        if path not in self._cards:
-            self._cards[path] = sampler_class(path).create(self._sys_root, self._proc_root, self._want_nvml)
-        return self._cards[path]
+    def _sampler(self, be: backends.Backend) -> CardSampler:
+        """This machine's sampler of ``be``'s cards (one per sampler: sycl and vulkan share Intel's)."""
+        key, cls = str(be.sampler), be.sampler_class()
+        if key not in self._cards and cls is not None:
+            self._cards[key] = cls.create(self._sys_root, self._proc_root, self._want_nvml)
+        return self._cards[key]
 
     def _local_rows(self, here: Sequence[dict[str, Any]], pids: list[int]) -> dict[str, dict[str, CardSample]]:
-        """This machine's readings by sampler, of the samplers the plan's cards here need."""
-        wanted: dict[str, list[int]] = {}
+        """This machine's readings by Backend.sampler, of the samplers the plan's cards here need."""
+        wanted: dict[str, tuple[backends.Backend, list[int]]] = {}
         for card in here:
-            path = _sampler_of(card)
-            if path is not None:
-                wanted.setdefault(path, []).append(int(card.get("index", 0)))
+            be = _sampler_of(card)
+            if be is not None:
+                wanted.setdefault(str(be.sampler), (be, []))[1].append(int(card.get("index", 0)))
         out: dict[str, dict[str, CardSample]] = {}
-        for path, indices in wanted.items():
-            sampler = self._sampler(path)
+        for key, (be, indices) in wanted.items():
+            sampler = self._sampler(be)
             if sampler.available:
-                out[path] = sampler.sample(indices, pids)
+                out[key] = sampler.sample(indices, pids)
         return out
 
     def _card(self, card: dict[str, Any], pos: int, by: dict[str, Any], proc: dict[str, Any] | None,
@@ -86,18 +88,18 @@ class Telemetry:
         """One plan card's reading: its holder's use (CPU), its host agent's report, or this machine's sampler."""
         if _is_cpu(card):
             return cpu_card(proc, card.get("free"), threads_of(by.get("argv")))
-        path = _sampler_of(card)
-        if path is None:
+        be = _sampler_of(card)
+        cls = be.sampler_class() if be is not None else None
+        if be is None or cls is None:
             return None
         if _elsewhere(by):  # held on another host: its agent's report of that host's cards, if fresh
             raw = by.get("gpus")
             report = GpuReport.from_dict(raw) if raw else None
             if report is None or now - report.at > STALE_AFTER:
                 return None
-            cls = sampler_class(path)
             return cls.match(card, pos, report.rows.get(cls.kind) or {})
-        rows = local.get(path)
-        return sampler_class(path).match(card, pos, rows) if rows else None
+        rows = local.get(str(be.sampler))
+        return cls.match(card, pos, rows) if rows else None
 
     async def sample(self, status: dict[str, Any]) -> TelemetryData:
         """One sample of a group's status: each plan card's reading, each process's use, llama-server's metrics."""
