@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from .. import backends
 from ..errors import BadInput
 from ..hosts import forward_argv
 from ..llama.childenv import Dropped, overlay
@@ -201,8 +202,14 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int], link_ports: Seque
                                  connect=connect))
     rpc_specs = list(specs)
     specs += links
+    specs.append(_server_spec(config, rpc_specs, extra_env, unset, shm, threads))
+    return tuple(specs)
 
-    server = route.server
+
+def _server_spec(config: ServeConfig, rpc_specs: list[ProcessSpec], extra_env: dict[str, str],
+                 unset: tuple[str, ...], shm: str, threads: int) -> ProcessSpec:
+    """llama-server's spec, dialling ``rpc_specs`` (in --rpc order)."""
+    plan, route, server = config.plan, config.route, config.route.server
     # LLAMA_SERVER_ROUTER_PORT opts into the router's child protocol: load progress on stdout, exit on stdin EOF.
     env = {**extra_env, **dict(server.env), **dict(config.secret_env), ROUTER_PORT_ENV: str(config.port)}
     if route.rpc:  # offered to every rpc-server; those of other hosts decline
@@ -213,20 +220,18 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int], link_ports: Seque
                        "--metrics"]
     if route.rpc:
         argv += ["--rpc", ",".join(s.dial for s in rpc_specs)]  # before --device
-    rpc_buffers = rpc_buffer_types(rpc_specs)
-    argv += plan.llama_server_args(devices=route.server_devices, buffers=rpc_buffers)
-    if config.backend == "cpu" and route.rpc:
+    argv += plan.llama_server_args(devices=route.server_devices, buffers=rpc_buffer_types(rpc_specs))
+    if backends.get(config.backend).on_cpu and route.rpc:
         argv += ["-t", str(threads)]  # llama-server computes the host card's layers; share cores evenly
     if SERVER_LOG_ARGS[0] not in config.extra_args:  # the user's own verbosity wins
         argv += list(SERVER_LOG_ARGS)
     if config.ui_dir:
         argv += ["--path", config.ui_dir]  # before the user's args: their own --path or --no-ui wins
     fitted, off = fit_args(argv, config.server_features, config.server_bin)
-    specs.append(ProcessSpec(name=server.name, role="server", argv=fitted + tuple(config.extra_args),
-                             env=tuple(sorted(env.items())), host=config.host, port=config.port, cards=server.cards,
-                             devices=server.devices, keep_stdin=True, env_unset=unset, features_off=off,
-                             term_again=SERVER_TERM_AGAIN))
-    return tuple(specs)
+    return ProcessSpec(name=server.name, role="server", argv=fitted + tuple(config.extra_args),
+                       env=tuple(sorted(env.items())), host=config.host, port=config.port, cards=server.cards,
+                       devices=server.devices, keep_stdin=True, env_unset=unset, features_off=off,
+                       term_again=SERVER_TERM_AGAIN)
 
 
 def _rpc_buffer_type(spec: ProcessSpec, j: int) -> str:
