@@ -51,6 +51,8 @@ def test_plan_cli_table(demo_model: Path, capsys: pytest.CaptureFixture[str]) ->
     out = capsys.readouterr().out
     assert rc == 0
     assert "free after" in out and "layer map" in out and "[out]" in out and "SYCL1" in out
+    # card names whole, as the layout and sycl-ls give them (they were cut at 28 characters)
+    assert "Intel(R) Arc(TM) Pro B70 Graphics " in out and "Intel(R) Arc(TM) B580 Graphics " in out
 
 
 def test_save_writes_a_layout_that_loads_back(demo_model: Path, tmp_path: Path,
