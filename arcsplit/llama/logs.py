@@ -37,6 +37,9 @@ _SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("rpc_crashed", re.compile(r"Remote RPC server crashed")),
     ("port_busy", re.compile(r"couldn't bind HTTP server socket|Failed to create server socket")),
     ("model", re.compile(r"error loading model|failed to load model")),
+    # llama.cpp's argument parser (common/arg.cpp): the same arguments fail the same way on every start.
+    ("bad_args", re.compile(r"^error: invalid argument: |^expected value for argument|"
+                            r"^error while handling (?:argument|environment variable) ")),
 )
 # Patch 0008's warning when llama-server cannot make a link's rings (a full /dev/shm): that link runs over TCP.
 _LINK_ON_TCP = re.compile(r"RPC: no shared-memory link \((?P<why>[^)]*)\); TCP only")
@@ -132,6 +135,12 @@ def failure_kind(lines: Iterable[str]) -> str | None:
         if any(pattern.search(line) for line in lines):
             return kind
     return None
+
+
+def bad_args_line(lines: Iterable[str]) -> str | None:
+    """The line in which llama.cpp's argument parser refused an argument, or None."""
+    pattern = dict(_SIGNATURES)["bad_args"]
+    return next((line.strip() for line in lines if pattern.search(line)), None)
 
 
 def error_lines(lines: Iterable[str], limit: int = 3) -> list[str]:

@@ -270,6 +270,12 @@ class Supervisor:
                         continue
                 if failure and failure.kind == "fatal":
                     raise failure.error or RunError(failure.message, f"logs: {self.run_dir.path}")
+                if failure and failure.kind == "bad_args" and not self._ready_event.is_set():
+                    # The same arguments fail the same way on every start: final, said once.
+                    said = logs.bad_args_line(self._rings.get(failure.who, ())) or failure.message
+                    who = "llama-server" if failure.who == "server" else failure.who
+                    raise BadInput(f"{who} refused its arguments: {said}",
+                                   "check the arguments after --; `llama-server --help` lists what this build accepts")
                 if self._failures > self.policy.max_failures:
                     raise RunError(f"gave up after {self._failures} failures in a row: {self._last_error}",
                                    f"logs: {self.run_dir.path}")
