@@ -207,6 +207,19 @@ def test_cli_ps_and_logs(server, isolated):
     assert logs.returncode == 0 and logs.stdout.strip()
 
 
+def test_cli_logs_hide_llama_servers_trace_lines_unless_verbose(server, isolated):
+    """arcsplit runs llama-server at -lv 4 for its buffer lines; `logs` shows what its default verbosity would
+    ("all slots are idle" was 16 of the last 50 lines), `logs --verbose` everything."""
+    httpx.post(f"{server.url}/completion", json={"prompt": "Hi", "n_predict": 2}, timeout=60).raise_for_status()
+    quiet = run_cli("logs", server.run_id, "-p", "server", "-n", "1000", env=isolated)
+    loud = run_cli("logs", server.run_id, "-p", "server", "-n", "1000", "--verbose", env=isolated)
+    assert quiet.returncode == 0 and loud.returncode == 0, (quiet.stderr, loud.stderr)
+    assert "all slots are idle" in loud.stdout and "model buffer size" in loud.stdout
+    assert "all slots are idle" not in quiet.stdout and "model buffer size" not in quiet.stdout
+    assert "model loaded" in quiet.stdout and "print_timing" in quiet.stdout
+    assert len(quiet.stdout.splitlines()) < len(loud.stdout.splitlines()) / 3
+
+
 def test_attach_errors_are_one_line(server, isolated):
     with pytest.raises(NotRunning):
         arcsplit.attach("no-such-run")
