@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from ..rig import load_layout, shipped_layouts
 from . import print_json
 
 
 def _layouts(args: argparse.Namespace) -> int:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, path in shipped_layouts().items():
         rig = load_layout(path)
         hosts = {c.host for c in rig.cards}

@@ -176,7 +176,7 @@ _SPEC = re.compile(r"%[-+ #0]*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|z|j|t|L)?
 
 def _c_strings(text: str, i: int) -> tuple[str, int]:
     """The C string literal (adjacent literals and PRI macros joined) starting at ``text[i:]`` after blanks."""
-    out = []
+    out: list[str] = []
     while True:
         while i < len(text) and text[i] in " \t\r\n":
             i += 1
