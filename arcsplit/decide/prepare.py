@@ -377,7 +377,7 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
                          ui_dir=serve_dir(binaries.server.parent) if binaries else None, env_dropped=dropped,
                          server_features=binary_features(binaries.server) if binaries and foreign else None,
                          rpc_features=rpc_features, hosts=rig.hosts)
-    if req.extra_args and binaries:  # the user's llama-server arguments, against what this build accepts
+    if req.extra_args and binaries and binaries.server.is_file():  # the user's args, against what the build accepts
         check_user_args(split_secrets(req.extra_args)[0], config.server_features or binary_features(binaries.server))
     # The specs as the supervisor will build them (placeholder ports): a flag the route needs and this build lacks
     # is an error now, before any process starts; what it can do without is said.
