@@ -57,7 +57,7 @@ def test_demo_prints_a_request_that_names_the_served_model(tmp_path, llama_bins)
 
     import httpx
 
-    from arcsplit.run.ports import free_port
+    from arcsplit.proc.ports import free_port
 
     ensure_chat_model()  # in the user's cache, where the demo looks
     port = free_port()

@@ -121,7 +121,7 @@ def test_filtered_lv4_output_is_what_the_default_verbosity_prints(llama_bins, de
     import httpx
 
     from arcsplit.llama.logs import trace_filter
-    from arcsplit.run.ports import free_port
+    from arcsplit.proc.ports import free_port
 
     def run(*extra: str) -> list[str]:
         port = free_port()
