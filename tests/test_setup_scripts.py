@@ -11,6 +11,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # bash and a fake installer per case: seconds
 ROOT = Path(__file__).resolve().parents[1]
 RECORDER = '#!/bin/sh\necho "$(basename "$0") $*" >> "$CALLS"\n'
 
@@ -65,3 +68,30 @@ def test_a_changed_pyproject_installs_again(tmp_path: Path) -> None:
     (repo / "pyproject.toml").write_text((repo / "pyproject.toml").read_text() + "\n# changed\n")
     assert _setup(repo, tools, calls, "serve") == ["python -m pip install --quiet -e ."]
     assert len(list((repo / ".venv").glob(".arcsplit-serve-*"))) == 1  # the old stamp went
+
+
+FAKE_PY = """#!/bin/sh
+# a stand-in python: `-m venv DIR` makes DIR/bin/python (this script again); `-m pip install` takes a second
+if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python" && exit 0; fi
+if [ "$1 $2" = "-m pip" ]; then echo "pip $*" >> "$CALLS"; sleep 1; exit 0; fi
+exit 1
+"""
+
+
+def test_two_test_runs_install_the_oneapi_runtime_once(tmp_path: Path) -> None:
+    """scripts/_oneapi.sh writes the shared cache: it takes arcsplit's cache lock (flock) and looks again once it
+    holds it, so a second run started meanwhile finds the first one's runtime."""
+    py = tmp_path / "python"
+    py.write_text(FAKE_PY)
+    py.chmod(0o755)
+    calls = tmp_path / "calls"
+    calls.write_text("")
+    env = {**os.environ, "CALLS": str(calls), "PY": str(py), "ARCSPLIT_CACHE_DIR": str(tmp_path / "cache")}
+    script = f"source {ROOT / 'scripts' / '_oneapi.sh'} && echo \"rt=$ARCSPLIT_TEST_ONEAPI_RT\""
+    procs = [subprocess.Popen(["bash", "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert len(calls.read_text().splitlines()) == 1, calls.read_text()  # one install
+    assert all(out.strip().endswith("/oneapi-rt/2026.2.0") for out, _ in outs), outs
+    assert any("waiting for another arcsplit process" in err for _, err in outs), outs
