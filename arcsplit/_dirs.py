@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 from pathlib import Path
+from typing import Callable, Iterator
 
 import platformdirs
 
@@ -14,6 +17,41 @@ def cache_dir() -> Path:
     """Builds, downloaded sources, the demo model, probe verdicts. ``ARCSPLIT_CACHE_DIR`` overrides."""
     override = os.environ.get("ARCSPLIT_CACHE_DIR")
     return Path(override) if override else Path(platformdirs.user_cache_dir(_APP))
+
+
+LOCK_NAME = "lock"  # scripts/_oneapi.sh takes the same file with flock(1)
+_held = 0  # how deep this process is inside cache_lock (a UI build runs inside a llama.cpp build's lock)
+
+
+@contextlib.contextmanager
+def cache_lock(on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """The one lock every writer of the shared cache holds: llama.cpp builds and prunes, the web UI build, the demo
+    models, the oneAPI runtime. Two terminals, parallel test runs or a demo beside a build would otherwise
+    trample each other's directories. Each writer checks "is it done?" again once it holds the lock, so the one
+    that waited finds the other's work. Reentrant within a process; ``on_wait`` is called when another holds it."""
+    global _held
+    if _held:
+        _held += 1
+        try:
+            yield
+        finally:
+            _held -= 1
+        return
+    root = cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / LOCK_NAME).open("a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        _held = 1
+        try:
+            yield
+        finally:
+            _held = 0
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def state_dir() -> Path:

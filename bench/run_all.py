@@ -2,10 +2,12 @@
 
     python bench/run_all.py [--full] [--assemble-only] [--skip NAME,...]
 
-Each figure the project claims gets a section: the figure, its target, pass/fail read from its results file, and
-that file's path. The long runs (soak, fuzz 100k, loadtool) are never started here; their results files are
-included when present. A plot of throughput ratios goes to bench/results/throughput.png (matplotlib) or,
-without matplotlib, bench/results/throughput.svg (written directly). Needs ARCSPLIT_LLAMA_DIR or a managed CPU build.
+Each figure the project claims gets one row: its target, pass/fail and the current result, read from the first of
+its results files (Figure.files lists the current run first), and a link to its history: bench/results/history/
+<figure>.md, which holds every run's row and the full text of every results file behind it. The long runs (soak,
+fuzz 100k, loadtool) are never started here; their results files are included when present. The plot of
+throughput ratios (bench/results/throughput.png) is drawn with matplotlib, the `bench` extra
+(`pip install -e ".[bench]"`). Needs ARCSPLIT_LLAMA_DIR or a managed CPU build.
 """
 
 from __future__ import annotations
@@ -303,6 +305,12 @@ def v_wait_word(text: str) -> Verdict:
                    f"stream's end {m.group(4)} / {m.group(5)} / {m.group(6)} us (min / median / max)")
 
 
+def v_setup(text: str) -> Verdict:
+    rows = [r for r in table_rows(text) if r and r[0].startswith("`./scripts/")]
+    return Verdict("info", "; ".join(f"{r[0]} {r[1]} s, .venv {r[2]} MiB (min / median / max)" for r in rows)
+                   or "no rows found")
+
+
 @dataclass(frozen=True)
 class Figure:
     title: str
@@ -420,6 +428,8 @@ FIGURES = [
            "alone, no ssh; not started by run_all)", "sooner with the first phase (node/quick.py)",
            ("node_start.md", "node_start_hello_after.md", "node_start_hello_after_before.md"),
            lambda t, f: Verdict("info", first_line_with(t, "Median exec to ready"))),
+    Figure("Set-up of ./scripts/demo and ./scripts/test on a fresh clone (not started by run_all)",
+           "measured: time and .venv size (README)", ("setup_cost.md",), lambda t, f: v_setup(t)),
     Figure("Supervisor CPU while idle", "< 0.5 % of one core", ("idle_cpu.md",), lambda t, f: v_generic(t)),
     Figure("Dashboard frame time under a log flood", "frames under 50 ms at realistic log rates",
            ("dash_frame.md",), lambda t, f: v_generic(t)),
@@ -461,131 +471,107 @@ def demote(text: str) -> str:
 
 
 def plot(out_dir: Path) -> tuple[Path | None, str]:
-    """Throughput ratios per backend, mode and metric, with the hybrid targets."""
+    """Throughput ratios per backend, mode and metric, with the hybrid targets (matplotlib, the bench extra)."""
     series = {b: throughput_ratios(t) for b in ("cpu", "cuda") if (t := read(f"throughput_{b}.md"))}
     series = {b: s for b, s in series.items() if s}
     if not series:
         return None, "no throughput results to plot"
-    bars = [(f"{b} {m}", k, v) for b, s in series.items() for m in ("hybrid", "rpc") if m in s
-            for k, v in s[m].items()]
-    groups = list(dict.fromkeys(g for g, _, _ in bars))
-    metrics = list(HYBRID_TARGETS)
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        svg = write_svg(out_dir / "throughput.svg", groups, metrics, bars)
-        return svg, "matplotlib is not installed: SVG drawn directly"
+        return None, 'matplotlib is not installed: `pip install -e ".[bench]"` draws the plot'
+    bars = [(f"{b} {m}", k, v) for b, s in series.items() for m in ("hybrid", "rpc") if m in s
+            for k, v in s[m].items()]
+    groups = list(dict.fromkeys(g for g, _, _ in bars))
+    metrics = list(HYBRID_TARGETS)
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / len(metrics)
     for i, metric in enumerate(metrics):
         xs = [g + i * width for g in range(len(groups))]
         ys = [next((v for g2, k, v in bars if g2 == g and k == metric), 0) for g in groups]
         ax.bar(xs, ys, width, label=metric)
-    for metric, t in HYBRID_TARGETS.items():
+        for x, y in zip(xs, ys):
+            ax.text(x, y + 0.01, f"{y:.2f}", ha="center", va="bottom", fontsize=7)
+    for t in sorted(set(HYBRID_TARGETS.values())):
         ax.axhline(t, linestyle="--", linewidth=0.8, color="grey")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], groups)
     ax.set_ylabel("ratio to native")
+    ax.set_ylim(0, max([1.2] + [v for _, _, v in bars]) + 0.25)  # room for the legend above the bars
     ax.set_title("Throughput vs native (dashed: hybrid targets 0.75 / 0.90)")
-    ax.legend()
+    ax.legend(loc="upper center", ncol=len(metrics))
     path = out_dir / "throughput.png"
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+    plt.close(fig)
     return path, "matplotlib"
 
 
-def write_svg(path: Path, groups: list[str], metrics: list[str], bars: list[tuple[str, str, float]]) -> Path:
-    """A grouped bar chart as plain SVG (no plotting library needed)."""
-    w, h, left, bottom, top = 640, 300, 50, 40, 30
-    ymax = max([1.2] + [v * 1.1 for _, _, v in bars])
-    colors = ["#4878d0", "#ee854a", "#6acc64"]
-    gw = (w - left - 10) / max(1, len(groups))
-    bw = gw * 0.8 / len(metrics)
+def slug(title: str) -> str:
+    """A figure's history file name: its number, else its words ("5d", "supervisor-cpu-while-idle")."""
+    m = re.match(r"(\d+[a-z]?)\. ", title)
+    words = re.sub(r"\(.*?\)", "", title.lower()).replace("./scripts/", "").split()[:5]
+    return m.group(1) if m else re.sub(r"[^a-z0-9]+", "-", " ".join(words)).strip("-")
 
-    def y(v: float) -> float:
-        return h - bottom - (h - bottom - top) * v / ymax
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
-             f'font-size="11">', f'<rect width="{w}" height="{h}" fill="white"/>',
-             f'<text x="{w / 2}" y="16" text-anchor="middle" font-size="13">Throughput vs native '
-             f'(dashed: hybrid targets 0.75 / 0.90)</text>']
-    for tick in [i * 0.25 for i in range(int(ymax / 0.25) + 1)]:
-        parts.append(f'<text x="{left - 5}" y="{y(tick) + 4:.1f}" text-anchor="end">{tick:.2f}</text>')
-    for gi, g in enumerate(groups):
-        for mi, metric in enumerate(metrics):
-            v = next((v for g2, k, v in bars if g2 == g and k == metric), 0.0)
-            x = left + gi * gw + gw * 0.1 + mi * bw
-            parts.append(f'<rect x="{x:.1f}" y="{y(v):.1f}" width="{bw:.1f}" height="{y(0) - y(v):.1f}" '
-                         f'fill="{colors[mi % 3]}"><title>{g} {metric}: {v:.2f}x</title></rect>')
-            parts.append(f'<text x="{x + bw / 2:.1f}" y="{y(v) - 3:.1f}" text-anchor="middle" '
-                         f'font-size="9">{v:.2f}</text>')
-        parts.append(f'<text x="{left + gi * gw + gw / 2:.1f}" y="{h - bottom + 15}" text-anchor="middle">{g}</text>')
-    for t in sorted(set(HYBRID_TARGETS.values())):
-        parts.append(f'<line x1="{left}" x2="{w - 10}" y1="{y(t):.1f}" y2="{y(t):.1f}" stroke="grey" '
-                     f'stroke-dasharray="4,3"/>')
-    parts.append(f'<line x1="{left}" x2="{w - 10}" y1="{y(1):.1f}" y2="{y(1):.1f}" stroke="black"/>')
-    for mi, metric in enumerate(metrics):
-        x = left + mi * 110
-        parts.append(f'<rect x="{x}" y="{h - 16}" width="10" height="10" fill="{colors[mi % 3]}"/>')
-        parts.append(f'<text x="{x + 14}" y="{h - 7}">{metric}</text>')
-    parts.append("</svg>")
-    path.write_text("\n".join(parts) + "\n", encoding="utf-8")
-    return path
+def history(title: str, target: str, rows: list[tuple[str, Verdict, str]]) -> str:
+    """A figure's history file: every run's row, newest first as Figure.files lists them, then each file's text."""
+    lines = [f"# History: {title}", "", f"Target: {target}.", "",
+             "Every run behind this figure, the current one first; bench/RESULTS.md shows the first row.", "",
+             "| status | result | source |", "|---|---|---|"]
+    lines += [f"| **{v.status}** | {v.detail} | [bench/results/{f}](../{f}) |" for f, v, _ in rows]
+    for f, v, text in rows:
+        lines += ["", f"## bench/results/{f}", "", f"Status: **{v.status}** ({v.detail}).", "", demote(text)]
+    return "\n".join(lines) + "\n"
 
 
 def assemble(log: list[tuple[str, str, float, int | None]]) -> str:
+    """RESULTS.md: one current row per figure, linking its history; writes the history files and the plot."""
     from arcsplit.llama.devices import cpu_model
 
     now = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     lines = ["# arcsplit: measured figures", "",
              f"Assembled by `python bench/run_all.py` on {now} ({cpu_model()}, {os.cpu_count()} cores) from "
-             "bench/results/*.md. Every figure is a ratio measured side by side in one run; each results file names "
-             "its build, machine, model and command. GPU figures come from the files the 2x H200 runs write "
-             "(throughput_cuda.md when present).", "",
-             "| figure | target | status | result | source |", "|---|---|---|---|---|"]
-    sections: list[str] = []
-    seen: set[str] = set()
-    for fig in FIGURES:
-        found = [(f, t) for f in fig.files if (t := read(f)) is not None]
-        seen.update(fig.files)
-        if not found:
-            lines.append(f"| {fig.title} | {fig.target} | missing | no results file | "
-                         f"{', '.join(f'bench/results/{f}' for f in fig.files)} |")
+             "bench/results/*.md. One row per figure: its current result, from the first results file it lists "
+             "(a run of the current code; a file spread over several runs gives min / median / max). Every "
+             "earlier run is in the figure's history file, with the full text of each results file; each results "
+             "file names its build, machine, model and command.", "",
+             "| figure | target | status | current result | history |", "|---|---|---|---|---|"]
+    out = RESULTS / "history"
+    out.mkdir(exist_ok=True)
+    figures = [(fig.title, fig.target, fig.files, fig.judge) for fig in FIGURES]
+    others = sorted(p.name for p in RESULTS.glob("*.md") if p.name not in {f for fig in FIGURES for f in fig.files})
+    figures += [(name.removesuffix(".md"), "(as stated in the file)", (name,), lambda t, f: v_generic(t))
+                for name in others]
+    for title, target, files, judge in figures:
+        rows = [(f, judge(t, f), t) for f in files if (t := read(f)) is not None]
+        if not rows:
+            lines.append(f"| {title} | {target} | missing | no results file | - |")
             continue
-        body = []
-        for f, text in found:
-            v = fig.judge(text, f)
-            lines.append(f"| {fig.title} | {fig.target} | **{v.status}** | {v.detail} | "
-                         f"[bench/results/{f}](results/{f}) |")
-            body += [f"Status: **{v.status}** ({v.detail}). Source: `bench/results/{f}`.", "", demote(text), ""]
-        sections += [f"## {fig.title}", "", f"Target: {fig.target}.", "", *body]
-    others = sorted(p.name for p in RESULTS.glob("*.md") if p.name not in seen)
-    for name in others:
-        text = read(name) or ""
-        v = v_generic(text)
-        lines.append(f"| {name} | (as stated in the file) | **{v.status}** | {v.detail} | "
-                     f"[bench/results/{name}](results/{name}) |")
-        sections += [f"## Other: {name}", "", f"Status: **{v.status}**. Source: `bench/results/{name}`.", "",
-                     demote(text), ""]
+        name = slug(title)
+        (out / f"{name}.md").write_text(history(title, target, rows), encoding="utf-8")
+        f, v, _ = rows[0]
+        runs = f"{len(rows)} run{'s' if len(rows) > 1 else ''}"
+        lines.append(f"| {title} | {target} | **{v.status}** | {v.detail} ([{f}](results/{f})) | "
+                     f"[{runs}](results/history/{name}.md) |")
     path, how = plot(RESULTS)
     lines += [""]
     if path is not None:
         lines += [f"![throughput ratios](results/{path.name})", "",
-                  f"Throughput ratios to native per backend and mode (bench/results/{path.name}; {how}).", ""]
+                  f"Throughput ratios to native per backend and mode (bench/results/{path.name}, drawn with {how}).",
+                  ""]
     else:
         lines += [f"No plot: {how}.", ""]
-    lines += sections
     if log:
         lines += ["## This run", "", "| script | command | seconds | exit |", "|---|---|---|---|"]
         for name, shown, secs, rc in log:
             lines.append(f"| {name} | `{shown}` | {secs:.0f} | {'skipped / not present' if rc is None else rc} |")
         lines += ["", "Long runs (bench/soak.py, bench/fuzz_gguf.py --cases 100000, bench/loadtool.py) are not started "
-                  "here; their "
-                  "results files are included as they are. dash_frame's quick run only prints; its results file "
-                  "is from a hand run.", ""]
+                  "here; their results files are included as they are. dash_frame's quick run only prints; its "
+                  "results file is from a hand run.", ""]
     return "\n".join(lines) + "\n"
 
 

@@ -1,16 +1,32 @@
-# Sourced by the scripts: make .venv with arcsplit and its test extras, once per pyproject change.
+# Sourced by the scripts: make .venv with arcsplit, once per pyproject change.
+# ARCSPLIT_SETUP=serve (scripts/demo): arcsplit and what serving needs, nothing else.
+# ARCSPLIT_SETUP=all (the default: scripts/test, CI): also the test extras, the llama-cpp-python bindings and,
+# as root with apt, the system tools some tests use. Each profile has its own stamp in .venv; a venv set up for
+# all also serves the demo, and a lean one is completed by the next test run.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-python3}"
+SETUP="${ARCSPLIT_SETUP:-all}"
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-stamp=".venv/.arcsplit-$(cat pyproject.toml scripts/_env.sh | sha256sum | cut -c1-16)"
+hash="$(cat pyproject.toml scripts/_env.sh | sha256sum | cut -c1-16)"
+if [ "$SETUP" = serve ]; then
+  if [ ! -f ".venv/.arcsplit-all-$hash" ] && [ ! -f ".venv/.arcsplit-serve-$hash" ]; then
+    echo "arcsplit: installing into .venv (what serving needs) …" >&2
+    .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null
+    .venv/bin/python -m pip install --quiet -e .
+    rm -f .venv/.arcsplit-serve-* && touch ".venv/.arcsplit-serve-$hash"
+  fi
+  export PATH="$ROOT/.venv/bin:$PATH"
+  return 0
+fi
+stamp=".venv/.arcsplit-all-$hash"
 if [ ! -f "$stamp" ]; then
-  echo "arcsplit: installing into .venv …" >&2
+  echo "arcsplit: installing into .venv (everything the tests use) …" >&2
   .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null
-  .venv/bin/python -m pip install --quiet -e ".[test]"
+  .venv/bin/python -m pip install --quiet -e ".[test,bench]"
   # arcsplit.load's bindings, built against arcsplit's own libllama (nothing of llama.cpp is compiled here).
   CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" .venv/bin/python -m pip install --quiet \
     --no-binary llama-cpp-python "llama-cpp-python==0.3.36"

@@ -4,7 +4,14 @@
 # cannot be built (no icpx on PyPI or Debian) nor run (it refuses a platform without a GPU) here.
 # Best effort: when the install fails the tests that need it skip and say why.
 ONEAPI_RT_VERSION=2026.2.0
-_oneapi_rt="${ARCSPLIT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/arcsplit}/oneapi-rt/$ONEAPI_RT_VERSION"
+_oneapi_cache="${ARCSPLIT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/arcsplit}"
+_oneapi_rt="$_oneapi_cache/oneapi-rt/$ONEAPI_RT_VERSION"
+if [ ! -f "$_oneapi_rt/.complete" ]; then
+  # arcsplit's cache lock (arcsplit/_dirs.py cache_lock), then "is it done?" again: another run may have installed it.
+  mkdir -p "$_oneapi_cache"
+  exec 9>>"$_oneapi_cache/lock"
+  flock -n 9 || { echo "arcsplit: waiting for another arcsplit process writing the cache …" >&2; flock 9; }
+fi
 if [ ! -f "$_oneapi_rt/.complete" ]; then
   echo "arcsplit: installing Intel's SYCL + OpenCL CPU runtime $ONEAPI_RT_VERSION into $_oneapi_rt …" >&2
   rm -rf "$_oneapi_rt"
@@ -16,5 +23,6 @@ if [ ! -f "$_oneapi_rt/.complete" ]; then
     rm -rf "$_oneapi_rt"
   fi
 fi
+{ flock -u 9 && exec 9>&-; } 2>/dev/null || true  # never held by the tests this script then runs
 [ -f "$_oneapi_rt/.complete" ] && export ARCSPLIT_TEST_ONEAPI_RT="$_oneapi_rt"
 true

@@ -20,7 +20,7 @@ import pytest
 import zmq
 
 import arcsplit
-from arcsplit.errors import NotRunning, RunError
+from arcsplit.errors import BadInput, NotRunning, RunError
 from arcsplit.run.bus import TOPIC_PREFIX, list_runs
 from arcsplit.proc.ports import free_port, is_free
 from _instance import ENV_KEYS, isolated_env
@@ -207,6 +207,19 @@ def test_cli_ps_and_logs(server, isolated):
     assert logs.returncode == 0 and logs.stdout.strip()
 
 
+def test_cli_logs_hide_llama_servers_trace_lines_unless_verbose(server, isolated):
+    """arcsplit runs llama-server at -lv 4 for its buffer lines; `logs` shows what its default verbosity would
+    ("all slots are idle" was 16 of the last 50 lines), `logs --verbose` everything."""
+    httpx.post(f"{server.url}/completion", json={"prompt": "Hi", "n_predict": 2}, timeout=60).raise_for_status()
+    quiet = run_cli("logs", server.run_id, "-p", "server", "-n", "1000", env=isolated)
+    loud = run_cli("logs", server.run_id, "-p", "server", "-n", "1000", "--verbose", env=isolated)
+    assert quiet.returncode == 0 and loud.returncode == 0, (quiet.stderr, loud.stderr)
+    assert "all slots are idle" in loud.stdout and "model buffer size" in loud.stdout
+    assert "all slots are idle" not in quiet.stdout and "model buffer size" not in quiet.stdout
+    assert "model loaded" in quiet.stdout and "print_timing" in quiet.stdout
+    assert len(quiet.stdout.splitlines()) < len(loud.stdout.splitlines()) / 3
+
+
 def test_attach_errors_are_one_line(server, isolated):
     with pytest.raises(NotRunning):
         arcsplit.attach("no-such-run")
@@ -326,11 +339,15 @@ def test_tcp_bus_needs_the_private_curve_keys(demo_model):
 
 def test_a_group_that_cannot_start_raises_its_run_error_and_the_blocks_own_error_comes_out_as_itself(demo_model):
     """The API's errors are what a caller catches (ArcsplitError, or its own), never anyio's ExceptionGroup wrapper:
-    llama-server refusing an argument gives up with the RunError that names it; a KeyError in the block is that
-    KeyError, after the group stopped."""
+    an argument this build's llama-server lacks is BadInput before anything starts, one it refuses on its first
+    start is BadInput naming llama-server's own line; a KeyError in the block is that KeyError, after the group
+    stopped."""
     opts = dict(gpus=[0, 1], backend="cpu", cpu_memory_mib=1024, ctx=1024, threads=1, bus=False, max_restarts=0)
-    with pytest.raises(RunError, match="invalid argument: --no-such-flag"):
+    with pytest.raises(BadInput, match="'--no-such-flag' is not an option"):
         with arcsplit.serve(demo_model, port=free_port(), extra_args=["--no-such-flag"], **opts):
+            pass
+    with pytest.raises(BadInput, match="refused its arguments: .*--timeout"):
+        with arcsplit.serve(demo_model, port=free_port(), extra_args=["--timeout", "soon"], **opts):
             pass
     port = free_port()
     with pytest.raises(KeyError, match="mine"):

@@ -77,6 +77,12 @@ CASES = [
     ("serve-does-not-fit", ["serve", "{model}", "--gpus", "0,1", "--port", "{free}", "--cpu-memory", "5"],
      ["short by"]),
     ("devices-bad-gpus", ["devices", "--gpus", "x"], ["--gpus"]),
+    # llama-server's own arguments after --: checked against the build's --help before anything starts
+    ("serve-extra-unknown-flag", ["serve", "{model}", "--gpus", "0,1", "--port", "{free}", "--", "--no-such-flag"],
+     ["--no-such-flag", "--help"]),
+    ("serve-extra-api-key-no-value", ["serve", "{model}", "--gpus", "0,1", "--port", "{free}", "--", "--api-key"],
+     ["--api-key", "needs a value"]),
+    ("plan-extra-unknown-flag", ["plan", "{model}", "--gpus", "0,1", "--", "--no-such-flag"], ["--no-such-flag"]),
 ]
 
 

@@ -1,4 +1,4 @@
-"""The managed build: one build at a time per tree, and the host flags every native build gets."""
+"""The managed build: one writer of the cache at a time, and the host flags every native build gets."""
 
 from __future__ import annotations
 
@@ -8,15 +8,18 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from arcsplit.llama.build import _build_lock
 
 
-def test_second_build_waits_for_the_first(tmp_path: Path) -> None:
+def test_second_build_waits_for_the_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path))
     # The first "build" is another process holding the tree's lock, as a second terminal would.
     holder = subprocess.Popen(
         [sys.executable, "-c",
          "import fcntl, sys, time; fh = open(sys.argv[1], 'a'); fcntl.flock(fh, fcntl.LOCK_EX); "
-         "print('held', flush=True); time.sleep(1.0)", str(tmp_path / "build.lock")],
+         "print('held', flush=True); time.sleep(1.0)", str(tmp_path / "lock")],
         stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
@@ -24,7 +27,7 @@ def test_second_build_waits_for_the_first(tmp_path: Path) -> None:
         entered = threading.Event()
 
         def second() -> None:
-            with _build_lock(tmp_path, lambda step, pct: said.append(step)):
+            with _build_lock(lambda step, pct: said.append(step)):
                 entered.set()
 
         t = threading.Thread(target=second)
@@ -34,15 +37,16 @@ def test_second_build_waits_for_the_first(tmp_path: Path) -> None:
         t.join(10)
         assert entered.is_set() and holder.wait(5) == 0
         assert time.monotonic() - start >= 0.5
-        assert any("waiting for another arcsplit build" in s for s in said)
+        assert any("waiting for another arcsplit process" in s for s in said)
     finally:
         holder.kill()
         holder.wait()
 
 
-def test_lock_is_free_again_after_a_build(tmp_path: Path) -> None:
+def test_lock_is_free_again_after_a_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path))
     for _ in range(2):
-        with _build_lock(tmp_path, lambda step, pct: None):
+        with _build_lock(lambda step, pct: None):
             pass
 
 

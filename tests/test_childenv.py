@@ -1,5 +1,6 @@
 """The environment every llama.cpp child gets: inherited SYCL settings reported harmful are dropped, named, and
-the user can keep one. Pure rules, the specs that carry them, and a real child process that sees the result."""
+the user can keep one; credentials are dropped (llama-server keeps its own API key). Pure rules, the specs that
+carry them, and real children (a real group's rpc-servers and llama-server) whose /proc/PID/environ shows it."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import sys
 import anyio
 import pytest
 
-from arcsplit.llama.childenv import KEEP_VAR, SYCL_RULES, clean_env, overlay
-from arcsplit.proc.child import Child
+from pathlib import Path
+
 from arcsplit.decide.specs import ProcessSpec, build_specs, n_rpc_servers
+from arcsplit.llama.childenv import KEEP_VAR, SYCL_RULES, child_environ, clean_env, is_credential, overlay
+from arcsplit.proc import spawn
+from arcsplit.proc.child import Child
 
 from test_specs import config
 
@@ -74,3 +78,75 @@ def test_a_real_child_does_not_inherit_a_dropped_variable(monkeypatch):
     assert child.returncode == 0
     assert "['ARCSPLIT_TEST_KEEP', 'SYCL_CACHE_PERSISTENT']" in list(child.lines)
     assert os.environ["GGML_SYCL_DISABLE_OPT"] == "1"  # the supervisor's own environment is left alone
+
+
+# What a shell that serves models often holds; none of it is any child's business but llama-server's own key.
+PLANTED = {"HF_TOKEN": "hf_planted", "HUGGING_FACE_HUB_TOKEN": "hf_planted2", "AWS_ACCESS_KEY_ID": "AKIAPLANTED",
+           "AWS_SECRET_ACCESS_KEY": "aws-planted", "AWS_SESSION_TOKEN": "aws-session", "GITHUB_TOKEN": "ghp_planted",
+           "OPENAI_API_KEY": "sk-planted", "AZURE_CLIENT_SECRET": "az-planted", "MY_DB_PASSWORD": "pw-planted",
+           "GOOGLE_APPLICATION_CREDENTIALS": "/home/u/gcp.json", "STRIPE_SECRET": "sk_live", "DEPLOY_KEY": "k",
+           "LLAMA_API_KEY": "sk-llama-planted"}
+PLAIN = {"PATH": "/usr/bin", "HOME": "/home/u", "SSH_AUTH_SOCK": "/run/user/1/ssh-agent", "TOKENIZERS_PARALLELISM": "0",
+         "ONEAPI_DEVICE_SELECTOR": "level_zero:0", "MONKEY_BUSINESS": "1", "KEYBOARD": "us", "LANG": "C.UTF-8"}
+
+
+def test_credentials_are_known_by_name_and_nothing_else_is():
+    assert [k for k in PLANTED if not is_credential(k)] == []
+    assert [k for k in PLAIN if is_credential(k)] == []
+    env = child_environ({**PLANTED, **PLAIN})
+    assert env == PLAIN
+    assert child_environ({**PLANTED, **PLAIN}, keep=("LLAMA_API_KEY",)) == {**PLAIN, "LLAMA_API_KEY": "sk-llama-planted"}
+    assert "HF_TOKEN" in child_environ({**PLANTED, KEEP_VAR: "HF_TOKEN"})  # the user's way to pass one on
+    assert clean_env("cpu", {**PLANTED, **PLAIN}) == (PLAIN, ())  # the probe's and fit-params' children too
+
+
+def _environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def test_an_ssh_session_gets_no_credentials(monkeypatch):
+    """ssh (a layout's host session, spec role "node") starts through spawn like every child; a real process
+    stands in for ssh here: what it inherits is decided before the exec."""
+    for k, v in PLANTED.items():
+        monkeypatch.setenv(k, v)
+    spec = ProcessSpec(name="node-b", role="node", argv=("sleep", "30"), env=(), host="", port=0, cards=())
+    proc = spawn.popen(spec)
+    try:
+        env = _wait_for_exec(proc.pid, "sleep")
+        assert [k for k in PLANTED if k in env] == [] and env.get("PATH") == os.environ["PATH"]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _wait_for_exec(pid: int, name: str) -> dict[str, str]:
+    """The environment of ``pid`` once the exec shim has become the program."""
+    import time
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if Path(f"/proc/{pid}/comm").read_text().strip() == name:
+            return _environ_of(pid)
+        time.sleep(0.02)
+    raise AssertionError(f"{pid} never became {name}")
+
+
+@pytest.mark.slow  # a real group
+def test_a_real_group_passes_no_credentials_but_llama_servers_own_key(monkeypatch, tmp_path, llama_bins, demo_model):
+    from test_serve import config_for, running
+
+    monkeypatch.setenv("ARCSPLIT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ARCSPLIT_LLAMA_DIR", str(llama_bins.bin_dir))
+    monkeypatch.setenv("ARCSPLIT_TEST_PLAIN", "kept")
+    for k, v in PLANTED.items():
+        monkeypatch.setenv(k, v)
+    with running(config_for(demo_model)) as sup:
+        seen = {name: _environ_of(p["pid"]) for name, p in sup.status()["processes"].items()}
+        roles = {name: p["role"] for name, p in sup.status()["processes"].items()}
+    assert sorted(roles.values()) == ["rpc", "rpc", "server"]
+    for name, env in seen.items():
+        assert env.get("ARCSPLIT_TEST_PLAIN") == "kept", name  # the rest of the environment passes through
+        kept = {k for k in PLANTED if k in env}
+        assert kept == ({"LLAMA_API_KEY"} if roles[name] == "server" else set()), (name, kept)

@@ -45,3 +45,39 @@ def test_litellm_completion(url, monkeypatch):
     assert reply.usage.completion_tokens > 0
     stream = litellm.completion(messages=messages, stream=True, **common)
     assert "Paris" in "".join(c.choices[0].delta.content or "" for c in stream)
+
+
+def test_demo_prints_a_request_that_names_the_served_model(tmp_path, llama_bins):
+    """`arcsplit demo`'s printed request, sent as printed: its model is what /v1/models lists (not a path)."""
+    import json
+    import os
+    import re
+    import signal
+    import subprocess
+
+    import httpx
+
+    from arcsplit.proc.ports import free_port
+
+    ensure_chat_model()  # in the user's cache, where the demo looks
+    port = free_port()
+    env = {**os.environ, "ARCSPLIT_STATE_DIR": str(tmp_path / "state"), "ARCSPLIT_RUNTIME_DIR": str(tmp_path / "rt"),
+           "ARCSPLIT_LLAMA_DIR": str(llama_bins.bin_dir)}
+    proc = subprocess.Popen([sys.executable, "-m", "arcsplit", "demo", "--port", str(port), "--cpu-memory", "512"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        printed = ""
+        for line in proc.stdout:
+            printed += line
+            if "or open http" in line:
+                break
+        body = json.loads(re.search(r"-d '(\{.*\})'", printed).group(1))
+        url = f"http://127.0.0.1:{port}"
+        assert [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]] == [body["model"]]
+        assert "/" not in body["model"]
+        reply = httpx.post(f"{url}/v1/chat/completions", json={**body, "max_tokens": 16}, timeout=120)
+        assert reply.status_code == 200 and "Paris" in reply.json()["choices"][0]["message"]["content"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0

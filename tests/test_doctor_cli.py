@@ -137,3 +137,15 @@ def test_doctor_reports_the_builds_arcsplit_patches(capsys, llama_bins, tmp_path
             (bare / f.name).symlink_to(f)
     assert main(["doctor", "--backend", "cpu", "--no-probe", "--llama-dir", str(bare)]) == 0
     assert "unknown (not an arcsplit build" in capsys.readouterr().out
+
+
+def test_without_a_build_doctor_names_the_command_that_makes_one(capsys, tmp_path, monkeypatch):
+    """A new user's first `doctor`, before any build: the command to run, not "no binaries given"."""
+    monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ARCSPLIT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("ARCSPLIT_LLAMA_DIR", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no llama-server on PATH either
+    assert main(["doctor", "--backend", "cpu", "--no-probe"]) == 0
+    out = capsys.readouterr().out
+    assert "no build found: run `arcsplit llama build --backend cpu`" in out, out
+    assert "no binaries given" not in out and out.count("arcsplit llama build") == 1

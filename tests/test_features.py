@@ -153,3 +153,33 @@ def test_rpc_server_of_this_build_and_an_older_one(llama_bins, tmp_path, monkeyp
     assert any("--rpc-cache" in o for o in rpc0.features_off)
     with pytest.raises(BadInput, match="does not accept -p"):
         specs_for(config("cuda", "rpc", [0, 1], rpc_features=parse_help("  -H HOST   host\n")))
+
+
+def test_user_args_this_build_refuses_are_bad_input():
+    """`serve MODEL -- ARGS`: what llama.cpp's parser would refuse is refused first, in one line naming the arg."""
+    from arcsplit.errors import BadInput
+    from arcsplit.llama.features import check_user_args
+
+    for argv, words in ((["--no-such-flag"], ["'--no-such-flag'", "not an option"]),
+                        (["-c", "4096", "--api-key"], ["--api-key", "needs a value"]),
+                        (["--ctx-size", "512", "stray"], ["'stray'", "without its flag"])):
+        with pytest.raises(BadInput) as e:
+            check_user_args(argv, OLD)
+        assert all(w in str(e.value) for w in words), str(e.value)
+        assert "--help" in (e.value.fix or "")
+    check_user_args(["-c", "4096", "--api-key", "k", "--no_mmap"], OLD)  # `--a_b` reads as `--a-b`
+
+
+@pytest.mark.slow  # needs the llama.cpp build
+def test_user_args_against_the_real_help(llama_bins, tmp_path, monkeypatch):
+    from arcsplit.errors import BadInput
+    from arcsplit.llama.features import check_user_args
+
+    monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path))
+    f = binary_features(llama_bins.server)
+    check_user_args(["--temp", "0", "--chat-template", "chatml", "--control-vector-layer-range", "1", "9", "-fa", "off",
+                     "--alias", "m"], f)
+    with pytest.raises(BadInput):
+        check_user_args(["--control-vector-layer-range", "1"], f)  # START END: two values
+    with pytest.raises(BadInput):
+        check_user_args(["--no-such-flag"], f)

@@ -13,7 +13,7 @@ from arcsplit.model import load_profile
 from arcsplit.planner import PlanOptions, make_plan
 from arcsplit.rig import load_layout
 
-LAYOUTS = Path(__file__).resolve().parents[1] / "layouts"
+LAYOUTS = Path(__file__).resolve().parents[1] / "arcsplit" / "data" / "layouts"
 EXPECTED = {
     "2x-arc-pro-b70.toml": [32656, 32656],
     "arc-b580-plus-pro-b70.toml": [12216, 32656],
@@ -51,6 +51,8 @@ def test_plan_cli_table(demo_model: Path, capsys: pytest.CaptureFixture[str]) ->
     out = capsys.readouterr().out
     assert rc == 0
     assert "free after" in out and "layer map" in out and "[out]" in out and "SYCL1" in out
+    # card names whole, as the layout and sycl-ls give them (they were cut at 28 characters)
+    assert "Intel(R) Arc(TM) Pro B70 Graphics " in out and "Intel(R) Arc(TM) B580 Graphics " in out
 
 
 def test_save_writes_a_layout_that_loads_back(demo_model: Path, tmp_path: Path,
@@ -100,3 +102,27 @@ def test_bad_inputs_exit_2(tmp_path: Path, demo_model: Path, capsys: pytest.Capt
     (tmp_path / "s-00002-of-00002.gguf").unlink()
     _one_line_error(capsys, ["plan", str(shard), "--layout", str(LAYOUTS / "cpu-demo.toml")], "s-00002-of-00002.gguf")
     _one_line_error(capsys, ["plan", str(demo_model), "--layout", str(tmp_path / "none.toml")], "does not exist")
+
+
+def test_a_shipped_layout_goes_by_name_and_a_path_still_works(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    by_name = load_layout("2x-arc-pro-b70")
+    assert by_name == load_layout(LAYOUTS / "2x-arc-pro-b70.toml")
+    own = tmp_path / "mine.toml"
+    own.write_text('[[cards]]\nbackend = "cpu"\nindex = 0\nname = "a"\nmemory_mib = 4096\n')
+    assert load_layout(own).name == "mine"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cpu-demo").write_text(own.read_text())  # a file here of a shipped name: the file, as before
+    assert load_layout("cpu-demo").name == "cpu-demo" and len(load_layout("cpu-demo").cards) == 1
+
+
+def test_an_unknown_layout_name_is_one_line_naming_the_list(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "model.gguf", "--layout", "3x-imaginary"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "3x-imaginary" in err[0] and "arcsplit layouts" in err[0], err
+
+
+def test_layouts_lists_each_shipped_one_on_a_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["layouts"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == sorted(p.stem for p in LAYOUTS.glob("*.toml"))
+    assert any("2 hosts" in line for line in lines if line.startswith("two-hosts"))

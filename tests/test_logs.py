@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from arcsplit.llama.logs import (MULTI_DEVICE_KINDS, MiB, error_lines, failure_kind, link_on_tcp, parse_buffer_line,
                                  sum_buffers)
 
@@ -78,3 +80,78 @@ def test_a_link_left_on_tcp_is_read_with_its_cause():
     line = "RPC: no shared-memory link (/dev/shm: No space left on device); TCP only"
     assert link_on_tcp(line) == "/dev/shm: No space left on device"
     assert link_on_tcp("RPC: shared-memory link (4 MiB each way)") is None
+
+
+# -- the lines llama-server prints only at the -lv 4 arcsplit runs it with -------------------------------------------
+
+def test_trace_filter_on_verbatim_lines():
+    from arcsplit.llama.logs import trace_filter
+
+    trace = trace_filter()
+    lines = [("0.02.623.948 I srv  update_slots: all slots are idle", True),
+             ("0.02.424.012 I load_tensors:   CPU_Mapped model buffer size =   235.16 MiB", True),
+             ("0.02.614.982 I slot   load_model: id  0 | task -1 | new slot, n_ctx = 512", True),
+             ("0.02.617.387 I srv          init: init: chat template, example_format: '<|im_start|>system", True),
+             ("You are a helpful assistant<|im_end|>", True),  # the same message, continued
+             ("0.02.623.798 I srv  llama_server: model loaded", False),
+             ("0.08.151.646 I slot      release: id  3 | task 0 | stop processing: n_tokens = 3, truncated = 0", False),
+             ("0.02.193.091 W load: control-looking token:    212 '</s>' was not control-type", False),
+             ("error: invalid argument: --bogus", False)]
+    assert [(line, trace(line)) for line, _ in lines] == lines
+
+
+def test_shipped_trace_formats_are_the_pinned_trees():
+    """arcsplit/data/llama_trace.txt is read from the pinned llama.cpp tree: regenerate it when the pin moves."""
+    from arcsplit.llama.logs import TRACE_FILE, trace_formats
+    from arcsplit.llama.source import llama_root
+
+    src = llama_root() / "src"
+    if not (src / "tools" / "server").is_dir():
+        pytest.skip("the pinned llama.cpp tree is not extracted here (arcsplit llama build extracts it)")
+    assert TRACE_FILE.read_text(encoding="utf-8").splitlines() == trace_formats(src)
+
+
+@pytest.mark.slow  # two real llama-servers
+def test_filtered_lv4_output_is_what_the_default_verbosity_prints(llama_bins, demo_model, tmp_path):
+    """The same load and request at llama-server's default verbosity and at -lv 4: the filter leaves the first."""
+    import re
+    import subprocess
+    import time
+
+    import httpx
+
+    from arcsplit.llama.logs import trace_filter
+    from arcsplit.proc.ports import free_port
+
+    def run(*extra: str) -> list[str]:
+        port = free_port()
+        log = tmp_path / f"server{len(extra)}.log"
+        with log.open("w") as fh:
+            proc = subprocess.Popen([str(llama_bins.server), "-m", str(demo_model), "-c", "512", "-np", "1", "-t", "1",
+                                     "--port", str(port), *extra], stdout=fh, stderr=subprocess.STDOUT)
+        try:
+            for _ in range(600):
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+            httpx.post(f"http://127.0.0.1:{port}/completion", json={"prompt": "Hi", "n_predict": 2}, timeout=60)
+            time.sleep(1.5)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        return log.read_text().splitlines()
+
+    def shape(line: str) -> str:  # without the clock and the figures that differ between two runs
+        return re.sub(r"[\d.]+", "N", re.sub(r"^\d+\.\d+\.\d+\.\d+ ", "", line))
+
+    default, verbose = run(), run("-lv", "4")
+    trace = trace_filter()
+    kept = [line for line in verbose if not trace(line)]
+    assert len(verbose) > 3 * len(kept)
+    assert not [line for line in default if trace_filter()(line)]
+    extra = {shape(line) for line in kept} - {shape(line) for line in default}
+    # two lines print their own variable text at TRACE (common_params_print_info's verbosity and system_info)
+    assert all("verbosity = N" in s or "system_info:" in s for s in extra), extra

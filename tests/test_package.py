@@ -154,3 +154,13 @@ def test_pipx_installed_arcsplit_plans_and_serves_from_the_default_cache(pipx_in
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
+
+
+def test_installed_wheel_ships_the_layouts_by_name(installed, demo_model):
+    """`--layout NAME` after an install, outside the checkout: the layouts are package data, not repo files."""
+    arcsplit, env, home = installed
+    shipped = sorted(p.stem for p in (ROOT / "arcsplit" / "data" / "layouts").glob("*.toml"))
+    listed = run(arcsplit, "layouts", cwd=home, env=env).splitlines()
+    assert [line.split()[0] for line in listed] == shipped
+    plan = json.loads(run(arcsplit, "plan", demo_model, "--layout", "2x-arc-pro-b70", "--json", cwd=home, env=env))
+    assert len(plan["cards"]) == 2 and all(n > 0 for n in plan["tensor_split"])

@@ -131,6 +131,15 @@ def test_openai_client_chat_completion(rpc_group):
     assert reply.usage.completion_tokens > 0
 
 
+def test_v1_models_names_the_model_not_its_path(rpc_group, demo_model):
+    """An OpenAI client lists the model and sends its name back: the GGUF's general.name, not a path under home."""
+    from arcsplit.model import load_profile, served_name
+
+    ids = [m["id"] for m in httpx.get(f"{rpc_group.url}/v1/models", timeout=10).json()["data"]]
+    assert ids == [served_name(load_profile(demo_model))]
+    assert "/" not in ids[0] and str(demo_model) not in ids[0]
+
+
 def test_greedy_tokens_identical_to_single_device(rpc_group, single_tokens):
     assert greedy_tokens(rpc_group.url) == single_tokens
 
@@ -314,6 +323,18 @@ def test_cli_model_too_big(demo_model):
     port = free_port()
     r = run_cli(serve_args(demo_model, "--port", str(port), "--cpu-memory", "40"))
     assert_one_line_error(r, "needs about")
+    assert not llama_processes(port)
+
+
+def test_cli_value_llama_server_refuses_is_final_and_said_once(demo_model):
+    """An argument llama.cpp's parser refuses only when it reads it (a word where a number goes): llama-server
+    starts once and exits; the same arguments would fail every restart, so there is none: one line, exit 2."""
+    port = free_port()
+    r = run_cli(serve_args(demo_model, "--port", str(port), "--", "--timeout", "soon"))
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    last = r.stderr.strip().splitlines()[-1]
+    assert "refused its arguments" in last and "--timeout" in last and "--help" in last, last
+    assert r.stderr.count("--timeout") == 1 and "restart" not in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not llama_processes(port)
 
 

@@ -128,3 +128,26 @@ def test_serve_tells_systemd_ready_after_health_then_pings_and_stops(tmp_path, l
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["/nonexistent.gguf", "--gpus", "0,1"], ["/nonexistent.gguf", "does not exist"]),
+    (["{text}", "--gpus", "0,1", "--backend", "cpu"], ["not a GGUF"]),
+    (["{model}", "--backend", "cpu", "--gpus", "0,0"], ["twice"]),
+    (["{model}", "--layout", "3x-imaginary"], ["3x-imaginary", "arcsplit layouts"]),
+    (["{model}", "--backend", "cpu", "--gpus", "0,1", "--cpu-memory", "5"], ["short by"]),
+    (["{model}", "--backend", "cpu", "--gpus", "0,1", "--max-restarts", "-1"], ["--max-restarts"]),
+])
+def test_unit_checks_the_command_as_serve_would_and_writes_nothing(argv, words, demo_model, tmp_path, capsys):
+    """`unit serve /nonexistent.gguf --gpus 0,1` wrote a unit and exited 0: a service that could never start."""
+    (tmp_path / "text.gguf").write_text("not a model\n")
+    argv = [a.replace("{model}", str(demo_model)).replace("{text}", str(tmp_path / "text.gguf")) for a in argv]
+    assert main(["unit", "serve", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert all(w in err for w in words), err
+
+
+def test_unit_for_a_good_command_is_written(demo_model, capsys):
+    assert main(["unit", "serve", str(demo_model), "--backend", "cpu", "--gpus", "0,1", "--cpu-memory", "1024"]) == 0
+    assert "ExecStart=" in capsys.readouterr().out

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from ..errors import ArcsplitError
 
 # Modules that each define ``register(subparsers)``; a command's handler is ``args.func(args) -> int``.
-_COMMAND_MODULES = ("llama", "devices", "model", "plan", "doctor", "serve", "control", "dash", "demo", "report",
+_COMMAND_MODULES = ("llama", "devices", "model", "plan", "layouts", "doctor", "serve", "control", "dash", "demo", "report",
                     "unit", "node")
 
 

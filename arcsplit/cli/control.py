@@ -69,14 +69,20 @@ def _restart(args: argparse.Namespace) -> int:
 
 
 def _logs(args: argparse.Namespace) -> int:
+    from ..llama.logs import trace_filter
+
     with attach(args.run) as client:
-        for line in client.logs(args.process, args.lines):
+        for line in client.logs(args.process, args.lines, verbose=args.verbose):
             print(line)
         if args.follow:
+            trace = trace_filter()  # llama-server's own lines ("server"), as the history above
             for msg in client.events(kinds=("log",), snapshot=False):
                 if args.process is None or msg["name"] == args.process:
+                    line = str(msg["data"].get("line", ""))
+                    if not args.verbose and msg["name"] == "server" and trace(line):
+                        continue
                     prefix = "" if args.process else f"[{msg['name']}] "
-                    print(prefix + str(msg["data"].get("line", "")), flush=True)
+                    print(prefix + line, flush=True)
     return 0
 
 
@@ -102,4 +108,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--process", "-p", metavar="NAME", help="one process: server, rpc0, rpc1, ... (default: all)")
     p.add_argument("--lines", "-n", type=int, default=50, metavar="N", help="lines of history (default 50)")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="also llama-server's trace lines (arcsplit runs it at -lv 4 for its buffer sizes; without "
+                        "this flag logs shows what llama-server's default verbosity would)")
     p.set_defaults(func=_logs)

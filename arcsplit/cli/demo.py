@@ -46,6 +46,8 @@ def _demo(args: argparse.Namespace) -> int:
     # A 135M model answers simple requests sensibly when it decodes greedily and rambles when it samples
     # (llama.cpp's web UI takes the server's default), so the chat demo runs at temperature 0.
     ns.extra = [] if args.base else ["--temp", "0"]
+    # The GGUFs' own general.name ("Smollm2 135M 8k Lc100K Mix1 Ep2") is no name to type into a request.
+    ns.alias = "gemma-3-270m" if args.base else "SmolLM2-135M-Instruct"
     return serve_from_args(ns, demo="completion" if args.base else "chat")
 
 

@@ -183,17 +183,18 @@ def diagnose(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     data = report.to_dict()
     data["remedies"] = fixes
     data["llama_patches"] = applied
+    data["build_command"] = f"arcsplit llama build --backend {backend}" if binaries is None else None
     data["detected"] = None if choice is None else {"reason": choice.reason, "notes": list(choice.notes)}
     data["host"] = [c.to_dict() for c in host]
     data["vulkan"] = {"route": vulkan, "probe": vulkan_probe.to_dict() if vulkan_probe else None}
     if card_note:
         data["facts"]["unread"] = [*data["facts"]["unread"], card_note]  # to_dict's is a tuple
-    return data, _render(report, labels, card_note, fixes, applied, choice, host, vulkan_probe)
+    return data, _render(report, labels, card_note, fixes, applied, choice, host, vulkan_probe, data["build_command"])
 
 
 def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: list[dict[str, str]],
             applied: list[str] | None = None, choice: BackendChoice | None = None, host: Sequence[Check] = (),
-            vulkan_probe: ProbeResult | None = None) -> str:
+            vulkan_probe: ProbeResult | None = None, build_command: str | None = None) -> str:
     f = r.facts
     lines = [f"arcsplit doctor: backend {r.backend}, cards {','.join(map(str, r.gpus)) or '-'}"]
     if choice is not None:
@@ -211,14 +212,18 @@ def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: l
     notify = {True: "CONFIG_DMABUF_MOVE_NOTIFY=y", False: "CONFIG_DMABUF_MOVE_NOTIFY is not set",
               None: "CONFIG_DMABUF_MOVE_NOTIFY unknown"}[k.move_notify]
     row("kernel", f"{k.release or 'not read'}, {notify}" + (f" ({k.config_source})" if k.config_source else ""))
-    row("llama.cpp", f.llama_build or "not read")
-    row("arcsplit patches", ", ".join(applied) if applied else
-        ("none (stock build; docs/patches.md)" if applied == [] else "unknown (not an arcsplit build; docs/patches.md)"))
+    if build_command:  # nothing serves without one: the command that makes it, where the build would be
+        row("llama.cpp", f"no build found: run `{build_command}`")
+    else:
+        row("llama.cpp", f.llama_build or "not read")
+        row("arcsplit patches", ", ".join(applied) if applied else
+            ("none (stock build; docs/patches.md)" if applied == [] else "unknown (not an arcsplit build; docs/patches.md)"))
     for c in f.cards:
         row(f"sysfs {c.drm}", f"{c.pci_id or '?'} {c.name or ''} driver {c.driver or '?'} {c.pci_slot or ''}".strip())
     for label in labels:
         row("card", label)
-    unread = list(f.unread) + ([card_note] if card_note else [])
+    unread = [u for u in f.unread if not (build_command and u.startswith("llama.cpp build:"))]  # said above
+    unread += [card_note] if card_note else []
     if unread:
         lines.append("  could not read:")
         lines += [f"    - {u}" for u in unread]

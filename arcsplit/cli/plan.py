@@ -151,7 +151,7 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
         layers = f"{c.first_layer}-{end - 1}" if end > c.first_layer else "-"
         if c.has_output:
             layers = f"{layers} +out" if end > c.first_layer else "output"
-        name = (f"{c.card.host}/" if c.card.host else "") + c.card.name[:28]  # another host's card: b/<name>
+        name = (f"{c.card.host}/" if c.card.host else "") + c.card.name  # another host's card: b/<name>
         rows.append([name, c.device, layers, _mib(c.weights), _mib(c.kv), _mib(c.state),
                      _mib(c.compute), _mib(c.total), _mib(c.card.free_bytes), _mib(c.free_after), c.largest,
                      c.compute_source or "-"])

@@ -41,8 +41,20 @@ def request_from_args(args: argparse.Namespace) -> Any:
                         cpu_memory_mib=args.cpu_memory, output_layer=args.output_layer,
                         moe_offload=args.moe_offload, host_memory_mib=args.host_memory,
                         llama_dir=args.llama_dir, build=args.build, extra_args=tuple(args.extra),
+                        alias=alias_arg(getattr(args, "alias", None)),
                         stop_grace=getattr(args, "stop_grace", None),
                         **{k: getattr(args, k) for k in ("cache_type", "kv_unified") if hasattr(args, k)})
+
+
+def alias_arg(value: str | None) -> str | None:
+    """--alias NAME: the served model's name, as clients send it in ``model``; one printable line."""
+    if value is None:
+        return None
+    name = value.strip()
+    if not name or not name.isprintable():
+        raise BadInput(f"--alias {value!r} is empty or holds control characters",
+                       "give a name like --alias my-model (default: the model's general.name, else its file name)")
+    return name
 
 
 def build_config(args: argparse.Namespace) -> Any:
@@ -53,11 +65,16 @@ def build_config(args: argparse.Namespace) -> Any:
     return p.config, p.decision, p.profile, p.rig
 
 
-def _serve(args: argparse.Namespace) -> int:
+def check_serve_flags(args: argparse.Namespace) -> None:
+    """serve's own flags that no plan reads (``arcsplit unit serve`` checks them too)."""
     if args.max_restarts < 0:
         raise BadInput(f"--max-restarts {args.max_restarts} is negative", "give 0 or more failures to tolerate")
     if args.stall_timeout <= 0:
         raise BadInput(f"--stall-timeout {args.stall_timeout} must be positive", "give seconds, e.g. 120")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    check_serve_flags(args)
     args.metrics = None  # the endpoint, bound first: a taken port is the only line
     if args.metrics_port is not None:
         if args.metrics_port == args.port:
@@ -262,7 +279,7 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
                 for note in ev.data.get("notes") or ():
                     _say(f"note: {note}")
                 if demo:
-                    _example(sup.url, demo)
+                    _example(sup.url, demo, sup.config.alias or "")
             elif state == GroupState.BACKOFF:
                 _say(f"group failed ({ev.data.get('error')}); restart {ev.data.get('failures')} in "
                      f"{ev.data.get('delay'):.1f} s")
@@ -314,14 +331,18 @@ def _buffer_table(buffers: dict[str, Any]) -> list[str]:
     return rows
 
 
-def _example(url: str, kind: str) -> None:
+def _example(url: str, kind: str, model: str) -> None:
+    """The request the demo prints: the model by its served name, as an OpenAI client would send it."""
+    name = json.dumps(model).replace("'", "'\\''")  # inside the shell's single quotes
     if kind == "chat":
         request = (f"  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
-                   "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Name the capital of France.\"}]}'\n"
+                   f"    -d '{{\"model\": {name}, \"messages\": [{{\"role\": \"user\", "
+                   "\"content\": \"Name the capital of France.\"}]}'\n"
                    f"or open {url} in a browser")
     else:  # a base model continues text but has no chat template
         request = (f"  curl -s {url}/v1/completions -H 'Content-Type: application/json' \\\n"
-                   "    -d '{\"prompt\": \"The capital of France is\", \"max_tokens\": 16, \"temperature\": 0}'")
+                   f"    -d '{{\"model\": {name}, \"prompt\": \"The capital of France is\", \"max_tokens\": 16, "
+                   "\"temperature\": 0}'")
     print(f"\ntry it (Ctrl-C stops everything):\n{request}\n", flush=True)
 
 
@@ -405,6 +426,9 @@ def add_group_arguments(p: argparse.ArgumentParser) -> None:
                    help="hybrid mode: local puts the output layer on llama-server's own card (-ot), so the logits "
                         "do not cross the RPC link; last/auto keep llama.cpp's place (the last card)")
     add_moe_options(p)
+    p.add_argument("--alias", metavar="NAME",
+                   help="the model's name in /v1/models and clients' requests (default: the GGUF's general.name, "
+                        "else its file name)")
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,7 +1,9 @@
 """``arcsplit unit serve MODEL ...``: a systemd unit file that runs that command as a ``Type=notify`` service;
 ``arcsplit unit --node``: one that keeps the standing node agent (``arcsplit node --listen``) running.
 
-The command is checked with the same parser as ``arcsplit serve`` and written as typed, with this arcsplit's
+The command is checked as ``arcsplit serve`` checks it before it starts anything (its parser, then the model, the
+cards or layout, the fit and llama-server's arguments, offline as ``plan`` does: no process, no port taken now),
+and only then written as typed, with this arcsplit's
 absolute path and the current directory as the unit's working directory, so relative paths keep their meaning.
 """
 
@@ -126,8 +128,23 @@ def _unit(args: argparse.Namespace) -> int:
         raise BadInput("the API key would be written into the unit file",
                        "put LLAMA_API_KEY=... in a file only you can read and add EnvironmentFile=FILE to the unit, "
                        "or pass `-- --api-key-file FILE`")
+    check_command(command)
     print(render_unit(command, os.getcwd(), dict(os.environ)), end="")
     return 0
+
+
+def check_command(command: list[str]) -> None:
+    """What ``serve`` would refuse at its start, refused now, before a unit that can never start is written."""
+    from .._api import preview
+    from ..rig import load_layout
+    from . import build_parser
+    from .serve import check_serve_flags, request_from_args
+
+    args = build_parser().parse_args(command)
+    if command[0] != "serve":
+        return  # demo: its own model and cards
+    check_serve_flags(args)
+    preview(request_from_args(args), load_layout(args.layout) if args.layout else None)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

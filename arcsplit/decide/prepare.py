@@ -20,7 +20,7 @@ from ..llama import compute_cache
 from ..llama.childenv import clean_env
 from ..llama.detect import BackendChoice, resolve
 from ..llama.devices import discover_rig, host_budget, parse_gpus
-from ..llama.features import binary_features
+from ..llama.features import binary_features, check_user_args
 from ..llama.fitparams import measure_compute
 from ..llama.locate import LlamaBinaries, find_llama
 from ..llama.mode import ModeDecision, choose_mode
@@ -29,14 +29,14 @@ from ..llama.patches import check_switches
 from ..llama.patches import shm_link_on as rpc_shm  # the user's ARCSPLIT_RPC_SHM, read where serve prepares
 from ..llama.seeding import can_seed
 from ..llama.webui import serve_dir
-from ..model import load_profile
+from ..model import load_profile, served_name
 from ..modes import AUTO as AUTO_MODE, CHOICES as MODE_CHOICES, Mode, parse_choice
 from ..planner import Plan, PlanOptions, make_plan
 from ..proc.ports import check_free, check_host, free_port
 from ..rig import Rig, per_host
 from ..route import OUTPUT_LAYER_CHOICES, Route
 from . import weightcache
-from .specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, n_links, n_rpc_servers
+from .specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, n_links, n_rpc_servers, split_secrets
 
 __all__ = ["MODE_CHOICES", "OUTPUT_LAYER_CHOICES"]  # re-exported by arcsplit._api
 
@@ -68,6 +68,7 @@ class ServeRequest:
     llama_dir: str | None = None
     build: str | None = None  # a managed build's key (arcsplit llama which --all)
     extra_args: tuple[str, ...] = field(default=())
+    alias: str | None = None  # the served model's name; None: model.served_name (general.name, else the file stem)
     stop_grace: float | None = None  # SIGTERM -> SIGKILL seconds; None: the backend's (backends.py stop_grace_s)
     measure: bool = False  # run llama.cpp's dry run for each card's compute buffer now and cache it (plan --measure)
 
@@ -369,12 +370,15 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
                          rpc_bin=str(binaries.rpc_server) if binaries else "ggml-rpc-server",
                          host=req.host, port=req.port, rpc_host=req.rpc_host,
                          rpc_ports=tuple(rpc_ports) if rpc_ports else None, threads=req.threads, cores=cores,
-                         extra_args=tuple(req.extra_args), rpc_spin_us=rpc_spin_us(route, cores), rpc_shm=shm,
+                         extra_args=tuple(req.extra_args), alias=req.alias or _alias_in(req.extra_args) or served_name(profile),
+                         rpc_spin_us=rpc_spin_us(route, cores), rpc_shm=shm,
                          rpc_cache_dir=rpc_cache, rpc_seed=(profile.shards or (plan.model_path,)) if seed else (),
                          mode_env=tuple(sorted(decision.env.items())), forced_mode=req.mode != AUTO_MODE,
                          ui_dir=serve_dir(binaries.server.parent) if binaries else None, env_dropped=dropped,
                          server_features=binary_features(binaries.server) if binaries and foreign else None,
                          rpc_features=rpc_features, hosts=rig.hosts)
+    if req.extra_args and binaries and binaries.server.is_file():  # the user's args, against what the build accepts
+        check_user_args(split_secrets(req.extra_args)[0], config.server_features or binary_features(binaries.server))
     # The specs as the supervisor will build them (placeholder ports): a flag the route needs and this build lacks
     # is an error now, before any process starts; what it can do without is said.
     specs = build_specs(config, [0] * n_rpc_servers(config), [0] * n_links(config))
@@ -397,6 +401,14 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
         notes.append(f"{config.server_bin} lacks flags arcsplit uses; off: {'; '.join(off)}")
     grace = req.stop_grace if req.stop_grace is not None else backends.get(req.backend).stop_grace_s
     return Prepared(req, config, decision, profile, rig, tuple(warnings), tuple(notes), grace)
+
+
+def _alias_in(extra: Sequence[str]) -> str | None:
+    """A name the user gave llama-server itself after ``--`` (``-a``/``--alias NAME``): theirs wins."""
+    for flag, value in zip(extra, extra[1:]):
+        if flag in ("-a", "--alias"):
+            return value
+    return None
 
 
 def planned_specs(prepared: Prepared) -> tuple[ProcessSpec, ...]:

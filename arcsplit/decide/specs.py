@@ -83,6 +83,7 @@ class ServeConfig:
     rpc_seed: tuple[str, ...] = ()  # with rpc_cache_dir: the GGUF files rpc-servers serve weights from (weightcache)
     cores: int = 1
     extra_args: tuple[str, ...] = ()
+    alias: str | None = None  # llama-server --alias: the model's name in /v1/models (model.served_name)
     mode_env: tuple[tuple[str, str], ...] = field(default=())  # from ModeDecision.env (workarounds)
     forced_mode: bool = False
     secret_env: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # llama-server only; never recorded
@@ -225,6 +226,8 @@ def _server_spec(config: ServeConfig, rpc_specs: list[ProcessSpec], extra_env: d
         argv += ["-t", str(threads)]  # llama-server computes the host card's layers; share cores evenly
     if SERVER_LOG_ARGS[0] not in config.extra_args:  # the user's own verbosity wins
         argv += list(SERVER_LOG_ARGS)
+    if config.alias and not {"-a", "--alias"} & set(config.extra_args):
+        argv += ["--alias", config.alias]  # else llama-server names the model by its path
     if config.ui_dir:
         argv += ["--path", config.ui_dir]  # before the user's args: their own --path or --no-ui wins
     fitted, off = fit_args(argv, config.server_features, config.server_bin)

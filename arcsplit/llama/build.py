@@ -7,7 +7,6 @@ exists, so a failed or interrupted build is never mistaken for a finished one.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .. import backends
+from .._dirs import cache_lock
 from ..errors import BadInput, BuildError
 from . import patches
 from .facts import LIB_DIRS
@@ -217,8 +217,7 @@ def prune(dry_run: bool = False, progress: Callable[[str, int | None], None] | N
     """Remove the stale builds nothing runs (and their build logs); returns what was found. Holds the build lock, so
     no build is half-removed under a build, or the reverse."""
     root = llama_root()
-    root.mkdir(parents=True, exist_ok=True)  # where the build lock lives, also before this version's first build
-    with _build_lock(root, progress or _quiet):
+    with _build_lock(progress or _quiet):
         found = stale_builds()
         if not dry_run:
             for s in found:
@@ -463,26 +462,18 @@ def build(config: BuildConfig, jobs: int | None = None, force: bool = False,
         progress(f"note: {note}", None)
     root = llama_root()
     root.mkdir(parents=True, exist_ok=True)
-    with _build_lock(root, progress):
+    with _build_lock(progress):
         if is_built(config) and not force:
             return config.bin_dir  # another process built it while this one waited
         return _build_locked(config, jobs, force, progress, source, root)
 
 
 @contextlib.contextmanager
-def _build_lock(root: Path, progress: Callable[[str, int | None], None]) -> Iterator[None]:
-    """One build at a time per llama.cpp tree: builds share the extracted, patched source and a build key's
-    directories, so two at once (two terminals, parallel test runs) would trample each other's files."""
-    with (root / "build.lock").open("a") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            progress("waiting for another arcsplit build of this tree", None)
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+def _build_lock(progress: Callable[[str, int | None], None]) -> Iterator[None]:
+    """One writer of the cache at a time (_dirs.cache_lock): builds share the extracted, patched source and a build
+    key's directories, so two at once (two terminals, parallel test runs) would trample each other's files."""
+    with cache_lock(lambda: progress("waiting for another arcsplit process writing the cache", None)):
+        yield
 
 
 def _build_locked(config: BuildConfig, jobs: int | None, force: bool,

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import psutil
 
 from .. import backends
+from .childenv import child_environ
 from ..errors import BadInput, LlamaError, UnknownCard
 from ..rig import MiB, Card, Rig
 from .locate import LlamaBinaries, find_llama
@@ -70,7 +71,7 @@ def parse_list_devices(text: str) -> list[DeviceInfo]:
 
 def list_devices(binaries: LlamaBinaries, env: dict[str, str] | None = None, timeout: float = 60.0) -> str:
     """Run ``llama-server --list-devices`` and return everything it printed."""
-    full_env = dict(os.environ)
+    full_env = child_environ(os.environ)  # no credentials for a llama.cpp tool (childenv.py)
     full_env.update(env or {})
     try:
         out = subprocess.run([str(binaries.server), "--list-devices"], capture_output=True, text=True,

@@ -514,7 +514,7 @@ def gather_facts(backend: str = "sycl", build_info: Any = None, sycl_ls_file: st
     compiler = getattr(build_info, "compiler", None)
     llama_build = None
     if build_info is None:
-        unread.append("llama.cpp build: no binaries given")
+        unread.append(f"llama.cpp build: none found; make one with `arcsplit llama build --backend {backend}`")
     elif getattr(build_info, "build_number", None) is not None:
         llama_build = f"build {build_info.build_number} ({build_info.commit})"
     elif getattr(build_info, "version", None):

@@ -17,7 +17,7 @@ from typing import Sequence
 from ..errors import BadInput, LlamaError
 from .answers import answer, cache_path, run_flag
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: flags taking two values (with_two)
 # One option line of `--help` (common/arg.cpp common_arg::to_string: aliases joined by ", ", then the value hint,
 # then the help text after padding; ggml-rpc-server indents its options by two) or the first cell of the README
 # table llama-gen-docs makes from it. Help text continues 40 columns in, so it never looks like an option.
@@ -54,22 +54,26 @@ class Features:
     flags: frozenset[str]
     with_value: frozenset[str]
     source: str = ""
+    with_two: frozenset[str] = frozenset()  # flags that take two values (--lora-scaled FNAME SCALE)
 
     def has(self, flag: str) -> bool:
         return flag in self.flags
 
     def to_dict(self) -> dict[str, object]:
-        return {"flags": sorted(self.flags), "with_value": sorted(self.with_value), "source": self.source}
+        return {"flags": sorted(self.flags), "with_value": sorted(self.with_value), "source": self.source,
+                "with_two": sorted(self.with_two)}
 
     @classmethod
     def from_dict(cls, d: dict[str, object]) -> Features:
-        return cls(frozenset(d["flags"]), frozenset(d["with_value"]), str(d.get("source", "")))  # type: ignore[call-overload]
+        return cls(frozenset(d["flags"]), frozenset(d["with_value"]), str(d.get("source", "")),  # type: ignore[call-overload]
+                   frozenset(d.get("with_two", ())))  # type: ignore[call-overload]
 
 
 def parse_help(text: str, source: str = "") -> Features:
     """The flags in ``--help`` output (or the README table made from it); an alias group shares its value hint."""
     flags: set[str] = set()
     with_value: set[str] = set()
+    with_two: set[str] = set()
     for raw in text.splitlines():
         cell = _TABLE_CELL.match(raw)
         line = cell.group("cell") if cell else raw
@@ -78,9 +82,32 @@ def parse_help(text: str, source: str = "") -> Features:
             continue
         names = [n.strip() for n in m.group("names").split(",")]
         flags.update(names)
-        if m.group("hint").strip():
+        hint = m.group("hint").split()
+        if hint:
             with_value.update(names)
-    return Features(frozenset(flags), frozenset(with_value), source)
+        if len(hint) == 2:  # common_arg::to_string prints value_hint then value_hint_2
+            with_two.update(names)
+    return Features(frozenset(flags), frozenset(with_value), source, frozenset(with_two))
+
+
+def check_user_args(argv: Sequence[str], features: Features, binary: str = "llama-server") -> None:
+    """Refuse the user's llama-server arguments (after ``--``) that this build would refuse, before anything starts:
+    llama.cpp's parser (common/arg.cpp common_params_parse_ex) exits on an unknown flag, a flag without its value and
+    a bare word, and a group that restarts on it only repeats the error. Same rules: ``--a_b`` reads as ``--a-b``;
+    a flag with a value takes the next argument whatever it looks like."""
+    fix = f"fix the arguments after --: `{binary} --help` lists what this build accepts"
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name = arg.replace("_", "-") if arg.startswith("--") else arg
+        if name not in features.flags:
+            hint = "" if arg.startswith("-") else " (a value without its flag?)"
+            raise BadInput(f"llama-server argument {arg!r} is not an option of this build{hint}", fix)
+        need = 2 if name in features.with_two else 1 if name in features.with_value else 0
+        if i + need >= len(argv):
+            if need:
+                raise BadInput(f"llama-server argument {arg} needs {'two values' if need == 2 else 'a value'}", fix)
+        i += 1 + need
 
 
 def fit_args(argv: Sequence[str], features: Features | None, binary: str = "llama-server",

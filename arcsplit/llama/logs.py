@@ -7,9 +7,11 @@ printf calls (src/llama-model.cpp, llama-kv-cache.cpp, llama-context.cpp), from 
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
 
 MiB = 1024 * 1024
 
@@ -37,6 +39,9 @@ _SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("rpc_crashed", re.compile(r"Remote RPC server crashed")),
     ("port_busy", re.compile(r"couldn't bind HTTP server socket|Failed to create server socket")),
     ("model", re.compile(r"error loading model|failed to load model")),
+    # llama.cpp's argument parser (common/arg.cpp): the same arguments fail the same way on every start.
+    ("bad_args", re.compile(r"^error: invalid argument: |^expected value for argument|"
+                            r"^error while handling (?:argument|environment variable) ")),
 )
 # Patch 0008's warning when llama-server cannot make a link's rings (a full /dev/shm): that link runs over TCP.
 _LINK_ON_TCP = re.compile(r"RPC: no shared-memory link \((?P<why>[^)]*)\); TCP only")
@@ -134,6 +139,12 @@ def failure_kind(lines: Iterable[str]) -> str | None:
     return None
 
 
+def bad_args_line(lines: Iterable[str]) -> str | None:
+    """The line in which llama.cpp's argument parser refused an argument, or None."""
+    pattern = dict(_SIGNATURES)["bad_args"]
+    return next((line.strip() for line in lines if pattern.search(line)), None)
+
+
 def error_lines(lines: Iterable[str], limit: int = 3) -> list[str]:
     """The last few lines that look like errors: what a one-line failure message should quote."""
     hits = [line.strip() for line in lines if _ERRORISH.search(line)]
@@ -147,3 +158,86 @@ def sum_buffers(buffers: Iterable[BufferLine]) -> dict[str, dict[str, int]]:
         slot = out.setdefault(b.key, {})
         slot[b.kind] = slot.get(b.kind, 0) + b.bytes
     return out
+
+
+# -- which lines llama-server prints only because arcsplit runs it at -lv 4 ----------------------------------------
+# arcsplit needs verbosity 4 (TRACE) for the buffer and load-mode lines above; llama-server's default is 3 (INFO).
+# A TRACE line looks like an INFO one (both "I"), so `arcsplit logs` tells them apart by where they come from:
+# libllama's info lines (no category tag: "load_tensors: ...", "print_info: ...") are TRACE in llama.cpp's common
+# log (common/log.cpp common_log_get_verbosity), and the server's own are its SRV_TRC/SLT_TRC/COM_TRC/SPC_TRC
+# calls, whose formats arcsplit/data/llama_trace.txt lists, read from the pinned tree (trace_formats).
+TRACE_FILE = Path(__file__).resolve().parent.parent / "data" / "llama_trace.txt"
+_LINE = re.compile(r"^\d+\.\d+\.\d+\.\d+ (?P<level>[A-Z]) (?P<msg>.*)$")
+_TAGGED = re.compile(r"^(?P<cat>srv|slot|cmn|spec|que|res) +\S+: (?:id +-?\d+ \| task -?\d+ \| )?(?P<text>.*)$")
+_TRC_CALL = re.compile(r"\b(?P<macro>SRV|SLT|COM|SPC)_TRC\(")
+_CATEGORY = {"SRV": "srv", "SLT": "slot", "COM": "cmn", "SPC": "spec"}
+_SPEC = re.compile(r"%[-+ #0]*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|z|j|t|L)?[diouxXeEfgGcspn]")
+
+
+def _c_strings(text: str, i: int) -> tuple[str, int]:
+    """The C string literal (adjacent literals and PRI macros joined) starting at ``text[i:]`` after blanks."""
+    out: list[str] = []
+    while True:
+        while i < len(text) and text[i] in " \t\r\n":
+            i += 1
+        m = re.match(r'"((?:[^"\\]|\\.)*)"|PRI[diux](?:8|16|32|64)', text[i:])
+        if m is None:
+            return "".join(out), i
+        out.append(m.group(1).encode().decode("unicode_escape") if m.group(1) is not None else "d")
+        i += m.end()
+
+
+def trace_formats(src: Path) -> list[str]:
+    """``category<TAB>format`` of every TRACE call of the server and common code in a llama.cpp tree (first line of
+    the format; a "%s" format with a literal argument is that literal)."""
+    found: set[str] = set()
+    for path in sorted([*src.glob("tools/server/*.cpp"), *src.glob("tools/server/*.h"), *src.glob("common/*.cpp")]):
+        text = path.read_text(errors="replace")
+        for m in _TRC_CALL.finditer(text):
+            i = m.end()
+            if m.group("macro") == "SLT":
+                i = text.index(",", i) + 1  # the slot
+            fmt, i = _c_strings(text, i)
+            if fmt.startswith("%s") and text[i:i + 1] == ",":
+                literal, _ = _c_strings(text, i + 1)
+                fmt = literal or fmt
+            first = fmt.split("\n", 1)[0]
+            if len(_SPEC.sub("", first).strip()) >= 3:  # a bare "%s" would match every line
+                found.add(f"{_CATEGORY[m.group('macro')]}\t{first}")
+    return sorted(found)
+
+
+@functools.lru_cache(maxsize=1)
+def _trace_patterns() -> dict[str, re.Pattern[str]]:
+    by_cat: dict[str, list[str]] = {}
+    for line in TRACE_FILE.read_text(encoding="utf-8").splitlines():
+        cat, _, fmt = line.partition("\t")
+        parts = _SPEC.split(fmt.replace("%%", "\0"))
+        if len(parts) > 1:  # up to the last value: a value with a newline ends the line there
+            parts = parts[:-1] + [""]
+        by_cat.setdefault(cat, []).append(".*?".join(re.escape(p).replace("\0", "%") for p in parts))
+    return {cat: re.compile("|".join(f"(?:{p})" for p in pats)) for cat, pats in by_cat.items()}
+
+
+def trace_filter() -> Callable[[str], bool]:
+    """A predicate over llama-server's log lines in order: True for a line its default verbosity would not print.
+    A line without llama.cpp's time prefix continues the one before (a multi-line message) and goes with it."""
+    patterns = _trace_patterns()
+    last = [False]
+
+    def is_trace(line: str) -> bool:
+        m = _LINE.match(line.rstrip("\r\n"))
+        if m is None:
+            return last[0]
+        trace = False
+        if m.group("level") == "I":
+            tagged = _TAGGED.match(m.group("msg"))
+            if tagged is None:
+                trace = True  # libllama's info: TRACE in common's log
+            else:
+                pattern = patterns.get(tagged.group("cat"))
+                trace = bool(pattern and pattern.match(tagged.group("text")))
+        last[0] = trace
+        return trace
+
+    return is_trace

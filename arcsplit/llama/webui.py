@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
+from .._dirs import cache_lock
 from .patches import build_patches
 from .source import extract_source, fetch_sdist, llama_root
 
@@ -72,19 +73,23 @@ def _node_problem() -> str | None:
 def build_ui(progress: Callable[[str, int | None], None], force: bool = False,
              source: Path | None = None) -> str | None:
     """Build the UI once (from ``source``'s tools/ui, else the pinned tree's); return None when it is there,
-    else why not, which is also kept for ``serve`` to say."""
+    else why not, which is also kept for ``serve`` to say. Under the cache's lock, checked again once held: a
+    second build that waited finds the first one's UI (two at once crashed on each other's ``ui-work``)."""
     if not force and missing_reason() is None:
         return None
-    root = llama_root()
-    root.mkdir(parents=True, exist_ok=True)
-    log = root / "ui.log"
-    log.write_text("arcsplit: llama.cpp web UI build\n")
-    reason = _node_problem() or _npm_build(root, source, log, progress)
-    if reason:
-        _reason_file().write_text(reason + "\n")
-    else:
-        _reason_file().unlink(missing_ok=True)
-    return reason
+    with cache_lock(lambda: progress("waiting for another arcsplit process writing the cache", None)):
+        if not force and missing_reason() is None:
+            return None
+        root = llama_root()
+        root.mkdir(parents=True, exist_ok=True)
+        log = root / "ui.log"
+        log.write_text("arcsplit: llama.cpp web UI build\n")
+        reason = _node_problem() or _npm_build(root, source, log, progress)
+        if reason:
+            _reason_file().write_text(reason + "\n")
+        else:
+            _reason_file().unlink(missing_ok=True)
+        return reason
 
 
 def _npm_build(root: Path, source: Path | None, log: Path, progress: Callable[[str, int | None], None]) -> str | None:

@@ -52,7 +52,7 @@ class Controllable(Protocol):
 
     def status(self) -> Mapping[str, Any]: ...
 
-    def logs(self, name: str | None = None, n: int = 100) -> list[str]: ...
+    def logs(self, name: str | None = None, n: int = 100, verbose: bool = True) -> list[str]: ...
 
     def stop(self) -> None: ...
 
@@ -247,7 +247,7 @@ class BusServer:
             return {"seq": self.seq, "status": self.target.status(),
                     "logs": self.target.logs(None, int(args.get("n", 200)))}
         if cmd == "logs":
-            return self.target.logs(args.get("name"), int(args.get("n", 100)))
+            return self.target.logs(args.get("name"), int(args.get("n", 100)), bool(args.get("verbose", True)))
         if cmd == "restart":
             out = self.target.restart()
             if inspect.isawaitable(out):
@@ -368,8 +368,8 @@ class Client:
     def status(self) -> dict[str, Any]:
         return self.request("status")
 
-    def logs(self, name: str | None = None, n: int = 100) -> list[str]:
-        return self.request("logs", name=name, n=n)
+    def logs(self, name: str | None = None, n: int = 100, verbose: bool = True) -> list[str]:
+        return self.request("logs", name=name, n=n, verbose=verbose)
 
     def restart(self) -> None:
         self.request("restart")

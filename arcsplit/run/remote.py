@@ -29,6 +29,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from ..decide.specs import ServeConfig
 from ..errors import ArcsplitError, BadInput, HostError
+from ..llama.childenv import child_environ
 from ..hosts import check_inventory, control_argv, node_argv, shares_connection
 from ..proc import wire
 from ..proc.child import Child, describe_exit, run_held
@@ -424,7 +425,7 @@ class SharedLink(_Relayed):
 
     async def _control(self, argv: Sequence[str]) -> tuple[int, list[str]]:
         """One ``ssh -O ...`` client: its exit status and output lines."""
-        env = dict(os.environ)
+        env = child_environ(os.environ)  # ssh needs no credential of the environment's (llama/childenv.py)
         for var in self.spec.env_unset:
             env.pop(var, None)
         with anyio.move_on_after(30.0):

@@ -137,13 +137,23 @@ class Supervisor:
     async def wait_ready(self) -> None:
         await self._ready_event.wait()
 
-    def logs(self, name: str | None = None, n: int = 100) -> list[str]:
-        """The last ``n`` captured lines of one process (or of all, prefixed with the process name)."""
+    def logs(self, name: str | None = None, n: int = 100, verbose: bool = True) -> list[str]:
+        """The last ``n`` captured lines of one process (or of all, prefixed with the process name). ``verbose``
+        False: without the lines llama-server prints only at the -lv 4 arcsplit runs it with (logs.trace_filter)."""
+        servers = {s.name for s in self._specs if s.role == "server"}
+
+        def lines(key: str) -> list[str]:
+            ring = list(self._rings.get(key, ()))
+            if verbose or key not in servers:
+                return ring
+            trace = logs.trace_filter()
+            return [line for line in ring if not trace(line)]
+
         if name is not None:
-            return list(self._rings.get(name, ()))[-n:]
+            return lines(name)[-n:]
         out = []
-        for key, ring in self._rings.items():
-            out += [f"[{key}] {line}" for line in list(ring)[-n:]]
+        for key in list(self._rings):
+            out += [f"[{key}] {line}" for line in lines(key)[-n:]]
         return out[-n:] if n else out
 
     def status(self) -> Status:
@@ -270,6 +280,12 @@ class Supervisor:
                         continue
                 if failure and failure.kind == "fatal":
                     raise failure.error or RunError(failure.message, f"logs: {self.run_dir.path}")
+                if failure and failure.kind == "bad_args" and not self._ready_event.is_set():
+                    # The same arguments fail the same way on every start: final, said once.
+                    said = logs.bad_args_line(self._rings.get(failure.who, ())) or failure.message
+                    who = "llama-server" if failure.who == "server" else failure.who
+                    raise BadInput(f"{who} refused its arguments: {said}",
+                                   "check the arguments after --; `llama-server --help` lists what this build accepts")
                 if self._failures > self.policy.max_failures:
                     raise RunError(f"gave up after {self._failures} failures in a row: {self._last_error}",
                                    f"logs: {self.run_dir.path}")
