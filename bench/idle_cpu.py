@@ -20,10 +20,10 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from arcsplit.cli import build_parser  # noqa: E402
-from arcsplit.cli.serve import build_config  # noqa: E402
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _group import group, prepared  # noqa: E402
 from arcsplit.proc.ports import free_port  # noqa: E402
-from arcsplit.run.supervisor import Supervisor  # noqa: E402
 
 
 def main() -> int:
@@ -37,13 +37,12 @@ def main() -> int:
         from arcsplit.demo import ensure_demo_model
 
         a.model = str(ensure_demo_model())
-    args = build_parser().parse_args(["serve", a.model, "--backend", "cpu", "--gpus", a.gpus, "--mode", a.mode,
-                                      "--ctx", "1024", "--threads", "1", "--port", str(free_port())])
-    config, _, _, _ = build_config(args)
+    p = prepared(a.model, backend="cpu", gpus=a.gpus, mode=a.mode, ctx=1024, threads=1, port=free_port())
     me = psutil.Process()
 
     async def run() -> tuple[float, float, int]:
-        async with Supervisor(config) as sup:
+        async with group(p) as inst:
+            sup = inst.supervisor
             await anyio.sleep(1.0)  # let start-up work settle
             c0, t0 = me.cpu_times(), time.perf_counter()
             await anyio.sleep(a.seconds)

@@ -35,12 +35,11 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from arcsplit.cli import build_parser  # noqa: E402
-from arcsplit.cli.serve import build_config  # noqa: E402
-from arcsplit.proc.ports import free_port  # noqa: E402
-from arcsplit.decide.specs import ROUTER_PORT_ENV, build_specs, n_rpc_servers  # noqa: E402
-from arcsplit.run.supervisor import Supervisor  # noqa: E402
+from _group import group, prepared  # noqa: E402
 from _report import write_report  # noqa: E402
+from arcsplit._api import Prepared, planned_specs  # noqa: E402
+from arcsplit.decide.specs import ROUTER_PORT_ENV  # noqa: E402
+from arcsplit.proc.ports import free_port  # noqa: E402
 
 
 def serve_argv(a: argparse.Namespace, port: int) -> list[str]:
@@ -57,9 +56,13 @@ def wait_port(host: str, port: int) -> None:
             time.sleep(0.02)
 
 
-def by_hand(config) -> float:
-    ports = [free_port() for _ in range(n_rpc_servers(config))]
-    specs = build_specs(config, ports)
+def serve_request(a: argparse.Namespace) -> Prepared:
+    """What serve_argv asks for, prepared as ``arcsplit serve`` would."""
+    return prepared(a.model, backend="cpu", gpus=a.gpus, mode=a.mode, ctx=a.ctx, threads=1, port=free_port())
+
+
+def by_hand(p: Prepared) -> float:
+    specs = planned_specs(p)  # the argv arcsplit would use, on ports free now
     t0 = time.perf_counter()
     procs = []
     try:
@@ -91,10 +94,10 @@ def by_hand(config) -> float:
                 p.wait()
 
 
-def through_arcsplit(config) -> float:
+def through_arcsplit(p: Prepared) -> float:
     async def main() -> float:
         t0 = time.perf_counter()
-        async with Supervisor(config):
+        async with group(p):
             return time.perf_counter() - t0
 
     return anyio.run(main)
@@ -133,14 +136,14 @@ def load_model(gb: float) -> Path:
 GREEDY_PROMPT = "The three primary colors are"
 
 
-def ready_and_tokens(config, n_predict: int) -> tuple[float, list[int]]:
+def ready_and_tokens(p: Prepared, n_predict: int) -> tuple[float, list[int]]:
     """Seconds until the Supervisor's group answers /health 200, then greedy tokens from it."""
     async def main() -> tuple[float, list[int]]:
         t0 = time.perf_counter()
-        async with Supervisor(config):
+        async with group(p):
             dt = time.perf_counter() - t0
             async with httpx.AsyncClient(timeout=600) as client:
-                r = await client.post(f"{config.url}/completion", json={
+                r = await client.post(f"{p.config.url}/completion", json={
                     "prompt": GREEDY_PROMPT, "n_predict": n_predict, "temperature": 0, "top_k": 1,
                     "cache_prompt": False, "return_tokens": True})
                 r.raise_for_status()
@@ -151,31 +154,26 @@ def ready_and_tokens(config, n_predict: int) -> tuple[float, list[int]]:
 
 def load_bench(a: argparse.Namespace) -> int:
     """--load: time to ready per route, weights over the socket vs read from the GGUF (patch 0006)."""
-    from arcsplit.llama import seeding
     from arcsplit.decide import weightcache
-    from arcsplit.decide.prepare import prepare
-    from arcsplit.cli.serve import request_from_args
+    from arcsplit.llama import seeding
 
     cases = [("native", "-")] + [(r, w) for r in a.routes.split(",") if r != "native" for w in ("socket", "seed")]
 
-    def config_of(route: str, weights: str):
+    def config_of(route: str, weights: str) -> Prepared:
         gpus = a.gpus.split(",")[0] if route == "native" else a.gpus
-        argv = ["serve", a.model, "--backend", "cpu", "--gpus", gpus, "--mode",
-                "single" if route == "native" else route, "--ctx", str(a.ctx), "--threads", "1",
-                "--port", str(free_port()), "--cpu-memory", str(a.cpu_memory)]
-        argv += ["--no-rpc-seed"] if weights == "socket" else []
-        prepared = prepare(request_from_args(build_parser().parse_args(argv)))
-        if weights == "seed" and not prepared.config.rpc_seed:
-            raise SystemExit(f"{prepared.config.rpc_bin} cannot seed its cache (a build without patch "
+        p = prepared(a.model, backend="cpu", gpus=gpus, mode="single" if route == "native" else route, ctx=a.ctx,
+                     threads=1, port=free_port(), cpu_memory_mib=a.cpu_memory, rpc_seed=weights != "socket")
+        if weights == "seed" and not p.config.rpc_seed:
+            raise SystemExit(f"{p.config.rpc_bin} cannot seed its cache (a build without patch "
                              f"{seeding.PATCH}); `arcsplit llama build` makes one")
-        return prepared.config
+        return p
 
     times: dict[tuple[str, str], list[float]] = {c: [] for c in cases}
     same: dict[tuple[str, str], list[bool]] = {c: [] for c in cases}
     first_seed: list[str] = []
     for route, weights in cases:  # the first start of a seeded group indexes the file: timed once, apart
         if weights == "seed":
-            index = weightcache.index_of(a.model, config_of(route, weights).rpc_cache_dir)
+            index = weightcache.index_of(a.model, config_of(route, weights).config.rpc_cache_dir)
             if index is not None:
                 index.unlink(missing_ok=True)
             t0 = time.perf_counter()
@@ -245,8 +243,8 @@ def main() -> int:
         a.model = str(ensure_demo_model())
     hand, sup, cli = [], [], []
     for i in range(a.runs):
-        config, _, _, _ = build_config(build_parser().parse_args(serve_argv(a, free_port())))
-        routes = [(hand, lambda: by_hand(config)), (sup, lambda: through_arcsplit(config)), (cli, lambda: through_cli(a))]
+        p = serve_request(a)
+        routes = [(hand, lambda: by_hand(p)), (sup, lambda: through_arcsplit(p)), (cli, lambda: through_cli(a))]
         for k in range(3):  # rotate the order: whoever runs first after a teardown pays for it
             results, fn = routes[(i + k) % 3]
             results.append(fn())

@@ -3,6 +3,7 @@
     python examples/async_events.py [MODEL.gguf]
 """
 
+import socket
 import sys
 
 import anyio
@@ -10,7 +11,13 @@ import httpx
 
 import arcsplit
 from arcsplit.demo import ensure_demo_model
-from arcsplit.proc.ports import free_port
+
+
+def free_port() -> int:
+    """A port free now on this machine (the example's own; arcsplit's default is 8080)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 async def main(model: str) -> None:

@@ -3,13 +3,21 @@
     python examples/serve_and_query.py [MODEL.gguf]     # default: the demo model on two CPU cards
 """
 
+import socket
 import sys
 
 import httpx
 
 import arcsplit
 from arcsplit.demo import ensure_demo_model
-from arcsplit.proc.ports import free_port
+
+
+def free_port() -> int:
+    """A port free now on this machine (the example's own; arcsplit's default is 8080)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
 
 model = sys.argv[1] if len(sys.argv) > 1 else ensure_demo_model()
 

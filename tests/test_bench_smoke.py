@@ -118,3 +118,17 @@ def test_prompt_cache_link_counts_the_kv_copies_over_the_link(llama_bins, tmp_pa
     gets = {(on == "default", name): int(n) for on, name, n, _, _ in rows}
     assert len(gets) == 4, out.read_text()
     assert all(gets[(True, r)] > gets[(False, r)] for r in ("rpc0", "rpc1")), gets
+
+
+@pytest.mark.slow
+def test_startup_bench_times_each_entry_point_of_each_tree(llama_bins, demo_model, tmp_path: Path) -> None:
+    """bench/startup.py: --help, plan on the demo model and the node agent's exec to ready, for the trees named
+    (here this checkout twice), each cell min / median / max of the runs."""
+    out = tmp_path / "startup.md"
+    run_bench("startup.py", llama_bins, out, "--runs", "1", "--tree", str(ROOT), "--tree", str(ROOT), timeout=240)
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and "ms |" not in line]
+    assert [r.split(" | ")[0] for r in rows] == ["| arcsplit --help", "| arcsplit plan (demo model)",
+                                                 "| node agent: exec to ready"]
+    for r in rows:
+        cells = r.strip("| ").split(" | ")[1:]
+        assert len(cells) == 2 and all(re.fullmatch(r"\d+ / \*\*\d+\*\* / \d+", c) for c in cells), r
