@@ -26,6 +26,7 @@ from .run.launch import Launcher
 from .decide.prepare import (MODE_CHOICES, OUTPUT_LAYER_CHOICES, Prepared, ServeRequest, planned_specs, prepare,
                           preview)
 from .run.supervisor import RestartPolicy, Timeouts
+from .run.systemd import run_notify
 
 __all__ = ["AsyncServer", "BusInfo", "Client", "Instance", "MODE_CHOICES", "OUTPUT_LAYER_CHOICES", "Prepared",
            "Server", "ServeRequest", "aserve", "attach", "instance", "plan", "planned_specs", "prepare", "preview",
@@ -118,11 +119,9 @@ def instance(prepared: Prepared, *, max_restarts: int = 5, stall_timeout: float 
     ``systemd``: tell systemd about the run (Type=notify, watchdog) when started by it (``arcsplit serve`` is).
     ``launcher``: how members start (default: run/remote.launcher_for, local or with the layout's hosts)."""
     if systemd:
-        from .run.systemd import run_notify
-
         watchers = (run_notify, *watchers)
     if telemetry:
-        from .telemetry import run_telemetry
+        from .telemetry import run_telemetry  # start-up: route, HTTP and samplers, for a run that asks for them
 
         watchers = (run_telemetry, *watchers)
     return Instance(prepared, policy=RestartPolicy(max_failures=max_restarts),

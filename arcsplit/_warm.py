@@ -30,9 +30,9 @@ async def warm_hosts(hosts: Sequence[Host], early: Mapping[str, Early] | None = 
     """A NodeLauncher whose sessions to ``hosts`` are starting (``early``: those already running, run/early.py);
     every one ended on exit, greeted or not. Before a group runs on it, name this machine's llama-server with
     :func:`check_builds`."""
-    import anyio
+    import anyio  # start-up: (this whole module) after the ssh sessions are spawned, while they log in
 
-    from .run.remote import NodeLauncher
+    from .run.remote import NodeLauncher  # start-up: the serving stack, after the sessions are spawned
 
     launcher = NodeLauncher(hosts)
     async with anyio.create_task_group() as tg:
@@ -46,7 +46,7 @@ async def warm_hosts(hosts: Sequence[Host], early: Mapping[str, Early] | None = 
 
 def check_builds(launcher: NodeLauncher, server_bin: str) -> None:
     """Each host's hello is checked against this machine's llama.cpp (hosts.check_inventory)."""
-    from .run.remote import same_build
+    from .run.remote import same_build  # start-up: as in warm_hosts
 
     launcher.check = same_build(server_bin)
 
@@ -92,7 +92,7 @@ def run_early(rig: Rig, dispatch: Callable[[EarlyStart], int]) -> int:
 
     start = EarlyStart(rig, start_sessions(rig.hosts))  # before anyio's import: the logins begin meanwhile
     try:
-        import anyio
+        import anyio  # start-up: after start_sessions, so the logins begin meanwhile
         import anyio.to_thread
     except BaseException:  # a Ctrl-C during the import: the sessions go with it
         for e in start.sessions.values():

@@ -183,3 +183,24 @@ def test_no_circle_of_module_level_imports():
     graph = {m: {t for t in ts if t in graph and t != m} for m, ts in graph.items()}
     assert "arcsplit.proc.spawn" in graph["arcsplit.proc.child"]  # the walker resolves "from . import spawn"
     assert not circles(graph), f"import circles (module level): {circles(graph)}"
+
+
+LAZY_CHECKED = ("proc", "decide", "run", "node", "_api", "_warm")
+
+
+@pytest.mark.parametrize("unit", LAZY_CHECKED)
+def test_an_import_inside_a_function_says_what_start_up_it_saves(unit):
+    # an import at the top costs every start of the CLI or the node agent once; one inside a function is there for
+    # start-up time only, and says so on its line ("# start-up: <why>"), or it belongs at the top
+    paths = sorted((PKG / unit).rglob("*.py")) if (PKG / unit).is_dir() else [PKG / f"{unit}.py"]
+    bare = []
+    for path in paths:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for fn in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    if isinstance(node, (ast.Import, ast.ImportFrom)) and "# start-up:" not in lines[node.lineno - 1]:
+                        if not (isinstance(node, ast.Import) and lines[node.lineno - 2].strip().startswith("import ")
+                                and "# start-up:" in lines[node.lineno - 2]):  # a second line of the same import
+                            bare.append(f"{path.relative_to(PKG)}:{node.lineno}")
+    assert not bare, f"function-level imports without '# start-up: <why>': {bare}"

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 from .. import backends
 from .._dirs import cache_dir, keep_json
-from ..errors import ArcsplitError, BadInput
+from ..errors import ArcsplitError, BadInput, DoesNotFit
 from ..llama import compute_cache
 from ..llama.childenv import clean_env
 from ..llama.detect import BackendChoice, resolve
@@ -29,6 +29,7 @@ from ..llama.patches import check_switches
 from ..llama.patches import shm_link_on as rpc_shm  # the user's ARCSPLIT_RPC_SHM, read where serve prepares
 from ..llama.seeding import can_seed
 from ..llama.webui import serve_dir
+from ..memory import ctx_class, ctx_class_below
 from ..model import load_profile, served_name
 from ..modes import AUTO as AUTO_MODE, CHOICES as MODE_CHOICES, Mode, parse_choice
 from ..planner import Plan, PlanOptions, make_plan
@@ -133,7 +134,7 @@ def _runtime(req: ServeRequest, rig: Rig, binaries: Any, probe: bool | None = No
     observed = load_observed(req.backend)
     if not backends.get(req.backend).probe_by_default or len(rig.cards) < 2 or req.mode != AUTO_MODE:
         return None, observed or None
-    from ..llama.runtime import check_runtime
+    from ..llama.runtime import check_runtime  # start-up: probe and facts (~7 ms), for a multi-card Intel run only
 
     report = check_runtime(req.backend, [c.index for c in rig.cards], binaries, probe=probe, progress=progress)
     known = {p.mode: p.ok for p in report.probes}
@@ -183,9 +184,6 @@ def measure_plan(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: boo
     all, the split they would choose with twice the memory is measured first; with --ctx max, once every card is
     measured and a card (not the training context) stops the context, the next context class is measured too.
     """
-    from ..errors import DoesNotFit
-    from ..memory import ctx_class, ctx_class_below
-
     native = backends.get(req.backend).on_cpu or live
     binaries = find_llama(req.llama_dir if native else None, backend=req.backend if native else backends.CPU,
                           build=req.build if native else None)

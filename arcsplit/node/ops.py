@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from .. import backends
+from .._dirs import state_dir
 from ..errors import BadInput
 from ..llama.locate import RPC_NAMES
 from ..llama.seeding import SEED_FLAG, can_seed
@@ -35,8 +36,6 @@ Inventory = Callable[[str | None], dict[str, Any]]
 
 
 def nodes_root() -> Path:
-    from .._dirs import state_dir
-
     return state_dir() / "nodes"
 
 

@@ -207,7 +207,7 @@ def _start(spec: ProcessSpec, notes: list[str], h: Handover, emit: Emit) -> None
     """Spawn, then say ``started`` as the agent would (OSError: nothing started)."""
     started = Started(spec, popen(spec))
     h.started.append(started)
-    import psutil  # after the spawn: the rpc-server starts meanwhile
+    import psutil  # start-up: after the spawn, so the rpc-server starts meanwhile
 
     try:
         started.create_time = psutil.Process(started.popen.pid).create_time()
@@ -238,6 +238,6 @@ def run_stdio(*, heartbeat: float, allow_bind: tuple[str, ...], inventory: Inven
         h = first_ops(0, emit, allow_bind=allow_bind, inventory=inventory)
     if h.eof and not h.started and not h.lines:
         return 0  # the client left before asking for anything this agent would have to stop
-    from .agent import serve_stdio
+    from .agent import serve_stdio  # start-up: anyio and psutil, imported by first_ops's thread by now
 
     return serve_stdio(emit, h, heartbeat=heartbeat, allow_bind=allow_bind, inventory=inventory)

@@ -12,6 +12,7 @@ Stdlib only and run by path (not ``-m``) so starting it imports nothing of arcsp
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -38,8 +39,6 @@ def main(argv: list[str]) -> int:
         print("_exec: no command after --", file=sys.stderr)
         return 127
     if sys.platform.startswith("linux"):
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
             print(f"_exec: prctl failed: {os.strerror(ctypes.get_errno())}", file=sys.stderr)

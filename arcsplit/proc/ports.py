@@ -53,7 +53,7 @@ def check_free(host: str, port: int, what: str, flag: str) -> None:
 
 async def probe_once(host: str, port: int, timeout: float = 1.0) -> bool:
     """One connect-and-close. An rpc-server serves one client at a time: never call this after llama-server connects."""
-    import anyio  # here, not at the top: the node agent picks ports before it imports anyio (node/quick.py)
+    import anyio  # start-up: the node agent picks ports before it imports anyio (node/quick.py)
 
     try:
         with anyio.fail_after(timeout):

@@ -91,7 +91,7 @@ def since_boot(pid: int) -> float | None:
 
 def supervisor_identity() -> dict[str, Any]:
     """This process, as state.json names its supervisor (``create_time`` for older readers)."""
-    import psutil
+    import psutil  # start-up: see the note at the top
 
     me = psutil.Process()
     return {"pid": me.pid, "create_time": me.create_time(), "since_boot": since_boot(me.pid)}
@@ -102,7 +102,7 @@ def same_process(pid: int, create_time: float, cmdline: list[str] | None = None,
     """The live process with this pid *and* start time (and argv, when given): never a reused pid. ``started``:
     its :func:`since_boot` as recorded, compared instead of the wall-clock ``create_time`` (files written before
     it existed have only the latter)."""
-    import psutil
+    import psutil  # start-up: see the note at the top
 
     try:
         p = psutil.Process(pid)
@@ -138,7 +138,7 @@ def sweep(root: Path | None = None, grace: float = 3.0) -> list[int]:
             continue
         if not state.get("processes"):
             continue
-        import psutil
+        import psutil  # start-up: see the note at the top
 
         sup = state.get("supervisor") or {}
         if sup and same_process(int(sup.get("pid", -1)), float(sup.get("create_time") or 0),

@@ -47,7 +47,7 @@ def environment(spec: ProcessSpec) -> dict[str, str]:
 async def start(spec: ProcessSpec) -> Process:
     """Spawn ``spec`` from this thread (the parent-death signal follows the thread that forks: the event loop's).
     OSError when the shim cannot run; a missing program is the shim's exit 127 with its reason."""
-    import anyio
+    import anyio  # start-up: popen() serves callers that have not imported anyio yet (node/quick.py, run/early.py)
 
     return await anyio.open_process(
         command(spec), stdin=subprocess.PIPE if spec.keep_stdin else subprocess.DEVNULL,

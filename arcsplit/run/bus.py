@@ -37,8 +37,9 @@ from anyio.abc import TaskStatus
 
 from .._dirs import runtime_dir
 from ..errors import BadInput, NotRunning, RunError
-from .events import SyncData
+from ..proc.rundir import runs_root, same_process, since_boot
 from ..proc.states import GroupState
+from .events import SyncData
 
 SCHEMA_VERSION = 1
 INFO_FILE = "bus.json"
@@ -79,8 +80,6 @@ class BusInfo:
 
     def alive(self) -> bool:
         """Still the process that wrote this file (a reused pid is not)."""
-        from ..proc.rundir import same_process
-
         return same_process(self.pid, self.create_time, started=self.since_boot) is not None
 
     @classmethod
@@ -134,7 +133,7 @@ class BusServer:
         return f"ipc://{files[0]}", f"ipc://{files[1]}", files
 
     def _curve(self, ctx: zmq.asyncio.Context, sockets: list[zmq.asyncio.Socket]) -> tuple[str, Any]:
-        from zmq.auth.asyncio import AsyncioAuthenticator
+        from zmq.auth.asyncio import AsyncioAuthenticator  # start-up: only for a bus on TCP (--bus-tcp)
 
         server_public, server_secret = zmq.curve_keypair()
         client_public, client_secret = zmq.curve_keypair()
@@ -175,8 +174,6 @@ class BusServer:
                 raise BadInput(f"cannot bind the bus at {pub_ep}: {exc}", "pick another --bus address") from None
             for f in files:
                 f.chmod(0o600)
-            from ..proc.rundir import since_boot
-
             me = psutil.Process()
             self.info = BusInfo(run_id=self.run_id, run_dir=str(self.run_dir), pub=pub_ep, ctl=ctl_ep,
                                 pid=me.pid, create_time=me.create_time(), started=time.time(),
@@ -288,8 +285,6 @@ class _AllowOnly:
 
 def list_runs() -> list[BusInfo]:
     """Running instances (newest first): a bus.json whose supervisor process is still the one that wrote it."""
-    from ..proc.rundir import runs_root
-
     found = []
     root = runs_root()
     if not root.is_dir():

@@ -81,14 +81,14 @@ def start_sessions(hosts: Sequence[Host]) -> dict[str, Early]:
         except OSError:
             continue
         spawned.append((host.name, popen, tuple(argv), control, time.monotonic()))
-    from ..proc.popen import PopenProcess
+    from ..proc.popen import PopenProcess  # start-up: anyio, once every ssh is spawned
 
     return {name: Early(PopenProcess(popen), argv, control, at) for name, popen, argv, control, at in spawned}
 
 
 async def end(early: Early) -> None:
     """A session no launcher took: EOF to the agent, then ssh's process group; its control socket removed."""
-    import anyio
+    import anyio  # start-up: this module is imported before anyio (see above)
 
     with anyio.CancelScope(shield=True):
         if early.process.stdin is not None:

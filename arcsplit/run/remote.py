@@ -460,8 +460,8 @@ def same_build(server_bin: str) -> Callable[[Host, Mapping[str, Any]], None]:
     here: dict[str, Any] = {}
 
     def read_here() -> None:
-        from ..llama.build import build_rpc_proto
-        from ..llama.locate import LlamaBinaries, server_build_info
+        from ..llama.build import build_rpc_proto  # start-up: llama/build, only once a host's hello is checked
+        from ..llama.locate import LlamaBinaries, server_build_info  # start-up: as above
 
         exe = Path(server_bin)
         info = server_build_info(LlamaBinaries(server=exe, rpc_server=exe, cli=None, bench=None, fit_params=None,
