@@ -143,7 +143,8 @@ def hello_events(inventory: dict[str, Any] | None, killed: list[int]) -> list[di
 def started_events(spec: ProcessSpec, pid: int | None, create_time: float | None,
                    notes: list[str]) -> list[dict[str, Any]]:
     """What a start is answered with: ``started``, then one line per note (a ``--seed-cache`` file dropped)."""
-    return [wire.started(spec.name, pid, create_time), *(wire.line(spec.name, f"arcsplit node: {note}") for note in notes)]
+    return [wire.started(spec.name, pid, create_time),
+            *(wire.line(spec.name, f"arcsplit node: {note}") for note in notes)]
 
 
 def pick_ports(op: Ports, allow_bind: tuple[str, ...]) -> list[int]:

@@ -58,7 +58,8 @@ class Hello:
         return cls(run=str(msg.get("run", "")), backend=msg.get("backend"), proto=msg.get("proto"))
 
     def msg(self) -> Msg:
-        return {"op": "hello", "run": self.run, "proto": self.proto, **({"backend": self.backend} if self.backend else {})}
+        msg: Msg = {"op": "hello", "run": self.run, "proto": self.proto}
+        return {**msg, "backend": self.backend} if self.backend else msg
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ not polled). When any member exits the group is stopped in order (llama-server f
 exponential backoff; a cap of consecutive failures gives up with the log lines that explain why.
 
 Members are started through the Launcher it is given (run/launch.py: local processes, run/remote.py: other hosts'
-agents, the tests' in-memory fake; it names none), from specs that are complete (decide/specs.py); states change only along the tables in
-proc/states.py.
+agents, the tests' in-memory fake; it names none), from specs that are complete (decide/specs.py); states change
+only along the tables in proc/states.py.
 """
 
 from __future__ import annotations
