@@ -61,7 +61,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def measure(proc: subprocess.Popen, tab: str, seconds: float) -> dict[str, float]:
-    from arcsplit.run.bus import attach
+    from arcsplit import attach
     from arcsplit.tui.app import DashApp
     from arcsplit.tui.feed import Feed
 
