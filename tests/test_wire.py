@@ -61,3 +61,11 @@ def test_a_bad_field_or_line_raises_for_the_agent_to_report():
         wire.dispatch({"op": "ports", "n": "many"}, Recorder(greeted=True))
     assert wire.Start.of({"op": "start", "spec": "rpc0"}).spec is None  # not an object: the agent refuses it
     assert wire.subject({"op": "start", "spec": {"name": "rpc3"}}) == "rpc3" and wire.subject({"op": "ports"}) == ""
+
+
+def test_an_op_is_a_frozen_record_equal_only_to_its_own_kind():
+    op = wire.Ports(2, "127.0.0.1")
+    with pytest.raises(AttributeError):
+        op.n = 3  # type: ignore[misc]
+    assert op == wire.Ports(2) and op != wire.Ports(3) and wire.Stop("a", 1.0) != wire.Hello("a", 1.0)
+    assert repr(wire.Stop("rpc0")) == "Stop(name='rpc0', grace=10.0)" and len({wire.Ping(), wire.Ping()}) == 1

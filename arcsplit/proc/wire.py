@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .spec import LOOPBACK
 
@@ -37,21 +36,52 @@ def decode(raw: bytes) -> dict[str, Any]:
 
 # -- client -> node: the ops ---------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Ping:
+class _Op:
+    """A frozen record of its ``__slots__`` (equal by type and fields), written out rather than a dataclass: the
+    node agent builds these classes on every start, before its first answer, and dataclasses' generated code costs
+    ~0.4 ms a class there."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def __init__(self, *values: Any) -> None:
+        for slot, value in zip(self.__slots__, values, strict=True):
+            object.__setattr__(self, slot, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen")
+
+    def _fields(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, slot) for slot in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, *map(repr, self._fields())))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in zip(self.__slots__, self._fields()))})"
+
+
+class Ping(_Op):
     """Any message counts as a ping; this one is answered with ``pong``."""
+
+    __slots__ = ()
 
     def msg(self) -> Msg:
         return {"op": "ping"}
 
 
-@dataclass(frozen=True)
-class Hello:
+class Hello(_Op):
     """Open a run on the node: sweep, run dir, inventory. ``backend``: the group's (that build's rpc-server)."""
 
+    __slots__ = ("run", "backend", "proto")
     run: str
-    backend: str | None = None
-    proto: Any = PROTO
+    backend: str | None
+    proto: Any
+
+    def __init__(self, run: str, backend: str | None = None, proto: Any = PROTO) -> None:
+        super().__init__(run, backend, proto)
 
     @classmethod
     def of(cls, msg: Mapping[str, Any]) -> Hello:
@@ -62,14 +92,18 @@ class Hello:
         return {**msg, "backend": self.backend} if self.backend else msg
 
 
-@dataclass(frozen=True)
-class Ports:
+class Ports(_Op):
     """``n`` ports free on the node for ``bind``: ``want`` exactly these, else ``prefer`` these where free."""
 
+    __slots__ = ("n", "bind", "want", "prefer")
     n: int
-    bind: str = LOOPBACK
-    want: Sequence[Any] | None = None
-    prefer: Sequence[Any] = ()
+    bind: str
+    want: Sequence[Any] | None
+    prefer: Sequence[Any]
+
+    def __init__(self, n: int, bind: str = LOOPBACK, want: Sequence[Any] | None = None,
+                 prefer: Sequence[Any] = ()) -> None:
+        super().__init__(n, bind, want, prefer)
 
     @classmethod
     def of(cls, msg: Mapping[str, Any]) -> Ports:
@@ -85,11 +119,14 @@ class Ports:
         return out
 
 
-@dataclass(frozen=True)
-class Start:
+class Start(_Op):
     """Run one rpc-server: ``spec`` as the client wrote it (node/ops.py checks every field); None: not an object."""
 
+    __slots__ = ("spec",)
     spec: Mapping[str, Any] | None
+
+    def __init__(self, spec: Mapping[str, Any] | None) -> None:
+        super().__init__(spec)
 
     @classmethod
     def of(cls, msg: Mapping[str, Any]) -> Start:
@@ -104,12 +141,15 @@ class Start:
         return {"op": "start", "spec": dict(self.spec or {})}
 
 
-@dataclass(frozen=True)
-class Stop:
+class Stop(_Op):
     """Stop one rpc-server (SIGTERM, SIGKILL after ``grace`` s)."""
 
+    __slots__ = ("name", "grace")
     name: str
-    grace: float = 10.0
+    grace: float
+
+    def __init__(self, name: str, grace: float = 10.0) -> None:
+        super().__init__(name, grace)
 
     @classmethod
     def of(cls, msg: Mapping[str, Any]) -> Stop:
@@ -119,24 +159,26 @@ class Stop:
         return {"op": "stop", "name": self.name, "grace": self.grace}
 
 
-T = TypeVar("T", covariant=True)
+if TYPE_CHECKING:  # start-up: typing's Protocol costs ~1 ms to build, on the node agent's path; only mypy needs it
+    from typing import Protocol, TypeVar
 
+    T = TypeVar("T", covariant=True)
 
-class Handler(Protocol[T]):
-    """One phase of the agent: what it does with each op (its return: node/quick.py's "handled", node/agent.py's
-    awaitable)."""
+    class Handler(Protocol[T]):
+        """One phase of the agent: what it does with each op (its return: node/quick.py's "handled", node/agent.py's
+        awaitable)."""
 
-    @property
-    def greeted(self) -> bool:
-        """A hello was answered: the other ops may come."""
-        ...
+        @property
+        def greeted(self) -> bool:
+            """A hello was answered: the other ops may come."""
+            ...
 
-    def ping(self, op: Ping) -> T: ...
-    def hello(self, op: Hello) -> T: ...
-    def ports(self, op: Ports) -> T: ...
-    def start(self, op: Start) -> T: ...
-    def stop(self, op: Stop) -> T: ...
-    def refuse(self, op: object, why: str, fix: str) -> T: ...
+        def ping(self, op: Ping) -> T: ...
+        def hello(self, op: Hello) -> T: ...
+        def ports(self, op: Ports) -> T: ...
+        def start(self, op: Start) -> T: ...
+        def stop(self, op: Stop) -> T: ...
+        def refuse(self, op: object, why: str, fix: str) -> T: ...
 
 
 def dispatch(msg: Mapping[str, Any], handler: Handler[T]) -> T:
