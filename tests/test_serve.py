@@ -178,7 +178,8 @@ def test_hybrid_keeps_first_card_in_llama_server_and_matches(demo_model, single_
 
 
 def test_crash_loop_gives_up_with_the_reason_and_leaves_nothing(demo_model):
-    config = config_for(demo_model, extra=("--no-such-flag",))
+    # a start that fails the same way every time at load (an argument it refuses is final, not a crash loop)
+    config = config_for(demo_model, extra=("--lora", "/nonexistent-adapter.gguf"))
     before = {p.pid for p in psutil.Process().children(recursive=True)}  # the shared group's, if running
     with start_blocking_portal() as portal:
         sup = Supervisor(config, policy=RestartPolicy(base_delay=0.05, max_delay=0.1, max_failures=2),
@@ -186,7 +187,7 @@ def test_crash_loop_gives_up_with_the_reason_and_leaves_nothing(demo_model):
         with pytest.raises(RunError) as info:
             with portal.wrap_async_context_manager(sup):
                 pass
-    assert "gave up after 3 failures" in str(info.value) and "no-such-flag" in str(info.value)
+    assert "gave up after 3 failures" in str(info.value) and "model loading error" in str(info.value)
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
 
 
