@@ -13,10 +13,13 @@ architectures in ``FAMILIES``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
 from itertools import repeat
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -25,6 +28,7 @@ import numpy as np
 
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
 
+from ._dirs import cache_dir, keep_json
 from .errors import ModelError
 
 SUPPORTED_VERSIONS = (2, 3)
@@ -138,10 +142,6 @@ class ModelProfile:
     def n_layer_main(self) -> int:
         """Layers the trunk runs (NextN/MTP blocks excluded): llama.cpp's n_layer()."""
         return self.n_layer - self.n_layer_nextn
-
-    @property
-    def weight_bytes(self) -> int:
-        return sum(self.layer_bytes) + self.output_bytes + self.host_bytes
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -321,88 +321,120 @@ def _read_value(r: _Reader, vtype: int, key: str, depth: int = 0) -> Any:
     return r.take(struct.Struct(f"<{n}{code}"))
 
 
-def read_header(path: str | Path, shard: int = 0) -> Header:
-    """Parse one GGUF file's header. Every malformed input becomes a one-line ModelError."""
-    p = str(path)
+def _open_model(p: str) -> tuple[BinaryIO, int]:
+    """The open file and its size; a missing file, a directory, a pipe or a permission problem is one line."""
     try:
         size = os.path.getsize(p)
         if os.path.exists(p) and not os.path.isfile(p) and not os.path.isdir(p):
             # a FIFO or device: open() would wait forever for a writer
             raise ModelError(f"{p} is not a regular file (a pipe or device?)", "pass the .gguf model file itself")
-        f = open(p, "rb")
+        return open(p, "rb"), size
     except FileNotFoundError:
         raise ModelError(f"model file {p} does not exist", "check the path") from None
     except IsADirectoryError:
         raise ModelError(f"{p} is a directory, not a GGUF file", "pass the .gguf file") from None
     except OSError as exc:
         raise ModelError(f"cannot open model file {p}: {exc.strerror}", "check the file's permissions") from None
+
+
+def _read_preamble(r: _Reader) -> tuple[int, int, int]:
+    """(version, tensor count, metadata key count), the counts checked against the bytes the file has."""
+    p, size = r.path, r.size
+    if size < 24:
+        raise ModelError(f"{p} is not a GGUF file (only {size} bytes)", "pass a .gguf model file")
+    if r.u32() != GGUF_MAGIC:
+        raise ModelError(f"{p} is not a GGUF file (bad magic)", "pass a .gguf model file")
+    version = r.u32()
+    if version not in SUPPORTED_VERSIONS:
+        if version & 0xFFFF == 0:
+            raise ModelError(f"{p} is a big-endian GGUF", "convert it to little-endian GGUF")
+        raise ModelError(
+            f"{p} has unsupported GGUF version {version}",
+            f"use GGUF version {' or '.join(map(str, SUPPORTED_VERSIONS))} (re-convert with a recent llama.cpp)",
+        )
+    n_tensors = r.u64()
+    n_kv = r.u64()
+    remaining = size - r.pos
+    if n_kv > remaining // 13:
+        raise ModelError(f"{p}: header claims {n_kv} metadata keys, more than the file can hold", "use a valid GGUF file")
+    if n_tensors > remaining // 24:
+        raise ModelError(f"{p}: header claims {n_tensors} tensors, more than the file can hold", "use a valid GGUF file")
+    return version, n_tensors, n_kv
+
+
+def _read_metadata(r: _Reader, n_kv: int) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = r.string(MAX_KEY_BYTES, "a metadata key")
+        assert key is not None  # MAX_KEY_BYTES < KEEP_STRING: a key is never skipped unread
+        vtype = r.u32()
+        if key in meta:
+            raise ModelError(f"{r.path}: metadata key {key!r} appears twice", "use a valid GGUF file")
+        meta[key] = _read_value(r, vtype, key)
+    return meta
+
+
+_RawTensor = tuple[str, tuple[int, ...], int, int]  # name, dims, ggml type, offset: as the header lists it
+
+
+def _read_tensor_list(r: _Reader, n_tensors: int) -> list[_RawTensor]:
+    infos = []
+    for _ in range(n_tensors):
+        name = r.string(MAX_NAME_BYTES, "a tensor name")
+        assert name is not None  # MAX_NAME_BYTES < KEEP_STRING
+        n_dims = r.u32()
+        if n_dims == 0 or n_dims > MAX_DIMS:
+            raise ModelError(f"{r.path}: tensor {name!r} has {n_dims} dimensions", "use a valid GGUF file")
+        dims = r.take(struct.Struct(f"<{n_dims}Q"))
+        gtype = r.u32()
+        offset = r.u64()
+        infos.append((name, dims, gtype, offset))
+    return infos
+
+
+def _tensor_info(p: str, raw: _RawTensor, align: int, data_offset: int, size: int, shard: int) -> TensorInfo:
+    """One tensor's size from its type and shape, checked to lie inside the file."""
+    name, dims, gtype, offset = raw
+    try:
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(gtype)]
+    except (ValueError, KeyError):
+        raise ModelError(f"{p}: tensor {name!r} has unknown type {gtype}", "update llama.cpp/gguf or re-convert") from None
+    n_el = 1
+    for d in dims:
+        if d <= 0 or d >= 1 << 62:
+            raise ModelError(f"{p}: tensor {name!r} has dimension {d}", "use a valid GGUF file")
+        n_el *= d
+    if dims[0] % block:
+        raise ModelError(f"{p}: tensor {name!r} row of {dims[0]} is not a multiple of its block size {block}", "use a valid GGUF file")
+    n_bytes = n_el // block * type_size
+    if offset % align or data_offset + offset + n_bytes > size:
+        raise ModelError(
+            f"{p}: tensor {name!r} lies outside the file (file truncated?)",
+            "re-download the file; it is incomplete",
+        )
+    return TensorInfo(name, gtype, tuple(dims), n_bytes, offset, shard)
+
+
+def read_header(path: str | Path, shard: int = 0) -> Header:
+    """Parse one GGUF file's header. Every malformed input becomes a one-line ModelError."""
+    p = str(path)
+    f, size = _open_model(p)
     with f:
         r = _Reader(f, p, size)
-        if size < 24:
-            raise ModelError(f"{p} is not a GGUF file (only {size} bytes)", "pass a .gguf model file")
-        magic = r.u32()
-        if magic != GGUF_MAGIC:
-            raise ModelError(f"{p} is not a GGUF file (bad magic)", "pass a .gguf model file")
-        version = r.u32()
-        if version not in SUPPORTED_VERSIONS:
-            if version & 0xFFFF == 0:
-                raise ModelError(f"{p} is a big-endian GGUF", "convert it to little-endian GGUF")
-            raise ModelError(
-                f"{p} has unsupported GGUF version {version}",
-                f"use GGUF version {' or '.join(map(str, SUPPORTED_VERSIONS))} (re-convert with a recent llama.cpp)",
-            )
-        n_tensors = r.u64()
-        n_kv = r.u64()
-        remaining = size - r.pos
-        if n_kv > remaining // 13:
-            raise ModelError(f"{p}: header claims {n_kv} metadata keys, more than the file can hold", "use a valid GGUF file")
-        if n_tensors > remaining // 24:
-            raise ModelError(f"{p}: header claims {n_tensors} tensors, more than the file can hold", "use a valid GGUF file")
-        meta: dict[str, Any] = {}
-        for _ in range(n_kv):
-            key = r.string(MAX_KEY_BYTES, "a metadata key")
-            vtype = r.u32()
-            if key in meta:
-                raise ModelError(f"{p}: metadata key {key!r} appears twice", "use a valid GGUF file")
-            meta[key] = _read_value(r, vtype, key)
-        infos = []
-        for _ in range(n_tensors):
-            name = r.string(MAX_NAME_BYTES, "a tensor name")
-            n_dims = r.u32()
-            if n_dims == 0 or n_dims > MAX_DIMS:
-                raise ModelError(f"{p}: tensor {name!r} has {n_dims} dimensions", "use a valid GGUF file")
-            dims = r.take(struct.Struct(f"<{n_dims}Q"))
-            gtype = r.u32()
-            offset = r.u64()
-            infos.append((name, dims, gtype, offset))
+        version, n_tensors, n_kv = _read_preamble(r)
+        meta = _read_metadata(r, n_kv)
+        infos = _read_tensor_list(r, n_tensors)
         align = meta.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
         if not isinstance(align, int) or align <= 0 or align & (align - 1):
             raise ModelError(f"{p}: general.alignment {align!r} is not a power of two", "use a valid GGUF file")
         data_offset = -(-r.pos // align) * align
     tensors = []
     seen = set()
-    for name, dims, gtype, offset in infos:
-        if name in seen:
-            raise ModelError(f"{p}: tensor {name!r} appears twice", "use a valid GGUF file")
-        seen.add(name)
-        try:
-            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(gtype)]
-        except (ValueError, KeyError):
-            raise ModelError(f"{p}: tensor {name!r} has unknown type {gtype}", "update llama.cpp/gguf or re-convert") from None
-        n_el = 1
-        for d in dims:
-            if d <= 0 or d >= 1 << 62:
-                raise ModelError(f"{p}: tensor {name!r} has dimension {d}", "use a valid GGUF file")
-            n_el *= d
-        if dims[0] % block:
-            raise ModelError(f"{p}: tensor {name!r} row of {dims[0]} is not a multiple of its block size {block}", "use a valid GGUF file")
-        n_bytes = n_el // block * type_size
-        if offset % align or data_offset + offset + n_bytes > size:
-            raise ModelError(
-                f"{p}: tensor {name!r} lies outside the file (file truncated?)",
-                "re-download the file; it is incomplete",
-            )
-        tensors.append(TensorInfo(name, gtype, tuple(dims), n_bytes, offset, shard))
+    for raw in infos:
+        if raw[0] in seen:
+            raise ModelError(f"{p}: tensor {raw[0]!r} appears twice", "use a valid GGUF file")
+        seen.add(raw[0])
+        tensors.append(_tensor_info(p, raw, align, data_offset, size, shard))
     return Header(p, version, meta, tuple(tensors), data_offset, size)
 
 
@@ -441,34 +473,53 @@ def read_headers(path: str | Path) -> list[Header]:
 # ---------------------------------------------------------------------------------------------------------------
 # header -> profile
 
+class Recurrent(StrEnum):
+    """Which layers of a family carry recurrent state instead of (or, PARALLEL, beside) a KV cache; the value is
+    ``ModelProfile.recurrent_kind``, which memory.py's compute model reads."""
+
+    NONE = ""
+    ALL = "all"  # Mamba: every layer, no KV
+    INTERVAL = "interval"  # Qwen gated delta-net hybrids: full attention every full_attention_interval layers
+    RWKV = "rwkv"  # every layer: token shifts and a WKV state
+    RWKV6 = "rwkv6"  # the same with RWKV-6's time mix
+    PARALLEL = "parallel"  # every layer both attention with KV and a Mamba-2 mixer with state (Falcon-H1)
+    NO_KV = "no_kv"  # layers without KV heads are recurrent (Jamba, Granite hybrids)
+    NO_KV_FF = "no_kv_ff"  # layers without KV heads and without an FFN (Nemotron-H: its MLP layers have neither)
+
+
+@dataclass(frozen=True)
+class SwaRule:
+    """A family's sliding-window layout (llama_hparams::set_swa_pattern as its load_hparams calls it)."""
+
+    pattern: int  # one dense layer in every ``pattern`` (the file's sliding_window_pattern overrides it)
+    dense_first: bool  # the dense layer opens each group (else it closes it)
+    window: int  # n_swa when the file has no sliding_window key
+    needs_key: bool  # SWA only when the file has sliding_window > 0
+
+
 @dataclass(frozen=True)
 class Family:
     """What one llama.cpp architecture does differently in memory (its ``load_hparams``), and whether arcsplit's
     compute-buffer model was measured on it.
 
-    ``swa``: (default pattern, dense_first, default n_swa, SWA only when sliding_window > 0 is in the file).
-    ``recurrent``: "all" (Mamba), "interval" (Qwen hybrids: full attention every ``full_attention_interval``),
-    "rwkv" (every layer: token shifts and a WKV state; "rwkv6": the same with RWKV-6's time mix), "parallel" (every layer
-    both attention with KV and a Mamba-2 mixer with state: Falcon-H1), "no_kv" (layers without KV heads are recurrent), "no_kv_ff" (those without KV heads and without an FFN:
-    Nemotron-H's MLP layers have neither KV nor state), "" (none). ``kv_layers``: "first20" (gemma3n: only the first
-    20 layers hold KV), "shared" (the last ``shared_kv_layers`` reuse earlier KV), "" (every attention layer).
     ``checked``: the compute model was measured against llama-fit-params on a model of this family
     (bench/plan_accuracy.py); on the others the planner adds ``memory.UNCHECKED_COMPUTE_MARGIN`` and says so.
     """
 
-    swa: tuple[int, bool, int, bool] | None = None
-    recurrent: str = ""
-    mla: bool = False
-    kv_layers: str = ""
-    chunked_swa: bool = False
+    swa: SwaRule | None = None
+    recurrent: Recurrent = Recurrent.NONE
+    mla: bool = False  # DeepSeek's multi-head latent attention: a K-only cache
+    kv_first: int = 0  # only the first this many layers hold KV (gemma3n: 20); 0: every attention layer
+    kv_shared: bool = False  # the last ``shared_kv_layers`` layers reuse earlier layers' KV (gemma4)
+    chunked_swa: bool = False  # llama4's chunked attention: no window when the file says sliding_window 0
     swa_listed: bool = False  # SWA layers only from the per-layer sliding_window_pattern array (required)
     checked: bool = False
-    ffn_gate: bool = True
+    ffn_gate: bool = True  # the dense FFN has a gate; False: up, activation, down
 
 
 _STANDARD = Family()
 _CHECKED = Family(checked=True)
-_QWEN_HYBRID = Family(recurrent="interval", checked=True)
+_QWEN_HYBRID = Family(recurrent=Recurrent.INTERVAL, checked=True)
 # Every architecture arcsplit models exactly (standard attention unless the row says otherwise).
 FAMILIES: dict[str, Family] = {
     **{a: _STANDARD for a in (
@@ -483,61 +534,74 @@ FAMILIES: dict[str, Family] = {
     "llama": _CHECKED,
     "deci": _CHECKED,  # per-layer KV heads
     "qwen3moe": _CHECKED,
-    "gemma2": Family(swa=(2, False, 4096, False)),
-    "gemma3": Family(swa=(6, False, 0, True), checked=True),
-    "gemma-embedding": Family(swa=(6, False, 0, True)),
-    "gemma3n": Family(swa=(5, False, 0, False), kv_layers="first20"),
-    "gemma4": Family(kv_layers="shared", swa_listed=True),
-    "cohere2": Family(swa=(4, False, 0, False)),
-    "cohere2moe": Family(swa=(4, True, 0, False)),
-    "gpt-oss": Family(swa=(2, False, 0, False)),
-    "llama4": Family(swa=(4, False, 8192, False), chunked_swa=True),
-    "exaone4": Family(swa=(4, False, 4096, True)),
-    "exaone-moe": Family(swa=(4, False, 128, False)),
-    "afmoe": Family(swa=(4, False, 0, True)),
-    "olmo2": Family(swa=(4, False, 0, True)),
-    "smallthinker": Family(swa=(4, True, 4096, True)),
-    "plamo3": Family(swa=(8, False, 0, True)),
-    "mellum": Family(swa=(4, False, 0, True)),
-    "muse-glimmer": Family(swa=(4, False, 0, False)),
+    "gemma2": Family(swa=SwaRule(2, False, 4096, False)),
+    "gemma3": Family(swa=SwaRule(6, False, 0, True), checked=True),
+    "gemma-embedding": Family(swa=SwaRule(6, False, 0, True)),
+    "gemma3n": Family(swa=SwaRule(5, False, 0, False), kv_first=20),
+    "gemma4": Family(kv_shared=True, swa_listed=True),
+    "cohere2": Family(swa=SwaRule(4, False, 0, False)),
+    "cohere2moe": Family(swa=SwaRule(4, True, 0, False)),
+    "gpt-oss": Family(swa=SwaRule(2, False, 0, False)),
+    "llama4": Family(swa=SwaRule(4, False, 8192, False), chunked_swa=True),
+    "exaone4": Family(swa=SwaRule(4, False, 4096, True)),
+    "exaone-moe": Family(swa=SwaRule(4, False, 128, False)),
+    "afmoe": Family(swa=SwaRule(4, False, 0, True)),
+    "olmo2": Family(swa=SwaRule(4, False, 0, True)),
+    "smallthinker": Family(swa=SwaRule(4, True, 4096, True)),
+    "plamo3": Family(swa=SwaRule(8, False, 0, True)),
+    "mellum": Family(swa=SwaRule(4, False, 0, True)),
+    "muse-glimmer": Family(swa=SwaRule(4, False, 0, False)),
     "qwen35": _QWEN_HYBRID,
     "qwen35moe": _QWEN_HYBRID,
     "qwen3next": _QWEN_HYBRID,
-    "qwen4exp": Family(recurrent="interval"),
+    "qwen4exp": Family(recurrent=Recurrent.INTERVAL),
     "deepseek2": Family(mla=True, checked=True),
-    "granitehybrid": Family(recurrent="no_kv", checked=True),  # Mamba-2 layers where head_count_kv is 0
-    "mamba": Family(recurrent="all", checked=True),
-    "mamba2": Family(recurrent="all", checked=True),
-    "rwkv7": Family(recurrent="rwkv", ffn_gate=False, checked=True),
+    "granitehybrid": Family(recurrent=Recurrent.NO_KV, checked=True),  # Mamba-2 layers where head_count_kv is 0
+    "mamba": Family(recurrent=Recurrent.ALL, checked=True),
+    "mamba2": Family(recurrent=Recurrent.ALL, checked=True),
+    "rwkv7": Family(recurrent=Recurrent.RWKV, ffn_gate=False, checked=True),
     # Mamba-1 layers where head_count_kv is 0, attention elsewhere, experts or a dense FFN in every layer. Checked on
     # the bench's model and on Jamba-v0.1's layer shapes (4096 wide, 16 experts of 14336, vocab 65536); there, alone
     # on one card at -c 16384 (not 12288 or 24576), llama.cpp's allocator placed 22 MiB more than the formulas
-    "jamba": Family(recurrent="no_kv", checked=True),
-    "rwkv6": Family(recurrent="rwkv6", ffn_gate=False, checked=True),
+    "jamba": Family(recurrent=Recurrent.NO_KV, checked=True),
+    "rwkv6": Family(recurrent=Recurrent.RWKV6, ffn_gate=False, checked=True),
     # Mamba-2, attention or MLP layers; which layers sit next to which moves split inputs between cards
     # (memory.hybrid_ssm_bounce)
-    "nemotron_h": Family(recurrent="no_kv_ff", ffn_gate=False, checked=True),
+    "nemotron_h": Family(recurrent=Recurrent.NO_KV_FF, ffn_gate=False, checked=True),
     # attention and a Mamba-2 mixer side by side in every layer: each layer holds KV and recurrent state
-    "falcon-h1": Family(recurrent="parallel", checked=True),
+    "falcon-h1": Family(recurrent=Recurrent.PARALLEL, checked=True),
 }
+_UNKNOWN = Family()  # an architecture not in FAMILIES: standard attention on every layer, and a warning
 
 
 class _Meta:
+    """The metadata with ``{arch}`` in key names filled in, every number checked before the profile uses it."""
+
     def __init__(self, meta: dict[str, Any], arch: str, path: str) -> None:
         self.meta, self.arch, self.path = meta, arch, path
 
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.meta.get(key.replace("{arch}", self.arch), default)
+    def key(self, key: str) -> str:
+        return key.replace("{arch}", self.arch)
 
-    def int(self, key: str, default: int | None = None) -> int | None:
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.meta.get(self.key(key), default)
+
+    def bad(self, key: str, what: str) -> ModelError:
+        return ModelError(f"{self.path}: {self.key(key)} {what}", "use a valid GGUF file")
+
+    def num(self, key: str, default: int | None = None) -> int | None:
         v = self.get(key)
         if v is None:
             return default
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ModelError(f"{self.path}: {key.replace('{arch}', self.arch)} is {v!r}, not a number", "use a valid GGUF file")
+            raise self.bad(key, f"is {v!r}, not a number")
         if v < 0 or v > 1 << 40:
-            raise ModelError(f"{self.path}: {key.replace('{arch}', self.arch)} = {v} is absurd", "use a valid GGUF file")
+            raise self.bad(key, f"= {v} is absurd")
         return int(v)
+
+    def count(self, key: str) -> int:
+        """A size that is 0 when the file does not give it."""
+        return self.num(key, 0) or 0
 
     def per_layer(self, key: str, n: int, default: int | tuple[int, ...]) -> tuple[int, ...]:
         """A scalar broadcast to every layer, or a per-layer array (llama.cpp's get_key_or_arr)."""
@@ -546,17 +610,68 @@ class _Meta:
             return default if isinstance(default, tuple) else (default,) * n
         if isinstance(v, tuple):
             if len(v) != n:
-                raise ModelError(f"{self.path}: {key.replace('{arch}', self.arch)} has {len(v)} entries for {n} layers", "use a valid GGUF file")
+                raise self.bad(key, f"has {len(v)} entries for {n} layers")
             if any(x < 0 or x > 1 << 24 for x in v):
-                raise ModelError(f"{self.path}: {key.replace('{arch}', self.arch)} holds absurd values", "use a valid GGUF file")
+                raise self.bad(key, "holds absurd values")
             return tuple(int(x) for x in v)
         if isinstance(v, StringArray):
-            raise ModelError(f"{self.path}: {key.replace('{arch}', self.arch)} has {v.length} entries for {n} layers", "use a valid GGUF file")
-        x = self.int(key)
+            raise self.bad(key, f"has {v.length} entries for {n} layers")
+        x = self.num(key)
         assert x is not None
         if x > 1 << 24:
-            raise ModelError(f"{self.path}: {key.replace('{arch}', self.arch)} = {x} is absurd", "use a valid GGUF file")
+            raise self.bad(key, f"= {x} is absurd")
         return (x,) * n
+
+    def layer_flags(self, key: str, n: int) -> tuple[bool, ...] | None:
+        """A per-layer array of flags, None when the file has none."""
+        v = self.get(key)
+        if not isinstance(v, tuple):
+            return None
+        if len(v) != n:
+            raise self.bad(key, f"must list {n} layers")
+        return tuple(bool(x) for x in v)
+
+
+@dataclass(frozen=True)
+class _Dims:
+    """The layer counts and per-layer shapes the family rules read."""
+
+    n_all: int  # NextN layers included
+    n_main: int
+    n_embd: int
+    n_head: tuple[int, ...]
+    n_head_kv: tuple[int, ...]
+    n_ff: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Weights:
+    """The tensor table summed by where llama.cpp puts each tensor: its layer, the output card, the server's CPU."""
+
+    layer_bytes: tuple[int, ...]
+    expert_bytes: tuple[int, ...]
+    n_embd_q: tuple[int, ...]
+    output_bytes: int
+    host_bytes: int
+    token_embd: TensorInfo | None
+    tied: bool
+
+
+@dataclass(frozen=True)
+class _Window:
+    n_swa: int
+    chunked: bool
+    is_swa: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
+class _Recurrence:
+    kind: Recurrent
+    layers: tuple[bool, ...]
+    n_embd_r: int
+    n_embd_s: int
+    d_conv: int
+    d_inner: int
 
 
 def _swa_pattern(n_pattern: int, dense_first: bool, n_main: int, n_all: int) -> tuple[bool, ...]:
@@ -572,236 +687,260 @@ def _swa_pattern(n_pattern: int, dense_first: bool, n_main: int, n_all: int) -> 
     return tuple(out)
 
 
-def profile_from_headers(headers: list[Header]) -> ModelProfile:
-    first = headers[0]
-    meta = first.metadata
-    path = first.path
-    arch = meta.get("general.architecture")
-    if not isinstance(arch, str) or not arch:
-        raise ModelError(f"{path} has no general.architecture", "use a GGUF model file (not a LoRA or vocab-only file)")
-    m = _Meta(meta, arch, path)
-    warnings: list[str] = []
-
-    n_all = m.int("{arch}.block_count")
+def _layer_counts(m: _Meta) -> tuple[int, int]:
+    """(block_count, NextN layers): every per-layer array is checked against these."""
+    n_all = m.num("{arch}.block_count")
     if not n_all:
-        raise ModelError(f"{path}: {arch}.block_count is missing or 0", "use a complete GGUF model file")
+        raise ModelError(f"{m.path}: {m.arch}.block_count is missing or 0", "use a complete GGUF model file")
     if n_all > MAX_LAYERS:
-        raise ModelError(f"{path}: {arch}.block_count = {n_all} is absurd", "use a valid GGUF file")
-    n_nextn = m.int("{arch}.nextn_predict_layers", 0) or 0
+        raise ModelError(f"{m.path}: {m.arch}.block_count = {n_all} is absurd", "use a valid GGUF file")
+    n_nextn = m.count("{arch}.nextn_predict_layers")
     if n_nextn > n_all:
-        raise ModelError(f"{path}: nextn_predict_layers {n_nextn} > block_count {n_all}", "use a valid GGUF file")
-    n_main = n_all - n_nextn
-    n_embd = m.int("{arch}.embedding_length", 0) or 0
-    n_ctx_train = m.int("{arch}.context_length", 0) or 0
+        raise ModelError(f"{m.path}: nextn_predict_layers {n_nextn} > block_count {n_all}", "use a valid GGUF file")
+    return n_all, n_nextn
 
-    # tensor table -> bytes per layer
-    layer_bytes = [0] * n_all
-    expert_bytes = [0] * n_all
-    n_embd_q = [0] * n_all
-    output_bytes = 0
-    host_bytes = 0
+
+def _weights(headers: list[Header], n_all: int, warnings: list[str]) -> _Weights:
+    """Bytes per layer, on the output card and on the host, from every shard's tensor table."""
+    path = headers[0].path
+    layer_bytes, expert_bytes, n_embd_q = [0] * n_all, [0] * n_all, [0] * n_all
+    output_bytes = host_bytes = 0
     token_embd = None
     has_output = False
-    for h in headers:
-        for t in h.tensors:
-            mb = _BLK.match(t.name)
-            if mb:
-                il = int(mb.group(1))
-                if il >= n_all:
-                    raise ModelError(f"{path}: tensor {t.name} names layer {il} of {n_all}", "use a valid GGUF file")
-                layer_bytes[il] += t.n_bytes
-                if _EXPERT.search(t.name):
-                    expert_bytes[il] += t.n_bytes
-                elif t.name.endswith(".attn_q.weight") and len(t.shape) >= 2:
-                    n_embd_q[il] = t.shape[1]
-            elif t.name.startswith(_OUTPUT_PREFIXES):
-                output_bytes += t.n_bytes
-                has_output = has_output or t.name == "output.weight"
-            elif t.name.startswith("rope_freqs"):
-                layer_bytes[0] += t.n_bytes  # created with layer 0 (its duplicates on other layers are tiny)
-            else:
-                host_bytes += t.n_bytes
-                if t.name == "token_embd.weight":
-                    token_embd = t
+    for t in (t for h in headers for t in h.tensors):
+        mb = _BLK.match(t.name)
+        if mb:
+            il = int(mb.group(1))
+            if il >= n_all:
+                raise ModelError(f"{path}: tensor {t.name} names layer {il} of {n_all}", "use a valid GGUF file")
+            layer_bytes[il] += t.n_bytes
+            if _EXPERT.search(t.name):
+                expert_bytes[il] += t.n_bytes
+            elif t.name.endswith(".attn_q.weight") and len(t.shape) >= 2:
+                n_embd_q[il] = t.shape[1]
+        elif t.name.startswith(_OUTPUT_PREFIXES):
+            output_bytes += t.n_bytes
+            has_output = has_output or t.name == "output.weight"
+        elif t.name.startswith("rope_freqs"):
+            layer_bytes[0] += t.n_bytes  # created with layer 0 (its duplicates on other layers are tiny)
+        else:
+            host_bytes += t.n_bytes
+            if t.name == "token_embd.weight":
+                token_embd = t
     tied = not has_output and token_embd is not None
-    if tied:
+    if tied and token_embd is not None:
         output_bytes += token_embd.n_bytes  # llama.cpp places a TENSOR_DUPLICATED copy on the output device
     if token_embd is None and not has_output:
         warnings.append("no token_embd.weight or output.weight tensor: the output layer is sized from what is there")
+    return _Weights(tuple(layer_bytes), tuple(expert_bytes), tuple(n_embd_q), output_bytes, host_bytes, token_embd, tied)
 
-    n_vocab = m.int("{arch}.vocab_size")
+
+def _vocab_size(m: _Meta, token_embd: TensorInfo | None) -> int:
+    """vocab_size, else the token embedding's rows, else the tokenizer's token count."""
+    n_vocab = m.num("{arch}.vocab_size")
     if n_vocab is None:
         if token_embd is not None and len(token_embd.shape) >= 2:
             n_vocab = token_embd.shape[1]
         else:
-            toks = meta.get("tokenizer.ggml.tokens")
+            toks = m.meta.get("tokenizer.ggml.tokens")
             n_vocab = toks.length if isinstance(toks, StringArray) else 0
+    return int(n_vocab or 0)
 
-    # attention shape (llama_model::load_hparams)
-    n_head = m.per_layer("{arch}.attention.head_count", n_all, 0)
-    n_head_kv = m.per_layer("{arch}.attention.head_count_kv", n_all, n_head)
-    n_ff = m.per_layer("{arch}.feed_forward_length", n_all, 0)
-    h0 = n_head[0] if n_head and n_head[0] else 0
-    head_k = m.int("{arch}.attention.key_length", (n_embd // h0) if h0 else 0) or 0
-    head_v = m.int("{arch}.attention.value_length", (n_embd // h0) if h0 else 0) or 0
-    head_k_swa = m.int("{arch}.attention.key_length_swa", head_k) or 0
-    head_v_swa = m.int("{arch}.attention.value_length_swa", head_v) or 0
 
-    # sliding window
-    n_swa = 0
-    swa_chunked = False
-    is_swa: tuple[bool, ...] = (False,) * n_all
-    sw = m.int("{arch}.attention.sliding_window")
+def _head_sizes(m: _Meta, d: _Dims) -> tuple[int, int, int, int]:
+    """(K, V, K on SWA layers, V on SWA layers) per head: llama_model::load_hparams' defaults."""
+    h0 = d.n_head[0] if d.n_head and d.n_head[0] else 0
+    head_k = m.num("{arch}.attention.key_length", (d.n_embd // h0) if h0 else 0) or 0
+    head_v = m.num("{arch}.attention.value_length", (d.n_embd // h0) if h0 else 0) or 0
+    head_k_swa = m.num("{arch}.attention.key_length_swa", head_k) or 0
+    head_v_swa = m.num("{arch}.attention.value_length_swa", head_v) or 0
+    return head_k, head_v, head_k_swa, head_v_swa
+
+
+def _family_window(m: _Meta, fam: Family, rule: SwaRule, sw: int | None, d: _Dims) -> _Window:
+    """A family's own SWA layout: its pattern unless the file gives one, its window unless the file gives one."""
+    if fam.chunked_swa and sw == 0:
+        return _Window(0, False, ())  # llama4 without chunked attention
+    if rule.needs_key and not (sw or 0) > 0:
+        return _Window(0, False, ())
+    n_pattern = m.num("{arch}.attention.sliding_window_pattern", rule.pattern) or 0
+    is_swa = _swa_pattern(n_pattern, rule.dense_first, d.n_main, d.n_all)
+    return _Window(sw if sw is not None else rule.window, fam.chunked_swa, is_swa)
+
+
+def _sliding_window(m: _Meta, fam: Family, d: _Dims, warnings: list[str]) -> _Window:
+    """Which layers use a sliding window, and its size: the family's rule, or a per-layer list in the file."""
+    sw = m.num("{arch}.attention.sliding_window")
     pat = m.get("{arch}.attention.sliding_window_pattern")
-    fam = FAMILIES.get(arch)
-    rule = fam.swa if fam else None
+    rule = fam.swa
     explicit = isinstance(pat, tuple) and bool(pat)
-    if (fam and fam.swa_listed) or (explicit and rule is not None and (sw or 0) > 0) or (rule is None and explicit and sw):
-        if not isinstance(pat, tuple) or len(pat) != n_all:
-            raise ModelError(f"{path}: {arch}.attention.sliding_window_pattern must list {n_all} layers", "use a valid GGUF file")
-        is_swa = tuple(bool(x) for x in pat)
-        n_swa = sw or 0
+    if fam.swa_listed or (explicit and rule is not None and (sw or 0) > 0) or (rule is None and explicit and sw):
+        listed = m.layer_flags("{arch}.attention.sliding_window_pattern", d.n_all)
+        if listed is None:
+            raise m.bad("{arch}.attention.sliding_window_pattern", f"must list {d.n_all} layers")
+        window = _Window(sw or 0, False, listed)
     elif rule is not None:
-        n_pattern, dense_first, n_swa_default, needs_key = rule
-        if fam is not None and fam.chunked_swa and sw == 0:
-            pass  # llama4 without chunked attention
-        elif not needs_key or (sw or 0) > 0:
-            n_swa = sw if sw is not None else n_swa_default
-            n_pattern = m.int("{arch}.attention.sliding_window_pattern", n_pattern) or 0
-            is_swa = _swa_pattern(n_pattern, dense_first, n_main, n_all)
-            swa_chunked = fam is not None and fam.chunked_swa
+        window = _family_window(m, fam, rule, sw, d)
     elif sw and isinstance(pat, int):
-        n_swa = sw
-        is_swa = _swa_pattern(int(pat), False, n_main, n_all)
-        warnings.append(f"{arch}: sliding window taken from the GGUF keys (window {sw}, pattern {pat}), not verified for this architecture")
-    if n_swa == 0:
-        is_swa = (False,) * n_all
+        window = _Window(sw, False, _swa_pattern(int(pat), False, d.n_main, d.n_all))
+        warnings.append(f"{m.arch}: sliding window taken from the GGUF keys (window {sw}, pattern {pat}), not verified "
+                        "for this architecture")
+    else:
+        window = _Window(0, False, ())
+    if window.n_swa == 0:
+        return _Window(0, window.chunked, (False,) * d.n_all)
+    return window
 
-    # recurrent (hybrid) layers
-    is_recr: tuple[bool, ...] = (False,) * n_all
-    n_embd_r = n_embd_s = 0
-    d_conv = m.int("{arch}.ssm.conv_kernel", 0) or 0
-    d_inner = m.int("{arch}.ssm.inner_size", 0) or 0
-    d_state = m.int("{arch}.ssm.state_size", 0) or 0
-    n_group = m.int("{arch}.ssm.group_count", 0) or 0
-    recurrent = fam.recurrent if fam else ""
-    if recurrent or (d_inner and d_state):
-        n_embd_r = max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state)
-        n_embd_s = d_state * d_inner
-        if recurrent in ("rwkv", "rwkv6"):  # llama_hparams::n_embd_r/n_embd_s with wkv_head_size set
-            n_embd_r = (m.int("{arch}.token_shift_count", 2) or 2) * n_embd
-            n_embd_s = n_embd * (m.int("{arch}.wkv.head_size", 0) or 0)
-        arr = m.get("{arch}.attention.recurrent_layers")
-        if isinstance(arr, tuple):
-            if len(arr) != n_all:
-                raise ModelError(f"{path}: {arch}.attention.recurrent_layers must list {n_all} layers", "use a valid GGUF file")
-            is_recr = tuple(bool(x) for x in arr)
-        elif recurrent in ("all", "rwkv", "rwkv6", "parallel"):
-            is_recr = (True,) * n_all
-        elif recurrent == "interval":
-            interval = m.int("{arch}.full_attention_interval", 4) or 4
-            is_recr = tuple(il < n_main and (il + 1) % interval != 0 for il in range(n_all))
-        elif recurrent == "no_kv_ff":
-            is_recr = tuple(il < n_main and n_head_kv[il] == 0 and n_ff[il] == 0 for il in range(n_all))
-        else:
-            # jamba / granitehybrid / falcon-h1 style: a layer without KV heads is recurrent
-            is_recr = tuple(n_head_kv[il] == 0 for il in range(n_all))
-            if recurrent != "no_kv":
-                warnings.append(f"{arch}: recurrent layers taken as those without KV heads (not verified for this "
-                                "architecture)")
-            recurrent = "no_kv"
 
-    # MLA: K-only cache of width key_length * n_head_kv
+def _every_layer(m: _Meta, d: _Dims) -> tuple[bool, ...]:
+    return (True,) * d.n_all
+
+
+def _interval_layers(m: _Meta, d: _Dims) -> tuple[bool, ...]:
+    """Qwen hybrids: every ``full_attention_interval``-th trunk layer is attention, the others recurrent."""
+    interval = m.num("{arch}.full_attention_interval", 4) or 4
+    return tuple(il < d.n_main and (il + 1) % interval != 0 for il in range(d.n_all))
+
+
+def _no_kv_ff_layers(m: _Meta, d: _Dims) -> tuple[bool, ...]:
+    """Nemotron-H: the Mamba-2 layers are the trunk layers with neither KV heads nor an FFN."""
+    return tuple(il < d.n_main and d.n_head_kv[il] == 0 and d.n_ff[il] == 0 for il in range(d.n_all))
+
+
+def _no_kv_layers(m: _Meta, d: _Dims) -> tuple[bool, ...]:
+    """Jamba, Granite hybrids: a layer without KV heads is recurrent."""
+    return tuple(d.n_head_kv[il] == 0 for il in range(d.n_all))
+
+
+# Which layers are recurrent, per kind, when the file has no attention.recurrent_layers list.
+_RECURRENT_LAYERS = {
+    Recurrent.ALL: _every_layer,
+    Recurrent.RWKV: _every_layer,
+    Recurrent.RWKV6: _every_layer,
+    Recurrent.PARALLEL: _every_layer,
+    Recurrent.INTERVAL: _interval_layers,
+    Recurrent.NO_KV_FF: _no_kv_ff_layers,
+    Recurrent.NO_KV: _no_kv_layers,
+}
+
+
+def _recurrence(m: _Meta, fam: Family, d: _Dims, warnings: list[str]) -> _Recurrence:
+    """Recurrent layers and their per-sequence state sizes (llama_hparams::n_embd_r / n_embd_s). A family not known
+    to be recurrent but with SSM sizes in its file is taken as "layers without KV heads are recurrent", with a
+    warning."""
+    d_conv = m.count("{arch}.ssm.conv_kernel")
+    d_inner = m.count("{arch}.ssm.inner_size")
+    d_state = m.count("{arch}.ssm.state_size")
+    n_group = m.count("{arch}.ssm.group_count")
+    kind = fam.recurrent
+    if not kind and not (d_inner and d_state):
+        return _Recurrence(kind, (False,) * d.n_all, 0, 0, d_conv, d_inner)
+    n_embd_r = max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state)
+    n_embd_s = d_state * d_inner
+    if kind in (Recurrent.RWKV, Recurrent.RWKV6):  # with wkv_head_size set
+        n_embd_r = (m.num("{arch}.token_shift_count", 2) or 2) * d.n_embd
+        n_embd_s = d.n_embd * m.count("{arch}.wkv.head_size")
+    layers = m.layer_flags("{arch}.attention.recurrent_layers", d.n_all)
+    if layers is None:
+        if kind is Recurrent.NONE:
+            warnings.append(f"{m.arch}: recurrent layers taken as those without KV heads (not verified for this "
+                            "architecture)")
+            kind = Recurrent.NO_KV
+        layers = _RECURRENT_LAYERS[kind](m, d)
+    return _Recurrence(kind, layers, n_embd_r, n_embd_s, d_conv, d_inner)
+
+
+def _mla(m: _Meta, fam: Family, warnings: list[str]) -> bool:
+    """MLA: a K-only cache of width key_length * n_head_kv, when the file has the MLA head sizes."""
     mla = m.get("{arch}.attention.key_length_mla") is not None and m.get("{arch}.attention.value_length_mla") is not None
-    if fam and fam.mla and not mla and m.get("{arch}.attention.kv_lora_rank") is not None:
+    if fam.mla and not mla and m.get("{arch}.attention.kv_lora_rank") is not None:
         warnings.append("deepseek2 GGUF without key_length_mla: an old conversion; KV is sized as full attention")
+    return mla
 
-    # which layers hold KV
+
+def _kv_layers(m: _Meta, fam: Family, d: _Dims, rec: _Recurrence) -> tuple[bool, ...]:
+    """Which layers hold a KV cache: trunk attention layers with KV heads, less those that reuse another's."""
     n_kv_from_start = -1
-    if fam and fam.kv_layers == "first20":
-        n_kv_from_start = 20
-    elif (fam and fam.kv_layers == "shared") or m.get("{arch}.attention.shared_kv_layers") is not None:
-        n_kv_from_start = n_all - (m.int("{arch}.attention.shared_kv_layers", 0) or 0)
-    has_kv = []
-    for il in range(n_all):
-        ok = n_kv_from_start < 0 or il < n_kv_from_start
-        ok = ok and il < n_main and (recurrent == "parallel" or not is_recr[il]) and n_head_kv[il] > 0
-        if recurrent == "all":
-            ok = False
-        has_kv.append(ok)
-    k_width = []
-    v_width = []
-    for il in range(n_all):
-        if not has_kv[il]:
-            k_width.append(0)
-            v_width.append(0)
-            continue
+    if fam.kv_first:
+        n_kv_from_start = fam.kv_first
+    elif fam.kv_shared or m.get("{arch}.attention.shared_kv_layers") is not None:
+        n_kv_from_start = d.n_all - m.count("{arch}.attention.shared_kv_layers")
+    if rec.kind is Recurrent.ALL:
+        return (False,) * d.n_all
+    return tuple((n_kv_from_start < 0 or il < n_kv_from_start) and il < d.n_main
+                 and (rec.kind is Recurrent.PARALLEL or not rec.layers[il]) and d.n_head_kv[il] > 0
+                 for il in range(d.n_all))
+
+
+def _kv_widths(heads: tuple[int, int, int, int], d: _Dims, has_kv: tuple[bool, ...], is_swa: tuple[bool, ...],
+               mla: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """K and V cache widths per token of each layer (0 without KV; V is 0 under MLA)."""
+    head_k, head_v, head_k_swa, head_v_swa = heads
+    k_width, v_width = [], []
+    for il in range(d.n_all):
         hk, hv = (head_k_swa, head_v_swa) if is_swa[il] else (head_k, head_v)
-        k_width.append(hk * n_head_kv[il])
-        v_width.append(0 if mla else hv * n_head_kv[il])
+        kv = d.n_head_kv[il] if has_kv[il] else 0
+        k_width.append(hk * kv)
+        v_width.append(0 if mla else hv * kv)
+    return tuple(k_width), tuple(v_width)
 
-    n_expert = m.int("{arch}.expert_count", 0) or 0
+
+def _experts(m: _Meta, d: _Dims) -> tuple[int, int, int, int]:
+    """(experts, experts used per token, width of one routed expert, width of all shared experts together)."""
+    n_expert = m.count("{arch}.expert_count")
     used = m.get("{arch}.expert_used_count")
-    n_expert_used = max(used) if isinstance(used, tuple) and used else (m.int("{arch}.expert_used_count", 0) or 0)
-
+    n_expert_used = max(used) if isinstance(used, tuple) and used else m.count("{arch}.expert_used_count")
     # without the key, experts are feed_forward_length wide (Mixtral as llama, jamba: ffn_gate_exps {n_embd, n_ff})
-    n_ff_exp = m.per_layer("{arch}.expert_feed_forward_length", n_all, n_ff if n_expert else 0)
-    n_shared = m.int("{arch}.expert_shared_count", 0) or 0
-    n_ff_shexp = m.int("{arch}.expert_shared_feed_forward_length", 0) or (n_shared * max(n_ff_exp) if n_shared else 0)
+    n_ff_exp = m.per_layer("{arch}.expert_feed_forward_length", d.n_all, d.n_ff if n_expert else 0)
+    n_shared = m.count("{arch}.expert_shared_count")
+    n_ff_shexp = m.count("{arch}.expert_shared_feed_forward_length") or (n_shared * max(n_ff_exp) if n_shared else 0)
+    return n_expert, n_expert_used, max(n_ff_exp), n_ff_shexp
 
-    known = fam is not None
-    if not known:
-        warnings.insert(
-            0,
-            f"architecture {arch!r} is not modelled by arcsplit: weights come from the tensor table, KV assumes "
-            "standard attention on every layer; check the plan with llama-fit-params",
-        )
-    if not any(has_kv) and not any(is_recr):
+
+def profile_from_headers(headers: list[Header]) -> ModelProfile:
+    """The planner's view of a model: the family's rules (``FAMILIES``) applied to the first shard's metadata, and
+    every shard's tensor table."""
+    first = headers[0]
+    arch = first.metadata.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise ModelError(f"{first.path} has no general.architecture", "use a GGUF model file (not a LoRA or vocab-only file)")
+    m = _Meta(first.metadata, arch, first.path)
+    fam = FAMILIES.get(arch, _UNKNOWN)
+    warnings: list[str] = []
+    n_all, n_nextn = _layer_counts(m)
+    n_embd = m.count("{arch}.embedding_length")
+    n_ctx_train = m.count("{arch}.context_length")
+    w = _weights(headers, n_all, warnings)
+    n_vocab = _vocab_size(m, w.token_embd)
+    n_head = m.per_layer("{arch}.attention.head_count", n_all, 0)
+    d = _Dims(n_all, n_all - n_nextn, n_embd, n_head, m.per_layer("{arch}.attention.head_count_kv", n_all, n_head),
+              m.per_layer("{arch}.feed_forward_length", n_all, 0))
+    heads = _head_sizes(m, d)
+    window = _sliding_window(m, fam, d, warnings)
+    rec = _recurrence(m, fam, d, warnings)
+    mla = _mla(m, fam, warnings)
+    has_kv = _kv_layers(m, fam, d, rec)
+    n_embd_k, n_embd_v = _kv_widths(heads, d, has_kv, window.is_swa, mla)
+    n_expert, n_expert_used, n_ff_exp, n_ff_shexp = _experts(m, d)
+    if arch not in FAMILIES:
+        warnings.insert(0, f"architecture {arch!r} is not modelled by arcsplit: weights come from the tensor table, KV "
+                           "assumes standard attention on every layer; check the plan with llama-fit-params")
+    if not any(has_kv) and not any(rec.layers):
         warnings.append("no layer holds a KV cache or recurrent state according to the metadata")
-
-    name = meta.get("general.name")
+    name = first.metadata.get("general.name")
     return ModelProfile(
-        path=path,
-        shards=tuple(h.path for h in headers),
-        arch=arch,
-        name=name if isinstance(name, str) else None,
+        path=first.path, shards=tuple(h.path for h in headers), arch=arch, name=name if isinstance(name, str) else None,
         file_bytes=sum(h.file_bytes for h in headers),
-        n_layer=n_all,
-        n_layer_nextn=n_nextn,
-        n_embd=n_embd,
-        n_vocab=int(n_vocab or 0),
-        n_ctx_train=n_ctx_train,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        n_embd_k=tuple(k_width),
-        n_embd_v=tuple(v_width),
-        has_kv=tuple(has_kv),
-        is_swa=is_swa,
-        is_recurrent=is_recr,
-        n_swa=n_swa,
-        swa_chunked=swa_chunked,
-        mla=mla,
-        ssm_conv_kernel=d_conv,
-        n_embd_r=n_embd_r,
-        n_embd_s=n_embd_s,
-        n_ff=n_ff,
-        n_embd_q=tuple(n_embd_q),
-        recurrent_kind=recurrent if any(is_recr) else "",
-        n_expert=n_expert,
-        n_expert_used=n_expert_used,
-        n_ff_exp=max(n_ff_exp),
-        n_ff_shexp=n_ff_shexp,
-        layer_bytes=tuple(layer_bytes),
-        expert_bytes=tuple(expert_bytes),
-        output_bytes=output_bytes,
-        tied_output=tied,
-        token_embd_bytes=token_embd.n_bytes if token_embd is not None else 0,
-        host_bytes=host_bytes,
-        known_arch=known,
-        compute_checked=fam is not None and fam.checked,
-        warnings=tuple(warnings),
-        ssm_d_inner=d_inner,
-        ffn_gate=fam.ffn_gate if fam is not None else True,
+        n_layer=n_all, n_layer_nextn=n_nextn, n_embd=n_embd, n_vocab=n_vocab, n_ctx_train=n_ctx_train,
+        n_head=n_head, n_head_kv=d.n_head_kv, n_embd_k=n_embd_k, n_embd_v=n_embd_v, has_kv=has_kv,
+        is_swa=window.is_swa, is_recurrent=rec.layers, n_swa=window.n_swa, swa_chunked=window.chunked, mla=mla,
+        ssm_conv_kernel=rec.d_conv, n_embd_r=rec.n_embd_r, n_embd_s=rec.n_embd_s, n_ff=d.n_ff, n_embd_q=w.n_embd_q,
+        recurrent_kind=rec.kind.value if any(rec.layers) else "",
+        n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_shexp,
+        layer_bytes=w.layer_bytes, expert_bytes=w.expert_bytes, output_bytes=w.output_bytes, tied_output=w.tied,
+        token_embd_bytes=w.token_embd.n_bytes if w.token_embd is not None else 0, host_bytes=w.host_bytes,
+        known_arch=arch in FAMILIES, compute_checked=fam.checked, warnings=tuple(warnings),
+        ssm_d_inner=rec.d_inner, ffn_gate=fam.ffn_gate,
     )
 
 
@@ -839,8 +978,6 @@ def load_profile(path: str | Path, cache: bool = True) -> ModelProfile:
 
 
 def _cache_key(p: Path) -> str | None:
-    import hashlib
-
     try:
         parts = [hashlib.sha256(Path(__file__).read_bytes()).hexdigest()]
         for s in _shard_paths(p.resolve()):
@@ -852,26 +989,17 @@ def _cache_key(p: Path) -> str | None:
 
 
 def _cache_file(key: str) -> Path:
-    from ._dirs import cache_dir
-
     return cache_dir() / "profiles" / f"{key}.json"
 
 
 def _cache_get(key: str) -> ModelProfile | None:
-    import json
-    from dataclasses import fields
-
     try:
         raw = json.loads(_cache_file(key).read_text(encoding="utf-8"))
         kw = {f.name: tuple(raw[f.name]) if isinstance(raw[f.name], list) else raw[f.name] for f in fields(ModelProfile)}
-        return ModelProfile(**kw)
+        return ModelProfile(**kw)  # type: ignore[arg-type]  # each field as asdict wrote it
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def _cache_put(key: str, profile: ModelProfile) -> None:
-    from dataclasses import asdict
-
-    from ._dirs import keep_json
-
     keep_json(_cache_file(key), asdict(profile))  # a read-only cache only costs speed
