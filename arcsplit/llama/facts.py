@@ -440,6 +440,93 @@ def _package_query() -> tuple[dict[str, str], str | None, str]:
     return {}, None, "no dpkg-query, rpm or pacman"
 
 
+def _sycl_ls_file_facts(sycl_ls_file: str | Path, unread: list[str]) -> tuple[list[NeoVersion], list[SyclDevice]]:
+    """NEO readings and devices from a pasted sycl-ls: the other machine's, so nothing of this one is mixed in."""
+    text = read_text(sycl_ls_file, "sycl-ls")
+    sycl_devices = parse_sycl_ls(text) or parse_ggml_sycl_table(text)
+    if not sycl_devices:
+        raise BadInput(f"{sycl_ls_file} holds no sycl-ls device lines",
+                       "paste the output of `sycl-ls` (or `sycl-ls --verbose`) into the file")
+    readings = neo_from_sycl(sycl_devices, f"sycl-ls file {sycl_ls_file}")
+    if not readings:
+        unread.append(f"NEO: {sycl_ls_file} shows no GPU driver version")
+    return readings, sycl_devices
+
+
+def _local_sycl_facts(root: Path, timeout: float,
+                      unread: list[str]) -> tuple[list[NeoVersion], list[SyclDevice], str | None]:
+    """NEO readings (sycl-ls, the library's soname, packages, clinfo: in the order SYCL trusts them), this
+    machine's SYCL devices and the Level Zero loader's version."""
+    readings: list[NeoVersion] = []
+    sycl_devices: list[SyclDevice] = []
+    loader: str | None = None
+    out, why = _run(["sycl-ls"], timeout)
+    if out is None:
+        unread.append(f"sycl-ls: {why}")
+    else:
+        sycl_devices = parse_sycl_ls(out)
+        readings += neo_from_sycl(sycl_devices, "sycl-ls")
+    lib = _resolve_soname("libze_intel_gpu.so.1", root)
+    v = parse_neo_version(lib.name, f"soname {lib}") if lib else None
+    if v:
+        readings.append(v)
+    else:
+        unread.append("libze_intel_gpu.so.1: not found in LD_LIBRARY_PATH or " + ", ".join(LIB_DIRS[:3]))
+    packages, manager, why = _package_query()
+    if manager is None or why:
+        unread.append(f"packages: {why}")
+    else:
+        readings += neo_from_packages(packages, manager)
+        loader = loader_from_packages(packages)
+        if not packages:
+            unread.append(f"packages: {manager} knows none of {', '.join(NEO_PACKAGES[:3])}, ...")
+    out, why = _run(["clinfo"], timeout)
+    if out is None:
+        unread.append(f"clinfo: {why}")
+    else:
+        readings += parse_clinfo(out)
+    if loader is None:
+        lp = _resolve_soname("libze_loader.so.1", root)
+        m = re.search(r"libze_loader\.so\.(\d+\.\d+\.\d+)", lp.name) if lp else None
+        loader = m.group(1) if m else None
+        if loader is None:
+            unread.append("Level Zero loader: no libze1/level-zero package, no libze_loader.so.1")
+    return readings, sycl_devices, loader
+
+
+def _pick_neo(readings: list[NeoVersion], backend: str, unread: list[str], notes: list[str]) -> NeoVersion | None:
+    """The first reading is what SYCL loads; its release filled in from another source of the same build."""
+    builds = sorted({r.build for r in readings})
+    if len(builds) > 1:
+        notes.append("NEO sources disagree (" + "; ".join(f"{r.source}: {r.label}" for r in readings)
+                     + "): the first is what SYCL loads; check LD_LIBRARY_PATH for a second install")
+    neo = readings[0] if readings else None
+    if neo is not None and neo.release is None:
+        full = next((r for r in readings if r.release and r.build == neo.build), None)
+        if full:
+            neo = NeoVersion(neo.build, full.release, neo.raw, neo.source)
+    if neo is None and backend == "sycl":
+        unread.append("NEO version: no source gave it (install sycl-ls from oneAPI, or clinfo)")
+    return neo
+
+
+def _llama_build(build_info: Any, backend: str, unread: list[str]) -> str | None:
+    """The llama.cpp build as one line: its number and commit (or version), and the compiler."""
+    compiler = getattr(build_info, "compiler", None)
+    llama_build = None
+    if build_info is None:
+        unread.append(f"llama.cpp build: none found; make one with `arcsplit llama build --backend {backend}`")
+    elif getattr(build_info, "build_number", None) is not None:
+        llama_build = f"build {build_info.build_number} ({build_info.commit})"
+    elif getattr(build_info, "version", None):
+        llama_build = f"version {build_info.version} (no build number)"
+    else:
+        unread.append("llama.cpp build: --version printed neither a build number nor a version")
+    if llama_build and compiler:
+        llama_build += f", built with {compiler}"
+    return llama_build
+
+
 def gather_facts(backend: str = "sycl", build_info: Any = None, sycl_ls_file: str | Path | None = None,
                  kernel: str | None = None, kernel_config: str | Path | None = None,
                  sysfs_root: str | Path | None = "/sys", timeout: float = TIMEOUT_S, host_root: str | Path = "/") -> Facts:
@@ -454,80 +541,17 @@ def gather_facts(backend: str = "sycl", build_info: Any = None, sycl_ls_file: st
     readings: list[NeoVersion] = []
     sycl_devices: list[SyclDevice] = []
     loader: str | None = None
-
-    if backend != "sycl" and sycl_ls_file is None:
-        pass  # NEO, Level Zero and oneAPI only matter under SYCL; no point listing them as unread
-    elif sycl_ls_file is not None:
-        text = read_text(sycl_ls_file, "sycl-ls")
-        sycl_devices = parse_sycl_ls(text) or parse_ggml_sycl_table(text)
-        if not sycl_devices:
-            raise BadInput(f"{sycl_ls_file} holds no sycl-ls device lines",
-                           "paste the output of `sycl-ls` (or `sycl-ls --verbose`) into the file")
-        readings += neo_from_sycl(sycl_devices, f"sycl-ls file {sycl_ls_file}")
-        if not readings:
-            unread.append(f"NEO: {sycl_ls_file} shows no GPU driver version")
-    else:
-        out, why = _run(["sycl-ls"], timeout)
-        if out is None:
-            unread.append(f"sycl-ls: {why}")
-        else:
-            sycl_devices = parse_sycl_ls(out)
-            readings += neo_from_sycl(sycl_devices, "sycl-ls")
-        lib = _resolve_soname("libze_intel_gpu.so.1", root)
-        v = parse_neo_version(lib.name, f"soname {lib}") if lib else None
-        if v:
-            readings.append(v)
-        else:
-            unread.append("libze_intel_gpu.so.1: not found in LD_LIBRARY_PATH or " + ", ".join(LIB_DIRS[:3]))
-        packages, manager, why = _package_query()
-        if manager is None or why:
-            unread.append(f"packages: {why}")
-        else:
-            readings += neo_from_packages(packages, manager)
-            loader = loader_from_packages(packages)
-            if not packages:
-                unread.append(f"packages: {manager} knows none of {', '.join(NEO_PACKAGES[:3])}, ...")
-        out, why = _run(["clinfo"], timeout)
-        if out is None:
-            unread.append(f"clinfo: {why}")
-        else:
-            readings += parse_clinfo(out)
-        if loader is None:
-            lp = _resolve_soname("libze_loader.so.1", root)
-            m = re.search(r"libze_loader\.so\.(\d+\.\d+\.\d+)", lp.name) if lp else None
-            loader = m.group(1) if m else None
-            if loader is None:
-                unread.append("Level Zero loader: no libze1/level-zero package, no libze_loader.so.1")
-
-    builds = sorted({r.build for r in readings})
-    if len(builds) > 1:
-        notes.append("NEO sources disagree (" + "; ".join(f"{r.source}: {r.label}" for r in readings)
-                     + "): the first is what SYCL loads; check LD_LIBRARY_PATH for a second install")
-    neo = readings[0] if readings else None
-    if neo is not None and neo.release is None:
-        full = next((r for r in readings if r.release and r.build == neo.build), None)
-        if full:
-            neo = NeoVersion(neo.build, full.release, neo.raw, neo.source)
-    if neo is None and backend == "sycl":
-        unread.append("NEO version: no source gave it (install sycl-ls from oneAPI, or clinfo)")
-
+    if sycl_ls_file is not None:
+        readings, sycl_devices = _sycl_ls_file_facts(sycl_ls_file, unread)
+    elif backend == "sycl":  # NEO, Level Zero and oneAPI only matter under SYCL; no point listing them as unread
+        readings, sycl_devices, loader = _local_sycl_facts(root, timeout, unread)
+    neo = _pick_neo(readings, backend, unread, notes)
+    llama_build = _llama_build(build_info, backend, unread)
     compiler = getattr(build_info, "compiler", None)
-    llama_build = None
-    if build_info is None:
-        unread.append(f"llama.cpp build: none found; make one with `arcsplit llama build --backend {backend}`")
-    elif getattr(build_info, "build_number", None) is not None:
-        llama_build = f"build {build_info.build_number} ({build_info.commit})"
-    elif getattr(build_info, "version", None):
-        llama_build = f"version {build_info.version} (no build number)"
-    else:
-        unread.append("llama.cpp build: --version printed neither a build number nor a version")
-    if llama_build and compiler:
-        llama_build += f", built with {compiler}"
     oneapi, _src = _oneapi_version(compiler, root) if sycl_ls_file is None and backend == "sycl" else (None, None)
     if oneapi is None and backend == "sycl":
         unread.append("oneAPI: not in the sycl-ls file" if sycl_ls_file is not None
                       else "oneAPI: no $CMPLR_ROOT/$ONEAPI_ROOT, no /opt/intel/oneapi/compiler/latest")
-
     kfacts = _kernel_facts(kernel, kernel_config, unread, root)
     cards, why_cards = discover_cards(sysfs_root) if sysfs_root is not None else ([], None)  # None: another machine
     if why_cards:
