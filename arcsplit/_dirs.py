@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 from pathlib import Path
 from typing import Callable, Iterator
@@ -76,8 +77,6 @@ def runtime_dir() -> Path:
 def keep_json(path: Path, data: object, indent: int | None = None) -> bool:
     """Write ``data`` as JSON to a cache or state file by rename, so a reader never sees half of it. Best effort:
     False when it cannot be written (a read-only cache only costs the next run the work it saved)."""
-    import json
-
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -43,12 +43,12 @@ def _bindings(bin_dir: Path) -> Any:
     os.environ.setdefault("LLAMA_CPP_LIB_PATH", str(bin_dir))
     os.environ.setdefault("MTMD_CPP_LIB", str(bin_dir))
     try:
-        import llama_cpp
-        import llama_cpp.llama_cpp as low
+        import llama_cpp  # an optional dependency, and it loads libllama from the path set just above
     except (ImportError, OSError):
         raise ArcsplitError("arcsplit.load needs llama-cpp-python 0.3.36 built against arcsplit's libllama",
                             'install it against the managed build: CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" '
                             "pip install llama-cpp-python==0.3.36 (or `pip install arcsplit[inproc]`)") from None
+    low = llama_cpp.llama_cpp  # its package imports it
     loaded = Path(getattr(low._lib, "_name", "")).resolve().parent
     if loaded != bin_dir.resolve():
         raise LlamaError(f"llama_cpp already loaded libllama from {loaded}, not from {bin_dir}",

@@ -11,8 +11,10 @@ Sources (the pinned llama.cpp tree, vendored in llama-cpp-python 0.3.36):
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from importlib.resources import files
 from typing import Mapping
 
 from .errors import BadInput
@@ -456,9 +458,6 @@ class BackendCompute:
 @lru_cache(maxsize=None)
 def backend_compute(backend: str) -> BackendCompute:
     """``backend``'s row; a backend the table does not list gets the largest factor and addition in it."""
-    import tomllib
-    from importlib.resources import files
-
     table = tomllib.loads(files("arcsplit").joinpath("data/compute_backends.toml").read_text(encoding="utf-8"))
     row = table.get(backend)
     if row is None:

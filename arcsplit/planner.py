@@ -8,7 +8,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
-from .rig import Card, Host
+from . import memory
+from .errors import BadInput, DoesNotFit
+from .memory import UNCHECKED_COMPUTE_MARGIN
+from .rig import Card, Host, Rig
 from .route import HOST_DEVICE  # llama-server's own CPU: layers planned there are simply not offloaded
 
 OUTPUT_TENSORS = r"^output"
@@ -402,8 +405,6 @@ class _Costs:
 def _costs(profile: Any, options: PlanOptions, n_ctx: int) -> _Costs:
     """With ``output_on_first`` the output unit (still the last of llama.cpp's -ts units) weighs nothing there:
     its bytes are the first card's (see _Solver._card_bytes)."""
-    from . import memory
-
     cs = memory.context_sizes(profile, n_ctx, options.n_parallel, options.kv_unified, options.n_ubatch, options.swa_full)
     w, k, s = [], [], []
     n_off = options.moe_offload or 0
@@ -427,9 +428,6 @@ _INF = float("inf")
 class _Solver:
     def __init__(self, profile: Any, cards: tuple[Card, ...], names: list[str], options: PlanOptions,
                  measured: Any = None) -> None:
-        from . import memory
-
-        self.memory = memory
         self.measured = measured
         self.profile = profile
         self.cards = cards
@@ -465,13 +463,12 @@ class _Solver:
 
     def _card_bytes(self, costs: _Costs, j: int, a: int, b: int) -> tuple[int, int, int, int]:
         has_out = self.has_output(j, a, b)
-        end = min(b, self.profile.n_layer)
         extra = self.profile.output_bytes if has_out and self.options.output_on_first else 0
         if self.host and j == 0:
             # llama-server's CPU keeps these layers; its compute buffer also builds every card's inputs
-            comp = self.memory.host_compute_bytes(self.profile, costs.cs, self._shape)
+            comp = memory.host_compute_bytes(self.profile, costs.cs, self._shape)
             if has_out:
-                comp += self.memory.compute_bytes(self.profile, costs.cs, 0, 0, True, self._shape)
+                comp += memory.compute_bytes(self.profile, costs.cs, 0, 0, True, self._shape)
             extra += self.profile.host_bytes
         else:
             busy = b > a or has_out
@@ -484,20 +481,19 @@ class _Solver:
         taken for exactly this range (arcsplit plan --measure), else the formulas, which add their margin on an
         architecture they were not checked on; then what the backend needs beyond them (data/compute_backends.toml),
         unless measured on that backend."""
-        m = self.memory
         has_out = self.has_output(j, a, b)
-        backend = m.backend_compute(self.cards[j].backend)
+        backend = memory.backend_compute(self.cards[j].backend)
         got = None
         if self.measured is not None:
-            got = m.measured_compute(self.measured, self.profile, costs.cs, j, a, b, has_out, self._shape,
-                                     self.options.moe_offload or 0)
+            got = memory.measured_compute(self.measured, self.profile, costs.cs, j, a, b, has_out, self._shape,
+                                          self.options.moe_offload or 0)
         if got is not None:
             source = f"measured {self.measured.backend}"
             if self.measured.backend == backend.backend:
                 return got, source
         else:
-            got = m.compute_bytes(self.profile, costs.cs, a, min(b, self.profile.n_layer), has_out, self._shape)
-            source = "formula" if self.profile.compute_checked else f"formula +{m.UNCHECKED_COMPUTE_MARGIN:.0%}"
+            got = memory.compute_bytes(self.profile, costs.cs, a, min(b, self.profile.n_layer), has_out, self._shape)
+            source = "formula" if self.profile.compute_checked else f"formula +{memory.UNCHECKED_COMPUTE_MARGIN:.0%}"
         rows = self.profile.n_embd * min(self._shape.n_ubatch, costs.cs.n_ctx) * 4
         quant = self._quant_kv
         return backend.apply(got, rows, costs.cs.n_ctx if quant else 0), f"{source} {backend.label(quant)}".rstrip()
@@ -575,14 +571,10 @@ class _Solver:
 
 
 def _hosts(rig_or_cards: Any) -> tuple[Host, ...]:
-    from .rig import Rig
-
     return rig_or_cards.hosts if isinstance(rig_or_cards, Rig) else ()
 
 
 def _as_cards(rig_or_cards: Any) -> tuple[Card, ...]:
-    from .rig import Rig
-
     if isinstance(rig_or_cards, Rig):
         return rig_or_cards.cards
     if isinstance(rig_or_cards, Card):
@@ -594,8 +586,6 @@ def _as_cards(rig_or_cards: Any) -> tuple[Card, ...]:
 
 
 def _bad(problem: str, fix: str) -> Exception:
-    from .errors import BadInput
-
     return BadInput(problem, fix)
 
 
@@ -609,9 +599,6 @@ def make_plan(profile: Any, rig_or_cards: Any, options: PlanOptions | None = Non
     for these options, used where a card's layer range was measured. Raises DoesNotFit with the shortfall and what
     would make it fit.
     """
-    from . import memory
-    from .errors import DoesNotFit
-
     options = options or PlanOptions()
     cards = _as_cards(rig_or_cards)
     names = list(devices) if devices is not None else [c.device for c in cards]
@@ -756,8 +743,6 @@ def _assemble(profile: Any, solver: "_Solver", costs: _Costs, cards: tuple[Card,
               bounds: list[int], options: PlanOptions, warnings: list[str], hosts: tuple[Host, ...] = ()) -> Plan:
     """The Plan for layer boundaries ``bounds``: each card's bytes from the solver, the host's share, and what
     crosses the link to each other host."""
-    from . import memory
-
     plans = []
     for j, card in enumerate(cards):
         a, b = bounds[j], bounds[j + 1]
@@ -847,8 +832,6 @@ def plan_for_split(profile: Any, rig_or_cards: Any, options: PlanOptions, tensor
 
     Used to check a pinned layout and to compare against llama-fit-params for the same -ts.
     """
-    from . import memory
-
     cards = _as_cards(rig_or_cards)
     names = list(devices) if devices is not None else [c.device for c in cards]
     n_ctx = options.n_ctx
@@ -870,8 +853,6 @@ def plan_for_split(profile: Any, rig_or_cards: Any, options: PlanOptions, tensor
 
 def _model_warnings(profile: Any) -> list[str]:
     """The profile's warnings, and the compute margin where the compute model was never measured."""
-    from .memory import UNCHECKED_COMPUTE_MARGIN
-
     out = list(profile.warnings)
     if not profile.compute_checked:
         out.append(f"compute buffers of {profile.arch!r} are estimated from formulas not checked on this architecture: "

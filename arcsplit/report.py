@@ -26,6 +26,7 @@ from . import __version__
 from ._dirs import cache_dir
 from .errors import BadInput
 from .proc.rundir import runs_root
+from .llama.source import llama_root
 from .redact import Redactor, secret_env
 
 LOG_TAIL_LINES = 400
@@ -109,8 +110,6 @@ def collect(run: str | None, doctor: tuple[dict[str, Any], str] | None, which: d
         files["doctor.txt"] = doctor[1] + "\n"
     if which is not None:
         files["build.json"] = json.dumps(which, indent=1, default=str)
-    from .llama.source import llama_root
-
     for log in sorted(llama_root().glob("build-*.log")) if llama_root().is_dir() else []:
         files[f"builds/{log.name}"] = _tail(log, BUILD_LOG_LINES)
     for sub in ("probe", "observed"):

@@ -11,6 +11,7 @@ import json
 import sys
 from typing import Any, Sequence
 
+from .. import __version__
 from ..errors import ArcsplitError
 
 # Modules that each define ``register(subparsers)``; a command's handler is ``args.func(args) -> int``.
@@ -51,8 +52,6 @@ class _Version(argparse.Action):
 
 
 def _version() -> str:
-    from .. import __version__
-
     return f"arcsplit {__version__}"
 
 

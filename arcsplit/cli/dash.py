@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import argparse
 
+from .._api import attach
+
 
 def _dash(args: argparse.Namespace) -> int:
-    from .._api import attach
-    from ..tui.app import run_dashboard
+    from ..tui.app import run_dashboard  # textual: only when a dashboard is shown
 
     client = attach(args.run)  # fails here, before the screen is taken, with a one-line error
     return run_dashboard(lambda: client)

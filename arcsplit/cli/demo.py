@@ -16,7 +16,7 @@ from ..demo import CHAT_PACKAGE, DEMO_PACKAGE, chat_model_path, demo_model_path,
 from ..errors import LlamaError
 from ..llama.build import BuildConfig, managed_builds
 from ..llama.locate import find_llama
-from . import say
+from . import llama as cli_llama, say, serve as cli_serve
 
 
 def _ensure_cpu_build() -> None:
@@ -26,15 +26,11 @@ def _ensure_cpu_build() -> None:
     except LlamaError:
         if os.environ.get("ARCSPLIT_LLAMA_DIR") or shutil.which("llama-server") or managed_builds(backends.CPU):
             raise  # binaries the user named or has are wrong: building others would hide it
-        from .llama import build_with_progress
-
         say("no llama.cpp build yet: building the CPU backend once (about 5-6 minutes on 2 cores) …")
-        build_with_progress(BuildConfig(backends.CPU))
+        cli_llama.build_with_progress(BuildConfig(backends.CPU))
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .serve import serve_from_args
-
     _ensure_cpu_build()
     ns = argparse.Namespace(**vars(args))
     path, package = (demo_model_path(), DEMO_PACKAGE) if args.base else (chat_model_path(), CHAT_PACKAGE)
@@ -48,7 +44,7 @@ def _demo(args: argparse.Namespace) -> int:
     ns.extra = [] if args.base else ["--temp", "0"]
     # The GGUFs' own general.name ("Smollm2 135M 8k Lc100K Mix1 Ep2") is no name to type into a request.
     ns.alias = "gemma-3-270m" if args.base else "SmolLM2-135M-Instruct"
-    return serve_from_args(ns, demo="completion" if args.base else "chat")
+    return cli_serve.serve_from_args(ns, demo="completion" if args.base else "chat")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

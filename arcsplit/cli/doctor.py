@@ -25,7 +25,7 @@ from ..modes import MODES, Mode
 from ..llama.probe import DEFAULT_TIMEOUT_S, ProbeResult
 from ..llama.runtime import RuntimeReport, check_runtime
 from . import print_json, say
-from .llama import add_llama_dir
+from .options import add_llama_dir
 
 _STATUS = {"good": "known good", "bad": "KNOWN BAD", "unknown": "unknown"}
 _CHECK = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skip": "-"}

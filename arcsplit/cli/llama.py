@@ -5,28 +5,22 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-from .. import backends
-from ..errors import BadInput
+from .. import __version__, backends
+from ..errors import ArcsplitError, BadInput
+from ..llama.build import BuildConfig, build, build_rpc_proto, llama_root, managed_builds, prune, stale_builds, sycl_flags
+from ..llama.detect import resolve
+from ..llama.devices import card_rows, discover_rig
+from ..llama.locate import find_llama, server_build_info
+from ..llama.patches import build_patches, patches
 from ..llama.source import SDIST_VERSION
+from ..llama.webui import build_ui, ui_dir
 from . import print_json
-
-if TYPE_CHECKING:
-    from ..llama.build import BuildConfig
-
-# The llama.cpp modules are imported by each command when it runs: every command's parser imports this module
-# (add_llama_dir), and the node agent, started over ssh at each group start, should not pay for the build code.
+from .options import add_llama_dir, say_choice
 
 
 def _build(args: argparse.Namespace) -> int:
-    from ..llama.build import BuildConfig, stale_builds, sycl_flags
-    from ..llama.detect import resolve
-    from ..llama.patches import patches
-    from ..llama.webui import ui_dir
-
-    from .devices import say_choice
-
     args.backend, choice = resolve(args.backend, purpose="build")
     extra = (sycl_flags(args.sycl_arch) if args.backend == backends.SYCL else ()) + tuple(args.cmake_flag or ())
     bad = [f for f in extra if not f.startswith("-D")]
@@ -58,9 +52,6 @@ def build_with_progress(config: BuildConfig, jobs: int | None = None, force: boo
                         source: Path | None = None, ui: bool = True) -> tuple[Path, str | None]:
     """Build llama.cpp, then its web UI, with progress on stderr (`llama build`; `demo` on a machine without a
     build). Returns the bin dir and why the UI is missing (None: built or not asked for)."""
-    from ..llama.build import build
-    from ..llama.webui import build_ui
-
     show = _progress_printer()
     bin_dir = build(config, jobs=jobs, force=force, source=source, progress=show)
     if sys.stderr.isatty():
@@ -87,11 +78,6 @@ def _progress_printer() -> Callable[[str, int | None], None]:
 
 def which_data(llama_dir: str | None, backend: str, build: str | None = None) -> dict[str, Any]:
     """The binaries arcsplit will run and their build (``llama which --json``; ``arcsplit report`` bundles it)."""
-    from ..llama.build import build_rpc_proto
-    from ..llama.detect import resolve
-    from ..llama.locate import find_llama, server_build_info
-    from ..llama.patches import build_patches
-
     backend, _choice = resolve(backend, llama_dir)
     bins = find_llama(llama_dir, backend=backend, build=build)
     info = server_build_info(bins)
@@ -107,6 +93,30 @@ def which_data(llama_dir: str | None, backend: str, build: str | None = None) ->
         "same_build": bins.rpc_server.parent == bins.server.parent,
         "patches": build_patches(bins.bin_dir),
     }
+
+
+def inventory(args: argparse.Namespace, backend: str | None = None) -> dict[str, Any]:
+    """What hello reports: this host's arcsplit, llama.cpp build (commit, RPC protocol, rpc-server) and cards, for
+    ``backend`` (the group's, from the hello; else --backend).
+
+    A missing build or card list is reported, not raised: the supervisor names both sides in its error.
+    """
+    out: dict[str, Any] = {"arcsplit": __version__}
+    try:
+        backend, _ = resolve(backend or args.backend, args.llama_dir)
+        w = which_data(args.llama_dir, backend, args.build)
+        out["llama"] = {"backend": backend, "commit": w.get("commit"), "rpc_proto": w.get("rpc_proto"),
+                        "rpc_bin": w.get("rpc_server"), "build_number": w.get("build_number")}
+    except ArcsplitError as exc:
+        out["llama"] = {"commit": None, "rpc_proto": None, "rpc_bin": None, "error": str(exc)}
+        out["devices"] = []
+        return out
+    try:
+        bins = None if backends.get(backend).on_cpu else find_llama(args.llama_dir, backend=backend, build=args.build)
+        out["devices"] = card_rows(discover_rig(backend, None, bins))
+    except ArcsplitError as exc:
+        out["devices"], out["devices_error"] = [], str(exc)
+    return out
 
 
 def _which(args: argparse.Namespace) -> int:
@@ -132,8 +142,6 @@ def _which(args: argparse.Namespace) -> int:
 
 def _list_builds(args: argparse.Namespace) -> int:
     """Every managed build, whichever backend: the keys ``--build`` takes."""
-    from ..llama.build import managed_builds
-
     builds = managed_builds()
     if args.json:
         print_json({"builds": [b.to_dict() for b in builds]})
@@ -150,18 +158,7 @@ def _list_builds(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_llama_dir(p: argparse.ArgumentParser) -> None:
-    """The --llama-dir and --build options every command that runs llama.cpp shares."""
-    p.add_argument("--llama-dir", metavar="DIR",
-                   help="a llama.cpp bin dir to use (default: $ARCSPLIT_LLAMA_DIR, PATH, then the managed build)")
-    p.add_argument("--build", metavar="KEY",
-                   help="a managed build by its key (`arcsplit llama which --all` lists them; default: the "
-                        "backend's default build, else its newest)")
-
-
 def _prune(args: argparse.Namespace) -> int:
-    from ..llama.build import llama_root, prune
-
     found = prune(dry_run=args.dry_run, progress=_progress_printer())
     if args.json:
         print_json({"dry_run": args.dry_run, "root": str(llama_root()), "stale": [s.to_dict() for s in found]})

@@ -8,38 +8,14 @@ import sys
 from typing import Any
 
 from .. import backends
-from ..errors import ArcsplitError, BadInput
-from .llama import add_llama_dir
+from ..errors import BadInput
+from .options import add_llama_dir
 
 
-def inventory(args: argparse.Namespace, backend: str | None = None) -> dict[str, Any]:
-    """What hello reports: this host's arcsplit, llama.cpp build (commit, RPC protocol, rpc-server) and cards, for
-    ``backend`` (the group's, from the hello; else --backend).
+def _inventory(args: argparse.Namespace, backend: str | None) -> dict[str, Any]:
+    from .llama import inventory  # the build and card code: imported once the agent has answered its first ops
 
-    A missing build or card list is reported, not raised: the supervisor names both sides in its error.
-    """
-    from .. import __version__
-    from ..llama.detect import resolve
-    from ..llama.devices import card_rows, discover_rig
-    from ..llama.locate import find_llama
-    from .llama import which_data
-
-    out: dict[str, Any] = {"arcsplit": __version__}
-    try:
-        backend, _ = resolve(backend or args.backend, args.llama_dir)
-        w = which_data(args.llama_dir, backend, args.build)
-        out["llama"] = {"backend": backend, "commit": w.get("commit"), "rpc_proto": w.get("rpc_proto"),
-                        "rpc_bin": w.get("rpc_server"), "build_number": w.get("build_number")}
-    except ArcsplitError as exc:
-        out["llama"] = {"commit": None, "rpc_proto": None, "rpc_bin": None, "error": str(exc)}
-        out["devices"] = []
-        return out
-    try:
-        bins = None if backends.get(backend).on_cpu else find_llama(args.llama_dir, backend=backend, build=args.build)
-        out["devices"] = card_rows(discover_rig(backend, None, bins))
-    except ArcsplitError as exc:
-        out["devices"], out["devices_error"] = [], str(exc)
-    return out
+    return inventory(args, backend)
 
 
 def _session_argv(args: argparse.Namespace) -> list[str]:
@@ -68,7 +44,7 @@ def _node(args: argparse.Namespace) -> int:
     from ..node.quick import run_stdio  # answers the first ops before it imports anyio
 
     return run_stdio(heartbeat=args.heartbeat, allow_bind=tuple(args.allow_bind or ()),
-                     inventory=lambda backend: inventory(args, backend))
+                     inventory=lambda backend: _inventory(args, backend))
 
 
 def register(sub: argparse._SubParsersAction) -> None:

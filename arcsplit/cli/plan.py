@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .._api import planned_specs, preview
 from ..errors import BadInput
 from ..hosts import CONTROL_SHOWN, control_argv, node_argv, shares_connection
 from ..memory import CACHE_TYPES
@@ -43,8 +44,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from .._api import planned_specs, preview
-
     if args.layout and args.gpus:
         raise BadInput("--layout and --gpus both name cards", "pass one of them")
     rig = load_layout(args.layout) if args.layout else None

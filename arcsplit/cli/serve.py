@@ -14,27 +14,31 @@ import functools
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
 import anyio
+from anyio.from_thread import start_blocking_portal
 
+from .. import _api
+from .._warm import check_builds, warm_hosts
 from ..errors import ArcsplitError, BadInput
+from ..llama import webui
+from ..llama.patches import missing_note
+from ..model import read_header
 from ..rig import MiB, Rig, load_layout
 from ..modes import CHOICES as MODE_CHOICES, Mode
 from ..route import OUTPUT_LAYER_CHOICES
 from ..proc.states import GroupState, MemberState
 from . import say as _say
-from .devices import add_card_options
-from .llama import add_llama_dir
+from .options import add_card_options, add_llama_dir
 
 
 
 def request_from_args(args: argparse.Namespace) -> Any:
     """The CLI's flags as a ServeRequest (the same one the Python API builds)."""
-    from .._api import ServeRequest
-
-    return ServeRequest(model=args.model, gpus=args.gpus, backend=args.backend, mode=args.mode, ctx=args.ctx,
+    return _api.ServeRequest(model=args.model, gpus=args.gpus, backend=args.backend, mode=args.mode, ctx=args.ctx,
                         parallel=args.parallel, host=args.host, port=args.port, rpc_host=args.rpc_host,
                         rpc_ports=args.rpc_ports, threads=args.threads, ubatch=args.ubatch, rpc_cache=args.rpc_cache,
                         rpc_seed=not args.no_rpc_seed,
@@ -59,9 +63,7 @@ def alias_arg(value: str | None) -> str | None:
 
 def build_config(args: argparse.Namespace) -> Any:
     """Everything before the first process: binaries, ports, model, rig, mode, plan -> ServeConfig."""
-    from .._api import prepare
-
-    p = prepare(request_from_args(args))
+    p = _api.prepare(request_from_args(args))
     return p.config, p.decision, p.profile, p.rig
 
 
@@ -80,7 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
         if args.metrics_port == args.port:
             raise BadInput(f"--metrics-port {args.metrics_port} is llama-server's --port",
                            "give arcsplit's metrics a port of their own")
-        from ..telemetry.prometheus import MetricsEndpoint
+        from ..telemetry.prometheus import MetricsEndpoint  # prometheus_client: only with --metrics-port
 
         args.metrics = MetricsEndpoint(args.host, args.metrics_port)
 
@@ -91,9 +93,7 @@ def _serve(args: argparse.Namespace) -> int:
     rig = load_layout(args.layout) if getattr(args, "layout", None) else None
     if rig is not None and rig.hosts and not args.tui:
         return anyio.run(_serve_warm, args, rig)
-    from .._api import prepare
-
-    prepared = prepare(request_from_args(args), rig, progress=_say)
+    prepared = _api.prepare(request_from_args(args), rig, progress=_say)
     _tell(prepared, args)
     if args.tui:
         return _serve_with_dashboard(prepared, args)
@@ -104,8 +104,6 @@ async def _serve_warm(args: argparse.Namespace, rig: Rig, early: Any = None) -> 
     """A layout with other hosts: their ssh logins and node agents start first (``early``: cli.main started them
     before its imports), then this process plans, so the group starts on sessions already open. Everything
     started is ended on every exit path (NodeLauncher.close)."""
-    from .._warm import check_builds, warm_hosts
-
     failure: ArcsplitError | None = None
     rc = 1
     async with warm_hosts(rig.hosts, early) as launcher:
@@ -122,15 +120,11 @@ async def _serve_warm(args: argparse.Namespace, rig: Rig, early: Any = None) -> 
 
 
 def _prepare_layout(args: argparse.Namespace, rig: Rig) -> Any:
-    from .._api import prepare
-
-    return prepare(request_from_args(args), rig, progress=_say)
+    return _api.prepare(request_from_args(args), rig, progress=_say)
 
 
 def _tell(prepared: Any, args: argparse.Namespace) -> None:
     """What serve says before the group starts: warnings, notes, the mode's reasons, the chat template."""
-    from ..llama import webui
-
     for text in prepared.warnings:
         _say(f"warning: {text}")
     for text in prepared.notes:
@@ -146,8 +140,6 @@ def _tell(prepared: Any, args: argparse.Namespace) -> None:
         why = webui.missing_reason(webui.root_of(Path(prepared.config.server_bin).parent))
         _say(f"note: llama.cpp's web UI is not built ({why}); / shows how to get it")
     if prepared.config.mode in (Mode.HYBRID, Mode.RPC):
-        from ..llama.patches import missing_note
-
         note = missing_note(Path(prepared.config.server_bin).parent)
         if note:
             _say(f"note: {note}")
@@ -158,8 +150,6 @@ def chat_note(model: str, extra: list[str]) -> str | None:
 
     llama-server then formats chat as ChatML without a word (common/chat.cpp), which a model not trained on it
     answers with garbage, so the user hears it here."""
-    from ..model import read_header
-
     if "tokenizer.chat_template" in read_header(model).metadata:
         return None
     if any(a.startswith("--chat-template") for a in extra):
@@ -170,10 +160,8 @@ def chat_note(model: str, extra: list[str]) -> str | None:
 
 def _instance(prepared: Any, args: argparse.Namespace, say: Any, launcher: Any = None) -> Any:
     """The instance, telling systemd about itself when run by it, and watched by the metrics endpoint if any."""
-    from .._api import instance
-
     metrics = getattr(args, "metrics", None)
-    return instance(prepared, max_restarts=args.max_restarts, stall_timeout=args.stall_timeout,
+    return _api.instance(prepared, max_restarts=args.max_restarts, stall_timeout=args.stall_timeout,
                     bus=not args.no_bus or args.tui, bus_tcp=args.bus, systemd=True,
                     watchers=(metrics.run,) if metrics else (), say=say, launcher=launcher)
 
@@ -181,12 +169,7 @@ def _instance(prepared: Any, args: argparse.Namespace, say: Any, launcher: Any =
 def _serve_with_dashboard(prepared: Any, args: argparse.Namespace) -> int:
     """``--tui``: the group runs on a private event-loop thread, the dashboard owns the terminal (main thread);
     quitting the dashboard stops the group in order."""
-    import time
-
-    from anyio.from_thread import start_blocking_portal
-
-    from .._api import Client
-    from ..tui.app import run_dashboard
+    from ..tui.app import run_dashboard  # textual: only with --tui
 
     instance = _instance(prepared, args, None)
     with start_blocking_portal() as portal:
@@ -196,7 +179,7 @@ def _serve_with_dashboard(prepared: Any, args: argparse.Namespace) -> int:
         if running.done():
             running.result()  # the start failed: raise its one-line error
         try:
-            run_dashboard(lambda: Client(instance.bus_info))
+            run_dashboard(lambda: _api.Client(instance.bus_info))
         finally:
             portal.call(instance.stop)
             try:

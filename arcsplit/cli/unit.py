@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from ..errors import BadInput
+from . import build_parser
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
@@ -35,8 +36,6 @@ def _exec_prefix() -> list[str]:
 
 def render_unit(command: list[str], cwd: str, env: dict[str, str]) -> str:
     """The unit text for ``arcsplit <command>`` (checked by the caller)."""
-    from . import build_parser
-
     args = build_parser().parse_args(command)
     exec_start = " ".join(quote(a) for a in _exec_prefix() + command)
     carried = "".join(f"Environment={quote(f'{k}={v}')}\n" for k, v in sorted(env.items())
@@ -75,8 +74,6 @@ WantedBy=default.target
 
 def render_node_unit(command: list[str], env: dict[str, str]) -> str:
     """The unit text for the standing node agent ``arcsplit <command>`` (``node --listen ...``, checked here)."""
-    from . import build_parser
-
     build_parser().parse_args(command)
     exec_start = " ".join(quote(a) for a in _exec_prefix() + command)
     carried = "".join(f"Environment={quote(f'{k}={v}')}\n" for k, v in sorted(env.items())

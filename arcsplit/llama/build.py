@@ -179,7 +179,7 @@ def _disk_bytes(path: Path) -> int:
 
 def _running_exes() -> list[tuple[int, Path]]:
     """(pid, executable) of every process we may read: a build one of them runs is in use."""
-    import psutil
+    import psutil  # here, not at the top: the node agent imports this module as it starts
 
     return [(p.pid, Path(p.info["exe"])) for p in psutil.process_iter(["exe"]) if p.info.get("exe")]
 

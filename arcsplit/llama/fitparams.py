@@ -8,6 +8,7 @@ tests use it to keep the header-only formulas honest.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -17,13 +18,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import backends
-from ..errors import LlamaError
+from ..errors import BadInput, LlamaError
+from ..memory import ctx_class
 from ..modes import Mode
+from ..route import HOST_DEVICE, Route
+from .childenv import clean_env
 from .locate import LlamaBinaries
 
 if TYPE_CHECKING:
     from ..planner import Plan
-    from ..route import Route
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,7 @@ def fit_print(binaries: LlamaBinaries, model: str | Path, rpc: RpcServers, args:
     return rows, secs
 
 
-def measure_compute(binaries: LlamaBinaries, plan: "Plan", route: "Route | None" = None, at: int | None = None,
+def measure_compute(binaries: LlamaBinaries, plan: "Plan", route: Route | None = None, at: int | None = None,
                     timeout: float = 300) -> dict[tuple[int, ...], int]:
     """llama.cpp's own compute buffer of every offloaded card of ``plan``, from one ``llama-fit-params -fitp on`` dry
     run at context ``at`` (default: the top of the plan's context class, memory.ctx_class). Keys as in
@@ -130,13 +133,6 @@ def measure_compute(binaries: LlamaBinaries, plan: "Plan", route: "Route | None"
     of ``binaries`` (the CPU build: CPU devices standing in for cards that are absent).
     llama-fit-params prints whole MiB, rounded down: one MiB more keeps each value an upper bound.
     """
-    import os
-
-    from ..errors import BadInput
-    from ..memory import ctx_class
-    from ..route import HOST_DEVICE, Route
-    from .childenv import clean_env
-
     o = plan.options
     if o.n_parallel > 1 and o.kv_unified:
         raise BadInput("llama-fit-params cannot measure a unified KV cache over several slots (it has no "

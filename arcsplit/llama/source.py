@@ -5,10 +5,12 @@ Building the servers and the Python bindings from the same sdist keeps one llama
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from .._dirs import cache_dir
@@ -35,8 +37,6 @@ def sdist_path() -> Path:
 
 
 def _sha256(path: Path) -> str:
-    import hashlib
-
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -75,8 +75,6 @@ def fetch_sdist(log: Path) -> Path:
     if target.exists() and _sha256(target) == SDIST_SHA256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    import tempfile
-
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                f"{SDIST_NAME}=={SDIST_VERSION}", "-d", tmp]
@@ -103,7 +101,7 @@ def extract_source(sdist: Path, dest: Path | None = None) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(dest.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    import tarfile  # here, not at the top: every command's parser imports this module for SDIST_VERSION
+    import tarfile  # here, not at the top: the node agent imports this module (through llama.build) as it starts
 
     with tarfile.open(sdist, "r:gz") as tar:
         members = []

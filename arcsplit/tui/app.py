@@ -18,11 +18,13 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.css.query import NoMatches
+from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, Label, Log, Static, TabbedContent, TabPane
 
-from ..run.bus import is_final
 from ..proc.states import GroupState
+from ..run.bus import is_final
+from .feed import Feed
 from .state import DashState
 from .widgets import (HELP, process_rows, render_cards, render_header, render_layers, render_plan,
                       render_server)
@@ -257,8 +259,6 @@ class DashApp(App[None]):
         if note:
             parts.append(note)
         parts.append(f"{self.state.log_total} lines")
-        from textual.markup import escape
-
         self._w("#logbar").update("  ·  ".join(escape(p) if "[b]" not in p else p for p in parts))
 
     def _relog(self) -> None:
@@ -378,8 +378,6 @@ class DashApp(App[None]):
 
 def run_dashboard(client_factory: Callable[[], Any]) -> int:
     """Run the dashboard in the foreground on the instance ``client_factory()`` connects to (a bus Client)."""
-    from .feed import Feed
-
     feed = Feed(client_factory())
     try:
         DashApp(feed).run()
