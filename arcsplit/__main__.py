@@ -8,7 +8,7 @@ figures move with the machine's load, bench/results/import_costs.md has the last
 
     cli/__init__.py:main               arcsplit._warm                 87/137/150   serve with other hosts opens their ssh sessions before the serving stack is imported; every other command would pay it
     cli/dash.py:_dash                  arcsplit.tui.app               399/532/599  textual: `arcsplit --help` imports every command's module
-    cli/node.py:_inventory             arcsplit.cli.llama             273/307/379  the llama.cpp build and card code: the node agent answers its first ops before it reads the inventory
+    cli/node.py:inventory              arcsplit.cli.llama             273/307/379  the llama.cpp build and card code: the node agent answers its first ops before it reads the inventory
     cli/node.py:_node                  arcsplit.node.standing         44/59/70     only --listen and --attach: not the per-run agent (--stdio)
     cli/node.py:_node                  arcsplit.node.quick            126/164/199  only the agent (--stdio): not `arcsplit --help`, not --listen
     cli/serve.py:_serve                arcsplit.telemetry.prometheus  137/243/492  prometheus_client: only with --metrics-port

@@ -95,7 +95,7 @@ def which_data(llama_dir: str | None, backend: str, build: str | None = None) ->
     }
 
 
-def inventory(args: argparse.Namespace, backend: str | None = None) -> dict[str, Any]:
+def host_inventory(args: argparse.Namespace, backend: str | None = None) -> dict[str, Any]:
     """What hello reports: this host's arcsplit, llama.cpp build (commit, RPC protocol, rpc-server) and cards, for
     ``backend`` (the group's, from the hello; else --backend).
 

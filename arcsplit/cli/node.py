@@ -12,10 +12,11 @@ from ..errors import BadInput
 from .options import add_llama_dir
 
 
-def _inventory(args: argparse.Namespace, backend: str | None) -> dict[str, Any]:
-    from .llama import inventory  # the build and card code: imported once the agent has answered its first ops
+def inventory(args: argparse.Namespace, backend: str | None = None) -> dict[str, Any]:
+    """What hello reports (cli/llama.py's host_inventory)."""
+    from .llama import host_inventory  # the build and card code: imported once the agent has answered its first ops
 
-    return inventory(args, backend)
+    return host_inventory(args, backend)
 
 
 def _session_argv(args: argparse.Namespace) -> list[str]:
@@ -44,7 +45,7 @@ def _node(args: argparse.Namespace) -> int:
     from ..node.quick import run_stdio  # answers the first ops before it imports anyio
 
     return run_stdio(heartbeat=args.heartbeat, allow_bind=tuple(args.allow_bind or ()),
-                     inventory=lambda backend: _inventory(args, backend))
+                     inventory=lambda backend: inventory(args, backend))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
