@@ -4,18 +4,28 @@ Every import in arcsplit is at its module's top, except where start-up time need
 module imports at its top, every command that imports the module pays before it does anything. This is the one
 list of those places (tests/test_shape.py holds the code to it). Each row: where, what it imports, what moving it
 to the top would cost (min/median/max ms over 7 runs of bench/import_costs.py, on a shared 2-core machine; the
-figures move with the machine's load, bench/results/import_costs.md has the last run), and why it stays.
+figures move with the machine's load, bench/results/import_costs.md has the last run), and below it why it stays.
 
-    cli/__init__.py:main               arcsplit._warm                 87/137/150   serve with other hosts opens their ssh sessions before the serving stack is imported; every other command would pay it
-    cli/dash.py:_dash                  arcsplit.tui.app               399/532/599  textual: `arcsplit --help` imports every command's module
-    cli/node.py:inventory              arcsplit.cli.llama             273/307/379  the llama.cpp build and card code: the node agent answers its first ops before it reads the inventory
-    cli/node.py:_node                  arcsplit.node.standing         44/59/70     only --listen and --attach: not the per-run agent (--stdio)
-    cli/node.py:_node                  arcsplit.node.quick            126/164/199  only the agent (--stdio): not `arcsplit --help`, not --listen
-    cli/serve.py:_serve                arcsplit.telemetry.prometheus  137/243/492  prometheus_client: only with --metrics-port
-    cli/serve.py:_serve_with_dashboard arcsplit.tui.app               206/542/642  textual: only with --tui
-    inproc.py:_bindings                llama_cpp                      optional     an optional dependency, and it loads libllama from LLAMA_CPP_LIB_PATH, set just before
-    llama/build.py:_running_exes       psutil                         33/41/79     the node agent imports llama.build as it starts
-    llama/source.py:extract_source     tarfile                        1/2/95       the node agent imports llama.source (through llama.build) as it starts
+    cli/__init__.py:main               arcsplit._warm                 69/102/180
+        serve with other hosts opens their ssh sessions before the serving stack is imported; every other command would pay it
+    cli/dash.py:_dash                  arcsplit.tui.app               190/259/382
+        textual: `arcsplit --help` imports every command's module
+    cli/node.py:inventory              arcsplit.cli.llama             100/146/310
+        the llama.cpp build and card code: the node agent answers its first ops before it reads the inventory
+    cli/node.py:_node                  arcsplit.node.standing         21/57/100
+        only --listen and --attach: not the per-run agent (--stdio)
+    cli/node.py:_node                  arcsplit.node.quick            66/208/237
+        only the agent (--stdio): not `arcsplit --help`, not --listen
+    cli/serve.py:_serve                arcsplit.telemetry.prometheus  127/198/368
+        prometheus_client: only with --metrics-port
+    cli/serve.py:_serve_with_dashboard arcsplit.tui.app               279/397/499
+        textual: only with --tui
+    inproc.py:_bindings                llama_cpp                      optional
+        an optional dependency, and it loads libllama from LLAMA_CPP_LIB_PATH, set just before
+    llama/build.py:_running_exes       psutil                         13/21/32
+        the node agent imports llama.build as it starts
+    llama/source.py:extract_source     tarfile                        2/2/8
+        the node agent imports llama.source (through llama.build) as it starts
 """
 
 from .cli import run
