@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from .._api import attach, runs
+from ..llama.logs import trace_filter
 from . import print_json
 
 
@@ -69,8 +70,6 @@ def _restart(args: argparse.Namespace) -> int:
 
 
 def _logs(args: argparse.Namespace) -> int:
-    from ..llama.logs import trace_filter
-
     with attach(args.run) as client:
         for line in client.logs(args.process, args.lines, verbose=args.verbose):
             print(line)

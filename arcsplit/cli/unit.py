@@ -15,8 +15,11 @@ import re
 import sys
 from pathlib import Path
 
+from .._api import preview
 from ..errors import BadInput
+from ..rig import load_layout
 from . import build_parser
+from .serve import check_serve_flags, request_from_args
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
@@ -132,11 +135,6 @@ def _unit(args: argparse.Namespace) -> int:
 
 def check_command(command: list[str]) -> None:
     """What ``serve`` would refuse at its start, refused now, before a unit that can never start is written."""
-    from .._api import preview
-    from ..rig import load_layout
-    from . import build_parser
-    from .serve import check_serve_flags, request_from_args
-
     args = build_parser().parse_args(command)
     if command[0] != "serve":
         return  # demo: its own model and cards
