@@ -16,6 +16,8 @@ figures move with the machine's load, bench/results/import_costs.md has the last
         only --listen and --attach: not the per-run agent (--stdio)
     cli/node.py:_node                  arcsplit.node.quick            66/208/237
         only the agent (--stdio): not `arcsplit --help`, not --listen
+    cli/report.py:_report              arcsplit.report                8/16/27
+        tarfile, getpass and the redactor: `arcsplit --help` imports every command's module
     cli/serve.py:_serve                arcsplit.telemetry.prometheus  127/198/368
         prometheus_client: only with --metrics-port
     cli/serve.py:_serve_with_dashboard arcsplit.tui.app               279/397/499

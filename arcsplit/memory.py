@@ -14,7 +14,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from importlib.resources import files
+from pathlib import Path
 from typing import Mapping
 
 from .errors import BadInput
@@ -455,10 +455,15 @@ class BackendCompute:
         return f"{' '.join(parts)} {self.backend}" if parts else ""
 
 
+# By path, as llama/verdict.py reads its table: importlib.resources would be one more import for every command that
+# plans.
+_BACKENDS_TABLE = Path(__file__).resolve().parent / "data" / "compute_backends.toml"
+
+
 @lru_cache(maxsize=None)
 def backend_compute(backend: str) -> BackendCompute:
     """``backend``'s row; a backend the table does not list gets the largest factor and addition in it."""
-    table = tomllib.loads(files("arcsplit").joinpath("data/compute_backends.toml").read_text(encoding="utf-8"))
+    table = tomllib.loads(_BACKENDS_TABLE.read_text(encoding="utf-8"))
     row = table.get(backend)
     if row is None:
         return BackendCompute(backend, max(float(r["factor"]) for r in table.values()),

@@ -10,13 +10,14 @@ from pathlib import Path
 from .. import backends
 from ..errors import ArcsplitError
 from ..llama.probe import DEFAULT_TIMEOUT_S
-from ..report import collect, find_run, write_bundle
 from .doctor import diagnose
 from .llama import which_data
 from .options import add_llama_dir
 
 
 def _report(args: argparse.Namespace) -> int:
+    from ..report import collect, find_run, write_bundle  # tarfile, getpass: not for `arcsplit --help`
+
     find_run(args.run)  # a wrong run id is a one-line error before anything runs
     out = Path(args.output or f"arcsplit-report-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz")
     doctor_args = argparse.Namespace(backend=args.backend, gpus=args.gpus, mode=None, llama_dir=args.llama_dir,
