@@ -22,8 +22,8 @@ LONG_ALLOWED: set[str] = set()
 # __main__.py. Each goes once its file's imports are at the top or listed.
 IMPORTS_ALLOWED = {
     "_api.py", "_warm.py", "decide/prepare.py", "llama/detect.py", "llama/probe.py", "llama/runtime.py",
-    "node/ops.py", "node/quick.py", "proc/_exec.py", "proc/ports.py", "proc/rundir.py", "proc/spawn.py",
-    "run/bus.py", "run/early.py", "run/launch.py", "run/remote.py", "telemetry/nvidia.py",
+    "node/quick.py", "proc/ports.py", "proc/rundir.py", "proc/spawn.py", "run/bus.py", "run/early.py",
+    "run/launch.py", "run/remote.py", "telemetry/nvidia.py",
 }
 # A row of __main__.py's list: "file:function  module  min/median/max ms (or a word)", why on the lines below.
 _ROW = re.compile(r"^\s{4}(?P<where>[\w/]+\.py:\w+)\s+(?P<module>[\w.]+)\s+(?P<cost>\S+)$")
