@@ -17,6 +17,7 @@ from typing import Callable, Collection, Sequence
 
 from .. import backends
 from ..errors import ArcsplitError, BadInput
+from .build import managed_builds
 from .facts import CardFact, _run, discover_cards, parse_sycl_ls
 
 AUTO = backends.AUTO
@@ -133,8 +134,6 @@ def _located(llama_dir: str | None, environ: dict[str, str] | os._Environ[str]) 
 
 def managed_backends() -> tuple[str, ...]:
     """GPU backends with a finished managed build (``arcsplit llama build --backend B``, any flags or patch set)."""
-    from .build import managed_builds
-
     have = {b.backend for b in managed_builds()}
     return tuple(b for b in backends.gpu_names() if b in have)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -129,8 +130,6 @@ def check_runtime(backend: str, gpus: Sequence[int], binaries: LlamaBinaries | N
                 note = f"no probe: cannot generate the probe model ({exc})"
             else:
                 if results:
-                    from datetime import datetime, timezone
-
                     at = datetime.now(timezone.utc).isoformat(timespec="seconds")
                     save_cached(key, results)
     decision = choose_mode(backend, max(n, 1), forced, verdict, results)

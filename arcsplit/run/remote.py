@@ -29,7 +29,9 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from ..decide.specs import ServeConfig
 from ..errors import ArcsplitError, BadInput, HostError
+from ..llama.build import build_rpc_proto
 from ..llama.childenv import child_environ
+from ..llama.locate import LlamaBinaries, server_build_info
 from ..hosts import check_inventory, control_argv, node_argv, shares_connection
 from ..proc import wire
 from ..proc.child import Child, describe_exit, run_held
@@ -460,9 +462,6 @@ def same_build(server_bin: str) -> Callable[[Host, Mapping[str, Any]], None]:
     here: dict[str, Any] = {}
 
     def read_here() -> None:
-        from ..llama.build import build_rpc_proto  # start-up: llama/build, only once a host's hello is checked
-        from ..llama.locate import LlamaBinaries, server_build_info  # start-up: as above
-
         exe = Path(server_bin)
         info = server_build_info(LlamaBinaries(server=exe, rpc_server=exe, cli=None, bench=None, fit_params=None,
                                                found_by="config"))
