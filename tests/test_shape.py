@@ -20,11 +20,7 @@ MAX_FUNCTION_IMPORTS = 40
 LONG_ALLOWED: set[str] = set()
 # Files whose function-level imports other work is moving at the same time; their imports are not yet listed in
 # __main__.py. Each goes once its file's imports are at the top or listed.
-IMPORTS_ALLOWED = {
-    "_api.py", "_warm.py", "decide/prepare.py", "llama/detect.py", "llama/probe.py", "llama/runtime.py",
-    "node/quick.py", "proc/ports.py", "proc/rundir.py", "proc/spawn.py", "run/bus.py", "run/early.py",
-    "run/launch.py", "run/remote.py", "telemetry/nvidia.py",
-}
+IMPORTS_ALLOWED: set[str] = set()
 # A row of __main__.py's list: "file:function  module  min/median/max ms (or a word)", why on the lines below.
 _ROW = re.compile(r"^\s{4}(?P<where>[\w/]+\.py:\w+)\s+(?P<module>[\w.]+)\s+(?P<cost>\S+)$")
 

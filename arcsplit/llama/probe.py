@@ -309,7 +309,7 @@ def run_probe(mode: str, backend: str, gpus: Sequence[int], binaries: LlamaBinar
 
 def probe_model(dest: Path, n_cards: int) -> Path:
     """A tiny GGUF with enough layers that every card gets some (arcsplit.synth writes it)."""
-    from ..synth import write_llama
+    from ..synth import write_llama  # start-up: numpy and gguf's writer; `arcsplit --help` imports this module
 
     path = dest / "probe.gguf"
     write_llama(path, n_layer=max(4, 2 * n_cards), n_embd=64)

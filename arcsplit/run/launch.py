@@ -165,7 +165,7 @@ class LocalLauncher(OneHost):
 
     @asynccontextmanager
     async def health(self, spec: ProcessSpec, timeout: float) -> AsyncIterator[Health]:
-        import httpx  # start-up: serve's warm start imports this module before it opens ssh (~0.2 s)
+        import httpx  # start-up: `arcsplit --help` and `plan` import this module (through the API)
 
         url = f"http://{connect_host(spec.host)}:{spec.port}/health"
         async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
