@@ -15,7 +15,7 @@ from .. import __version__
 from ..errors import ArcsplitError
 
 # Modules that each define ``register(subparsers)``; a command's handler is ``args.func(args) -> int``.
-_COMMAND_MODULES = ("llama", "devices", "model", "plan", "layouts", "doctor", "serve", "control", "dash", "demo", "report",
+_COMMAND_MODULES = ("llama", "devices", "model", "plan", "layouts", "doctor", "serve", "tune", "control", "dash", "demo", "report",
                     "unit", "node")
 
 

@@ -59,6 +59,8 @@ class ServeRequest:
     threads: int | None = None
     ubatch: int | None = None  # None: the route's (Route.ubatch)
     cache_type: str = "f16"  # KV cache type for K and V (-ctk/-ctv)
+    flash_attn: bool | None = None  # -fa; None: the backend's default (backends.flash_attn_default)
+    env: tuple[tuple[str, str], ...] = ()  # extra llama-server environment (a tuned route's variant, tune/)
     kv_unified: bool = True
     rpc_cache: bool = False  # rpc-servers keep big weight tensors on local disk: reloads after a crash read them
     rpc_seed: bool = True  # rpc-servers read the weights from the GGUF, not the socket, where the build can (0006)
@@ -162,7 +164,8 @@ def _plan_and_key(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: bo
     options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel, n_ubatch=ubatch, n_batch=max(2048, ubatch),
                           kv_unified=req.kv_unified, cache_type_k=req.cache_type, cache_type_v=req.cache_type,
                           output_on_first=route.output_local(req.output_layer),
-                          flash_attn=backends.flash_attn_default(req.backend, req.cache_type),
+                          flash_attn=(req.flash_attn if req.flash_attn is not None
+                                      else backends.flash_attn_default(req.backend, req.cache_type)),
                           moe_offload=req.moe_offload, host_budget=host_budget(rig, req.host_memory_mib, live=live))
     key = compute_cache.cache_key(profile, req.backend, mode, route.devices, options)
     measured, trouble = compute_cache.load(key)
@@ -371,7 +374,7 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
                          extra_args=tuple(req.extra_args), alias=req.alias or _alias_in(req.extra_args) or served_name(profile),
                          rpc_spin_us=rpc_spin_us(route, cores), rpc_shm=shm,
                          rpc_cache_dir=rpc_cache, rpc_seed=(profile.shards or (plan.model_path,)) if seed else (),
-                         mode_env=tuple(sorted(decision.env.items())), forced_mode=req.mode != AUTO_MODE,
+                         mode_env=tuple(sorted({**decision.env, **dict(req.env)}.items())), forced_mode=req.mode != AUTO_MODE,
                          ui_dir=serve_dir(binaries.server.parent) if binaries else None, env_dropped=dropped,
                          server_features=binary_features(binaries.server) if binaries and foreign else None,
                          rpc_features=rpc_features, hosts=rig.hosts)

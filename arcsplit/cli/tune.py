@@ -1,0 +1,97 @@
+"""``arcsplit tune MODEL``: try every route and a few settings on this machine's cards, keep the fastest correct.
+
+    arcsplit tune model.gguf --gpus 0,1 [--objective decode|prefill|streams] [--budget S] [--fresh] [--json]
+
+Each candidate is served for real, its output checked against a reference, and measured for a few seconds; the
+results are kept per fingerprint (cards, drivers, build, model, context, slots), so ``serve`` then uses the pick
+without flags and a rerun resumes. docs/tune.md has the rules.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from . import print_json, say
+from .serve import add_group_arguments, request_from_args, split_at_double_dash
+
+OBJECTIVES = ("decode", "prefill", "streams")  # tune/candidates.py's; not imported, to keep --help light
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tune", help="measure every route on these cards and keep the fastest correct one",
+                       description="Serve each route this build and rig allow (and a few settings on the best), "
+                                   "check its output against a reference, measure prefill, decode and all slots "
+                                   "busy, and keep the fastest correct one for this rig's fingerprint: serve uses "
+                                   "it by default. Arguments after -- go to llama-server.")
+    p.add_argument("model", help="GGUF model file")
+    add_group_arguments(p)
+    add_tune_arguments(p)
+    p.add_argument("--fresh", action="store_true", help="measure again, ignoring results kept for this fingerprint")
+    p.add_argument("--routes-only", action="store_true", help="do not vary ubatch, flash attention or KV type")
+    p.add_argument("--json", action="store_true", help="machine-readable report on stdout")
+    p.set_defaults(func=_tune, extra=[])
+    split_at_double_dash(p)
+
+
+def add_tune_arguments(p: argparse.ArgumentParser) -> None:
+    """--objective, --budget, --per-candidate: shared with ``serve --tune``."""
+    p.add_argument("--objective", choices=OBJECTIVES, default="decode",
+                   help="what the pick is fastest at: decode (one stream), prefill, or streams (every slot busy: "
+                        "--parallel N) (default: decode)")
+    p.add_argument("--budget", type=float, default=300.0, metavar="S",
+                   help="seconds the whole tune may take, start-ups included (default: 300)")
+    p.add_argument("--per-candidate", type=float, default=15.0, metavar="S",
+                   help="seconds of measuring per started candidate (default: 15)")
+
+
+def tune_request(args: argparse.Namespace, routes_only: bool = False, fresh: bool = False) -> Any:
+    from ..tune.runner import TuneRequest
+
+    if args.mode != "auto":
+        from ..errors import BadInput
+
+        raise BadInput(f"tune tries every mode, so --mode {args.mode} does not apply", "drop --mode")
+    return TuneRequest(request_from_args(args), args.objective, args.budget, args.per_candidate,
+                       settings=not routes_only, fresh=fresh)
+
+
+def run_tune(args: argparse.Namespace, routes_only: bool = False, fresh: bool = False) -> Any:
+    from ..tune.runner import tune
+
+    return tune(tune_request(args, routes_only, fresh), say=lambda line: say(f"tune: {line}"))
+
+
+def _tune(args: argparse.Namespace) -> int:
+    report = run_tune(args, args.routes_only, args.fresh)
+    if args.json:
+        print_json(report.to_dict())
+        return 0
+    print("\n".join(render(report)))
+    return 0 if report.pick else 2
+
+
+def render(report: Any) -> list[str]:
+    """The table of every candidate tried, the pick and the default."""
+    out = [f"{'':2}{'route [settings]':<44} {'status':<9} {'prefill':>8} {'decode':>7} {'streams':>8}  note"]
+    for key in report.order:
+        r = report.results.get(key)
+        if r is None:
+            continue
+        mark = "* " if key == report.pick else "d " if key == report.default else "  "
+        figs = (f"{r['prefill']:>8.1f} {r['decode']:>7.1f} {r['streams']:>8.1f}" if "decode" in r
+                else f"{'-':>8} {'-':>7} {'-':>8}")
+        out.append(f"{mark}{r.get('label', key):<44} {r.get('status', '?'):<9} {figs}  {r.get('reason', '')[:90]}")
+    pick, default = report.results.get(report.pick or ""), report.results.get(report.default or "")
+    if pick is None:
+        out.append("no correct route was measured: see the statuses above")
+        return out
+    line = f"\npick (*): {pick['label']}, {report.objective} {pick[report.objective]:.1f} t/s"
+    if default is not None and default.get(report.objective):
+        line += (f"; the default order's route (d) {default['label']}: {default[report.objective]:.1f} t/s "
+                 f"({pick[report.objective] / default[report.objective]:.2f}x)")
+    out.append(line)
+    out.append(f"tune took {report.wall_s:.0f} s, {report.reused} result(s) kept from earlier runs"
+               + (f", {len(report.not_tried)} not tried within the budget" if report.not_tried else "")
+               + "; `arcsplit serve` now uses the pick for this rig (--mode overrides it)")
+    return out

@@ -1,0 +1,335 @@
+"""``arcsplit tune``: start each candidate route through the supervisor, check its output, measure it, pick.
+
+Routes first, at their default settings, in the fixed default order; then one setting at a time on the fastest
+correct route. Each candidate is planned first (the planner's memory bounds prune what does not fit: nothing
+over-commits a card), served with ``arcsplit.serve`` on free ports, sampled for correctness (tune/verify.py),
+measured within ``per_candidate_s`` (tune/measure.py), stopped, and its result kept at once under the rig's
+fingerprint: an interrupted or budget-limited run resumes where it stopped. The reference for correctness is the
+whole model on one card where it fits there, else the agreement of the other routes.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import httpx
+
+from .. import backends
+from ..errors import ArcsplitError, BadInput
+from ..decide.prepare import Prepared, ServeRequest, plan_for_mode, preview
+from ..llama.build import managed_builds
+from ..llama.locate import LlamaBinaries, find_llama
+from ..proc.ports import free_port
+from ..rig import Rig
+from ..route import Route
+from . import fingerprint as fpmod
+from . import verify
+from .candidates import OBJECTIVES, BuildFacts, Candidate, rank, routes, settings_variants, split_modes
+from .measure import measure_all
+
+Say = Callable[[str], None]
+DONE = ("ok", "wrong", "failed", "pruned")  # results a later run reuses
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    serve: ServeRequest
+    objective: str = "decode"  # decode | prefill | streams (throughput at serve.parallel streams)
+    budget_s: float = 300.0  # the whole run, start-ups included
+    per_candidate_s: float = 15.0  # measuring one started candidate
+    settings: bool = True  # after the routes, vary settings on the best one
+    fresh: bool = False  # ignore results kept for this fingerprint
+
+
+@dataclass
+class TuneReport:
+    fingerprint: fpmod.Fingerprint
+    objective: str
+    results: dict[str, dict[str, Any]]
+    order: list[str]  # candidate keys in the order tried
+    default: str | None  # what serve runs untuned (mode auto, default settings)
+    pick: str | None
+    reused: int = 0  # results read from the cache instead of measured
+    not_tried: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fingerprint": self.fingerprint.to_dict(), "objective": self.objective, "pick": self.pick,
+                "default": self.default, "reused": self.reused, "not_tried": self.not_tried, "wall_s": self.wall_s,
+                "results": [{k: v for k, v in self.results[key].items() if k != "sample"} for key in self.order
+                            if key in self.results]}
+
+
+def request_for(base: ServeRequest, c: Candidate, rig: Rig) -> ServeRequest:
+    """``base`` as candidate ``c`` runs it (the user's ports and other knobs kept)."""
+    s = c.settings
+    gpus = [rig.cards[0].index] if c.one_card else [card.index for card in rig.cards]
+    return replace(base, backend=c.backend, mode=c.mode, gpus=gpus, output_layer=c.output_layer,
+                   ubatch=s.ubatch if s.ubatch is not None else base.ubatch,
+                   flash_attn=s.flash_attn if s.flash_attn is not None else base.flash_attn,
+                   cache_type=s.cache_type, moe_offload=s.moe_offload if s.moe_offload is not None else base.moe_offload,
+                   env=tuple(sorted({**dict(base.env), **dict(c.env)}.items())),
+                   extra_args=tuple(base.extra_args) + c.server_args)
+
+
+def fingerprint_of(p: Prepared, binaries: LlamaBinaries) -> fpmod.Fingerprint:
+    """The rig, its drivers, the build and the model as ``p`` sees them (facts/neo only on SYCL, where it matters)."""
+    neo = ""
+    if p.request.backend == "sycl":
+        from ..llama.facts import gather_facts
+
+        facts = gather_facts("sycl")
+        neo = facts.neo.label if facts.neo else ""
+    cards = tuple(f"{c.index}:{c.name}" + (f":{c.total_bytes}" if c.backend != "cpu" else "") for c in p.rig.cards)
+    driver = ";".join(f"{m} {v}" for m in ("i915", "nvidia", "amdgpu") if (v := fpmod.module_version(m)))
+    return fpmod.Fingerprint(p.request.backend, cards, driver, neo, fpmod.module_version("xe"), platform.release(),
+                             f"{fpmod.build_id(binaries.server)} {fpmod.build_id(binaries.rpc_server)}",
+                             fpmod.model_digest(p.request.model), p.request.ctx, p.request.parallel)
+
+
+def build_facts(backend: str, binaries: LlamaBinaries) -> BuildFacts:
+    """-sm tensor where llama-server's --help lists it; a Vulkan build beside a GPU backend's."""
+    from ..llama.answers import run_flag
+
+    try:
+        help_text = run_flag(binaries.server, "--help", "check the llama.cpp build")[0]
+    except ArcsplitError:  # an unreadable --help only loses the tensor candidates
+        help_text = ""
+    vulkan = backend not in ("cpu", "vulkan") and bool(managed_builds("vulkan"))
+    return BuildFacts(tensor_split="tensor" in split_modes(help_text), vulkan=vulkan)
+
+
+def default_key(p: Prepared, cands: list[Candidate]) -> str | None:
+    """The candidate serve runs untuned: the mode auto picks, default settings, output layer auto."""
+    mode = p.decision.mode
+    for c in cands:
+        if c.mode == mode and not c.one_card and c.split == "layer" and c.output_layer in ("auto", "last") \
+                and c.backend == p.request.backend:
+            return c.key
+    return None
+
+
+def plan_check(p: Prepared, c: Candidate) -> tuple[str | None, dict[str, Any]]:
+    """(why it is pruned or None, what its plan chose): the planner's bounds, before any process starts."""
+    req = request_for(replace(p.request, mode="auto"), c, p.rig)
+    try:
+        if c.backend != p.request.backend:
+            plan = preview(req).config.plan
+        else:
+            rig = Rig(p.rig.cards[:1], p.rig.name) if c.one_card else p.rig
+            plan = plan_for_mode(p.profile, rig, req, c.mode)
+            Route.build(c.mode, c.backend, [card.index for card in rig.cards])
+    except ArcsplitError as exc:
+        return exc.problem if hasattr(exc, "problem") else str(exc), {}
+    o = plan.options
+    return None, {"ubatch": o.n_ubatch, "flash_attn": o.flash_attn, "moe_offload": o.moe_offload or 0,
+                  "n_ctx": plan.n_ctx}
+
+
+def serve_options(req: ServeRequest) -> dict[str, Any]:
+    """``req`` as arcsplit.serve's keyword arguments (its ServeRequest fields but model and gpus)."""
+    from dataclasses import fields
+
+    return {f.name: getattr(req, f.name) for f in fields(req) if f.name not in ("model", "gpus")}
+
+
+def run_candidate(p: Prepared, c: Candidate, budget_s: float, reference: verify.Sample | None) -> dict[str, Any]:
+    """Serve ``c``, sample its output, and (unless it disagrees with ``reference``) measure it; always stopped."""
+    from .._api import serve
+
+    req = replace(request_for(p.request, c, p.rig), port=free_port(), rpc_ports=None)
+    out: dict[str, Any] = {"candidate": c.to_dict(), "label": label(c)}
+    t0 = time.monotonic()
+    try:
+        with serve(req.model, req.gpus, bus=False, **serve_options(req)) as server, \
+                httpx.Client(timeout=120.0) as client:
+            out["ready_s"] = round(time.monotonic() - t0, 2)
+            out["argv"] = list(server.status()["processes"]["server"].get("argv", []))
+            sample = verify.sample(client, server.url)
+            out["sample"] = verify.to_json(sample)
+            check = verify.compare(reference, sample) if reference is not None else None
+            if check is not None and not check.ok:
+                return {**out, "status": "wrong", "reason": check.reason}
+            figs = measure_all(client, server.url, budget_s, streams=req.parallel)
+    except ArcsplitError as exc:
+        return {**out, "status": "failed", "reason": str(exc)}
+    except (httpx.HTTPError, OSError, KeyError, ValueError) as exc:  # the group died or answered nonsense
+        return {**out, "status": "failed", "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+    status = "ok" if check is not None else "unchecked"
+    return {**out, "status": status, "reason": check.reason if check else "", "prefill": round(figs.prefill, 2),
+            "decode": round(figs.decode, 2), "streams": round(figs.streams, 2), "reps": figs.reps,
+            "noise": round(check.noise, 3) if check else None}
+
+
+def label(c: Candidate) -> str:
+    return f"{c.backend} {c.route_key} [{c.settings.label()}]"
+
+
+class _Run:
+    """One tune run's state: the budget, the results kept so far, the reference sample."""
+
+    def __init__(self, p: Prepared, treq: TuneRequest, report: TuneReport, say: Say, t0: float) -> None:
+        self.p, self.treq, self.report, self.say, self.t0 = p, treq, report, say, t0
+        self.starts: list[float] = []
+        self.reference: verify.Sample | None = None
+        self.reference_key: str | None = None
+
+    def keep(self) -> None:
+        r = self.report
+        old = fpmod.load(r.fingerprint)
+        picks = dict(old.get("picks") or {})
+        if r.pick:
+            picks[r.objective] = r.pick
+        fpmod.store(r.fingerprint, {"results": r.results, "picks": picks, "objective": r.objective,
+                                    "default": r.default})
+
+    def estimate(self) -> float:
+        start = sum(self.starts) / len(self.starts) if self.starts else 15.0
+        return start + self.treq.per_candidate_s + 5.0
+
+    def try_all(self, cands: list[Candidate], phase: str) -> None:
+        for i, c in enumerate(cands, 1):
+            self.one(c, f"{phase} {i}/{len(cands)}")
+
+    def one(self, c: Candidate, where: str) -> None:
+        r = self.report
+        if c.key in r.order:
+            return
+        r.order.append(c.key)
+        had = r.results.get(c.key)
+        if had and had.get("status") in DONE and not self.treq.fresh:
+            r.reused += 1
+            self.adopt(c, had)
+            self.say(f"{where} {label(c)}: {line(had)} (kept from an earlier run)")
+            return
+        why, planned = plan_check(self.p, c)
+        if why:
+            r.results[c.key] = {"candidate": c.to_dict(), "label": label(c), "status": "pruned", "reason": why}
+            self.say(f"{where} {label(c)}: skipped, the planner says: {why}")
+            self.keep()
+            return
+        if time.monotonic() - self.t0 + self.estimate() > self.treq.budget_s:
+            r.not_tried.append(c.key)
+            r.order.remove(c.key)
+            self.say(f"{where} {label(c)}: not tried, --budget {self.treq.budget_s:.0f} s would be exceeded")
+            return
+        self.say(f"{where} {label(c)}: starting")
+        res = {**run_candidate(self.p, c, self.treq.per_candidate_s, self.reference), "planned": planned}
+        if "ready_s" in res:
+            self.starts.append(float(res["ready_s"]))
+        r.results[c.key] = res
+        self.adopt(c, res)
+        self.say(f"{where} {label(c)}: {line(res)}")
+        self.keep()
+
+    def adopt(self, c: Candidate, res: dict[str, Any]) -> None:
+        """The first whole-model-on-one-card result that ran is the reference for every later candidate."""
+        if self.reference is None and res.get("sample") and (c.one_card or c.mode == "single") \
+                and res.get("status") in ("ok", "unchecked"):
+            self.reference, self.reference_key = verify.from_json(res["sample"]), c.key
+            res["status"], res["reason"] = "ok", "reference (the whole model on one card)"
+
+
+def line(res: dict[str, Any]) -> str:
+    """One progress line's verdict for a result."""
+    st = res.get("status")
+    if st in ("ok", "unchecked") and "decode" in res:
+        figs = (f"prefill {res['prefill']:.1f}, decode {res['decode']:.1f}, {res['streams']:.1f} with all slots "
+                f"busy (t/s, ready in {res.get('ready_s', 0):.1f} s)")
+        return f"{'correct' if st == 'ok' else 'not yet checked'}; {figs}"
+    if st == "wrong":
+        return f"REJECTED, loads but computes wrong: {res.get('reason')}"
+    return f"{st}: {res.get('reason')}"
+
+
+def _checked(treq: TuneRequest) -> None:
+    if treq.objective not in OBJECTIVES:
+        raise BadInput(f"unknown objective {treq.objective!r}", f"use one of {', '.join(OBJECTIVES)}")
+    if not treq.budget_s > 0:
+        raise BadInput(f"--budget {treq.budget_s} must be positive", "give the seconds tune may take, e.g. 300")
+    if not treq.per_candidate_s > 0:
+        raise BadInput(f"--per-candidate {treq.per_candidate_s} must be positive", "give seconds, e.g. 15")
+
+
+def tune(treq: TuneRequest, say: Say = lambda line: None) -> TuneReport:
+    """Try the candidates within ``treq.budget_s`` and pick the fastest correct one for ``treq.objective``."""
+    t0 = time.monotonic()
+    _checked(treq)
+    p = preview(replace(treq.serve, mode="auto"))
+    if p.rig.hosts:
+        raise BadInput("tune measures this machine's cards, but the layout has other hosts",
+                       "run tune on each machine's own cards, without --layout")
+    binaries = find_llama(p.request.llama_dir, backend=p.request.backend, build=p.request.build)
+    fp = fingerprint_of(p, binaries)
+    kept = {} if treq.fresh else fpmod.load(fp)
+    say(f"fingerprint {fp.digest}: {len(kept.get('results') or {})} result(s) kept from earlier runs"
+        if kept else f"fingerprint {fp.digest}: nothing measured for it yet")
+    cands = routes(p.request.backend, len(p.rig.cards), build_facts(p.request.backend, binaries))
+    report = TuneReport(fp, treq.objective, dict(kept.get("results") or {}), [], default_key(p, cands), None)
+    run = _Run(p, treq, report, say, t0)
+    run.try_all(cands, "route")
+    best = _best_route(report, treq.objective)
+    if treq.settings and best is not None:
+        c = Candidate.from_dict(report.results[best]["candidate"])
+        planned = report.results[best].get("planned") or {}
+        fa = backends.flash_attn_default(c.backend, c.settings.cache_type)
+        run.try_all(settings_variants(c, int(planned.get("ubatch") or 512), fa, int(planned.get("moe_offload") or 0)),
+                    "setting")
+    _by_agreement(run)
+    ranked = rank({k: report.results[k] for k in report.order if k in report.results}, treq.objective)
+    report.pick = ranked[0] if ranked else None
+    report.wall_s = round(time.monotonic() - t0, 1)
+    run.keep()
+    return report
+
+
+def _best_route(report: TuneReport, objective: str) -> str | None:
+    ranked = rank({k: report.results[k] for k in report.order if k in report.results}, objective)
+    return ranked[0] if ranked else None
+
+
+def _by_agreement(run: _Run) -> None:
+    """Where no route held the whole model on one card, the routes' agreement is the reference."""
+    r = run.report
+    open_ = {k: verify.from_json(r.results[k]["sample"]) for k in r.order
+             if r.results.get(k, {}).get("status") == "unchecked" and r.results[k].get("sample")}
+    if not open_:
+        return
+    ref = verify.agreement({k: verify.from_json(r.results[k]["sample"]) for k in r.order
+                            if r.results.get(k, {}).get("sample")})
+    for k, sample in open_.items():
+        res = r.results[k]
+        if ref is None:
+            res["reason"] = "no reference: no card holds the model alone and too few routes ran to agree"
+            continue
+        check = verify.compare(verify.from_json(r.results[ref]["sample"]), sample)
+        res["status"], res["reason"] = ("ok" if check.ok else "wrong"), f"{check.reason} (reference: agreement)"
+        run.say(f"{res['label']}: {line(res)}")
+
+
+def tuned(req: ServeRequest, objective: str | None = None) -> tuple[ServeRequest, str] | None:
+    """The request as the tuned pick for this rig's fingerprint runs it, with the line serve says; None when
+    nothing is tuned for it (or the request names its own mode)."""
+    if req.mode != "auto":
+        return None
+    try:
+        p = preview(req)
+        if p.rig.hosts:
+            return None
+        fp = fingerprint_of(p, find_llama(p.request.llama_dir, backend=p.request.backend, build=p.request.build))
+    except ArcsplitError:
+        return None
+    data = fpmod.load(fp)
+    picks = data.get("picks") or {}
+    key = picks.get(objective or data.get("objective") or "decode")
+    res = (data.get("results") or {}).get(key or "")
+    if not res or res.get("status") != "ok":
+        return None
+    c = Candidate.from_dict(res["candidate"])
+    when = time.strftime("%Y-%m-%d", time.localtime(float(data.get("updated", 0))))
+    return (request_for(p.request, c, p.rig),
+            f"using the tuned route {label(c)}: decode {res['decode']:.1f} t/s, prefill {res['prefill']:.1f} t/s, "
+            f"correct output (arcsplit tune, {when}); --mode overrides it")
