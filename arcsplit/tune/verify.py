@@ -72,7 +72,7 @@ def compare(reference: Sample, candidate: Sample, margin: float = MARGIN, tol: f
                                  f"{g.logprob:.3f} vs the reference's {r.logprob:.3f} (more than {tol} apart)", noise)
                 continue
             alt = dict(r.top).get(g.token)
-            gap = r.logprob - alt if alt is not None else float("inf")
+            gap = max(r.logprob, *(lp for _, lp in r.top)) - alt if alt is not None else float("inf")
             if gap <= margin:
                 ties += 1
                 break
@@ -88,7 +88,8 @@ def agreement(samples: dict[str, Sample]) -> str | None:
     None with fewer than 3 samples (two that disagree cannot say which is wrong)."""
     if len(samples) < 3:
         return None
-    votes = {k: sum(compare(s, o).ok for j, o in samples.items() if j != k) for k, s in samples.items()}
+    votes = {k: sum(compare(s, o).ok and compare(o, s).ok for j, o in samples.items() if j != k)
+             for k, s in samples.items()}
     best = max(votes, key=lambda k: votes[k])
     return best if votes[best] * 2 >= len(samples) - 1 else None
 

@@ -1,0 +1,131 @@
+"""An rpc-server whose weights arrive corrupted: the real ggml-rpc-server behind a forwarder that flips bits.
+
+    python tests/_corrupt_rpc.py REAL_RPC_SERVER [rpc-server args...]
+
+Installed as ``ggml-rpc-server`` in a test's llama.cpp directory (beside a link to the real llama-server), it starts
+the real rpc-server on a free loopback port and listens where it was asked to, passing every byte through, except
+that in each RPC_CMD_SET_TENSOR payload (ggml-rpc.cpp: command byte, 8-byte size, payload; the payload is the
+tensor's description and offset, then its data) larger than 64 KiB, one bit of every 512th data byte flips. The
+group loads and answers; its weights are wrong. It needs the weights to cross the socket (serve with
+rpc_seed=False and ARCSPLIT_RPC_SHM=0). ``--help`` is the real one's.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+SET_TENSOR = 6
+BIG = 64 * 1024
+SKIP = 1024  # the tensor description and offset come first: leave them whole
+
+
+def corrupt_stream(src: socket.socket, dst: socket.socket) -> None:
+    """Client -> server: parse the framing, flip bits inside big SET_TENSOR data."""
+    buf = b""
+
+    def need(n: int) -> bytes:
+        nonlocal buf
+        while len(buf) < n:
+            chunk = src.recv(1 << 20)
+            if not chunk:
+                raise EOFError
+            buf += chunk
+        out, buf = buf[:n], buf[n:]
+        return out
+
+    try:
+        while True:
+            head = need(9)
+            cmd, size = head[0], struct.unpack("<Q", head[1:])[0]
+            dst.sendall(head)
+            left, pos = size, 0
+            while left:
+                part = bytearray(need(min(left, 1 << 20)))
+                if cmd == SET_TENSOR and size > BIG:
+                    for i in range((-pos) % 512, len(part), 512):
+                        if pos + i >= SKIP:
+                            part[i] ^= 0x24
+                dst.sendall(part)
+                pos += len(part)
+                left -= len(part)
+    except (EOFError, OSError):
+        pass
+    finally:
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while chunk := src.recv(1 << 20):
+            dst.sendall(chunk)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def main(argv: list[str]) -> int:
+    real, args = argv[0], argv[1:]
+    if "--help" in args or "-h" in args:
+        return subprocess.call([real, *args])
+    host, port = "127.0.0.1", 50052
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        if args[i] in ("-H", "--host"):
+            host = args[i + 1]
+            i += 2
+        elif args[i] in ("-p", "--port"):
+            port = int(args[i + 1])
+            i += 2
+        else:
+            rest.append(args[i])
+            i += 1
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        inner = probe.getsockname()[1]
+    child = subprocess.Popen([real, "-H", "127.0.0.1", "-p", str(inner), *rest])
+
+    def stop(*_: object) -> None:
+        child.terminate()
+        try:
+            child.wait(5)
+        except subprocess.TimeoutExpired:
+            child.kill()
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    for _ in range(200):  # the real one listens before the forwarder does: ready means both are
+        try:
+            socket.create_connection(("127.0.0.1", inner), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    listener = socket.create_server((host, port))
+    threading.Thread(target=lambda: (child.wait(), listener.close()), daemon=True).start()
+    while True:
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            return child.returncode or 0
+        server = socket.create_connection(("127.0.0.1", inner))
+        threading.Thread(target=corrupt_stream, args=(client, server), daemon=True).start()
+        threading.Thread(target=pump, args=(server, client), daemon=True).start()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

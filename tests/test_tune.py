@@ -1,0 +1,149 @@
+"""arcsplit tune's deciding parts, without processes: candidates, the correctness rule, fingerprints, the pick."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from arcsplit.tune import fingerprint as fpmod
+from arcsplit.tune import verify
+from arcsplit.tune.candidates import BuildFacts, Candidate, Settings, rank, routes, settings_variants, split_modes
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def _samples() -> dict[str, verify.Sample]:
+    data = json.loads((FIX / "tune" / "cpu_routes_gemma3_270m.json").read_text())
+    return {k: verify.from_json(v) for k, v in data.items()}
+
+
+def test_routes_cpu_two_cards_in_default_order() -> None:
+    keys = [c.route_key for c in routes("cpu", 2)]
+    assert keys == ["single-1card", "hybrid-last", "hybrid-local", "rpc"]
+
+
+def test_routes_sycl_tensor_variants_cite_their_source() -> None:
+    cands = routes("sycl", 2, BuildFacts(tensor_split=True, vulkan=True))
+    keys = [c.key for c in cands]
+    assert keys.index("sycl:multi:defaults") < keys.index("sycl:multi+workaround-debugkey:defaults") \
+        < keys.index("vulkan:multi:defaults") < keys.index("sycl:hybrid-last:defaults") < keys.index("sycl:rpc:defaults")
+    tensor = [c for c in cands if c.split == "tensor"]
+    assert {c.variant for c in tensor} == {"", "vmm0", "d2d2"}
+    assert all("ggml-org/llama.cpp#26409" in c.source for c in tensor if c.variant)
+    assert dict(next(c for c in tensor if c.variant == "vmm0").env) == {"GGML_SYCL_ENABLE_VMM": "0"}
+    assert all(c.server_args == ("-sm", "tensor") for c in tensor)
+    debug = next(c for c in cands if c.variant == "debugkey")
+    assert dict(debug.env)["ForceZeDeviceCanAccessPerReturnValue"] == "0"
+
+
+def test_routes_without_tensor_build_or_on_cuda() -> None:
+    assert not [c for c in routes("sycl", 2, BuildFacts()) if c.split == "tensor"]
+    cuda = routes("cuda", 2, BuildFacts(tensor_split=True))
+    assert [c for c in cuda if c.split == "tensor"] and not [c for c in cuda if c.variant]
+    assert [c.route_key for c in routes("cpu", 1)] == ["single"]
+
+
+def test_split_modes_from_help() -> None:
+    assert "tensor" in split_modes((FIX / "tune" / "help_split_mode_cpu.txt").read_text())
+    old = split_modes((FIX / "runtime" / "help_server_53dd4beb.md").read_text())
+    assert old == ("none", "layer", "row")
+    assert split_modes("no such line") == ()
+
+
+def test_settings_vary_one_at_a_time() -> None:
+    base = Candidate("hybrid", "cpu", output_layer="last")
+    out = settings_variants(base, route_ubatch=256, flash_default=True, moe_layers=3)
+    assert [c.settings for c in out] == [Settings(ubatch=512), Settings(ubatch=1024), Settings(flash_attn=False),
+                                        Settings(cache_type="q8_0", flash_attn=True), Settings(moe_offload=5)]
+    assert len({c.key for c in out} | {base.key}) == len(out) + 1
+    assert not [c for c in settings_variants(base, 256, True) if c.settings.moe_offload]
+
+
+def test_candidate_round_trips() -> None:
+    c = routes("sycl", 2, BuildFacts(tensor_split=True))[3]
+    assert Candidate.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+
+
+def test_real_noise_between_cpu_routes_is_accepted() -> None:
+    s = _samples()
+    for name in ("hybrid", "rpc"):
+        check = verify.compare(s["single"], s[name])
+        assert check.ok, check.reason
+        assert check.near_ties >= 1  # the texts do part: the rule is what keeps them correct
+        assert 0 < check.noise < verify.LOGPROB_TOL
+
+
+def test_corruption_is_rejected() -> None:
+    s = _samples()
+    ref = s["single"]
+    # a confident position answered with another token
+    steps = list(ref[0])
+    k = max(range(len(steps)), key=lambda i: steps[i].top[0][1] - steps[i].top[1][1])
+    wrong = replace(steps[k], token=steps[k].top[-1][0] + 1)
+    bad = (tuple(steps[:k]) + (wrong,) + tuple(steps[k + 1:]), *ref[1:])
+    check = verify.compare(ref, bad)
+    assert not check.ok and f"token {k + 1}" in check.reason
+    # the same tokens with their probabilities moved far
+    shifted = tuple(tuple(replace(st, logprob=st.logprob - 2.0) for st in p) for p in ref)
+    assert not verify.compare(ref, shifted).ok
+    # an answer that stops short
+    assert not verify.compare(ref, (ref[0][:2], *ref[1:])).ok
+
+
+def test_agreement_needs_a_majority() -> None:
+    s = _samples()
+    ref = s["single"]
+    garbage = tuple(tuple(replace(st, token=st.token + 7, logprob=-9.0) for st in p) for p in ref)
+    assert verify.agreement({"a": ref, "b": s["rpc"], "c": garbage}) in ("a", "b")
+    assert verify.agreement({"a": ref, "c": garbage}) is None
+
+
+def test_rank_only_correct_measured() -> None:
+    results = {"a": {"status": "ok", "decode": 10.0, "prefill": 90.0},
+               "b": {"status": "wrong", "decode": 99.0, "prefill": 999.0},
+               "c": {"status": "ok", "decode": 12.0, "prefill": 50.0},
+               "d": {"status": "pruned"}}
+    assert rank(results, "decode") == ["c", "a"]
+    assert rank(results, "prefill") == ["a", "c"]
+
+
+def _fp(**kw: object) -> fpmod.Fingerprint:
+    base = dict(backend="sycl", cards=("0:Arc B70:32", "1:Arc B70:32"), driver="", neo="26.35.39758.10",
+                xe="version 1.0-backport", kernel="6.8.0", build="/b/llama-server@1:2", model="abc:1:2",
+                ctx=4096, parallel=1)
+    return fpmod.Fingerprint(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_fingerprint_changes_with_every_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fpmod, "cache_dir", lambda: tmp_path)
+    fp = _fp()
+    assert fpmod.store(fp, {"results": {"k": {"status": "ok"}}})
+    assert fpmod.load(fp)["results"] == {"k": {"status": "ok"}}
+    for change in (dict(neo="26.27.39122.12"), dict(xe="version 2"), dict(build="/b/llama-server@3:2"),
+                   dict(model="def:1:2"), dict(ctx=8192), dict(parallel=4), dict(cards=("0:Arc B70:32",))):
+        other = _fp(**change)
+        assert other.digest != fp.digest and fpmod.load(other) == {}
+        assert fp.changed(other) == list(change)
+
+
+def test_model_digest_follows_the_file(tmp_path: Path) -> None:
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF" + bytes(100))
+    first = fpmod.model_digest(f)
+    os.utime(f, ns=(1, 1))
+    assert fpmod.model_digest(f) != first
+    f.write_bytes(b"GGUF" + bytes(101))
+    assert fpmod.model_digest(f).split(":")[1] == "105"
+
+
+def test_module_version_from_sysfs(tmp_path: Path) -> None:
+    (tmp_path / "module" / "xe").mkdir(parents=True)
+    (tmp_path / "module" / "xe" / "srcversion").write_text("8F1C0D5E2A\n")
+    assert fpmod.module_version("xe", tmp_path) == "srcversion 8F1C0D5E2A"
+    (tmp_path / "module" / "xe" / "version").write_text("1.0.0-backport\n")
+    assert fpmod.module_version("xe", tmp_path) == "version 1.0.0-backport"
+    assert fpmod.module_version("nvidia", tmp_path) == ""
