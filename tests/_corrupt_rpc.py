@@ -12,6 +12,7 @@ rpc_seed=False and ARCSPLIT_RPC_SHM=0). ``--help`` is the real one's.
 
 from __future__ import annotations
 
+import random
 import signal
 import socket
 import struct
@@ -78,6 +79,25 @@ def pump(src: socket.socket, dst: socket.socket) -> None:
                 pass
 
 
+def start_inner(real: str, rest: list[str]) -> subprocess.Popen[bytes]:
+    """The real rpc-server on a free loopback port, listening before this returns; a port in use: another."""
+    for _ in range(10):
+        inner = random.randrange(20000, 32000)  # below the ephemeral range the group's own free ports come from
+        child = subprocess.Popen([real, "-H", "127.0.0.1", "-p", str(inner), *rest])
+        for _ in range(400):
+            if child.poll() is not None:
+                break
+            try:
+                socket.create_connection(("127.0.0.1", inner), timeout=0.2).close()
+                child.inner_port = inner  # type: ignore[attr-defined]
+                return child
+            except OSError:
+                time.sleep(0.05)
+        child.kill()
+        child.wait()
+    raise SystemExit("the real rpc-server did not start")
+
+
 def main(argv: list[str]) -> int:
     real, args = argv[0], argv[1:]
     if "--help" in args or "-h" in args:
@@ -95,10 +115,7 @@ def main(argv: list[str]) -> int:
         else:
             rest.append(args[i])
             i += 1
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        inner = probe.getsockname()[1]
-    child = subprocess.Popen([real, "-H", "127.0.0.1", "-p", str(inner), *rest])
+    child = start_inner(real, rest)
 
     def stop(*_: object) -> None:
         child.terminate()
@@ -109,12 +126,6 @@ def main(argv: list[str]) -> int:
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, stop)
-    for _ in range(200):  # the real one listens before the forwarder does: ready means both are
-        try:
-            socket.create_connection(("127.0.0.1", inner), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
     listener = socket.create_server((host, port))
     threading.Thread(target=lambda: (child.wait(), listener.close()), daemon=True).start()
     while True:
@@ -122,7 +133,7 @@ def main(argv: list[str]) -> int:
             client, _ = listener.accept()
         except OSError:
             return child.returncode or 0
-        server = socket.create_connection(("127.0.0.1", inner))
+        server = socket.create_connection(("127.0.0.1", child.inner_port))  # type: ignore[attr-defined]
         threading.Thread(target=corrupt_stream, args=(client, server), daemon=True).start()
         threading.Thread(target=pump, args=(server, client), daemon=True).start()
 
