@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..modes import AUTO
 from . import print_json, say
 from .serve import add_group_arguments, request_from_args, split_at_double_dash
 
@@ -48,7 +49,7 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
 def tune_request(args: argparse.Namespace, routes_only: bool = False, fresh: bool = False) -> Any:
     from ..tune.runner import TuneRequest
 
-    if args.mode != "auto":
+    if args.mode != AUTO:
         from ..errors import BadInput
 
         raise BadInput(f"tune tries every mode, so --mode {args.mode} does not apply", "drop --mode")

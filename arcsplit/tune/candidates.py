@@ -14,7 +14,9 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
+from .. import backends
 from ..llama.mode import NEO_WORKAROUND_ENV
+from ..modes import Mode
 
 Env = tuple[tuple[str, str], ...]
 
@@ -62,7 +64,7 @@ class Settings:
 class Candidate:
     """One route with one set of settings: what a ServeRequest is changed by (tune/runner.py request_for)."""
 
-    mode: str  # route.MODES
+    mode: Mode
     backend: str
     split: str = "layer"  # -sm of a one-context route: layer or tensor
     variant: str = ""  # an EnvVariant's name, "" none
@@ -75,7 +77,7 @@ class Candidate:
     @property
     def route_key(self) -> str:
         """The route, without its settings: "multi-tensor-vmm0", "hybrid-local", "single-1card"."""
-        parts = [self.mode]
+        parts: list[str] = [self.mode.value]
         if self.split != "layer":
             parts.append(self.split)
         if self.variant:
@@ -106,7 +108,7 @@ class Candidate:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Candidate":
         s = d.get("settings") or {}
-        return cls(str(d["mode"]), str(d["backend"]), str(d.get("split", "layer")), str(d.get("variant", "")),
+        return cls(Mode(str(d["mode"])), str(d["backend"]), str(d.get("split", "layer")), str(d.get("variant", "")),
                    tuple(sorted((str(k), str(v)) for k, v in (d.get("env") or {}).items())),
                    str(d.get("source", "")), str(d.get("output_layer", "auto")), bool(d.get("one_card")),
                    Settings(s.get("ubatch"), s.get("flash_attn"), str(s.get("cache_type", "f16")),
@@ -126,22 +128,23 @@ def routes(backend: str, n_cards: int, facts: BuildFacts = BuildFacts()) -> list
     With 2+ cards, the whole model on the first card comes first: one card can beat a split
     (ggml-org/llama.cpp#26409: 21.5 t/s on one B70, 20.1 with -sm layer); the planner prunes it when it does not fit."""
     if n_cards < 2:
-        return [Candidate("single", backend)]
-    out = [Candidate("single", backend, one_card=True)]
-    if backend != "cpu":
-        out.append(Candidate("multi", backend))
+        return [Candidate(Mode.SINGLE, backend)]
+    be = backends.get(backend)
+    out = [Candidate(Mode.SINGLE, backend, one_card=True)]
+    if not be.on_cpu:
+        out.append(Candidate(Mode.MULTI, backend))
         if facts.tensor_split:
-            out.append(Candidate("multi", backend, split="tensor"))
-            if backend == "sycl":
-                out += [Candidate("multi", backend, split="tensor", variant=v.name, env=v.env, source=v.source)
+            out.append(Candidate(Mode.MULTI, backend, split="tensor"))
+            if backend == backends.SYCL:
+                out += [Candidate(Mode.MULTI, backend, split="tensor", variant=v.name, env=v.env, source=v.source)
                         for v in SYCL_TENSOR_VARIANTS]
-        if backend == "sycl":
-            out.append(Candidate("multi+workaround", backend, variant=DEBUG_KEY.name, env=DEBUG_KEY.env,
+        if be.one_context_workaround:
+            out.append(Candidate(Mode.MULTI_WORKAROUND, backend, variant=DEBUG_KEY.name, env=DEBUG_KEY.env,
                                  source=DEBUG_KEY.source))
-    if facts.vulkan and backend != "vulkan":
-        out.append(Candidate("multi", "vulkan"))
-    out += [Candidate("hybrid", backend, output_layer="last"), Candidate("hybrid", backend, output_layer="local"),
-            Candidate("rpc", backend)]
+    if facts.vulkan and backend != backends.VULKAN:
+        out.append(Candidate(Mode.MULTI, backends.VULKAN))
+    out += [Candidate(Mode.HYBRID, backend, output_layer="last"), Candidate(Mode.HYBRID, backend, output_layer="local"),
+            Candidate(Mode.RPC, backend)]
     return out
 
 

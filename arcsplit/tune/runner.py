@@ -22,6 +22,7 @@ from ..errors import ArcsplitError, BadInput
 from ..decide.prepare import Prepared, ServeRequest, plan_for_mode, preview
 from ..llama.build import managed_builds
 from ..llama.locate import LlamaBinaries, find_llama
+from ..modes import AUTO, Mode
 from ..proc.ports import free_port
 from ..rig import Rig
 from ..route import Route
@@ -83,7 +84,7 @@ def fingerprint_of(p: Prepared, binaries: LlamaBinaries) -> fpmod.Fingerprint:
 
         facts = gather_facts("sycl")
         neo = facts.neo.label if facts.neo else ""
-    cards = tuple(f"{c.index}:{c.name}" + (f":{c.total_bytes}" if c.backend != "cpu" else "") for c in p.rig.cards)
+    cards = tuple(f"{c.index}:{c.name}" + (f":{c.total_bytes}" if not backends.get(c.backend).on_cpu else "") for c in p.rig.cards)
     driver = ";".join(f"{m} {v}" for m in ("i915", "nvidia", "amdgpu") if (v := fpmod.module_version(m)))
     return fpmod.Fingerprint(p.request.backend, cards, driver, neo, fpmod.module_version("xe"), platform.release(),
                              f"{fpmod.build_id(binaries.server)} {fpmod.build_id(binaries.rpc_server)}",
@@ -98,7 +99,7 @@ def build_facts(backend: str, binaries: LlamaBinaries) -> BuildFacts:
         help_text = run_flag(binaries.server, "--help", "check the llama.cpp build")[0]
     except ArcsplitError:  # an unreadable --help only loses the tensor candidates
         help_text = ""
-    vulkan = backend not in ("cpu", "vulkan") and bool(managed_builds("vulkan"))
+    vulkan = backend != backends.VULKAN and not backends.get(backend).on_cpu and bool(managed_builds(backends.VULKAN))
     return BuildFacts(tensor_split="tensor" in split_modes(help_text), vulkan=vulkan)
 
 
@@ -114,7 +115,7 @@ def default_key(p: Prepared, cands: list[Candidate]) -> str | None:
 
 def plan_check(p: Prepared, c: Candidate) -> tuple[str | None, dict[str, Any]]:
     """(why it is pruned or None, what its plan chose): the planner's bounds, before any process starts."""
-    req = request_for(replace(p.request, mode="auto"), c, p.rig)
+    req = request_for(replace(p.request, mode=AUTO), c, p.rig)
     try:
         if c.backend != p.request.backend:
             plan = preview(req).config.plan
@@ -227,7 +228,7 @@ class _Run:
 
     def adopt(self, c: Candidate, res: dict[str, Any]) -> None:
         """The first whole-model-on-one-card result that ran is the reference for every later candidate."""
-        if self.reference is None and res.get("sample") and (c.one_card or c.mode == "single") \
+        if self.reference is None and res.get("sample") and (c.one_card or c.mode is Mode.SINGLE) \
                 and res.get("status") in ("ok", "unchecked"):
             self.reference, self.reference_key = verify.from_json(res["sample"]), c.key
             res["status"], res["reason"] = "ok", "reference (the whole model on one card)"
@@ -258,7 +259,7 @@ def tune(treq: TuneRequest, say: Say = lambda line: None) -> TuneReport:
     """Try the candidates within ``treq.budget_s`` and pick the fastest correct one for ``treq.objective``."""
     t0 = time.monotonic()
     _checked(treq)
-    p = preview(replace(treq.serve, mode="auto"))
+    p = preview(replace(treq.serve, mode=AUTO))
     if p.rig.hosts:
         raise BadInput("tune measures this machine's cards, but the layout has other hosts",
                        "run tune on each machine's own cards, without --layout")
@@ -313,7 +314,7 @@ def _by_agreement(run: _Run) -> None:
 def tuned(req: ServeRequest, objective: str | None = None) -> tuple[ServeRequest, str] | None:
     """The request as the tuned pick for this rig's fingerprint runs it, with the line serve says; None when
     nothing is tuned for it (or the request names its own mode)."""
-    if req.mode != "auto":
+    if req.mode != AUTO:
         return None
     try:
         p = preview(req)
