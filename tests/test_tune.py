@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from arcsplit.modes import Mode
 from arcsplit.tune import fingerprint as fpmod
 from arcsplit.tune import verify
 from arcsplit.tune.candidates import BuildFacts, Candidate, Settings, rank, routes, settings_variants, split_modes
@@ -55,7 +56,7 @@ def test_split_modes_from_help() -> None:
 
 
 def test_settings_vary_one_at_a_time() -> None:
-    base = Candidate("hybrid", "cpu", output_layer="last")
+    base = Candidate(Mode.HYBRID, "cpu", output_layer="last")
     out = settings_variants(base, route_ubatch=256, flash_default=True, moe_layers=3)
     assert [c.settings for c in out] == [Settings(ubatch=512), Settings(ubatch=1024), Settings(flash_attn=False),
                                         Settings(cache_type="q8_0", flash_attn=True), Settings(moe_offload=5)]

@@ -77,7 +77,7 @@ class Candidate:
     @property
     def route_key(self) -> str:
         """The route, without its settings: "multi-tensor-vmm0", "hybrid-local", "single-1card"."""
-        parts: list[str] = [self.mode.value]
+        parts: list[str] = [str(self.mode)]
         if self.split != "layer":
             parts.append(self.split)
         if self.variant:
