@@ -247,3 +247,16 @@ def test_a_kernel_named_by_hand_never_reads_this_machines_config(monkeypatch, tm
     (tmp_path / "boot" / f"config-{platform.release()}").write_text("CONFIG_DMABUF_MOVE_NOTIFY=y\n")
     f = F.gather_facts("cpu", None, kernel=platform.release(), sysfs_root=None, host_root=tmp_path)
     assert f.kernel.move_notify is None and any("--kernel-config" in u for u in f.unread)
+
+
+def test_xe_module_in_tree_or_dkms(tmp_path):
+    """The running xe module from sysfs, and DKMS's install path (updates/dkms) as the out-of-tree signal
+    (intel-gpu/xekmd-backports#451 ships the 7.1 xe driver that way for older kernels)."""
+    from arcsplit.llama.facts import parse_xe_module, xe_module_facts
+
+    assert parse_xe_module(None, "8F1C0D5E2A0B\n", "/lib/modules/6.8.0-60-generic/kernel/drivers/gpu/drm/xe/xe.ko.zst") \
+        == ("srcversion 8F1C0D5E2A0B", False)
+    assert parse_xe_module("7.1.4.25\n", "X", "/lib/modules/6.8.0-60-generic/updates/dkms/xe.ko.zst") \
+        == ("version 7.1.4.25", True)
+    assert parse_xe_module(None, None, None) == (None, None)
+    assert xe_module_facts(tmp_path) == (None, None)  # xe not loaded

@@ -120,7 +120,7 @@ def _fp(**kw: object) -> fpmod.Fingerprint:
 
 
 def test_fingerprint_changes_with_every_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fpmod, "cache_dir", lambda: tmp_path)
+    monkeypatch.setenv("ARCSPLIT_TUNE_DIR", str(tmp_path / "tune"))
     fp = _fp()
     assert fpmod.store(fp, {"results": {"k": {"status": "ok"}}})
     assert fpmod.load(fp)["results"] == {"k": {"status": "ok"}}
@@ -148,3 +148,16 @@ def test_module_version_from_sysfs(tmp_path: Path) -> None:
     (tmp_path / "module" / "xe" / "version").write_text("1.0.0-backport\n")
     assert fpmod.module_version("xe", tmp_path) == "version 1.0.0-backport"
     assert fpmod.module_version("nvidia", tmp_path) == ""
+
+
+def test_three_cards_in_one_context_are_checked_first() -> None:
+    """intel/compute-runtime#942: 4x B70 peer copies corrupt data while the route loads."""
+    from arcsplit.decide.prepare import ServeRequest, unchecked_one_context
+
+    req = ServeRequest(model="m.gguf", backend="sycl")
+    line = unchecked_one_context(req, Mode.MULTI, 4)
+    assert line is not None and "compute-runtime#942" in line and "doctor --verify" in line
+    assert unchecked_one_context(req, Mode.MULTI, 2) is None
+    assert unchecked_one_context(req, Mode.HYBRID, 4) is None
+    assert unchecked_one_context(replace(req, verified=True), Mode.MULTI, 4) is None
+    assert unchecked_one_context(replace(req, backend="cpu"), Mode.RPC, 4) is None

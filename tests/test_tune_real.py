@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def tune_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Tuned results in a directory of the test's own (the builds stay where conftest keeps them)."""
-    monkeypatch.setattr(fpmod, "cache_dir", lambda: tmp_path)
+    monkeypatch.setenv("ARCSPLIT_TUNE_DIR", str(tmp_path / "tune"))
     return tmp_path / "tune"
 
 

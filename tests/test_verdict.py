@@ -28,7 +28,10 @@ FEDORA = "6.19.10-300.fc44.x86_64"
     ("sycl", 38646, "7.2.3-100.fc45.x86_64", None, "good", "neo-25.44-kernel-fixed"),
     ("sycl", 37020, "6.19.10", True, "good", "neo-25.44-move-notify-on"),
     # ... and by NEO itself from 26.27 (compute-runtime e91243a9d0, first in 26.27.39122.10); #27168: 2x B60 on 26.31
-    ("sycl", 39395, FEDORA, False, "good", "neo-26.27-fixed"),
+    ("sycl", 39395, FEDORA, False, "good", "neo-26.31"),  # 26.31.39395.13: fixed, #953 still open
+    ("sycl", 39758, FEDORA, False, "good", "neo-26.35"),  # 26.35.39758.10 fixes compute-runtime#953
+    ("sycl", 39122, FEDORA, False, "bad", "neo-26.27-segv"),  # 26.27.39122.12: the segfault of compute-runtime#972
+    ("sycl", 39200, FEDORA, False, "good", "neo-26.27-fixed"),
     ("sycl", 39123, "6.8.0-50-generic", None, "good", "neo-26.27-fixed"),
     # Ubuntu 26.04 kernels: reports disagree (#22885: 7.0.0-10 + NEO 26.09 fine; #25286: 7.0.0-27 + NEO 26.18 fails)
     ("sycl", 37435, "7.0.0-10-generic", None, "unknown", "neo-25.44-ubuntu-26.04"),
@@ -121,3 +124,14 @@ def test_report_says_when_probe_and_table_disagree():
     agree = RuntimeReport("sycl", (0, 1), facts, good, choose_mode("sycl", 2, verdict=good, probe_results=[worked]),
                           (worked,))
     assert agree.disagreement is None
+
+
+def test_xe_backport_on_an_old_kernel_is_not_judged_by_uname_alone():
+    """intel-gpu/xekmd-backports#451: the 7.1 xe driver as DKMS on a 6.x kernel; the probe decides, not 'bad'."""
+    plain = judge("sycl", 37435, FEDORA, False)
+    backport = judge("sycl", 37435, FEDORA, False, xe_backport=True)
+    assert plain.status == "bad"
+    assert (backport.status, backport.rule) == ("unknown", "neo-25.44-xe-backport")
+    assert "intel-gpu/xekmd-backports#451" in backport.sources
+    assert judge("sycl", 37435, "7.1.0", None, xe_backport=True).status == "good"  # a 7.1 kernel needs no signal
+    assert judge("sycl", 37435, FEDORA, False, xe_backport=False).status == "bad"

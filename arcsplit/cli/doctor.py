@@ -140,11 +140,29 @@ def _cards(args: argparse.Namespace, backend: str, gpus: list[int] | None, binar
 
 def _doctor(args: argparse.Namespace) -> int:
     data, text = diagnose(args)
+    if args.verify:
+        data["verify"], lines = _verify(args, data)
+        text += "\n\n" + "\n".join(lines)
     if args.json:
         print_json(data)
     else:
         print(text)
     return 0
+
+
+def _verify(args: argparse.Namespace, data: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """--verify MODEL: each route's output against a reference (docs/tune.md), and what tune kept for this rig.
+    Rigs of 3+ cards need it before a one-context route is trusted (intel/compute-runtime#942, #957)."""
+    from ..decide.prepare import ServeRequest
+    from ..tune.runner import summary, verify_routes
+
+    req = ServeRequest(model=args.verify, gpus=args.gpus, backend=args.backend, llama_dir=args.llama_dir,
+                       build=args.build)
+    results = verify_routes(req, say=say)
+    lines = [f"output check with {args.verify} (greedy tokens against a reference; docs/tune.md):"]
+    lines += [f"  {r['label']:<40} {'WRONG' if r['status'] == 'wrong' else r['status']:<9} {r.get('reason', '')[:100]}"
+              for r in results]
+    return results, lines + summary(req)
 
 
 def diagnose(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -212,6 +230,10 @@ def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: l
     notify = {True: "CONFIG_DMABUF_MOVE_NOTIFY=y", False: "CONFIG_DMABUF_MOVE_NOTIFY is not set",
               None: "CONFIG_DMABUF_MOVE_NOTIFY unknown"}[k.move_notify]
     row("kernel", f"{k.release or 'not read'}, {notify}" + (f" ({k.config_source})" if k.config_source else ""))
+    if k.xe_module or k.xe_backport:
+        row("xe module", f"{k.xe_module or 'version not read'}" + (
+            ", an out-of-tree (DKMS) build: the driver may be newer than the kernel (intel-gpu/xekmd-backports#451)"
+            if k.xe_backport else ", the kernel's own"))
     if build_command:  # nothing serves without one: the command that makes it, where the build would be
         row("llama.cpp", f"no build found: run `{build_command}`")
     else:
@@ -285,5 +307,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reprobe", action="store_true", help="ignore the cached probe and run a new one")
     p.add_argument("--no-probe", action="store_true", help="versions only, run nothing")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help=f"seconds per probe (default {DEFAULT_TIMEOUT_S:.0f})")
+    p.add_argument("--verify", metavar="MODEL",
+                   help="also serve MODEL on every route and check its output against a reference (the whole model "
+                        "on one card, else the routes' agreement): a route that loads but computes wrong is named")
     p.add_argument("--json", action="store_true", help="machine-readable output (verdict, mode, reasons, facts, ...)")
     p.set_defaults(func=_doctor)

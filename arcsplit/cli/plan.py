@@ -47,7 +47,16 @@ def _plan(args: argparse.Namespace) -> int:
     if args.layout and args.gpus:
         raise BadInput("--layout and --gpus both name cards", "pass one of them")
     rig = load_layout(args.layout) if args.layout else None
-    prepared = preview(replace(request_from_args(args), measure=args.measure), rig)
+    req, tuned_lines = replace(request_from_args(args), measure=args.measure), []
+    if rig is None:  # what serve would run: the tuned pick for this rig where one is kept (docs/tune.md)
+        from ..tune.runner import summary, tuned
+
+        got = tuned(req)
+        if got is not None:
+            print(f"arcsplit: {got[1]}", file=sys.stderr, flush=True)
+            req = got[0]
+        tuned_lines = summary(req)
+    prepared = preview(req, rig)
     config, plan, profile = prepared.config, prepared.config.plan, prepared.profile
     if args.save:
         pinned = {"model": str(Path(profile.path).name), "n_ctx": plan.n_ctx, "n_parallel": args.parallel,
@@ -78,6 +87,8 @@ def _plan(args: argparse.Namespace) -> int:
         return 0
     print(render(plan, profile.n_layer_nextn))
     print(f"\nmode {config.mode}: {'; '.join(prepared.decision.reasons)}")
+    if tuned_lines:
+        print("\n" + "\n".join(tuned_lines))
     if hosts:
         print("this machine:")
     for proc in processes:

@@ -93,11 +93,30 @@ def _serve(args: argparse.Namespace) -> int:
     rig = load_layout(args.layout) if getattr(args, "layout", None) else None
     if rig is not None and rig.hosts and not args.tui:
         return anyio.run(_serve_warm, args, rig)
-    prepared = _api.prepare(request_from_args(args), rig, progress=_say)
+    prepared = _api.prepare(_tuned_request(args) if rig is None else request_from_args(args), rig, progress=_say)
     _tell(prepared, args)
     if args.tui:
         return _serve_with_dashboard(prepared, args)
     return anyio.run(_run, prepared, args)
+
+
+def _tuned_request(args: argparse.Namespace) -> Any:
+    """The request, as ``arcsplit tune``'s pick for this rig runs it when one is kept (--mode, --no-tune: as
+    asked); ``--tune`` measures first (docs/tune.md)."""
+    req = request_from_args(args)
+    if getattr(args, "tune", False):
+        from .tune import run_tune
+
+        run_tune(args)
+    if getattr(args, "no_tune", False):
+        return req
+    from ..tune.runner import tuned
+
+    got = tuned(req, args.objective if getattr(args, "tune", False) else None)
+    if got is None:
+        return req
+    _say(got[1])
+    return got[0]
 
 
 async def _serve_warm(args: argparse.Namespace, rig: Rig, early: Any = None) -> int:
@@ -415,7 +434,14 @@ def add_group_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
+    from .tune import add_tune_arguments
+
     add_group_arguments(p)
+    p.add_argument("--tune", action="store_true",
+                   help="run `arcsplit tune` first (results kept for this rig are reused), then serve its pick")
+    p.add_argument("--no-tune", action="store_true",
+                   help="ignore a tuned result for this rig: the fixed default order decides (as --mode does)")
+    add_tune_arguments(p)
     p.add_argument("--layout", metavar="FILE",
                    help="serve on the cards of a layout TOML, other hosts' included ([[hosts]]: their rpc-servers "
                         "are started over ssh by `arcsplit node --stdio`; docs/multihost.md)")

@@ -61,6 +61,7 @@ class ServeRequest:
     cache_type: str = "f16"  # KV cache type for K and V (-ctk/-ctv)
     flash_attn: bool | None = None  # -fa; None: the backend's default (backends.flash_attn_default)
     env: tuple[tuple[str, str], ...] = ()  # extra llama-server environment (a tuned route's variant, tune/)
+    verified: bool = False  # this route's output was checked on these cards (arcsplit tune's pick)
     kv_unified: bool = True
     rpc_cache: bool = False  # rpc-servers keep big weight tensors on local disk: reloads after a crash read them
     rpc_seed: bool = True  # rpc-servers read the weights from the GGUF, not the socket, where the build can (0006)
@@ -329,6 +330,22 @@ def _build_if_any(req: ServeRequest) -> LlamaBinaries | None:
         return None
 
 
+UNCHECKED_CARDS = 3  # from here a one-context route has loaded and still computed wrong (compute-runtime#942)
+
+
+def unchecked_one_context(req: ServeRequest, mode: Mode, n_cards: int) -> str | None:
+    """The warning for a one-context route over 3+ cards of a backend with known multi-device bugs that no check
+    has verified: on 4x B70 peer copies corrupt data (intel/compute-runtime#942) and large allocations fail
+    (#957), so loading proves nothing about the output."""
+    if req.verified or not mode.one_context or n_cards < UNCHECKED_CARDS:
+        return None
+    if not backends.get(req.backend).probe_by_default:
+        return None
+    return (f"{n_cards} cards in one context: on such rigs a route can load and still compute wrong "
+            "(intel/compute-runtime#942, #957); check its output with `arcsplit doctor --verify MODEL`, or let "
+            "`arcsplit tune MODEL` pick a route it has checked")
+
+
 def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, rig: Rig, decision: ModeDecision,
               rpc_ports: list[int] | None, choice: BackendChoice | None, live: bool = True,
               serving: bool = False) -> Prepared:
@@ -344,6 +361,9 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     else:
         plan = plan_for_mode(profile, rig, req, decision.mode, live)
     warnings = []
+    unchecked = unchecked_one_context(req, decision.mode, len(rig.cards))
+    if unchecked:
+        warnings.append(unchecked)
     if req.rpc_host != LOOPBACK:
         warnings.append(f"rpc-servers listen on {req.rpc_host}; the RPC protocol has no authentication, so anyone "
                         f"who can reach it can run code on them - keep it on a trusted network")

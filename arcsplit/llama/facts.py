@@ -15,7 +15,7 @@ import platform
 import re
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -80,6 +80,11 @@ class KernelFacts:
     version: tuple[int, ...] | None
     move_notify: bool | None  # CONFIG_DMABUF_MOVE_NOTIFY: True set, False "is not set", None unknown
     config_source: str | None
+    # The loaded xe module: its version (or srcversion) from sysfs, and whether it is an out-of-tree (DKMS) build,
+    # as Intel's backport of a newer xe to older kernels is (intel-gpu/xekmd-backports#451): `uname -r` then
+    # understates the driver. None: not read (no xe loaded, or another machine's files).
+    xe_module: str | None = None
+    xe_backport: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -407,6 +412,33 @@ def _kernel_facts(kernel: str | None, kernel_config: str | Path | None, unread: 
     return KernelFacts(release, parse_kernel_release(release), None, None)
 
 
+def parse_xe_module(version: str | None, srcversion: str | None, filename: str | None) -> tuple[str | None, bool | None]:
+    """(the xe module's version label, whether it is a DKMS/out-of-tree build) from /sys/module/xe/{version,
+    srcversion} and ``modinfo -F filename xe``. DKMS installs its modules under /lib/modules/<release>/updates/dkms
+    (or extra/), where the kernel's own live under kernel/drivers."""
+    label = f"version {version.strip()}" if version and version.strip() else (
+        f"srcversion {srcversion.strip()}" if srcversion and srcversion.strip() else None)
+    path = (filename or "").strip()
+    backport = None if not path else ("/updates/" in path or "/extra/" in path or "dkms" in path)
+    return label, backport
+
+
+def xe_module_facts(sysfs_root: str | Path, timeout: float = TIMEOUT_S) -> tuple[str | None, bool | None]:
+    """The running xe module (sysfs) and where modinfo finds it; (None, None) when xe is not loaded."""
+    base = Path(sysfs_root) / "module" / "xe"
+    if not base.is_dir():
+        return None, None
+
+    def leaf(name: str) -> str | None:
+        try:
+            return (base / name).read_text(encoding="utf-8")
+        except OSError:
+            return None
+
+    out, _ = _run(["modinfo", "-F", "filename", "xe"], timeout)
+    return parse_xe_module(leaf("version"), leaf("srcversion"), out)
+
+
 def _oneapi_version(llama_compiler: str | None, root: Path = Path("/")) -> tuple[str | None, str | None]:
     for var in ("CMPLR_ROOT", "ONEAPI_ROOT"):
         v = os.environ.get(var, "")
@@ -553,6 +585,9 @@ def gather_facts(backend: str = "sycl", build_info: Any = None, sycl_ls_file: st
         unread.append("oneAPI: not in the sycl-ls file" if sycl_ls_file is not None
                       else "oneAPI: no $CMPLR_ROOT/$ONEAPI_ROOT, no /opt/intel/oneapi/compiler/latest")
     kfacts = _kernel_facts(kernel, kernel_config, unread, root)
+    if sysfs_root is not None and kernel is None and kernel_config is None:  # this machine's running module
+        xe, backport = xe_module_facts(sysfs_root, timeout)
+        kfacts = replace(kfacts, xe_module=xe, xe_backport=backport)
     cards, why_cards = discover_cards(sysfs_root) if sysfs_root is not None else ([], None)  # None: another machine
     if why_cards:
         unread.append(f"cards: {why_cards}")

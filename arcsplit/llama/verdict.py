@@ -18,7 +18,7 @@ from .facts import Facts, parse_kernel_release
 
 STATUSES = ("good", "bad", "unknown")
 _CONDITIONS = {"backend", "neo_build_min", "neo_build_max", "kernel_min", "kernel_below", "kernel_pattern",
-               "move_notify", "neo_known"}
+               "move_notify", "neo_known", "xe_backport"}
 _RESULTS = {"id", "status", "affects", "summary", "sources", "workaround_env"}
 
 
@@ -87,7 +87,7 @@ def known_rules() -> tuple[Rule, ...]:
 
 
 def _matches(rule: Rule, backend: str, neo_build: int | None, kernel_release: str | None,
-             move_notify: bool | None) -> bool:
+             move_notify: bool | None, xe_backport: bool | None = None) -> bool:
     kernel = parse_kernel_release(kernel_release) if kernel_release else None
     for key, want in rule.conditions:
         if key == "backend" and backend != want:
@@ -106,19 +106,22 @@ def _matches(rule: Rule, backend: str, neo_build: int | None, kernel_release: st
             return False
         if key == "move_notify" and move_notify is not want:
             return False
+        if key == "xe_backport" and xe_backport is not want:
+            return False
     return True
 
 
 def judge(backend: str, neo_build: int | None, kernel_release: str | None, move_notify: bool | None,
-          rules: tuple[Rule, ...] | None = None) -> Verdict:
+          rules: tuple[Rule, ...] | None = None, xe_backport: bool | None = None) -> Verdict:
     """The first matching rule's verdict; no rule matching is itself an honest "unknown"."""
     inputs = (("backend", backend), ("neo_build", str(neo_build)), ("kernel", str(kernel_release)),
-              ("dmabuf_move_notify", str(move_notify)))
+              ("dmabuf_move_notify", str(move_notify)), ("xe_backport", str(xe_backport)))
     for rule in rules if rules is not None else known_rules():
-        if _matches(rule, backend, neo_build, kernel_release, move_notify):
+        if _matches(rule, backend, neo_build, kernel_release, move_notify, xe_backport):
             return Verdict(rule.status, rule.id, rule.summary, rule.sources, rule.affects, rule.workaround_env, inputs)
     return Verdict("unknown", "no-rule", "no known-runtime rule covers these versions", (), inputs=inputs)
 
 
 def verdict_for(backend: str, facts: Facts) -> Verdict:
-    return judge(backend, facts.neo.build if facts.neo else None, facts.kernel.release, facts.kernel.move_notify)
+    return judge(backend, facts.neo.build if facts.neo else None, facts.kernel.release, facts.kernel.move_notify,
+                 xe_backport=facts.kernel.xe_backport)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -79,8 +80,14 @@ def module_version(name: str, sysfs_root: str | Path = "/sys") -> str:
     return ""
 
 
+def tune_dir() -> Path:
+    """``ARCSPLIT_TUNE_DIR`` overrides (a bench or a test keeps its results apart from the user's)."""
+    override = os.environ.get("ARCSPLIT_TUNE_DIR")
+    return Path(override) if override else cache_dir() / "tune"
+
+
 def path_for(fp: Fingerprint) -> Path:
-    return cache_dir() / "tune" / f"{fp.digest}.json"
+    return tune_dir() / f"{fp.digest}.json"
 
 
 def load(fp: Fingerprint) -> dict[str, Any]:

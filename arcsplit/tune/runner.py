@@ -137,8 +137,10 @@ def serve_options(req: ServeRequest) -> dict[str, Any]:
     return {f.name: getattr(req, f.name) for f in fields(req) if f.name not in ("model", "gpus")}
 
 
-def run_candidate(p: Prepared, c: Candidate, budget_s: float, reference: verify.Sample | None) -> dict[str, Any]:
-    """Serve ``c``, sample its output, and (unless it disagrees with ``reference``) measure it; always stopped."""
+def run_candidate(p: Prepared, c: Candidate, budget_s: float, reference: verify.Sample | None,
+                  measure: bool = True) -> dict[str, Any]:
+    """Serve ``c``, sample its output, and (unless it disagrees with ``reference``, or not ``measure``) measure
+    it; always stopped."""
     from .._api import serve
 
     req = replace(request_for(p.request, c, p.rig), port=free_port(), rpc_ports=None)
@@ -154,6 +156,8 @@ def run_candidate(p: Prepared, c: Candidate, budget_s: float, reference: verify.
             check = verify.compare(reference, sample) if reference is not None else None
             if check is not None and not check.ok:
                 return {**out, "status": "wrong", "reason": check.reason}
+            if not measure:
+                return {**out, "status": "ok" if check else "unchecked", "reason": check.reason if check else ""}
             figs = measure_all(client, server.url, budget_s, streams=req.parallel)
     except ArcsplitError as exc:
         return {**out, "status": "failed", "reason": str(exc)}
@@ -237,7 +241,9 @@ class _Run:
 def line(res: dict[str, Any]) -> str:
     """One progress line's verdict for a result."""
     st = res.get("status")
-    if st in ("ok", "unchecked") and "decode" in res:
+    if st in ("ok", "unchecked") and "decode" not in res:
+        return "correct" if st == "ok" else "not yet checked"
+    if st in ("ok", "unchecked"):
         figs = (f"prefill {res['prefill']:.1f}, decode {res['decode']:.1f}, {res['streams']:.1f} with all slots "
                 f"busy (t/s, ready in {res.get('ready_s', 0):.1f} s)")
         return f"{'correct' if st == 'ok' else 'not yet checked'}; {figs}"
@@ -311,26 +317,82 @@ def _by_agreement(run: _Run) -> None:
         run.say(f"{res['label']}: {line(res)}")
 
 
-def tuned(req: ServeRequest, objective: str | None = None) -> tuple[ServeRequest, str] | None:
-    """The request as the tuned pick for this rig's fingerprint runs it, with the line serve says; None when
-    nothing is tuned for it (or the request names its own mode)."""
-    if req.mode != AUTO:
-        return None
+def kept(req: ServeRequest) -> tuple[Prepared, dict[str, Any]] | None:
+    """What tune kept for the rig ``req`` names (this machine's cards only), with the request prepared offline."""
     try:
-        p = preview(req)
+        p = preview(replace(req, mode=AUTO))
         if p.rig.hosts:
             return None
         fp = fingerprint_of(p, find_llama(p.request.llama_dir, backend=p.request.backend, build=p.request.build))
     except ArcsplitError:
         return None
     data = fpmod.load(fp)
-    picks = data.get("picks") or {}
-    key = picks.get(objective or data.get("objective") or "decode")
+    return (p, data) if data.get("results") else None
+
+
+def tuned(req: ServeRequest, objective: str | None = None) -> tuple[ServeRequest, str] | None:
+    """The request as the tuned pick for this rig's fingerprint runs it, with the line serve says; None when
+    nothing is tuned for it (or the request names its own mode)."""
+    if req.mode != AUTO:
+        return None
+    got = kept(req)
+    if got is None:
+        return None
+    p, data = got
+    key = (data.get("picks") or {}).get(objective or data.get("objective") or "decode")
     res = (data.get("results") or {}).get(key or "")
     if not res or res.get("status") != "ok":
         return None
     c = Candidate.from_dict(res["candidate"])
     when = time.strftime("%Y-%m-%d", time.localtime(float(data.get("updated", 0))))
-    return (request_for(p.request, c, p.rig),
+    return (replace(request_for(p.request, c, p.rig), port=req.port, rpc_ports=req.rpc_ports, verified=True),
             f"using the tuned route {label(c)}: decode {res['decode']:.1f} t/s, prefill {res['prefill']:.1f} t/s, "
-            f"correct output (arcsplit tune, {when}); --mode overrides it")
+            f"correct output (arcsplit tune, {when}); --mode or --no-tune overrides it")
+
+
+def summary(req: ServeRequest) -> list[str]:
+    """For ``plan`` and ``doctor``: the tuned pick for this rig beside the alternatives measured, one line each."""
+    got = kept(req)
+    if got is None:
+        return []
+    _, data = got
+    results = data.get("results") or {}
+    objective = str(data.get("objective") or "decode")
+    pick = (data.get("picks") or {}).get(objective)
+    out = [f"tuned for this rig (arcsplit tune, by {objective}; * the pick, d the default order's route):"]
+    for key in [pick, *sorted(k for k in results if k != pick)]:
+        r = results.get(key or "")
+        if not r:
+            continue
+        mark = "*" if key == pick else "d" if key == data.get("default") else " "
+        figs = (f"prefill {r['prefill']:.1f}, decode {r['decode']:.1f}, streams {r['streams']:.1f} t/s"
+                if "decode" in r else str(r.get("reason", ""))[:80])
+        out.append(f" {mark} {r.get('label', key):<40} {r.get('status', '?'):<8} {figs}")
+    return out
+
+
+def verify_routes(req: ServeRequest, say: Say = lambda line: None) -> list[dict[str, Any]]:
+    """``doctor --verify``: every route's output against the reference (one card, else the routes' agreement),
+    nothing measured or kept. One line per route."""
+    p = preview(replace(req, mode=AUTO))
+    if p.rig.hosts:
+        raise BadInput("--verify checks this machine's cards, but the layout has other hosts", "drop --layout")
+    binaries = find_llama(p.request.llama_dir, backend=p.request.backend, build=p.request.build)
+    out: dict[str, dict[str, Any]] = {}
+    reference: verify.Sample | None = None
+    for c in routes(p.request.backend, len(p.rig.cards), build_facts(p.request.backend, binaries)):
+        why, _ = plan_check(p, c)
+        if why:
+            out[c.key] = {"label": label(c), "status": "pruned", "reason": why}
+            continue
+        say(f"verify {label(c)}: starting")
+        res = run_candidate(p, c, 0.0, reference, measure=False)
+        if reference is None and res.get("sample") and (c.one_card or c.mode is Mode.SINGLE):
+            reference = verify.from_json(res["sample"])
+            res["status"], res["reason"] = "ok", "reference (the whole model on one card)"
+        out[c.key] = res
+        say(f"verify {label(c)}: {line(res)}")
+    run = _Run(p, TuneRequest(req), TuneReport(fingerprint_of(p, binaries), "decode", out, list(out), None, None),
+               say, time.monotonic())
+    _by_agreement(run)
+    return [{k: v for k, v in r.items() if k not in ("sample", "argv")} for r in out.values()]
