@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import httpx
 
 import pytest
 
 from arcsplit.decide.prepare import ServeRequest
 from arcsplit.llama.locate import LlamaBinaries
+from arcsplit.proc.ports import free_port
 from arcsplit.tune import fingerprint as fpmod
 from arcsplit.tune.runner import TuneRequest, tune, tuned
 
@@ -55,6 +62,37 @@ def test_tune_picks_correct_route_resumes_and_serve_uses_it(demo_model: Path, ll
     assert applied.mode == picked["mode"] and "tuned route" in line
     assert tuned(_request(demo_model, llama_bins, mode="rpc")) is None  # --mode overrides
     assert tuned(_request(demo_model, llama_bins, ctx=2048)) is None  # another context: another fingerprint
+
+    # the CLI: plan shows what serve runs, and serve runs the pick without flags, saying so
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ARCSPLIT_TUNE_DIR": str(tune_cache),
+           "ARCSPLIT_STATE_DIR": str(tune_cache.parent / "state")}
+    argv = [str(demo_model), "--backend", "cpu", "--gpus", "0,1", "--ctx", "1024", "--llama-dir", str(llama_bins.bin_dir)]
+    plan = subprocess.run([sys.executable, "-m", "arcsplit", "plan", *argv, "--json"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert plan.returncode == 0, plan.stderr
+    assert "using the tuned route" in plan.stderr and json.loads(plan.stdout)["mode"] == picked["mode"]
+    text = subprocess.run([sys.executable, "-m", "arcsplit", "plan", *argv], env=env, capture_output=True, text=True,
+                          timeout=120).stdout
+    assert "tuned for this rig" in text and first.results[first.pick]["label"] in text
+    port = free_port()
+    serve = subprocess.Popen([sys.executable, "-m", "arcsplit", "serve", *argv, "--port", str(port), "--no-bus"],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert serve.stderr is not None
+        said = [serve.stderr.readline() for _ in range(3)]
+        assert any("using the tuned route" in line for line in said), said
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and serve.poll() is None:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.3)
+        (state_file,) = (tune_cache.parent / "state").glob("runs/*/state.json")
+        names = {p["name"] for p in json.loads(state_file.read_text())["processes"]}
+        assert names == {p["name"] for p in json.loads(plan.stdout)["processes"]}
+    finally:
+        serve.send_signal(signal.SIGINT)
+        serve.wait(timeout=60)
 
 
 def _corrupting_build(tmp: Path, bins: LlamaBinaries) -> Path:
