@@ -52,7 +52,6 @@ import shlex
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -73,14 +72,13 @@ from arcsplit.llama.patches import (rpc_async_reads, rpc_gated_sets, rpc_link_po
 from arcsplit.route import Route  # noqa: E402
 from arcsplit.decide.prepare import rpc_spin_us  # noqa: E402
 from arcsplit.proc.ports import free_port  # noqa: E402
+# the measuring core is the product's (arcsplit tune measures the same way)
+from arcsplit.tune.measure import (DECODE_PROMPT, complete, long_prompt, measure_decode,  # noqa: E402,F401
+                                   measure_prefill, measure_streams)
 
 PROMPT_TOKENS = 512
 STREAMS = 4
-DECODE_PROMPT = "Write a long story about a lighthouse keeper and the sea."
 EQUALITY_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,")
-FILLER = ("In the year {i}, the council of the river towns met to discuss the price of grain, the state of the "
-          "bridges and the long dispute about fishing rights downstream. ")
-
 
 @dataclass
 class ModeResult:
@@ -225,62 +223,6 @@ def mode_env(mode: str) -> contextlib.AbstractContextManager[None]:
     (_TAG_ENV)."""
     off = _TAG_ENV.get(parse_mode(mode).off)
     return off() if off else contextlib.nullcontext()
-
-
-def long_prompt(client: httpx.Client, url: str, n: int) -> list[int]:
-    """Exactly ``n`` token ids of ordinary text, through the model's own tokenizer."""
-    text, i = "", 0
-    while True:
-        text += FILLER.format(i=1500 + i)
-        i += 1
-        if i % 8 == 0:
-            toks = client.post(f"{url}/tokenize", json={"content": text}).json()["tokens"]
-            if len(toks) >= n:
-                return toks[:n]
-
-
-def complete(client: httpx.Client, url: str, body: dict[str, Any]) -> dict[str, Any]:
-    r = client.post(f"{url}/completion", json={"temperature": 0, "cache_prompt": False, **body})
-    r.raise_for_status()
-    return r.json()
-
-
-def measure_prefill(client: httpx.Client, url: str, prompt: list[int]) -> float:
-    return float(complete(client, url, {"prompt": prompt, "n_predict": 1})["timings"]["prompt_per_second"])
-
-
-def measure_decode(client: httpx.Client, url: str, n_predict: int) -> float:
-    r = complete(client, url, {"prompt": DECODE_PROMPT, "n_predict": n_predict, "ignore_eos": True})
-    return float(r["timings"]["predicted_per_second"])
-
-
-def measure_streams(url: str, n_predict: int, timeout: float) -> float:
-    """STREAMS concurrent decode requests (one per slot): total predicted tokens / wall time."""
-    tokens = [0] * STREAMS
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(STREAMS + 1)
-
-    def one(k: int) -> None:
-        try:
-            with httpx.Client(timeout=timeout) as c:
-                barrier.wait()
-                r = complete(c, url, {"prompt": f"{DECODE_PROMPT} (part {k + 1})", "n_predict": n_predict,
-                                      "ignore_eos": True})
-                tokens[k] = int(r["tokens_predicted"])
-        except BaseException as exc:  # reported below; a thread must not die silently
-            errors.append(exc)
-
-    threads = [threading.Thread(target=one, args=(k,)) for k in range(STREAMS)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    if errors:
-        raise errors[0]
-    return sum(tokens) / wall
 
 
 def greedy(client: httpx.Client, url: str, n_predict: int) -> list[list[int]]:
