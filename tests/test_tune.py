@@ -161,3 +161,15 @@ def test_three_cards_in_one_context_are_checked_first() -> None:
     assert unchecked_one_context(req, Mode.HYBRID, 4) is None
     assert unchecked_one_context(replace(req, verified=True), Mode.MULTI, 4) is None
     assert unchecked_one_context(replace(req, backend="cpu"), Mode.RPC, 4) is None
+
+
+def test_serve_looks_nothing_up_when_nothing_was_tuned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """serve asks for a tuned pick on every start: with no results kept it must not plan twice."""
+    from arcsplit.decide.prepare import ServeRequest
+    from arcsplit.tune import runner
+
+    monkeypatch.setenv("ARCSPLIT_TUNE_DIR", str(tmp_path / "tune"))
+    monkeypatch.setattr(runner, "preview", lambda *a, **k: pytest.fail("planned with nothing tuned"))
+    assert runner.tuned(ServeRequest(model=str(tmp_path / "m.gguf"))) is None
+    assert fpmod.store(_fp(), {"results": {}})
+    assert fpmod.anything_kept()

@@ -86,6 +86,14 @@ def tune_dir() -> Path:
     return Path(override) if override else cache_dir() / "tune"
 
 
+def anything_kept() -> bool:
+    """Whether any fingerprint has results: serve asks this before it works out its own fingerprint."""
+    try:
+        return any(tune_dir().glob("*.json"))
+    except OSError:
+        return False
+
+
 def path_for(fp: Fingerprint) -> Path:
     return tune_dir() / f"{fp.digest}.json"
 

@@ -345,7 +345,10 @@ def _by_agreement(run: _Run) -> None:
 
 
 def kept(req: ServeRequest) -> tuple[Prepared, dict[str, Any]] | None:
-    """What tune kept for the rig ``req`` names (this machine's cards only), with the request prepared offline."""
+    """What tune kept for the rig ``req`` names (this machine's cards only), with the request prepared offline.
+    Nothing is looked up (no second plan, no device listing) when nothing was ever tuned here."""
+    if not fpmod.anything_kept():
+        return None
     try:
         p = preview(replace(req, mode=AUTO))
         if p.rig.hosts:
