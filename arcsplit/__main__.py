@@ -24,18 +24,26 @@ that pyproject allows (from 4.7) import asyncio with it.
         serve with other hosts opens their ssh sessions before it imports the serving stack; other commands would pay it
     cli/dash.py:_dash                  arcsplit.tui.app               123/127/134
         textual: `arcsplit --help` imports every command's module
+    cli/doctor.py:_verify              arcsplit.tune.runner           281/338/372
+        the serving stack and httpx: only with --verify (doctor alone starts nothing)
     cli/node.py:inventory              arcsplit.cli.llama             45/50/71
         the llama.cpp build and card code: the node agent answers its first ops before it reads the inventory
     cli/node.py:_node                  arcsplit.node.standing         11/12/23
         only --listen and --attach: not the per-run agent (--stdio)
     cli/node.py:_node                  arcsplit.node.quick            29/32/37
         only the agent (--stdio): not `arcsplit --help`, not --listen
+    cli/plan.py:_plan                  arcsplit.tune.runner           91/98/106
+        httpx and the tune runner: only on a machine where something was tuned (tune/fingerprint.anything_kept)
     cli/report.py:_report              arcsplit.report                4/4/4
         tarfile, getpass and the redactor: `arcsplit --help` imports every command's module
     cli/serve.py:_serve                arcsplit.telemetry.prometheus  83/89/104
         prometheus_client: only with --metrics-port
+    cli/serve.py:_tuned_request        arcsplit.tune.runner           91/99/109
+        httpx and the tune runner: only with --tune, or where something was tuned (tune/fingerprint.anything_kept)
     cli/serve.py:_serve_with_dashboard arcsplit.tui.app               124/139/173
         textual: only with --tui
+    cli/tune.py:_tune                  arcsplit.tune.runner           73/86/92
+        `arcsplit --help` imports every command's module
     decide/prepare.py:_runtime         arcsplit.llama.runtime         9/11/24
         the probe and the facts, for a multi-card Intel run only: `plan` imports this module
     inproc.py:_bindings                llama_cpp                      optional

@@ -15,6 +15,7 @@ from ..memory import CACHE_TYPES
 from ..planner import LinkCost, Plan
 from ..rig import Rig, load_layout, save_layout
 from ..route import HOST_DEVICE
+from ..tune.fingerprint import anything_kept
 from . import print_json
 from .serve import add_group_arguments, request_from_args, split_at_double_dash
 
@@ -48,7 +49,7 @@ def _plan(args: argparse.Namespace) -> int:
         raise BadInput("--layout and --gpus both name cards", "pass one of them")
     rig = load_layout(args.layout) if args.layout else None
     req, tuned_lines = replace(request_from_args(args), measure=args.measure), []
-    if rig is None:  # what serve would run: the tuned pick for this rig where one is kept (docs/tune.md)
+    if rig is None and anything_kept():  # what serve would run: the tuned pick for this rig (docs/tune.md)
         from ..tune.runner import summary, tuned
 
         got = tuned(req)

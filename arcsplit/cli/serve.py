@@ -28,8 +28,9 @@ from ..llama import webui
 from ..llama.patches import missing_note
 from ..model import read_header
 from ..rig import MiB, Rig, load_layout
-from ..modes import CHOICES as MODE_CHOICES, Mode
+from ..modes import AUTO, CHOICES as MODE_CHOICES, Mode
 from ..route import OUTPUT_LAYER_CHOICES
+from ..tune.fingerprint import anything_kept
 from ..proc.states import GroupState, MemberState
 from . import say as _say
 from .options import add_card_options, add_llama_dir
@@ -104,19 +105,32 @@ def _tuned_request(args: argparse.Namespace) -> Any:
     """The request, as ``arcsplit tune``'s pick for this rig runs it when one is kept (--mode, --no-tune: as
     asked); ``--tune`` measures first (docs/tune.md)."""
     req = request_from_args(args)
-    if getattr(args, "tune", False):
-        from .tune import run_tune
-
-        run_tune(args)
-    if getattr(args, "no_tune", False):
+    if not getattr(args, "tune", False) and (getattr(args, "no_tune", False) or req.mode != AUTO
+                                             or not anything_kept()):
         return req
-    from ..tune.runner import tuned
+    from ..tune import runner
 
-    got = tuned(req, args.objective if getattr(args, "tune", False) else None)
+    if getattr(args, "tune", False):
+        runner.run_from(req, args.objective, args.budget, args.per_candidate, say=lambda line: _say(f"tune: {line}"))
+    got = None if getattr(args, "no_tune", False) else runner.tuned(req, getattr(args, "objective", None))
     if got is None:
         return req
     _say(got[1])
     return got[0]
+
+
+TUNE_OBJECTIVES = ("decode", "prefill", "streams")  # tune/candidates.py's OBJECTIVES, without importing tune/
+
+
+def add_tune_arguments(p: argparse.ArgumentParser) -> None:
+    """--objective, --budget, --per-candidate: ``arcsplit tune``'s, and ``serve --tune``'s."""
+    p.add_argument("--objective", choices=TUNE_OBJECTIVES, default="decode",
+                   help="what the pick is fastest at: decode (one stream), prefill, or streams (every slot busy: "
+                        "--parallel N) (default: decode)")
+    p.add_argument("--budget", type=float, default=300.0, metavar="S",
+                   help="seconds the whole tune may take, start-ups included (default: 300)")
+    p.add_argument("--per-candidate", type=float, default=15.0, metavar="S",
+                   help="seconds of measuring per started candidate (default: 15)")
 
 
 async def _serve_warm(args: argparse.Namespace, rig: Rig, early: Any = None) -> int:
@@ -434,8 +448,6 @@ def add_group_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    from .tune import add_tune_arguments
-
     add_group_arguments(p)
     p.add_argument("--tune", action="store_true",
                    help="run `arcsplit tune` first (results kept for this rig are reused), then serve its pick")

@@ -12,11 +12,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..modes import AUTO
 from . import print_json, say
-from .serve import add_group_arguments, request_from_args, split_at_double_dash
-
-OBJECTIVES = ("decode", "prefill", "streams")  # tune/candidates.py's; not imported, to keep --help light
+from .serve import add_group_arguments, add_tune_arguments, request_from_args, split_at_double_dash
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,36 +32,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     split_at_double_dash(p)
 
 
-def add_tune_arguments(p: argparse.ArgumentParser) -> None:
-    """--objective, --budget, --per-candidate: shared with ``serve --tune``."""
-    p.add_argument("--objective", choices=OBJECTIVES, default="decode",
-                   help="what the pick is fastest at: decode (one stream), prefill, or streams (every slot busy: "
-                        "--parallel N) (default: decode)")
-    p.add_argument("--budget", type=float, default=300.0, metavar="S",
-                   help="seconds the whole tune may take, start-ups included (default: 300)")
-    p.add_argument("--per-candidate", type=float, default=15.0, metavar="S",
-                   help="seconds of measuring per started candidate (default: 15)")
-
-
-def tune_request(args: argparse.Namespace, routes_only: bool = False, fresh: bool = False) -> Any:
-    from ..tune.runner import TuneRequest
-
-    if args.mode != AUTO:
-        from ..errors import BadInput
-
-        raise BadInput(f"tune tries every mode, so --mode {args.mode} does not apply", "drop --mode")
-    return TuneRequest(request_from_args(args), args.objective, args.budget, args.per_candidate,
-                       settings=not routes_only, fresh=fresh)
-
-
-def run_tune(args: argparse.Namespace, routes_only: bool = False, fresh: bool = False) -> Any:
-    from ..tune.runner import tune
-
-    return tune(tune_request(args, routes_only, fresh), say=lambda line: say(f"tune: {line}"))
-
-
 def _tune(args: argparse.Namespace) -> int:
-    report = run_tune(args, args.routes_only, args.fresh)
+    from ..tune.runner import run_from
+
+    report = run_from(request_from_args(args), args.objective, args.budget, args.per_candidate,
+                      settings=not args.routes_only, fresh=args.fresh, say=lambda line: say(f"tune: {line}"))
     if args.json:
         print_json(report.to_dict())
         return 0

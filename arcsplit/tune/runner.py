@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import platform
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable
 
 import httpx
 
 from .. import backends
+from .._api import serve
 from ..errors import ArcsplitError, BadInput
 from ..decide.prepare import Prepared, ServeRequest, plan_for_mode, preview
+from ..llama.answers import run_flag
 from ..llama.build import managed_builds
+from ..llama.facts import gather_facts
 from ..llama.locate import LlamaBinaries, find_llama
 from ..modes import AUTO, Mode
 from ..proc.ports import free_port
@@ -79,10 +82,8 @@ def request_for(base: ServeRequest, c: Candidate, rig: Rig) -> ServeRequest:
 def fingerprint_of(p: Prepared, binaries: LlamaBinaries) -> fpmod.Fingerprint:
     """The rig, its drivers, the build and the model as ``p`` sees them (facts/neo only on SYCL, where it matters)."""
     neo = ""
-    if p.request.backend == "sycl":
-        from ..llama.facts import gather_facts
-
-        facts = gather_facts("sycl")
+    if p.request.backend == backends.SYCL:
+        facts = gather_facts(backends.SYCL)
         neo = facts.neo.label if facts.neo else ""
     cards = tuple(f"{c.index}:{c.name}" + (f":{c.total_bytes}" if not backends.get(c.backend).on_cpu else "") for c in p.rig.cards)
     driver = ";".join(f"{m} {v}" for m in ("i915", "nvidia", "amdgpu") if (v := fpmod.module_version(m)))
@@ -93,8 +94,6 @@ def fingerprint_of(p: Prepared, binaries: LlamaBinaries) -> fpmod.Fingerprint:
 
 def build_facts(backend: str, binaries: LlamaBinaries) -> BuildFacts:
     """-sm tensor where llama-server's --help lists it; a Vulkan build beside a GPU backend's."""
-    from ..llama.answers import run_flag
-
     try:
         help_text = run_flag(binaries.server, "--help", "check the llama.cpp build")[0]
     except ArcsplitError:  # an unreadable --help only loses the tensor candidates
@@ -132,8 +131,6 @@ def plan_check(p: Prepared, c: Candidate) -> tuple[str | None, dict[str, Any]]:
 
 def serve_options(req: ServeRequest) -> dict[str, Any]:
     """``req`` as arcsplit.serve's keyword arguments (its ServeRequest fields but model and gpus)."""
-    from dataclasses import fields
-
     return {f.name: getattr(req, f.name) for f in fields(req) if f.name not in ("model", "gpus")}
 
 
@@ -141,8 +138,6 @@ def run_candidate(p: Prepared, c: Candidate, budget_s: float, reference: verify.
                   measure: bool = True) -> dict[str, Any]:
     """Serve ``c``, sample its output, and (unless it disagrees with ``reference``, or not ``measure``) measure
     it; always stopped."""
-    from .._api import serve
-
     req = replace(request_for(p.request, c, p.rig), port=free_port(), rpc_ports=None)
     out: dict[str, Any] = {"candidate": c.to_dict(), "label": label(c)}
     t0 = time.monotonic()
@@ -426,3 +421,11 @@ def verify_routes(req: ServeRequest, say: Say = lambda line: None) -> list[dict[
                say, time.monotonic())
     _by_agreement(run)
     return [{k: v for k, v in r.items() if k not in ("sample", "argv")} for r in out.values()]
+
+
+def run_from(req: ServeRequest, objective: str, budget_s: float, per_candidate_s: float, settings: bool = True,
+             fresh: bool = False, say: Say = lambda line: None) -> TuneReport:
+    """``arcsplit tune`` and ``serve --tune``: the request's own mode must be auto (tune tries every mode)."""
+    if req.mode != AUTO:
+        raise BadInput(f"tune tries every mode, so --mode {req.mode} does not apply", "drop --mode")
+    return tune(TuneRequest(req, objective, budget_s, per_candidate_s, settings=settings, fresh=fresh), say=say)
