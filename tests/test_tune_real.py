@@ -131,3 +131,16 @@ def test_tune_cli_bad_input_is_one_line(demo_model: Path) -> None:
                              capture_output=True, text=True, env=env, timeout=120)
         assert out.returncode == 2, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1 and word in out.stderr and "Traceback" not in out.stderr
+
+
+def test_doctor_verify_checks_every_route(demo_model: Path, llama_bins: LlamaBinaries, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ARCSPLIT_TUNE_DIR": str(tmp_path / "tune")}
+    out = subprocess.run([sys.executable, "-m", "arcsplit", "doctor", "--backend", "cpu", "--gpus", "0,1",
+                          "--llama-dir", str(llama_bins.bin_dir), "--verify", str(demo_model), "--json"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr
+    rows = {r["label"]: r for r in json.loads(out.stdout)["verify"]}
+    assert rows["cpu single-1card [defaults]"]["status"] == "ok"
+    assert rows["cpu rpc [defaults]"]["status"] == "ok" and "matches the reference" in rows["cpu rpc [defaults]"]["reason"]
+    assert rows["cpu hybrid-local [defaults]"]["status"] == "pruned"  # gemma3 ties its output: the planner says no
+    assert not list((tmp_path / "tune").glob("*.json"))  # a check keeps nothing
