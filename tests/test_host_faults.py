@@ -3,6 +3,7 @@ network namespace with its own sshd where a second host is needed, tests/_netns.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import anyio
 import pytest
 
 from arcsplit.errors import HostError
+from arcsplit.proc.wire import PROTO
 from arcsplit.rig import Host
 from arcsplit.run.remote import NodeSession
 
@@ -48,3 +50,33 @@ def test_a_transport_that_exits_ends_every_waiting_request_at_once() -> None:
     assert len(reasons) == 2
     for why in reasons:
         assert "node agent on b exited" in why and "not found" in why, why
+
+
+# ---- 9: a protocol line with a field of the wrong type is answered as a protocol error ----------------------------
+
+@pytest.mark.parametrize("msg, words", [
+    ({"op": "ports", "n": "many"}, ["protocol error", "ports", "n = \"many\"", "not an integer"]),
+    ({"op": "ports", "n": 1, "want": ["x"]}, ["protocol error", "want = \"x\""]),
+    ({"op": "ports", "n": True}, ["protocol error", "n = true"]),
+])
+def test_a_field_of_the_wrong_type_is_a_protocol_error(tmp_path: Path, msg: dict, words: list[str]) -> None:
+    """The agent answers a malformed field with an error naming the op and the field, not Python's "invalid
+    literal for int()", and keeps serving: a ping after it is answered."""
+    from _node_client import NodeClient
+
+    agent = NodeClient([sys.executable, "-m", "arcsplit", "node", "--stdio"],
+                       env={**os.environ, "ARCSPLIT_STATE_DIR": str(tmp_path / "state"), "ARCSPLIT_BACKEND": "cpu",
+                            "ARCSPLIT_LLAMA_DIR": str(tmp_path / "no-build")})
+    try:
+        agent.send(op="hello", run="r1", proto=PROTO)
+        agent.wait("hello")
+        agent.send(**msg)
+        error = agent.wait("error")
+        assert "invalid literal" not in error["message"]
+        for w in words:
+            assert w in error["message"], error
+        agent.send(op="ping")
+        agent.wait("pong")
+    finally:
+        agent.proc.kill()
+        agent.proc.wait(10)

@@ -106,6 +106,9 @@ def _tcp_endpoints(tcp: str) -> tuple[str, str]:
         p = int(port)
     except ValueError:
         raise BadInput(f"bus address {tcp!r} has no numeric port", "write it like tcp://127.0.0.1:5555") from None
+    if not 1 <= p <= 65534:  # PORT and PORT+1
+        raise BadInput(f"bus address {tcp!r}: port {p} is out of range", "give a port from 1 to 65534 (it uses "
+                       "PORT and PORT+1)")
     return f"tcp://{host}:{p}", f"tcp://{host}:{p + 1}"
 
 
@@ -167,11 +170,15 @@ class BusServer:
             keys = None
             if self.tcp:
                 keys, auth = self._curve(ctx, [pub, ctl])
-            try:
-                pub.bind(pub_ep)
-                ctl.bind(ctl_ep)
-            except zmq.ZMQError as exc:
-                raise BadInput(f"cannot bind the bus at {pub_ep}: {exc}", "pick another --bus address") from None
+            for sock, ep in ((pub, pub_ep), (ctl, ctl_ep)):
+                try:
+                    sock.bind(ep)
+                except zmq.ZMQError as exc:
+                    if keys:
+                        Path(keys).unlink(missing_ok=True)
+                    raise BadInput(f"cannot bind the bus at {ep}: {exc}",
+                                   "pick another --bus address (it uses PORT and PORT+1)" if self.tcp
+                                   else "check the runtime dir's permissions") from None
             for f in files:
                 f.chmod(0o600)
             me = psutil.Process()
