@@ -4,6 +4,7 @@ network namespace with its own sshd where a second host is needed, tests/_netns.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from arcsplit.proc.wire import PROTO
 from arcsplit.rig import Host
 from arcsplit.run.remote import NodeSession
 
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 
 
@@ -80,3 +82,39 @@ def test_a_field_of_the_wrong_type_is_a_protocol_error(tmp_path: Path, msg: dict
     finally:
         agent.proc.kill()
         agent.proc.wait(10)
+
+
+# ---- 6: ps and stop with a state folder this user cannot read -----------------------------------------------------
+
+AS_NOBODY = """
+import os, sys
+from arcsplit.cli import main
+os.environ["ARCSPLIT_STATE_DIR"] = sys.argv[2]
+for cmd in (["ps"], ["stop"]):  # every module both commands import, loaded while the interpreter's tree is readable
+    main(cmd)
+os.environ["ARCSPLIT_STATE_DIR"] = sys.argv[1]
+os.setgroups([]); os.setgid(65534); os.setuid(65534)  # nobody, from here on
+sys.stdout.write("---\\n"); sys.stdout.flush(); sys.stderr.write("---\\n"); sys.stderr.flush()
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another user (nobody) needs root")
+@pytest.mark.parametrize("command", [["ps"], ["ps", "--json"], ["stop"]])
+def test_ps_and_stop_with_an_unreadable_state_folder_are_one_line(tmp_path: Path, command: list[str]) -> None:
+    """A runs/ folder left by `sudo -E arcsplit serve` (root's, 0700), then `arcsplit ps` or `stop` as a user: one
+    line naming the folder and the fix, exit 2, no traceback (it was a 32-line PermissionError)."""
+    state = tmp_path / "state"
+    (state / "runs" / "20261206-000000-1").mkdir(parents=True)
+    state.chmod(0o755)
+    (state / "runs").chmod(0o700)  # root's
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    tmp_path.chmod(0o755)
+    r = subprocess.run([sys.executable, "-c", AS_NOBODY, str(state), str(empty), *command], capture_output=True,
+                       text=True, timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    err = [line for line in r.stderr.partition("---\n")[2].splitlines() if line.strip()]
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and len(err) == 1, r.stderr[-2000:]
+    assert str(state / "runs") in err[0] and "ARCSPLIT_STATE_DIR" in err[0], err
+    assert r.stdout.partition("---\n")[2] == ""

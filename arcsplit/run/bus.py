@@ -294,9 +294,15 @@ def list_runs() -> list[BusInfo]:
     """Running instances (newest first): a bus.json whose supervisor process is still the one that wrote it."""
     found = []
     root = runs_root()
-    if not root.is_dir():
-        return []
-    for info_path in root.glob(f"*/{INFO_FILE}"):
+    try:
+        if not root.is_dir():
+            return []
+        paths = list(root.glob(f"*/{INFO_FILE}"))
+    except PermissionError as exc:  # e.g. a runs/ folder made by a `sudo -E arcsplit serve`
+        raise BadInput(f"cannot read arcsplit's state folder {exc.filename or root}: permission denied",
+                       f"give it back to this user (sudo chown -R {os.getuid()} {root.parent}), or set "
+                       "ARCSPLIT_STATE_DIR to a folder of your own") from None
+    for info_path in paths:
         try:
             info = BusInfo.read(info_path)
         except (OSError, ValueError, TypeError):
