@@ -63,3 +63,13 @@ def ssh_port(destination: str, where: str) -> int | None:
         raise BadInput(f"{where}: ssh = {destination!r} has no valid port", "give a port from 1 to 65535, e.g. "
                        "ssh://user@host:2222")
     return port
+
+
+def ssh_identities(destination: str) -> tuple[str | None, str]:
+    """An ssh destination's user (None: ssh's default) and host: ``user@host``, ``ssh://user@host:port`` or a
+    Host alias (its own name), for a report that must leave out both."""
+    if destination.startswith("ssh://"):
+        parts = urlsplit(destination)
+        return parts.username, parts.hostname or destination
+    user, at, host = destination.rpartition("@")
+    return (user or None) if at else None, host

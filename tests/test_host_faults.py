@@ -3,6 +3,7 @@ network namespace with its own sshd where a second host is needed, tests/_netns.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -118,3 +119,37 @@ def test_ps_and_stop_with_an_unreadable_state_folder_are_one_line(tmp_path: Path
     assert "Traceback" not in r.stderr and len(err) == 1, r.stderr[-2000:]
     assert str(state / "runs") in err[0] and "ARCSPLIT_STATE_DIR" in err[0], err
     assert r.stdout.partition("---\n")[2] == ""
+
+
+# ---- 2: report leaves out every other host's ssh destination, user and name ------------------------------------
+
+def test_report_leaves_out_the_other_hosts_destinations_users_and_names(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run dir as a two-host serve leaves it: state.json's hosts (an ssh:// destination with a user and port, a
+    user@host one, and a bare alias), the plan's cards naming the hosts (the layout's), a link log with the ssh
+    command line, the agent's lines in an rpc-server log. None of the destinations, users or machine names (or
+    the short alias, in state.json) is in the bundle's files, and the README says so."""
+    from arcsplit.report import collect
+
+    monkeypatch.setenv("ARCSPLIT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path / "cache"))
+    run = tmp_path / "state" / "runs" / "20261206-000000-1"
+    run.mkdir(parents=True)
+    state = {"mode": "rpc", "processes": [],
+             "plan": {"cards": [{"host": ""}, {"host": "gpu-box-b"}, {"host": "gpu-box-c"}]},
+             "hosts": {"gpu-box-b": {"ssh": "ssh://alice-ops@gpu-box-b.lab.example:2222", "arcsplit": "0.1.0"},
+                       "gpu-box-c": {"ssh": "carol-admin@10.9.8.7", "arcsplit": "0.1.0"},
+                       "d": {"ssh": "d", "arcsplit": "0.1.0"}}}
+    (run / "state.json").write_text(json.dumps(state))
+    (run / "link-gpu-box-b.log").write_text(
+        "=== 2026-12-06 00:00:00 start ssh -o BatchMode=yes -N -L 127.0.0.1:5001:127.0.0.1:5001 "
+        "ssh://alice-ops@gpu-box-b.lab.example:2222\nssh: connect to host gpu-box-b.lab.example port 2222\n")
+    (run / "rpc-gpu-box-c-0.log").write_text("[gpu-box-c] node agent on gpu-box-c exited: carol-admin@10.9.8.7: "
+                                             "Permission denied (publickey)\n")
+    files = collect(None, None, None, environ={"HOME": str(tmp_path)})
+    blob = "\n".join(files.values())
+    for planted in ("alice-ops", "gpu-box-b", "lab.example", "carol-admin", "10.9.8.7", "gpu-box-c"):
+        assert planted not in blob, (planted, [n for n, t in files.items() if planted in t])
+    hosts = json.loads(files["run/20261206-000000-1/state.json"])["hosts"]
+    assert {h["ssh"] for h in hosts.values()} == {"<host>"}
+    assert "ssh destinations" in files["README.txt"]

@@ -420,7 +420,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="serve on the cards of a layout TOML, other hosts' included ([[hosts]]: their rpc-servers "
                         "are started over ssh by `arcsplit node --stdio`; docs/multihost.md)")
     p.add_argument("--max-restarts", type=int, default=5, metavar="N",
-                   help="consecutive failures before giving up (default: 5)")
+                   help="failures counted before giving up; each 30 s ready halves the count (default: 5)")
     p.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",
                    help="give up a load after this long without any progress (default: 120)")
     p.add_argument("--stop-grace", type=float, default=None, metavar="S",
