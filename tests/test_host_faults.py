@@ -153,3 +153,59 @@ def test_report_leaves_out_the_other_hosts_destinations_users_and_names(tmp_path
     hosts = json.loads(files["run/20261206-000000-1/state.json"])["hosts"]
     assert {h["ssh"] for h in hosts.values()} == {"<host>"}
     assert "ssh destinations" in files["README.txt"]
+
+
+# ---- 7, 9: a run refused for its layout or flags logs in to no host --------------------------------------------
+
+HOSTS_LAYOUT = """
+[[hosts]]
+name = "b"
+ssh = "ssh://me@127.0.0.1:{port}"
+{extra}
+[[cards]]
+backend = "cpu"
+memory_mib = 1024
+[[cards]]
+backend = "cpu"
+host = "b"
+memory_mib = 1024
+"""
+UNUSED_HOST = '[[hosts]]\nname = "c"\nssh = "ssh://me@127.0.0.1:{port}"\n'
+
+
+@pytest.mark.parametrize("case, extra, flags, words", [
+    ("model-missing", "", ["{dir}/missing.gguf"], ["missing.gguf", "does not exist"]),
+    ("bad-flag-value", "", ["{model}", "--ctx", "lots"], ["--ctx"]),
+    ("negative-max-restarts", "", ["{model}", "--max-restarts=-1"], ["--max-restarts"]),
+    ("metrics-port-is-port", "", ["{model}", "--port", "8093", "--metrics-port", "8093"], ["--metrics-port"]),
+    ("host-no-card-uses", UNUSED_HOST, ["{model}"], ["host 'c'", "has no card"]),
+])
+def test_a_refused_serve_logs_in_to_no_host(tmp_path: Path, case: str, extra: str, flags: list[str],
+                                           words: list[str]) -> None:
+    """Each host's "sshd" is a loopback listener that counts connections: serve refuses the run (one line, exit 2)
+    before any ssh connects, where it used to start every [[hosts]] entry's session first."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(64))
+    layout = tmp_path / "layout.toml"
+    layout.write_text(HOSTS_LAYOUT.format(port=port, extra=extra.format(port=port)))
+    argv = [a.replace("{model}", str(model)).replace("{dir}", str(tmp_path)) for a in flags]
+    env = {**os.environ, "ARCSPLIT_STATE_DIR": str(tmp_path / "state"), "ARCSPLIT_RUNTIME_DIR": str(tmp_path / "rt")}
+    try:
+        r = subprocess.run([sys.executable, "-m", "arcsplit", "serve", *argv, "--layout", str(layout)], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        for w in words:
+            assert w in lines[0], lines
+        with pytest.raises(TimeoutError):  # the socket module's timeout: nothing connected
+            conn, _ = listener.accept()
+            conn.close()
+    finally:
+        listener.close()

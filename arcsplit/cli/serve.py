@@ -75,13 +75,24 @@ def check_serve_flags(args: argparse.Namespace) -> None:
         raise BadInput(f"--stall-timeout {args.stall_timeout} must be positive", "give seconds, e.g. 120")
 
 
-def _serve(args: argparse.Namespace) -> int:
+def check_flags(args: argparse.Namespace) -> None:
+    """What serve refuses without importing its stack: checked again by cli.main before a layout's early sessions
+    start, so a refused run never logs in to another host."""
     check_serve_flags(args)
+    if args.metrics_port is not None and args.metrics_port == args.port:
+        raise BadInput(f"--metrics-port {args.metrics_port} is llama-server's --port",
+                       "give arcsplit's metrics a port of their own")
+    model = Path(args.model)
+    if not model.exists():
+        raise BadInput(f"model {model} does not exist", "pass the path of a .gguf file")
+    if not model.is_file():
+        raise BadInput(f"model {model} is not a regular file", "pass the path of a .gguf file")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    check_flags(args)
     args.metrics = None  # the endpoint, bound first: a taken port is the only line
     if args.metrics_port is not None:
-        if args.metrics_port == args.port:
-            raise BadInput(f"--metrics-port {args.metrics_port} is llama-server's --port",
-                           "give arcsplit's metrics a port of their own")
         from ..telemetry.prometheus import MetricsEndpoint  # prometheus_client: only with --metrics-port
 
         args.metrics = MetricsEndpoint(args.host, args.metrics_port)
