@@ -73,3 +73,18 @@ def ssh_identities(destination: str) -> tuple[str | None, str]:
         return parts.username, parts.hostname or destination
     user, at, host = destination.rpartition("@")
     return (user or None) if at else None, host
+
+
+def bus_address(tcp: str) -> tuple[str, int]:
+    """``tcp://HOST:PORT`` (serve --bus) -> (HOST, PORT); PORT and PORT+1 must both be ports. BadInput otherwise."""
+    if not tcp.startswith("tcp://") or ":" not in tcp[6:]:
+        raise BadInput(f"bus address {tcp!r} is not tcp://HOST:PORT", "write it like tcp://127.0.0.1:5555")
+    host, _, port = tcp[6:].rpartition(":")
+    try:
+        p = int(port)
+    except ValueError:
+        raise BadInput(f"bus address {tcp!r} has no numeric port", "write it like tcp://127.0.0.1:5555") from None
+    if not 1 <= p <= 65534:  # PORT and PORT+1
+        raise BadInput(f"bus address {tcp!r}: port {p} is out of range",
+                       "give a port from 1 to 65534 (the bus uses PORT and PORT+1)")
+    return host, p

@@ -87,9 +87,9 @@ CASES = [
      ["short by"]),
     # issue 43: a TCP bus whose PUB (PORT) or ROUTER (PORT+1) port is taken, or out of range
     ("serve-bus-port-taken", ["serve", "{model}", "--port", "{free}", "--bus", "tcp://127.0.0.1:{busy}"],
-     ["cannot bind the bus", "{busy}", "--bus"]),
+     ["already in use", "{busy}", "--bus"]),
     ("serve-bus-next-port-taken", ["serve", "{model}", "--port", "{free}", "--bus", "tcp://127.0.0.1:{busy-1}"],
-     ["cannot bind the bus", "{busy}", "--bus"]),
+     ["already in use", "{busy}", "--bus"]),
     ("serve-bus-port-out-of-range", ["serve", "{model}", "--port", "{free}", "--bus", "tcp://127.0.0.1:65535"],
      ["65535", "out of range"]),
     ("devices-bad-gpus", ["devices", "--gpus", "x"], ["--gpus"]),

@@ -37,6 +37,7 @@ from anyio.abc import TaskStatus
 
 from .._dirs import runtime_dir
 from ..errors import BadInput, NotRunning, RunError
+from ..netaddr import bus_address
 from ..proc.rundir import runs_root, same_process, since_boot
 from ..proc.states import GroupState
 from .events import SyncData
@@ -99,16 +100,7 @@ def _write_private(path: Path, text: str) -> None:
 
 def _tcp_endpoints(tcp: str) -> tuple[str, str]:
     """``tcp://HOST:PORT`` -> PUB on PORT, ROUTER on PORT+1."""
-    if not tcp.startswith("tcp://") or ":" not in tcp[6:]:
-        raise BadInput(f"bus address {tcp!r} is not tcp://HOST:PORT", "write it like tcp://127.0.0.1:5555")
-    host, _, port = tcp[6:].rpartition(":")
-    try:
-        p = int(port)
-    except ValueError:
-        raise BadInput(f"bus address {tcp!r} has no numeric port", "write it like tcp://127.0.0.1:5555") from None
-    if not 1 <= p <= 65534:  # PORT and PORT+1
-        raise BadInput(f"bus address {tcp!r}: port {p} is out of range", "give a port from 1 to 65534 (it uses "
-                       "PORT and PORT+1)")
+    host, p = bus_address(tcp)
     return f"tcp://{host}:{p}", f"tcp://{host}:{p + 1}"
 
 
