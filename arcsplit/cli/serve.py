@@ -82,13 +82,10 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.metrics_port is not None and args.metrics_port == args.port:
         raise BadInput(f"--metrics-port {args.metrics_port} is llama-server's --port",
                        "give arcsplit's metrics a port of their own")
-    if args.bus:  # bound like the metrics endpoint, before any plan: a taken port is the only line
-        from ..netaddr import bus_address
-        from ..run.ports import check_free
+    if args.bus:  # checked like the metrics endpoint, before any plan: a taken port is the only line
+        from .._warm import check_bus
 
-        host, port = bus_address(args.bus)
-        for p in (port, port + 1):
-            check_free(host, p, "the bus: events on PORT, control on PORT+1", "--bus address")
+        check_bus(args.bus)
     model = Path(args.model)
     if not model.exists():
         raise BadInput(f"model {model} does not exist", "pass the path of a .gguf file")
