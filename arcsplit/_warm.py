@@ -21,7 +21,7 @@ from .errors import ArcsplitError
 from .rig import Host, Rig, load_layout
 from .netaddr import bus_address
 from .run.early import Early, end, start_sessions
-from .run.ports import check_free
+from .proc.ports import check_free
 
 if TYPE_CHECKING:
     from .run.remote import NodeLauncher

@@ -59,7 +59,9 @@ def test_a_transport_that_exits_ends_every_waiting_request_at_once() -> None:
 
 @pytest.mark.parametrize("msg, words", [
     ({"op": "ports", "n": "many"}, ["protocol error", "ports", "n = \"many\"", "not an integer"]),
-    ({"op": "ports", "n": 1, "want": ["x"]}, ["protocol error", "want = \"x\""]),
+    ({"op": "ports", "n": 1, "want": ["x"]}, ["protocol error", "want = [\"x\"]"]),
+    ({"op": "stop", "name": "rpc0", "grace": "soon"}, ["protocol error", "grace = \"soon\""]),
+    ({"op": "stop", "name": "rpc0", "grace": float("nan")}, ["protocol error", "grace = NaN"]),
     ({"op": "ports", "n": True}, ["protocol error", "n = true"]),
 ])
 def test_a_field_of_the_wrong_type_is_a_protocol_error(tmp_path: Path, msg: dict, words: list[str]) -> None:
