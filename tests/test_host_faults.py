@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -18,6 +22,13 @@ from arcsplit.rig import Host
 from arcsplit.run.remote import NodeSession
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 
@@ -211,3 +222,78 @@ def test_a_refused_serve_logs_in_to_no_host(tmp_path: Path, case: str, extra: st
             conn.close()
     finally:
         listener.close()
+
+
+# ---- issue 43: another local user's listener on an rpc-server's port -------------------------------------------
+
+SQUATTER = r"""
+import os, select, socket, sys, time
+parent, deadline = int(sys.argv[1]), time.monotonic() + float(sys.argv[2])
+held, seen = {}, set()
+while time.monotonic() < deadline:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or pid in seen:
+            continue
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid != parent or not argv[0].endswith(b"rpc-server") or b"-p" not in argv:
+            continue  # only the rpc-servers of the serve under test
+        seen.add(pid)
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", int(argv[argv.index(b"-p") + 1])))
+            s.listen(16)
+            held[s] = s.getsockname()[1]
+            print("took", held[s], flush=True)
+        except OSError:
+            s.close()
+    for s in select.select(list(held), [], [], 0)[0]:
+        conn, _ = s.accept()
+        conn.settimeout(0.5)
+        try:
+            data = conn.recv(64)
+        except OSError:
+            data = b""
+        print("data" if data else "probe", held[s], flush=True)  # data: a client spoke to it (llama-server)
+        conn.close()
+    time.sleep(0.002)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/python3").exists() or not shutil.which("setpriv"),
+                    reason="needs root to run a squatter as nobody (setpriv) with the system python")
+def test_another_users_listener_on_an_rpc_port_never_gets_llama_servers_connection(tmp_path: Path, demo_model: Path,
+                                                                                   llama_bins: Any) -> None:
+    """A program of another user (nobody) reads each starting rpc-server's `-p PORT` from /proc and binds it first.
+    The rpc-server then cannot bind and exits (its start fails, the group tries again on fresh ports); what must
+    never happen is llama-server connecting to that program, which the readiness probe alone allowed (measured
+    before the fix: it spoke to the squatter after 2 of 9 squats). Ready now means the rpc-server's own process
+    holds the listening socket."""
+    env = {**os.environ, "ARCSPLIT_STATE_DIR": str(tmp_path / "state"), "ARCSPLIT_RUNTIME_DIR": str(tmp_path / "rt"),
+           "ARCSPLIT_LLAMA_DIR": str(llama_bins.bin_dir)}
+    serve = subprocess.Popen([sys.executable, "-m", "arcsplit", "serve", str(demo_model), "--gpus", "0,1", "--mode",
+                              "rpc", "--ctx", "512", "--threads", "1", "--port", str(_free_port()), "--max-restarts",
+                              "50"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    squatter = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                                 "-c", SQUATTER, str(serve.pid), "90"], stdout=subprocess.PIPE, text=True,
+                                cwd="/", env={"PATH": "/usr/bin:/bin"})
+    try:
+        out, _ = squatter.communicate(timeout=150)
+    finally:
+        squatter.kill()
+        serve.terminate()
+        try:
+            serve.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(serve.pid, signal.SIGKILL)
+            serve.wait(10)
+    took = [line for line in out.splitlines() if line.startswith("took")]
+    if not took:
+        pytest.skip("the squatter never bound a port first on this machine: the window was not exercised")
+    assert not [line for line in out.splitlines() if line.startswith("data")], out
