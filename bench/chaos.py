@@ -1,7 +1,8 @@
 """Chaos across two hosts (issue 43): faults under load on a group split between this machine and host b, for each
 way of reaching b; how long until it serves again, what failed meanwhile, what was lost after, what was left.
 
-    sudo python bench/chaos.py [--runs 3] [--configs NAME ...] [--faults NAME ...] [--minutes 45] [--out FILE]
+    sudo python bench/chaos.py [--runs 3] [--configs NAME ...] [--faults NAME ...] [--settle 60] [--minutes 45]
+                               [--out FILE]
 
 Host b is a network namespace with its own sshd (tests/_netns.py). `arcsplit serve` (bench/loadgen.py's Served) runs
 the demo model in mode rpc with `--rpc-cache`: one CPU card here, b's card(s) there, while bench/loadgen.py keeps 2
@@ -201,7 +202,7 @@ class Chaos:
         done = await self.steady(t0)
         if done is None:
             return Outcome(None, 0, 0, False, "not serving again within 180 s")
-        await anyio.sleep(3)  # requests started after the recovery run on: lost ones count below
+        await anyio.sleep(max(3.0, self.a.settle))  # ready time before the next fault; lost requests count below
         window = [r for r in self.gen.results if r.end >= t0 and r.start < done and r.outcome != "ok"]
         after = [r for r in self.gen.results if r.start >= done]
         return Outcome(done - t0, len(window), sum(r.start < t0 for r in window), sum(r.outcome != "ok" for r in after))
@@ -331,7 +332,7 @@ def report(rows: list[Row], left: dict[str, dict[str, list[str]]], netem: bool, 
              f"Host b: a network namespace with its own sshd (tests/_netns.py) on this machine; demo model, mode rpc, "
              f"`--rpc-cache`, 2 streams of load (bench/loadgen.py). Packet loss: "
              f"{'tc netem' if netem else 'nftables numgen drop (this kernel has no sch_netem)'}. "
-             f"Total {minutes:.1f} min.", "",
+             f"Total {minutes:.1f} min. Command: `{' '.join(['bench/chaos.py', *sys.argv[1:]])}`.", "",
              "| config | fault | runs | recovery s (min/median/max) | failed in window (in flight at the fault) | "
              "lost after |", "|---|---|---|---|---|---|"]
     for r in rows:
@@ -353,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--faults", nargs="*", default=list(FAULTS), choices=list(FAULTS))
     ap.add_argument("--minutes", type=float, default=45.0, help="stop starting faults after this long")
+    ap.add_argument("--settle", type=float, default=60.0,
+                    help="seconds ready after each recovery before the next fault: the supervisor's failure count "
+                         "halves every 30 s ready, so faults closer together compound (docs/multihost.md)")
     ap.add_argument("--model", default=None)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "chaos.md"))
     a = ap.parse_args(argv)
