@@ -61,6 +61,10 @@ CONFIGS = {"default": {}, "forwards own": {"forwards": "own"}, "per-host": {"rpc
 FAULTS = ("kill rpc-server on b", "kill node agent on b", "kill attach on b", "kill sshd session on b",
           "kill ssh client here", "kill link ssh here", "link down 10 s", "30% loss 10 s", "cache disk full on b")
 CACHE_MIB = 4
+# --focused: the default configuration takes every fault, the others the faults where they differ from it
+FOCUS = {"forwards own": ("kill ssh client here", "kill link ssh here", "link down 10 s"),
+         "per-host": ("kill rpc-server on b", "cache disk full on b"),
+         "standing agent": ("kill node agent on b", "kill attach on b", "kill sshd session on b")}
 
 
 @dataclass
@@ -287,7 +291,7 @@ def layout(net: NetHarness, tmp: Path, name: str) -> Path:
 def one_config(a: argparse.Namespace, net: NetHarness, tmp: Path, name: str, netem: bool,
                deadline: float) -> tuple[list[Row], dict[str, list[str]]]:
     """Serve ``name`` under its faults; (rows, what was left here and on b after the stop)."""
-    faults = [f for f in a.faults if applies(name, f)]
+    faults = [f for f in a.faults if applies(name, f) and (not a.focused or f in FOCUS.get(name, FAULTS))]
     base = tmp / name.replace(" ", "-")
     base.mkdir()
     served = Served(Path(a.model), ctx=1024, parallel=2, layout=layout(net, tmp, name), base=base,
@@ -357,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=float, default=60.0,
                     help="seconds ready after each recovery before the next fault: the supervisor's failure count "
                          "halves every 30 s ready, so faults closer together compound (docs/multihost.md)")
+    ap.add_argument("--focused", action="store_true",
+                    help="the default configuration takes every fault, the others only those where they differ")
     ap.add_argument("--model", default=None)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "chaos.md"))
     a = ap.parse_args(argv)
