@@ -83,7 +83,7 @@ def check_flags(args: argparse.Namespace) -> None:
         raise BadInput(f"--metrics-port {args.metrics_port} is llama-server's --port",
                        "give arcsplit's metrics a port of their own")
     if args.bus:  # checked like the metrics endpoint, before any plan: a taken port is the only line
-        from .._warm import check_bus
+        from .._warm import check_bus  # start-up: serve checks its flags before the early sessions start
 
         check_bus(args.bus)
     model = Path(args.model)

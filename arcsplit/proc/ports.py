@@ -95,7 +95,7 @@ def owns_port(pid: int | None, port: int) -> bool:
     which said it bound the port): True."""
     if pid is None:
         return True
-    import psutil  # here: the node agent's first phase imports this module before psutil (node/quick.py)
+    import psutil  # start-up: the node agent's first phase imports this module before psutil (node/quick.py)
 
     try:
         conns = psutil.Process(pid).net_connections(kind="tcp")
