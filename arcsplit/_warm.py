@@ -19,9 +19,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Mapping, S
 
 from .errors import ArcsplitError
 from .rig import Host, Rig, load_layout
-from .netaddr import bus_address
 from .run.early import Early, end, start_sessions
-from .proc.ports import check_free
 
 if TYPE_CHECKING:
     from .run.remote import NodeLauncher
@@ -51,13 +49,6 @@ def check_builds(launcher: NodeLauncher, server_bin: str) -> None:
     from .run.remote import same_build  # start-up: as in warm_hosts
 
     launcher.check = same_build(server_bin)
-
-
-def check_bus(tcp: str) -> None:
-    """``serve --bus tcp://HOST:PORT``: the address parsed and both its ports (events, control) free here."""
-    host, port = bus_address(tcp)
-    for p in (port, port + 1):
-        check_free(host, p, "the bus: events on PORT, control on PORT+1", "--bus address")
 
 
 def layout_hosts(argv: Sequence[str]) -> Rig | None:

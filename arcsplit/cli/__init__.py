@@ -90,9 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _check_serve(argv: list[str]) -> None:
     """serve's flags parsed and checked as serve will (cli/serve.py check_flags), before its sessions start."""
-    from .serve import check_flags  # start-up: only serve with a layout of other hosts needs it here
-
-    check_flags(build_parser("serve").parse_args(argv))
+    args = build_parser("serve").parse_args(argv)
+    args.check(args)
 
 
 def _main(argv: list[str], early: Any = None) -> int:

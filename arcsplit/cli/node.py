@@ -10,6 +10,7 @@ from typing import Any
 
 from .. import backends
 from ..errors import BadInput
+from ..netaddr import bind_addresses
 from .options import add_llama_dir
 
 
@@ -34,8 +35,6 @@ def _session_argv(args: argparse.Namespace) -> list[str]:
 
 def _node(args: argparse.Namespace) -> int:
     from ..node import standing
-
-    from ..netaddr import bind_addresses
 
     # each address parsed (or the name resolved) once, here: the agent compares addresses, never strings
     args.allow_bind = list(dict.fromkeys(a for text in args.allow_bind or () for a in

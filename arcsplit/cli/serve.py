@@ -24,6 +24,8 @@ from anyio.from_thread import start_blocking_portal
 from .. import _api
 from .._warm import check_builds, warm_hosts
 from ..errors import ArcsplitError, BadInput
+from ..netaddr import bus_address
+from ..proc.ports import check_free
 from ..llama import webui
 from ..llama.patches import missing_note
 from ..model import read_header
@@ -83,9 +85,9 @@ def check_flags(args: argparse.Namespace) -> None:
         raise BadInput(f"--metrics-port {args.metrics_port} is llama-server's --port",
                        "give arcsplit's metrics a port of their own")
     if args.bus:  # checked like the metrics endpoint, before any plan: a taken port is the only line
-        from .._warm import check_bus  # start-up: serve checks its flags before the early sessions start
-
-        check_bus(args.bus)
+        host, port = bus_address(args.bus)
+        for p in (port, port + 1):
+            check_free(host, p, "the bus: events on PORT, control on PORT+1", "--bus address")
     model = Path(args.model)
     if not model.exists():
         raise BadInput(f"model {model} does not exist", "pass the path of a .gguf file")
@@ -351,7 +353,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "Arguments after -- go to llama-server.")
     p.add_argument("model", help="GGUF file (first shard of a split model)")
     _add_arguments(p)
-    p.set_defaults(func=_serve, extra=[])
+    p.set_defaults(func=_serve, check=check_flags, extra=[])
     split_at_double_dash(p)
 
 
