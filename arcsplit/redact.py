@@ -41,14 +41,17 @@ class Redactor:
     home: str | None = None
     user: str | None = None
     hosts: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()  # other hosts' login names (their ssh destinations'), replaced like ``user``
 
     @classmethod
-    def of(cls, secrets: Iterable[str], home: str | None, user: str | None, hosts: Iterable[str]) -> "Redactor":
+    def of(cls, secrets: Iterable[str], home: str | None, user: str | None, hosts: Iterable[str],
+           users: Iterable[str] = ()) -> "Redactor":
         # longest first, so a secret that contains another is removed whole
         uniq = sorted({s.strip() for s in secrets if s and len(s.strip()) >= 4}, key=len, reverse=True)
         names = sorted({h for h in hosts if h and len(h) >= 3 and h != "localhost"}, key=len, reverse=True)
+        others = sorted({u for u in users if u and len(u) >= 3 and u not in ("root", user)}, key=len, reverse=True)
         return cls(tuple(uniq), home.rstrip("/") if home and home != "/" else None,
-                   user if user and len(user) >= 3 and user != "root" else None, tuple(names))
+                   user if user and len(user) >= 3 and user != "root" else None, tuple(names), tuple(others))
 
     def text(self, s: str) -> str:
         for secret in self.secrets:
@@ -59,8 +62,8 @@ class Redactor:
             s = re.sub(re.escape(self.home) + r"(?=/|\b|$)", "~", s)
         for host in self.hosts:
             s = re.sub(rf"(?<![\w.-]){re.escape(host)}(?![\w-])", "<host>", s)
-        if self.user:
-            s = re.sub(rf"(?<![\w.-]){re.escape(self.user)}(?![\w-])", "<user>", s)
+        for user in (*self.users, *([self.user] if self.user else [])):
+            s = re.sub(rf"(?<![\w.-]){re.escape(user)}(?![\w-])", "<user>", s)
         return s
 
     def env(self, environ: Mapping[str, str]) -> dict[str, str]:

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 from . import __version__
 from ._dirs import cache_dir
 from .errors import BadInput
+from .netaddr import ssh_identities
 from .proc.rundir import runs_root
 from .llama.source import llama_root
 from .redact import Redactor, secret_env
@@ -76,18 +77,41 @@ def _argv_secrets(state: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def redactor(environ: Mapping[str, str] = os.environ, extra: Sequence[str] = ()) -> Redactor:
-    """The redactor for this machine: its credentials, home, user and host names, plus ``extra`` secrets."""
+def _remote_identities(state: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """The other hosts of a run (state.json ``hosts``): (their names, ssh destinations and machine names; the
+    users those destinations log in as)."""
+    hosts: list[str] = []
+    users: list[str] = []
+    for name, info in (state.get("hosts") or {}).items():
+        dest = str((info or {}).get("ssh") or "") if isinstance(info, dict) else ""
+        user, machine = ssh_identities(dest) if dest else (None, "")
+        hosts += [str(name), dest, machine]
+        users += [user] if user else []
+    return hosts, users
+
+
+def _state_without_destinations(state: dict[str, Any]) -> str:
+    """state.json with each host's ssh destination replaced whole, however short (an alias like "b")."""
+    for info in (state.get("hosts") or {}).values():
+        if isinstance(info, dict) and info.get("ssh"):
+            info["ssh"] = "<host>"
+    return json.dumps(state, indent=1)
+
+
+def redactor(environ: Mapping[str, str] = os.environ, extra: Sequence[str] = (), hosts: Sequence[str] = (),
+             users: Sequence[str] = ()) -> Redactor:
+    """The redactor for this machine: its credentials, home, user and host names, plus ``extra`` secrets and the
+    run's other ``hosts`` and their ``users``."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = None
-    hosts = {socket.gethostname()}
+    names = {socket.gethostname()}
     try:
-        hosts.add(socket.getfqdn())
+        names.add(socket.getfqdn())
     except OSError:
         pass
-    return Redactor.of([*secret_env(environ), *extra], environ.get("HOME"), user, hosts)
+    return Redactor.of([*secret_env(environ), *extra], environ.get("HOME"), user, [*names, *hosts], users)
 
 
 def collect(run: str | None, doctor: tuple[dict[str, Any], str] | None, which: dict[str, Any] | None,
@@ -96,11 +120,14 @@ def collect(run: str | None, doctor: tuple[dict[str, Any], str] | None, which: d
     files: dict[str, str] = {}
     run_dir = find_run(run)
     extra: list[str] = []
+    remote: tuple[list[str], list[str]] = ([], [])
     if run_dir is not None:
         state_text = _tail(run_dir / "state.json", 100_000)
         try:
-            extra = _argv_secrets(json.loads(state_text))
-        except ValueError:
+            state = json.loads(state_text)
+            extra, remote = _argv_secrets(state), _remote_identities(state)
+            state_text = _state_without_destinations(state)
+        except (ValueError, AttributeError):
             pass
         files[f"run/{run_dir.name}/state.json"] = state_text
         for log in sorted(run_dir.glob("*.log")):
@@ -116,14 +143,15 @@ def collect(run: str | None, doctor: tuple[dict[str, Any], str] | None, which: d
         for f in sorted((cache_dir() / sub).glob("*.json")) if (cache_dir() / sub).is_dir() else []:
             files[f"{sub}/{f.name}"] = _tail(f, 10_000)
     env = {k: v for k, v in environ.items() if k.startswith(ENV_PREFIXES)}
-    r = redactor(environ, extra)
+    r = redactor(environ, extra, *remote)
     files["env.json"] = json.dumps(r.env(env), indent=1)
     files["system.json"] = json.dumps({"platform": platform.platform(), "python": sys.version.split()[0],
                                        "arcsplit": __version__, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                        "cpus": os.cpu_count()}, indent=1)
     files["README.txt"] = (
         "arcsplit report: attach this file to a bug report.\n"
-        "Credentials, your home directory, user name and host name were replaced by <redacted>, ~, <user>, <host>.\n"
+        "Credentials, your home directory, user and host names (this machine's and the run's other hosts': their\n"
+        "ssh destinations, users and names) were replaced by <redacted>, ~, <user>, <host>.\n"
         "doctor.*: runtime facts, verdict, host checks, mode; probe/, observed/: what was probed or failed here;\n"
         "build.json, builds/: the llama.cpp binaries; run/: the last run's state and log tails; env.json: the\n"
         "GPU-related environment.\n")

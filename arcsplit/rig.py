@@ -27,7 +27,6 @@ first, then each host's in [[hosts]] order.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from typing import Any, Sequence
 
 from . import backends
 from .errors import BadInput
+from .netaddr import parse_ip, ssh_port
 
 MiB = 1024 * 1024
 
@@ -135,6 +135,7 @@ class Host:
                 or any(c.isspace() for c in self.ssh)):
             raise BadInput(f"{where}: ssh = {self.ssh!r} is not an ssh destination",
                            'write ssh = "user@machine" (or a Host alias of your ssh_config)')
+        ssh_port(self.ssh, where)
         if self.link not in LINKS:
             raise BadInput(f"{where}: link = {self.link!r} is unknown", f"use one of {', '.join(LINKS)}")
         if self.agent not in AGENTS:
@@ -151,7 +152,7 @@ class Host:
                 raise BadInput(f"{where}: link = \"direct\" needs an address",
                                "add address = \"<that host's LAN or VPN address>\", or use link = \"ssh\"")
             try:
-                ip = ipaddress.ip_address(self.address)
+                ip = parse_ip(self.address)  # ::ffff:0.0.0.0 is 0.0.0.0
             except ValueError:
                 raise BadInput(f"{where}: address {self.address!r} is not an IP address",
                                "give the host's address on the link as an IP, e.g. 10.0.0.2") from None
@@ -277,8 +278,13 @@ def load_layout(path: str | Path) -> Rig:
         if not isinstance(pinned, dict):
             raise BadInput("[plan] is not a table", "write it as a [plan] table")
         name = data.get("name")
-        return Rig(cards=tuple(cards), name=str(name) if name is not None else p.stem, pinned_plan=pinned,
-                   hosts=hosts)
+        rig = Rig(cards=tuple(cards), name=str(name) if name is not None else p.stem, pinned_plan=pinned,
+                  hosts=hosts)
+        unused = [h.name for h in hosts if h.name not in nth]
+        if unused:  # a forgotten host = "..." on a card: refused here, before anything logs in to that host
+            raise BadInput(f"host {unused[0]!r} in [[hosts]] has no card",
+                           f'add host = "{unused[0]}" to its [[cards]], or remove that [[hosts]] entry')
+        return rig
     except BadInput as exc:
         if exc.problem.startswith(f"layout {p}"):
             raise

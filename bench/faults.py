@@ -253,8 +253,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=60.0, help="client timeout per request (s)")
     ap.add_argument("--stall-timeout", type=float, default=10.0)
     ap.add_argument("--settle", type=float, default=65.0,
-                    help="steady seconds between faults; over the supervisor's 60 s `stable_after`, so each fault "
-                         "starts from a clean failure count (backoff 1 s)")
+                    help="steady seconds between faults; each halves the supervisor's failure count twice over "
+                         "(RestartPolicy.half_life 30 s), so each fault starts from a count near 0 (backoff 1 s)")
     ap.add_argument("--only", nargs="*", help="run only these faults")
     ap.add_argument("--no-mount", action="store_true", help="skip the disk-full fault (needs root for a tmpfs)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "faults.md"))

@@ -5,8 +5,8 @@ The main host is this process's own namespace; every remote host is a namespace 
 pair (``10.77.N.1`` here, ``10.77.N.2`` there, a /30 of our own), its loopback up, and ``sshd -D -e`` listening
 on its veth address only. An ssh_config (``Host <name>``: HostName, Port, User root, IdentityFile,
 IdentitiesOnly, UserKnownHostsFile, StrictHostKeyChecking yes, BatchMode) reaches it, and ``<dir>/arcsplit-<name>``
-runs this checkout's arcsplit there with private state dirs (namespaces share the filesystem and PID space, so
-the "remote" arcsplit is the same venv and llama.cpp build).
+runs this checkout's arcsplit there (its PYTHONPATH names this checkout) with private state dirs (namespaces
+share the filesystem and PID space, so the "remote" arcsplit is the same venv and llama.cpp build).
 
 Everything is removed on every exit path: ``close()`` (fixture finalizers), atexit, SIGTERM/SIGHUP, and at the
 next start for namespaces whose creating process is gone (a SIGKILLed test session). Cleanup kills sshd and every
@@ -434,6 +434,9 @@ def remote_wrapper(h: RemoteHost, llama_dir: Path | None, env: dict[str, str]) -
                "ARCSPLIT_BACKEND": "cpu", "LLAMA_CACHE": str(h.dir / "llama-cache")}  # its rpc-servers' own -c cache
     if llama_dir:
         exports["ARCSPLIT_LLAMA_DIR"] = str(llama_dir)
+    # This checkout's code there, not whatever tree the venv's editable install points at (PYTHONPATH does not
+    # cross ssh: sshd starts the wrapper with a fresh environment).
+    exports["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
     if os.environ.get("ARCSPLIT_CACHE_DIR"):
         exports["ARCSPLIT_CACHE_DIR"] = os.environ["ARCSPLIT_CACHE_DIR"]
     entry = Path(sys.executable).parent / "arcsplit"

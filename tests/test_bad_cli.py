@@ -54,6 +54,15 @@ CASES = [
      ["--layout", "--gpus"]),
     ("node-without-stdio", ["node"], ["--stdio"]),
     ("node-allow-bind-any", ["node", "--stdio", "--allow-bind", "0.0.0.0"], ["every interface", "one LAN/VPN"]),
+    # issue 43: addresses parsed as addresses, names resolved once; the heartbeat a positive finite number
+    ("node-allow-bind-zero", ["node", "--stdio", "--allow-bind", "0"], ["'0'", "every interface"]),
+    ("node-allow-bind-mapped-any", ["node", "--stdio", "--allow-bind", "::ffff:0.0.0.0"], ["every interface"]),
+    ("node-allow-bind-no-address", ["node", "--stdio", "--allow-bind", "no-such-host.invalid"],
+     ["no-such-host.invalid", "no IP address"]),
+    ("node-heartbeat-nan", ["node", "--stdio", "--heartbeat", "nan"], ["--heartbeat"]),
+    ("node-heartbeat-inf", ["node", "--stdio", "--heartbeat", "inf"], ["--heartbeat"]),
+    ("node-heartbeat-zero", ["node", "--stdio", "--heartbeat", "0"], ["--heartbeat"]),
+    ("node-heartbeat-negative", ["node", "--stdio", "--heartbeat=-1"], ["--heartbeat"]),
     ("save-to-directory", ["plan", "{model}", "--gpus", "0,1", "--save", "{dir}/adir"], ["adir"]),
     ("save-to-missing-dir", ["plan", "{model}", "--gpus", "0,1", "--save", "{dir}/no/such/x.toml"], ["cannot write"]),
     ("does-not-fit", ["plan", "{model}", "--gpus", "0,1", "--cpu-memory", "5"], ["short by"]),
@@ -76,6 +85,13 @@ CASES = [
      ["--host"]),
     ("serve-does-not-fit", ["serve", "{model}", "--gpus", "0,1", "--port", "{free}", "--cpu-memory", "5"],
      ["short by"]),
+    # issue 43: a TCP bus whose PUB (PORT) or ROUTER (PORT+1) port is taken, or out of range
+    ("serve-bus-port-taken", ["serve", "{model}", "--port", "{free}", "--bus", "tcp://127.0.0.1:{busy}"],
+     ["already in use", "{busy}", "--bus"]),
+    ("serve-bus-next-port-taken", ["serve", "{model}", "--port", "{free}", "--bus", "tcp://127.0.0.1:{busy-1}"],
+     ["already in use", "{busy}", "--bus"]),
+    ("serve-bus-port-out-of-range", ["serve", "{model}", "--port", "{free}", "--bus", "tcp://127.0.0.1:65535"],
+     ["65535", "out of range"]),
     ("devices-bad-gpus", ["devices", "--gpus", "x"], ["--gpus"]),
     # llama-server's own arguments after --: checked against the build's --help before anything starts
     ("serve-extra-unknown-flag", ["serve", "{model}", "--gpus", "0,1", "--port", "{free}", "--", "--no-such-flag"],
@@ -134,7 +150,7 @@ def _marked(marker: str) -> list[str]:
 @pytest.mark.parametrize("argv,words", [(c[1], c[2]) for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_invocation(argv, words, files, busy_port, demo_model, llama_bins, tmp_path):
     subs = {"{model}": str(demo_model), "{dir}": str(files), "{busy}": str(busy_port), "{free}": str(_free_port()),
-            "{free2}": str(_free_port())}
+            "{free2}": str(_free_port()), "{busy-1}": str(busy_port - 1)}
     args = []
     for a in argv:
         for k, v in subs.items():
@@ -157,6 +173,8 @@ def test_bad_invocation(argv, words, files, busy_port, demo_model, llama_bins, t
     problem, sep, fix = line.partition("; ")
     assert sep and fix.strip(), f"no fix named: {line}"
     for w in words:
+        for k, v in subs.items():
+            w = w.replace(k, v)
         assert w in line, f"{w!r} not in {line!r}"
     assert res.stdout == "", res.stdout
     # nothing left running or half-written

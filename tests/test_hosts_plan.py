@@ -103,6 +103,11 @@ BAD_LAYOUTS = [
     ('[[hosts]]\nname = "b"\nssh = "me@b"\nlink = "direct"\naddress = "0.0.0.0"\n', "on every interface"),
     ('[[hosts]]\nname = "b"\nssh = "me@b"\nlink = "direct"\naddress = "::"\n', "on every interface"),
     ('[[hosts]]\nname = "b"\nssh = "me@b"\nlink = "direct"\naddress = "127.0.0.1"\n', "loopback"),
+    # issue 43: the IPv4-mapped wildcard is the wildcard; an ssh:// port out of range; a host no card uses
+    ('[[hosts]]\nname = "b"\nssh = "me@b"\nlink = "direct"\naddress = "::ffff:0.0.0.0"\n', "on every interface"),
+    ('[[hosts]]\nname = "b"\nssh = "ssh://root@b:70000"\n[[cards]]\nbackend = "cpu"\nhost = "b"\nmemory_mib = 1\n',
+     "has no valid port"),
+    ('[[hosts]]\nname = "b"\nssh = "me@b"\n', "host 'b' in [[hosts]] has no card"),
     ('[[hosts]]\nname = "b"\nssh = "me@b"\naddress = "10.0.0.2"\n', 'only used with link = "direct"'),
     ('[[hosts]]\nname = "b"\nssh = "-oProxyCommand=touch /tmp/x"\n', "is not an ssh destination"),
     ('[[hosts]]\nname = "b"\nssh = "me@b"\nadress = "10.0.0.2"\n', "unknown key 'adress'"),

@@ -262,3 +262,38 @@ def test_no_rpc_server_or_link_is_given_llama_servers_port(monkeypatch):
     sup = Supervisor(cfg, launcher=FakeLauncher(), timeouts=FAST, sweep_leftovers=False)
     ports = sup._local_ports()
     assert cfg.port not in ports and ports == [40001, 40002]
+
+
+# -- issue 43: the failure count decays with time ready ------------------------------------------------------------
+
+def test_the_failure_count_decays_with_time_ready_instead_of_a_cliff():
+    """Faults spaced by some time ready each count less than a full failure: with a cap of 2 and a half-life of
+    0.1 s, six faults 0.4 s ready apart (count ~1.07 each) never give up, where the old rule (the count starts over
+    only after `stable_after` s ready) gave up at the third; failed starts in a row still count 1, 2, 3."""
+    fake = FakeLauncher()
+    policy = RestartPolicy(base_delay=0.01, max_delay=0.04, max_failures=2, half_life=0.1)
+    events: list[Any] = []
+
+    async def main() -> None:
+        async with supervisor(fake, policy=policy) as sup, anyio.create_task_group() as tg:
+            tg.start_soon(collect, sup, events)
+            for n in range(2, 8):
+                await anyio.sleep(0.4)  # ready this long between faults
+                fake.kill("rpc1")
+                await wait_for(lambda n=n: sup.status()["generation"] == n and sup.status()["state"] == "ready")
+            assert sup.status()["failures"] < 1.2
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    counts = [e.data["failures"] for e in events if e.kind == "group" and e.data["state"] == "backoff"]
+    assert len(counts) == 6 and all(1.0 <= c < 1.2 for c in counts), counts
+
+
+def test_the_failure_count_and_backoff_numbers_the_docs_give():
+    """docs/multihost.md's table: faults spread over an hour count ~1 (backoff 1 s); a burst compounds."""
+    p = RestartPolicy()
+    assert [p.count(0.0, 0.0), p.count(1.0, 0.0), p.count(2.0, 0.0)] == [1.0, 2.0, 3.0]  # failed starts in a row
+    assert p.count(1.0, 600.0) == pytest.approx(1.0, abs=1e-5)  # 6 an hour: each starts from ~0
+    assert p.count(1.0, 30.0) == pytest.approx(1.5)  # one half-life ready
+    assert p.delay(1.0) == 1.0 and p.delay(2.0) == 2.0 and p.delay(1.5) == pytest.approx(2 ** 0.5, abs=1e-3)
+    assert p.delay(99.0) == p.max_delay

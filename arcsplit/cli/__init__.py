@@ -72,6 +72,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         rig = layout_hosts(argv)
         if rig is not None:
+            try:  # the flags first: a refused run logs in to no host (a usage error exits 2 here)
+                _check_serve(argv)
+            except ArcsplitError as exc:
+                print(f"arcsplit: {exc}", file=sys.stderr)
+                return exc.exit_code
             try:
                 return run_early(rig, lambda early: _main(argv, early))
             except ArcsplitError as exc:  # raised by serve, run in run_early's event loop after _main
@@ -81,6 +86,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print("arcsplit: interrupted", file=sys.stderr)
                 return 130
     return _main(argv)
+
+
+def _check_serve(argv: list[str]) -> None:
+    """serve's flags parsed and checked as serve will (cli/serve.py check_flags), before its sessions start."""
+    args = build_parser("serve").parse_args(argv)
+    args.check(args)
 
 
 def _main(argv: list[str], early: Any = None) -> int:

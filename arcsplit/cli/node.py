@@ -4,11 +4,13 @@ per run, or ``--listen`` kept running (a systemd unit) with ``--attach`` as what
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
 from .. import backends
 from ..errors import BadInput
+from ..netaddr import bind_addresses
 from .options import add_llama_dir
 
 
@@ -34,10 +36,12 @@ def _session_argv(args: argparse.Namespace) -> list[str]:
 def _node(args: argparse.Namespace) -> int:
     from ..node import standing
 
-    wild = [a for a in args.allow_bind or () if a in ("0.0.0.0", "::", "")]
-    if wild:
-        raise BadInput(f"--allow-bind {wild[0]!r} would listen on every interface (llama.cpp RPC has no "
-                       "authentication)", "name one LAN/VPN address of this host")
+    # each address parsed (or the name resolved) once, here: the agent compares addresses, never strings
+    args.allow_bind = list(dict.fromkeys(a for text in args.allow_bind or () for a in
+                                         bind_addresses(text, "--allow-bind")))
+    if not (math.isfinite(args.heartbeat) and args.heartbeat > 0):
+        raise BadInput(f"--heartbeat {args.heartbeat} is not a positive number of seconds",
+                       "give seconds, e.g. --heartbeat 10 (the agent stops everything after that long unheard)")
     if args.attach is not None:
         return standing.attach(standing.socket_path(args.attach or None))
     if args.listen is not None:

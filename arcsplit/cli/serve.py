@@ -24,6 +24,8 @@ from anyio.from_thread import start_blocking_portal
 from .. import _api
 from .._warm import check_builds, warm_hosts
 from ..errors import ArcsplitError, BadInput
+from ..netaddr import bus_address
+from ..proc.ports import check_free
 from ..llama import webui
 from ..llama.patches import missing_note
 from ..model import read_header
@@ -76,13 +78,28 @@ def check_serve_flags(args: argparse.Namespace) -> None:
         raise BadInput(f"--stall-timeout {args.stall_timeout} must be positive", "give seconds, e.g. 120")
 
 
-def _serve(args: argparse.Namespace) -> int:
+def check_flags(args: argparse.Namespace) -> None:
+    """What serve refuses without importing its stack: checked again by cli.main before a layout's early sessions
+    start, so a refused run never logs in to another host."""
     check_serve_flags(args)
+    if args.metrics_port is not None and args.metrics_port == args.port:
+        raise BadInput(f"--metrics-port {args.metrics_port} is llama-server's --port",
+                       "give arcsplit's metrics a port of their own")
+    if args.bus:  # checked like the metrics endpoint, before any plan: a taken port is the only line
+        host, port = bus_address(args.bus)
+        for p in (port, port + 1):
+            check_free(host, p, "the bus: events on PORT, control on PORT+1", "--bus address")
+    model = Path(args.model)
+    if not model.exists():
+        raise BadInput(f"model {model} does not exist", "pass the path of a .gguf file")
+    if not model.is_file():
+        raise BadInput(f"model {model} is not a regular file", "pass the path of a .gguf file")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    check_flags(args)
     args.metrics = None  # the endpoint, bound first: a taken port is the only line
     if args.metrics_port is not None:
-        if args.metrics_port == args.port:
-            raise BadInput(f"--metrics-port {args.metrics_port} is llama-server's --port",
-                           "give arcsplit's metrics a port of their own")
         from ..telemetry.prometheus import MetricsEndpoint  # prometheus_client: only with --metrics-port
 
         args.metrics = MetricsEndpoint(args.host, args.metrics_port)
@@ -369,7 +386,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "Arguments after -- go to llama-server.")
     p.add_argument("model", help="GGUF file (first shard of a split model)")
     _add_arguments(p)
-    p.set_defaults(func=_serve, extra=[])
+    p.set_defaults(func=_serve, check=check_flags, extra=[])
     split_at_double_dash(p)
 
 
@@ -458,7 +475,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="serve on the cards of a layout TOML, other hosts' included ([[hosts]]: their rpc-servers "
                         "are started over ssh by `arcsplit node --stdio`; docs/multihost.md)")
     p.add_argument("--max-restarts", type=int, default=5, metavar="N",
-                   help="consecutive failures before giving up (default: 5)")
+                   help="failures counted before giving up; each 30 s ready halves the count (default: 5)")
     p.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",
                    help="give up a load after this long without any progress (default: 120)")
     p.add_argument("--stop-grace", type=float, default=None, metavar="S",

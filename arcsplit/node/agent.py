@@ -25,7 +25,7 @@ from ..errors import BadInput
 from ..proc import wire
 from ..proc.child import Child
 from ..proc.popen import PopenProcess
-from ..proc.ports import probe_once
+from ..proc.ports import owns_port, probe_once
 from ..proc.rundir import RunDir
 from .ops import (Inventory, answering, check_rpc_argv, drop_missing_seeds, greet, hello_args, hello_events,
                   nodes_root, pick_ports, rpc_process, started_events, write_state)
@@ -218,7 +218,9 @@ class Agent:
     async def _probe(self, child: Child) -> None:
         """The rpc-server's only probe: one connect-and-close per try until one succeeds (it serves one client)."""
         while child.alive:
-            if await probe_once(child.spec.host, child.spec.port, timeout=1.0):
+            ours = await probe_once(child.spec.host, child.spec.port, timeout=1.0) and owns_port(child.pid,
+                                                                                                 child.spec.port)
+            if ours:  # answered, and by this rpc-server: not another user's listener on its port
                 if child.alive:
                     self.emit(wire.ready(child.spec.name))
                 return

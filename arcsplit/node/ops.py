@@ -24,6 +24,7 @@ from ..proc.rundir import RunDir, since_boot, supervisor_identity, sweep
 from ..proc.spec import LOOPBACK, ProcessSpec
 from ..proc import wire
 from ..proc.wire import PROTO, Hello, Ports
+from ..netaddr import same_address
 
 # ggml-rpc-server's own options (tools/rpc/rpc-server.cpp): the only ones a client may pass. True: takes a value.
 RPC_FLAGS = {"-H": True, "--host": True, "-p": True, "--port": True, "-t": True, "--threads": True,
@@ -65,16 +66,22 @@ def check_rpc_argv(argv: list[str], rpc_bin: str | None, allow_bind: tuple[str, 
             if flag in ("-H", "--host"):
                 host = value
             elif flag in ("-p", "--port"):
-                port = int(value) if value.isdigit() else -1
+                port = int(value) if value.isascii() and value.isdigit() else -1
             i += 2
         else:
             i += 1
-    if host != LOOPBACK and host not in allow_bind:
+    if not may_bind(host, allow_bind):
         raise BadInput(f"binding {host} is not allowed on this host",
                        "the node binds 127.0.0.1 unless started with --allow-bind ADDR (layout link = \"direct\")")
     if port is None or not 0 < port < 65536:
         raise BadInput("the rpc-server argv needs -p PORT (1-65535)")
     return (rpc_bin, *argv[1:]), host, port
+
+
+def may_bind(address: str, allow_bind: tuple[str, ...]) -> bool:
+    """Loopback, or one of the addresses ``--allow-bind`` named, compared as addresses (never the wildcard: the
+    node refused that at start)."""
+    return any(same_address(address, a) for a in (LOOPBACK, *allow_bind))
 
 
 def drop_missing_seeds(argv: tuple[str, ...], can_seed: bool) -> tuple[tuple[str, ...], list[str]]:
@@ -151,12 +158,12 @@ def pick_ports(op: Ports, allow_bind: tuple[str, ...]) -> list[int]:
     """The ``ports`` op: ``n`` ports free here (``want``: exactly these; ``prefer``: these where free)."""
     n, bind = op.n, op.bind
     if not 0 < n <= MAX_PORTS:
-        raise BadInput(f"ports: n={n} is not 1-{MAX_PORTS}")
-    if bind != LOOPBACK and bind not in allow_bind:
+        raise BadInput(f"protocol error: ports: n = {n} is not 1-{MAX_PORTS}")
+    if not may_bind(bind, allow_bind):
         raise BadInput(f"binding {bind} is not allowed on this host", "start the node with --allow-bind ADDR")
     want = op.want
     if want is not None:  # the user's ports: each must be free here
-        ports = [int(p) for p in want]
+        ports = list(want)
         if len(ports) != n or any(not 0 < p < 65536 for p in ports):
             raise BadInput(f"ports: want {want!r} is not {n} ports 1-65535")
         busy = [p for p in ports if not port_free(bind, p)]

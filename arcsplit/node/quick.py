@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..proc.ports import accepts_now
+from ..proc.ports import accepts_now, owns_port
 from ..proc.rundir import RunDir
 from ..proc import wire
 from ..proc.spawn import popen
@@ -88,7 +88,8 @@ def first_ops(fd: int, emit: Emit, *, allow_bind: tuple[str, ...], inventory: In
     try:
         while loader is None or loader.is_alive():
             for s in h.started:
-                if not s.ready and s.popen.poll() is None and accepts_now(s.spec.host, s.spec.port):
+                if (not s.ready and s.popen.poll() is None and accepts_now(s.spec.host, s.spec.port)
+                        and owns_port(s.popen.pid, s.spec.port)):  # not another user's listener on that port
                     s.ready = True
                     emit(wire.ready(s.spec.name))
             if h.eof and not h.started and not h.lines:

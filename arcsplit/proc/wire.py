@@ -34,6 +34,32 @@ def decode(raw: bytes) -> dict[str, Any]:
     return msg
 
 
+def _integer(msg: Mapping[str, Any], key: str, default: int) -> int:
+    """An integer field; ValueError naming the op and the field otherwise (not Python's "invalid literal")."""
+    value = msg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"protocol error: {msg.get('op')}: {key} = {json.dumps(value)} is not an integer")
+    return value
+
+
+def _ports(msg: Mapping[str, Any], key: str) -> list[int] | None:
+    """A list of port numbers, or None when absent; ValueError naming the op and the field otherwise."""
+    value = msg.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in value):
+        raise ValueError(f"protocol error: {msg.get('op')}: {key} = {json.dumps(value)} is not a list of ports")
+    return value
+
+
+def _seconds(msg: Mapping[str, Any], key: str, default: float) -> float:
+    """A duration field: a finite number 0-3600 (NaN fails the range); ValueError naming the field otherwise."""
+    value = msg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 3600:
+        raise ValueError(f"protocol error: {msg.get('op')}: {key} = {json.dumps(value)} is not seconds 0-3600")
+    return float(value)
+
+
 # -- client -> node: the ops ---------------------------------------------------------------------------------------
 
 class _Op:
@@ -107,7 +133,7 @@ class Ports(_Op):
 
     @classmethod
     def of(cls, msg: Mapping[str, Any]) -> Ports:
-        return cls(n=int(msg.get("n", 1)), bind=str(msg.get("bind", LOOPBACK)), want=msg.get("want"),
+        return cls(n=_integer(msg, "n", 1), bind=str(msg.get("bind", LOOPBACK)), want=_ports(msg, "want"),
                    prefer=msg.get("prefer") or ())
 
     def msg(self) -> Msg:
@@ -153,7 +179,7 @@ class Stop(_Op):
 
     @classmethod
     def of(cls, msg: Mapping[str, Any]) -> Stop:
-        return cls(name=str(msg.get("name", "")), grace=float(msg.get("grace", 10.0)))
+        return cls(name=str(msg.get("name", "")), grace=_seconds(msg, "grace", 10.0))
 
     def msg(self) -> Msg:
         return {"op": "stop", "name": self.name, "grace": self.grace}

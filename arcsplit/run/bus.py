@@ -37,6 +37,7 @@ from anyio.abc import TaskStatus
 
 from .._dirs import runtime_dir
 from ..errors import BadInput, NotRunning, RunError
+from ..netaddr import bus_address
 from ..proc.rundir import runs_root, same_process, since_boot
 from ..proc.states import GroupState
 from .events import SyncData
@@ -99,13 +100,7 @@ def _write_private(path: Path, text: str) -> None:
 
 def _tcp_endpoints(tcp: str) -> tuple[str, str]:
     """``tcp://HOST:PORT`` -> PUB on PORT, ROUTER on PORT+1."""
-    if not tcp.startswith("tcp://") or ":" not in tcp[6:]:
-        raise BadInput(f"bus address {tcp!r} is not tcp://HOST:PORT", "write it like tcp://127.0.0.1:5555")
-    host, _, port = tcp[6:].rpartition(":")
-    try:
-        p = int(port)
-    except ValueError:
-        raise BadInput(f"bus address {tcp!r} has no numeric port", "write it like tcp://127.0.0.1:5555") from None
+    host, p = bus_address(tcp)
     return f"tcp://{host}:{p}", f"tcp://{host}:{p + 1}"
 
 
@@ -167,11 +162,15 @@ class BusServer:
             keys = None
             if self.tcp:
                 keys, auth = self._curve(ctx, [pub, ctl])
-            try:
-                pub.bind(pub_ep)
-                ctl.bind(ctl_ep)
-            except zmq.ZMQError as exc:
-                raise BadInput(f"cannot bind the bus at {pub_ep}: {exc}", "pick another --bus address") from None
+            for sock, ep in ((pub, pub_ep), (ctl, ctl_ep)):
+                try:
+                    sock.bind(ep)
+                except zmq.ZMQError as exc:
+                    if keys:
+                        Path(keys).unlink(missing_ok=True)
+                    raise BadInput(f"cannot bind the bus at {ep}: {exc}",
+                                   "pick another --bus address (it uses PORT and PORT+1)" if self.tcp
+                                   else "check the runtime dir's permissions") from None
             for f in files:
                 f.chmod(0o600)
             me = psutil.Process()
@@ -287,9 +286,15 @@ def list_runs() -> list[BusInfo]:
     """Running instances (newest first): a bus.json whose supervisor process is still the one that wrote it."""
     found = []
     root = runs_root()
-    if not root.is_dir():
-        return []
-    for info_path in root.glob(f"*/{INFO_FILE}"):
+    try:
+        if not root.is_dir():
+            return []
+        paths = list(root.glob(f"*/{INFO_FILE}"))
+    except PermissionError as exc:  # e.g. a runs/ folder made by a `sudo -E arcsplit serve`
+        raise BadInput(f"cannot read arcsplit's state folder {exc.filename or root}: permission denied",
+                       f"give it back to this user (sudo chown -R {os.getuid()} {root.parent}), or set "
+                       "ARCSPLIT_STATE_DIR to a folder of your own") from None
+    for info_path in paths:
         try:
             info = BusInfo.read(info_path)
         except (OSError, ValueError, TypeError):

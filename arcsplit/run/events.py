@@ -131,7 +131,7 @@ class GroupReady(GroupData):
 class GroupBackoff(GroupData):
     state: GroupState = GroupState.BACKOFF
     delay: float = 0.0  # seconds until the next start
-    failures: int = 0  # failures in a row
+    failures: float = 0.0  # the failure count (RestartPolicy.count: decays with time ready)
     error: str | None = None  # the last error
 
     def to_dict(self) -> dict[str, Any]:
@@ -277,7 +277,7 @@ class Status(TypedDict):
     backend: str
     url: str
     generation: int
-    failures: int
+    failures: float
     uptime: float | None
     processes: dict[str, MemberStatus]
     progress: dict[str, Any]  # ProgressData once llama-server reports it

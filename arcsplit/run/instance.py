@@ -43,6 +43,7 @@ class Instance:
         self._bus_tcp = bus_tcp
         self._watchers = tuple(watchers)
         self.bus_info: BusInfo | None = None
+        self._failure: ArcsplitError | None = None
 
     @property
     def url(self) -> str:
@@ -51,6 +52,18 @@ class Instance:
     def stop(self) -> None:
         self.supervisor.stop()
 
+    async def _supervise(self, task_status: TaskStatus[Any]) -> None:
+        """The supervisor's run beside the watchers; its ArcsplitError kept for after the bus has said "stopped"."""
+        async with anyio.create_task_group() as side:
+            for watch in self._watchers:
+                side.start_soon(watch, self.supervisor)
+            try:
+                await self.supervisor.run(task_status=task_status)
+            except ArcsplitError as exc:
+                self._failure = exc
+            finally:
+                side.cancel_scope.cancel()
+
     async def run(self, *, task_status: TaskStatus[Any] = anyio.TASK_STATUS_IGNORED) -> None:
         sup = self.supervisor
         failure: ArcsplitError | None = None
@@ -58,17 +71,14 @@ class Instance:
             if self._bus:
                 server = BusServer(sup, self.run_dir.path, self.run_id, tcp=self._bus_tcp, url=sup.url,
                                    model=self.prepared.config.plan.model_path)
-                self.bus_info = await tg.start(server.run)
-            async with anyio.create_task_group() as side:
-                for watch in self._watchers:
-                    side.start_soon(watch, sup)
                 try:
-                    await sup.run(task_status=task_status)
-                except ArcsplitError as exc:  # raised below, once the bus has said "stopped"
+                    self.bus_info = await tg.start(server.run)
+                except ArcsplitError as exc:  # a bus that cannot bind: its one line, as itself, nothing started
                     failure = exc
-                finally:
-                    side.cancel_scope.cancel()
+            if failure is None:
+                await self._supervise(task_status)
             # The supervisor has closed its event stream: the bus ends by itself once it has sent the rest.
             tg.cancel_scope.deadline = anyio.current_time() + BUS_DRAIN_S
+        failure = failure or self._failure
         if failure is not None:
             raise failure

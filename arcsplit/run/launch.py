@@ -22,7 +22,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from ..errors import RunError
 from ..proc.child import Child
-from ..proc.ports import probe_once
+from ..proc.ports import owns_port, probe_once
 from ..proc.spec import ProcessSpec
 from ..proc.states import MemberState
 from .events import StateData, member_snapshot
@@ -156,12 +156,23 @@ class OneHost:
 class LocalLauncher(OneHost):
     """Every member is a process on this machine, confined by its spec's environment."""
 
+    def __init__(self) -> None:
+        self._members: dict[str, LocalMember] = {}  # the latest member of each name: whose port a probe checks
+
     def member(self, spec: ProcessSpec, *, log_path: Path | None, on_line: Callable[[Any, str], None],
                on_exit: Callable[[Any], None], ring: deque[str]) -> Member:
-        return LocalMember(spec, log_path=log_path, on_line=on_line, on_exit=on_exit, ring=ring)
+        member = LocalMember(spec, log_path=log_path, on_line=on_line, on_exit=on_exit, ring=ring)
+        self._members[spec.name] = member
+        return member
 
     async def accepts(self, spec: ProcessSpec) -> bool:
-        return await probe_once(spec.host, spec.port, timeout=1.0)
+        """A connect-and-close answered, and by this member's own process: a port's number is in its argv, which
+        any local user can read from /proc, so another user's program may bind it first; llama-server must never
+        be started against that one. A name this launcher did not start (a forward on a shared ssh): the probe."""
+        if not await probe_once(spec.host, spec.port, timeout=1.0):
+            return False
+        member = self._members.get(spec.name)
+        return member is None or owns_port(member.pid, spec.port)
 
     @asynccontextmanager
     async def health(self, spec: ProcessSpec, timeout: float) -> AsyncIterator[Health]:

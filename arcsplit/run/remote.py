@@ -142,10 +142,13 @@ class NodeSession:
     async def request(self, msg: Mapping[str, Any], ev: str, timeout: float) -> dict[str, Any]:
         """One op whose answer is the next session-level ``ev`` (or an error naming no process)."""
         async with self._ask:
+            # A new event per request: _on_exit sets whichever is current, so one that ended while this request
+            # waited for the lock has set an older one; self.dead, read with no await since, says so.
             self._reply, self._answer = anyio.Event(), None
-            await self.send(msg)
-            with anyio.move_on_after(timeout):
-                await self._reply.wait()
+            if self.dead is None:
+                await self.send(msg)
+                with anyio.move_on_after(timeout):
+                    await self._reply.wait()
             answer = self._answer
         if answer is None:
             why = self.dead or f"{self.where} ({self.host.ssh}) sent no {ev} within {timeout:.0f} s"

@@ -8,7 +8,8 @@ connect-and-close succeeds (never probed again: it serves one client at a time);
 turns 200, with a *stall* timeout that any log line, load-progress report or CPU use by the group resets.
 /health stays 200 when an rpc-server dies, so the processes themselves are watched (their exit is awaited,
 not polled). When any member exits the group is stopped in order (llama-server first) and restarted with
-exponential backoff; a cap of consecutive failures gives up with the log lines that explain why.
+exponential backoff; a failure count that time ready wears down (RestartPolicy.half_life) gives up past a cap, with
+the log lines that explain why.
 
 Members are started through the Launcher it is given (run/launch.py: local processes, run/remote.py: other hosts'
 agents, the tests' in-memory fake; it names none), from specs that are complete (decide/specs.py); states change
@@ -50,8 +51,19 @@ _ROUTER_STATE = "cmd_child_to_router:state:"
 class RestartPolicy:
     base_delay: float = 1.0
     max_delay: float = 30.0
-    max_failures: int = 5  # consecutive failed starts or crashes before giving up
-    stable_after: float = 60.0  # ready this long: the failure count starts over
+    max_failures: int = 5  # the failure count may reach this; one more failure and the supervisor gives up
+    half_life: float = 30.0  # each 30 s ready halves the failure count (docs/multihost.md: "Faults in a row")
+
+    def count(self, failures: float, ready_s: float) -> float:
+        """The failure count after one more failure that came ``ready_s`` seconds after the group was ready (0: it
+        never was): what was counted decays by half every ``half_life`` s ready, then this failure adds 1. Failed
+        starts in a row count 1, 2, 3, ... as before; faults an hour apart count ~1 each, where a 60 s cliff made
+        a 4th fault inside a minute wait 8 s and a 6th give up."""
+        return failures * 0.5 ** (max(ready_s, 0.0) / self.half_life) + 1.0
+
+    def delay(self, failures: float) -> float:
+        """The backoff before the next start: ``base_delay`` doubled per failure counted past the first, capped."""
+        return round(min(self.max_delay, self.base_delay * 2 ** max(failures - 1.0, 0.0)), 3)
 
 
 @dataclass(frozen=True)
@@ -98,7 +110,8 @@ class Supervisor:
         self._restarts: dict[str, int] = {}
         self._group_state = GroupState.NEW
         self._generation = 0
-        self._failures = 0
+        self._failures = 0.0  # RestartPolicy.count: decays with time ready
+        self._streak = 0  # failures since the count was last near zero, for the give-up message
         self._ready_at: float | None = None
         self._started_at = time.time()
         self._stop_requested = False
@@ -170,7 +183,7 @@ class Supervisor:
             "backend": self.config.backend,
             "url": self.url,
             "generation": self._generation,
-            "failures": self._failures,
+            "failures": round(self._failures, 2),
             "uptime": (time.time() - self._ready_at) if self._ready_at and self._group_state is GroupState.READY else None,
             "processes": procs,
             "progress": dict(self._progress),
@@ -261,9 +274,7 @@ class Supervisor:
                     break
                 if reason == "restart":
                     continue
-                if self._ready_at and time.time() - self._ready_at >= self.policy.stable_after:
-                    self._failures = 0
-                self._failures += 1
+                self._count_failure()
                 failure = reason if isinstance(reason, _StartFailed) else None
                 if failure and failure.kind in logs.MULTI_DEVICE_KINDS and Mode(self.config.mode).one_context \
                         and self._fallback and not self.config.forced_mode:
@@ -276,7 +287,7 @@ class Supervisor:
                             f"(recorded); fell back to {new.mode}"]}
                         self.config = new
                         self._rpc_ports = list(new.rpc_ports) if new.rpc_ports else None
-                        self._failures = 0
+                        self._failures, self._streak = 0.0, 0
                         continue
                 if failure and failure.kind == "fatal":
                     raise failure.error or RunError(failure.message, f"logs: {self.run_dir.path}")
@@ -286,11 +297,11 @@ class Supervisor:
                     who = "llama-server" if failure.who == "server" else failure.who
                     raise BadInput(f"{who} refused its arguments: {said}",
                                    "check the arguments after --; `llama-server --help` lists what this build accepts")
-                if self._failures > self.policy.max_failures:
-                    raise RunError(f"gave up after {self._failures} failures in a row: {self._last_error}",
+                if self._failures > self.policy.max_failures + 1e-9:
+                    raise RunError(f"gave up after {self._gave_up_after()}: {self._last_error}",
                                    f"logs: {self.run_dir.path}")
-                delay = min(self.policy.max_delay, self.policy.base_delay * 2 ** (self._failures - 1))
-                self._set_group(GroupBackoff(delay=delay, failures=self._failures, error=self._last_error))
+                delay = self.policy.delay(self._failures)
+                self._set_group(GroupBackoff(delay=delay, failures=round(self._failures, 2), error=self._last_error))
                 self._wake = anyio.Event()
                 with anyio.move_on_after(delay):
                     await self._wake.wait()  # stop() or restart() cut the wait short
@@ -300,6 +311,19 @@ class Supervisor:
                 self._set_group(GroupData(GroupState.STOPPED))
                 self._write_state(ended=True)
                 self.events.close()
+
+    def _count_failure(self) -> None:
+        """One more failure, counted after the decay of the time this generation was ready."""
+        ready = time.time() - self._ready_at if self._ready_at else 0.0
+        previous = self._failures
+        self._failures = self.policy.count(previous, ready)
+        self._streak = 1 if self._failures - 1.0 < 0.05 else self._streak + 1
+
+    def _gave_up_after(self) -> str:
+        if abs(self._failures - self._streak) < 1e-6:  # never ready in between: the plain count
+            return f"{self._streak} failures in a row"
+        return (f"{self._streak} failures with too little time ready between them (counted {self._failures:.1f}, "
+                f"over {self.policy.max_failures}; each {self.policy.half_life:.0f} s ready halves the count)")
 
     async def _one_generation(self) -> "str | _StartFailed":
         """Start the group, wait for an exit or a request, tear down. Returns why it ended."""
