@@ -317,7 +317,7 @@ case "${1:-all}" in
       case $ph in
         accuracy) accuracy ;;
         moe) MODEL=$MOE onecard ;;
-        bimodal) MODEL=$MOE TAG=_bimodal \
+        bimodal) MODEL=$MOE TAG=_bimodal RUNS=${BIMODAL_RUNS:-${RUNS:-3}} \
                  MODES=${BIMODAL_MODES:-native,hybrid,rpc,rpc-noshm,rpc-nokvu,rpc-card,rpc-lv3,rpc-nocram} onecard ;;
         offload) offload ;;
         dense) MODEL=$DENSE REPS=${DENSE_REPS:-3} RUNS=${DENSE_RUNS:-${RUNS:-3}} onecard ;;
