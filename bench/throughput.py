@@ -542,7 +542,10 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "256 KiB up (a prompt's embeddings on all-RPC's first rpc-server), which `-gatenohost` never does "
              "(ARCSPLIT_RPC_GATE_HOST_KIB at 4 GiB); `-alt` runs that mode on the build "
              "`--alt-llama-dir` names (the Build line gives both); `-nocram` runs llama-server with "
-             "`--cache-ram 0` (no host-memory prompt cache); `-ubN` runs that mode at "
+             "`--cache-ram 0` (no host-memory prompt cache); `-nokvu` adds `--no-kv-unified` (a KV stream per slot); "
+             "`-lv3` runs llama-server at llama.cpp's default log verbosity instead of arcsplit's `-lv 4`; `-card` "
+             "lets an all-RPC llama-server see the rpc-servers' card (its host buffers page-locked; it computes "
+             "nothing there); `-ubN` runs that mode at "
              "-ub N." + (
                  " On CPU the planner leaves as few layers as it can on llama-server's own CPU card (layers not in "
                  "-ngl stay there)." if a.backend == "cpu" else ""), ""]
