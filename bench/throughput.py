@@ -66,6 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import arcsplit  # noqa: E402
+from arcsplit.backends import REGISTRY  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama, server_build_info  # noqa: E402
 from arcsplit.llama.patches import (rpc_async_reads, rpc_gated_sets, rpc_link_polling,  # noqa: E402
@@ -73,6 +74,7 @@ from arcsplit.llama.patches import (rpc_async_reads, rpc_gated_sets, rpc_link_po
 from arcsplit.route import Route  # noqa: E402
 from arcsplit.decide.prepare import rpc_spin_us  # noqa: E402
 from arcsplit.proc.ports import free_port  # noqa: E402
+from arcsplit.run import supervisor  # noqa: E402
 # the measuring core is the product's (arcsplit tune measures the same way)
 from arcsplit.tune.measure import (DECODE_PROMPT, complete, long_prompt, measure_decode,  # noqa: E402,F401
                                    measure_prefill, measure_streams)
@@ -234,9 +236,6 @@ def server_sees_card() -> Iterator[None]:
     """-card: on an all-RPC route llama-server sees the first rpc-server's card (its --device still lists only the
     RPC devices, so it computes nothing there), as a hybrid llama-server does: its host buffers are then the card's
     page-locked ones. arcsplit hides every card from an all-RPC llama-server; only this A/B shows one."""
-    from arcsplit.backends import REGISTRY
-    from arcsplit.run import supervisor
-
     real = supervisor.build_specs
 
     def shown(config: Any, *args: Any, **kw: Any) -> Any:
