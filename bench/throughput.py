@@ -25,10 +25,13 @@ activation between two rpc-servers crosses whole (ARCSPLIT_RPC_RELAY_KIB=0, patc
 rpc-noshm = patches on, but the link to the rpc-servers runs over loopback TCP instead of shared memory
 (ARCSPLIT_RPC_SHM=0, patch 0008). -nocram (native-nocram, hybrid-nocram, rpc-nocram) runs llama-server
 with --cache-ram 0: its host-memory prompt cache copies a slot's KV out and back at slot selection, over the link
-on an RPC route. Any mode may end in -ubN, its own
+on an RPC route. -nokvu (--no-kv-unified), -lv3 (llama.cpp's
+default verbosity instead of arcsplit's -lv 4) and rpc-card (an all-RPC llama-server sees the rpc-servers' card) each
+change one more setting of the product's all-RPC route, for the prefill A/B of issue 45. Any mode may end in -ubN, its own
 micro-batch (native-ub256, hybrid-ub512): what the route's ubatch choice costs against native's default.
 
---runs N repeats the whole set N times, every mode a fresh group of processes each time, each run against its
+The bench exits 3 when one mode's repetitions within a run differ by more than --max-rep-spread (default 2x; 0 turns
+the check off), and the table says which. --runs N repeats the whole set N times, every mode a fresh group of processes each time, each run against its
 own native; the table then gives min / median / max over the runs of each run's ratio. --same-card (GPU
 backends, one --gpus card) measures the RPC route's tax on a machine with one GPU: the route's "cards" are
 that one GPU twice (llama-server and the rpc-servers all see it), and native is mode single on it.
