@@ -25,10 +25,13 @@ activation between two rpc-servers crosses whole (ARCSPLIT_RPC_RELAY_KIB=0, patc
 rpc-noshm = patches on, but the link to the rpc-servers runs over loopback TCP instead of shared memory
 (ARCSPLIT_RPC_SHM=0, patch 0008). -nocram (native-nocram, hybrid-nocram, rpc-nocram) runs llama-server
 with --cache-ram 0: its host-memory prompt cache copies a slot's KV out and back at slot selection, over the link
-on an RPC route. Any mode may end in -ubN, its own
+on an RPC route. -nokvu (--no-kv-unified), -lv3 (llama.cpp's
+default verbosity instead of arcsplit's -lv 4) and rpc-card (an all-RPC llama-server sees the rpc-servers' card) each
+change one more setting of the product's all-RPC route, for the prefill A/B of issue 45. Any mode may end in -ubN, its own
 micro-batch (native-ub256, hybrid-ub512): what the route's ubatch choice costs against native's default.
 
---runs N repeats the whole set N times, every mode a fresh group of processes each time, each run against its
+The bench exits 3 when one mode's repetitions within a run differ by more than --max-rep-spread (default 2x; 0 turns
+the check off), and the table says which. --runs N repeats the whole set N times, every mode a fresh group of processes each time, each run against its
 own native; the table then gives min / median / max over the runs of each run's ratio. --same-card (GPU
 backends, one --gpus card) measures the RPC route's tax on a machine with one GPU: the route's "cards" are
 that one GPU twice (llama-server and the rpc-servers all see it), and native is mode single on it.
@@ -45,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import platform
 import re
@@ -65,6 +69,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import arcsplit  # noqa: E402
+from arcsplit.backends import REGISTRY  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama, server_build_info  # noqa: E402
 from arcsplit.llama.patches import (rpc_async_reads, rpc_gated_sets, rpc_link_polling,  # noqa: E402
@@ -72,6 +77,7 @@ from arcsplit.llama.patches import (rpc_async_reads, rpc_gated_sets, rpc_link_po
 from arcsplit.route import Route  # noqa: E402
 from arcsplit.decide.prepare import rpc_spin_us  # noqa: E402
 from arcsplit.proc.ports import free_port  # noqa: E402
+from arcsplit.run import supervisor  # noqa: E402
 # the measuring core is the product's (arcsplit tune measures the same way)
 from arcsplit.tune.measure import (DECODE_PROMPT, complete, long_prompt, measure_decode,  # noqa: E402,F401
                                    measure_prefill, measure_streams)
@@ -139,13 +145,14 @@ def parse_mode(mode: str) -> Variant:
     ub = int(tags.pop()[2:]) if tags and re.fullmatch(r"ub[1-9][0-9]*", tags[-1]) else None
     rpc_tags = route in ("hybrid", "rpc")
     # native takes its own flag only
-    offs = (*_TAG_ENV, "nocram", "alt") if rpc_tags else ("nocram", "alt")
+    offs = (*_TAG_ENV, *_TAG_ARGS, *(("card",) if route == "rpc" else ()), "alt") if rpc_tags else (*_TAG_ARGS, "alt")
     output = tags.pop(0) if rpc_tags and tags and tags[0] in ("last", "local") else "auto"
     off = tags.pop(0) if tags and tags[0] in offs else ""
     if route not in ("native", "hybrid", "rpc") or tags:
         raise SystemExit(f"unknown mode {mode!r}: use native, or hybrid/rpc with -last or -local (where the "
-                         "output layer goes) and then " + ", ".join(f"-{o}" for o in _TAG_ENV) + ", -nocram or "
-                         "-alt (native-nocram, native-alt too); any of them may end in -ubN")
+                         "output layer goes) and then " + ", ".join(f"-{o}" for o in _TAG_ENV) + ", -card, "
+                         + ", ".join(f"-{o}" for o in _TAG_ARGS) + " or -alt (native-nocram, native-nokvu, native-lv3, "
+                         "native-alt too); any of them may end in -ubN")
     return Variant(route, output, off, ub)
 
 
@@ -218,10 +225,45 @@ _TAG_ENV: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
 }
 
 
+# llama-server flags a tag appends (after arcsplit's, so they win): its host-memory prompt cache off, a KV stream per
+# slot instead of arcsplit's unified KV, its log at llama.cpp's default verbosity instead of arcsplit's -lv 4
+_TAG_ARGS: dict[str, tuple[str, ...]] = {
+    "nocram": ("--cache-ram", "0"),
+    "nokvu": ("--no-kv-unified",),
+    "lv3": ("-lv", "3"),
+}
+
+
+@contextlib.contextmanager
+def server_sees_card() -> Iterator[None]:
+    """-card: on an all-RPC route llama-server sees the first rpc-server's card (its --device still lists only the
+    RPC devices, so it computes nothing there), as a hybrid llama-server does: its host buffers are then the card's
+    page-locked ones. arcsplit hides every card from an all-RPC llama-server; only this A/B shows one."""
+    real = supervisor.build_specs
+
+    def shown(config: Any, *args: Any, **kw: Any) -> Any:
+        specs = real(config, *args, **kw)
+        var = REGISTRY[config.backend].visibility_var
+        rpc = next((dict(s.env) for s in specs if s.role == "rpc"), {})
+        if var is None or var not in rpc:
+            return specs
+        return tuple(dataclasses.replace(s, env=tuple(sorted({**dict(s.env), var: rpc[var]}.items())))
+                     if s.role == "server" else s for s in specs)
+
+    supervisor.build_specs = shown
+    try:
+        yield
+    finally:
+        supervisor.build_specs = real
+
+
 def mode_env(mode: str) -> contextlib.AbstractContextManager[None]:
     """The environment a variant's processes inherit: one patch, or all of them, switched off, or gated sets on
-    (_TAG_ENV)."""
-    off = _TAG_ENV.get(parse_mode(mode).off)
+    (_TAG_ENV); or (-card) llama-server's own environment shows the card."""
+    tag = parse_mode(mode).off
+    if tag == "card":
+        return server_sees_card()
+    off = _TAG_ENV.get(tag)
     return off() if off else contextlib.nullcontext()
 
 
@@ -247,8 +289,7 @@ def serve_kwargs(a: argparse.Namespace, mode: str, extra: tuple[str, ...],
     if a.threads is not None and amode == "single":
         args += ["-t", str(a.threads)]  # the other modes pass it to llama-server and rpc-servers via ServeRequest
     variant = parse_mode(mode)
-    if variant.off == "nocram":  # llama-server's host-memory prompt cache off: no KV copied at slot selection
-        args += ["--cache-ram", "0"]
+    args += list(_TAG_ARGS.get(variant.off, ()))  # -nocram, -nokvu, -lv3: llama-server's own flags, last
     ub = next((u for u in (ubatch, variant.ubatch, a.ubatch) if u is not None), None)  # the call's, the mode's, all's
     kw: dict[str, Any] = dict(backend=a.backend, mode=amode, ctx=a.ctx, parallel=STREAMS, port=free_port(),
                               threads=a.threads, ubatch=ub,
@@ -421,6 +462,20 @@ def paired_table(runs: list[list[ModeResult]], modes: list[str]) -> list[str]:
     return lines
 
 
+def uneven_reps(runs: list[list[ModeResult]], limit: float) -> list[str]:
+    """Each (run, mode, figure) whose repetitions differ by more than ``limit`` times (max / min): such a figure's
+    median says little (all-RPC MoE prefill once read 3.5k / 15.5k / 3.1k / 16.4k / 3.2k t/s in one run)."""
+    out = []
+    for k, results in enumerate(runs, 1):
+        for r in results:
+            for name in ("prefill", "decode", "streams"):
+                xs = [x for x in getattr(r, name) if x > 0]
+                if len(xs) > 1 and max(xs) > limit * min(xs):
+                    out.append(f"run {k}, {r.mode}, {name}: {min(xs):.1f} to {max(xs):.1f} t/s "
+                               f"({max(xs) / min(xs):.1f}x)")
+    return out
+
+
 def spread_table(runs: list[list[ModeResult]]) -> list[str]:
     """The figures of several independent runs: per mode, each run's ratio to that run's native."""
     first = runs[0]
@@ -489,7 +544,10 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "256 KiB up (a prompt's embeddings on all-RPC's first rpc-server), which `-gatenohost` never does "
              "(ARCSPLIT_RPC_GATE_HOST_KIB at 4 GiB); `-alt` runs that mode on the build "
              "`--alt-llama-dir` names (the Build line gives both); `-nocram` runs llama-server with "
-             "`--cache-ram 0` (no host-memory prompt cache); `-ubN` runs that mode at "
+             "`--cache-ram 0` (no host-memory prompt cache); `-nokvu` adds `--no-kv-unified` (a KV stream per slot); "
+             "`-lv3` runs llama-server at llama.cpp's default log verbosity instead of arcsplit's `-lv 4`; `-card` "
+             "lets an all-RPC llama-server see the rpc-servers' card (its host buffers page-locked; it computes "
+             "nothing there); `-ubN` runs that mode at "
              "-ub N." + (
                  " On CPU the planner leaves as few layers as it can on llama-server's own CPU card (layers not in "
                  "-ngl stay there)." if a.backend == "cpu" else ""), ""]
@@ -526,6 +584,10 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
                              f"{', '.join(f'{x:.2f}' for x in r.streams)}")
             else:
                 lines.append(f"- {f'run {k}, ' if len(runs) > 1 else ''}{r.mode}: failed: {r.error}")
+    uneven = uneven_reps(runs, a.max_rep_spread) if a.max_rep_spread else []
+    if a.max_rep_spread:
+        lines += ["", f"Repetitions of one mode within {a.max_rep_spread:g}x of each other (--max-rep-spread): "
+                  + ("**FAILED**, the bench exits 3: " + "; ".join(uneven) if uneven else "yes, in every run") + "."]
     extra = f" and `{' '.join(a.equality_args)}`" if a.equality_args else ""
     why = (" (CPU rpc-servers keep weights unrepacked; a local llama-server repacks Q4_K for its own CPU, which "
            "changes rounding)" if a.equality_args else "")
@@ -574,6 +636,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cpu-memory-mib", type=int, default=None)
     ap.add_argument("--llama-dir", default=None)
     ap.add_argument("--alt-llama-dir", default=None, help="the build the modes ending -alt run on")
+    ap.add_argument("--max-rep-spread", type=float, default=2.0,
+                    help="exit 3 when one mode's repetitions in a run differ by more than this factor (0: no check)")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--out", default=None, help="default bench/results/throughput_<backend>.md")
     a = ap.parse_args(argv)
@@ -641,7 +705,12 @@ def main(argv: list[str] | None = None) -> int:
             out.write_text(text, encoding="utf-8")
     print(text)
     print(f"wrote {out}")
-    return 0 if all(r.error is None for results in runs for r in results) else 1
+    if not all(r.error is None for results in runs for r in results):
+        return 1
+    uneven = uneven_reps(runs, a.max_rep_spread) if a.max_rep_spread else []
+    for line in uneven:
+        print(f"uneven repetitions: {line}", flush=True)
+    return 3 if uneven else 0
 
 
 if __name__ == "__main__":

@@ -190,3 +190,44 @@ def test_a_mode_may_run_on_a_second_build_beside_the_first():
         assert dict(os.environ) == before
     with pytest.raises(SystemExit):
         throughput.parse(["--backend", "cuda", "--gpus", "0", "--same-card", "--modes", "native,hybrid-alt"])
+
+
+def test_one_switch_at_a_time_for_the_all_rpc_prefill_a_b(monkeypatch):
+    """-nokvu (a KV stream per slot), -lv3 (llama.cpp's default log verbosity) append llama-server's own flag after
+    arcsplit's, so it wins; -card shows an all-RPC llama-server the rpc-servers' card, and only in that mode's
+    block: arcsplit hides every card from it."""
+    from arcsplit.run import supervisor
+    from arcsplit.proc.spec import ProcessSpec
+
+    a = throughput.parse(["--backend", "cuda", "--gpus", "0", "--same-card"])
+    assert throughput.serve_kwargs(a, "rpc-nokvu", ())[1]["extra_args"][-1:] == ("--no-kv-unified",)
+    assert throughput.serve_kwargs(a, "native-lv3", ())[1]["extra_args"][-2:] == ("-lv", "3")
+    assert throughput.twins(["native", "rpc", "rpc-nokvu", "rpc-card"]) == [("rpc", "rpc-nokvu"), ("rpc", "rpc-card")]
+    for bad in ("hybrid-card", "native-card", "rpc-card-nokvu"):
+        with pytest.raises(SystemExit):
+            throughput.parse_mode(bad)
+
+    class Config:
+        backend = "cuda"
+
+    def specs(config, *args, **kw):
+        return (ProcessSpec("rpc0", "rpc", ("rpc",), (("CUDA_VISIBLE_DEVICES", "3"),), "127.0.0.1", 1, (0,)),
+                ProcessSpec("server", "server", ("srv",), (("CUDA_VISIBLE_DEVICES", ""),), "127.0.0.1", 2, ()))
+
+    monkeypatch.setattr(supervisor, "build_specs", specs)
+    with throughput.mode_env("rpc-card"):
+        shown = supervisor.build_specs(Config())
+    assert dict(shown[1].env)["CUDA_VISIBLE_DEVICES"] == "3" and shown[0] == specs(Config())[0]
+    assert supervisor.build_specs is specs  # put back
+    with throughput.mode_env("rpc-nokvu"):
+        assert supervisor.build_specs is specs
+
+
+def test_repetitions_of_one_mode_apart_by_more_than_the_limit_are_named():
+    """The all-RPC MoE prefill of 2026-12-06 (3,475 / 15,481 / 3,070 / 16,412 / 3,219 t/s in one run) fails the
+    2x check; an ordinary spread (native's 22.7k to 23.0k) passes it."""
+    bimodal = throughput.ModeResult("rpc", "rpc", prefill=[3475.0, 15481.0, 3070.0, 16412.0, 3219.0],
+                                    decode=[450.0, 460.0], streams=[900.0, 950.0])
+    steady = throughput.ModeResult("native", "single", prefill=[22685.0, 22601.9, 22856.1], decode=[205.9, 208.1])
+    assert throughput.uneven_reps([[steady, bimodal]], 2.0) == ["run 1, rpc, prefill: 3070.0 to 16412.0 t/s (5.3x)"]
+    assert throughput.uneven_reps([[steady], [steady, bimodal]], 6.0) == []

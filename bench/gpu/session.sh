@@ -35,6 +35,9 @@
 #   phases moe-mps / dense-mps: onecard under NVIDIA MPS (one shared GPU context: the time-slicing's share);
 #        DENSE_RUNS: the dense phases' run count where it differs from RUNS; MOE_MODES / DENSE_MODES: a phase's
 #        modes where they differ from MPS_MODES
+#   phase bimodal: MoE, time-sliced, all-RPC with one switch off at a time (BIMODAL_MODES): which one makes its
+#        prefill bimodal (issue 45); the bench exits 3 when a mode's repetitions differ by more than 2x in a run
+#   phase offload: bench/moe_offload.py on the card, arcsplit --moe-offload against llama.cpp's --n-cpu-moe by hand
 #   phase poll-mps: bench/poll_cost.py on ONE GPU under MPS (host cores the link's polling costs, off and on)
 #   phase waitword: bench/gpu/wait_host_word.cu, the gated sets' device-side wait alone (patch 0009's primitive)
 #   phase link: bench/rpc_link.py on the CUDA build (one rpc-server on the card; shared memory against TCP, 0008)
@@ -175,6 +178,16 @@ onecard() {
     --n-predict "${NPREDICT:-128}" --greedy-tokens 32 --ctx 8192 --rpc-cache ${UBATCH:+--ubatch $UBATCH} \
     ${ALT_LLAMA_DIR:+--alt-llama-dir "$ALT_LLAMA_DIR"} \
     --out "$OUT/throughput_cuda_onecard_$name${TAG:-}.md"
+  echo "throughput rc=$? (3: one mode's repetitions more than 2x apart in a run)"
+}
+
+offload() {
+  # issue 45: expert offload on the card: arcsplit --moe-offload 0 / 8 / 16 against llama.cpp's own --n-cpu-moe by
+  # hand (llama-server -ngl 999, no arcsplit), the MoE model, decode and a 512-token prefill
+  build
+  python3 bench/moe_offload.py --backend cuda --gpus 0 --model "$MOE" --layers 16 --prompt-tokens 512 --by-hand \
+    --ctx 4096 --n-predict 128 --reps "${OFFLOAD_REPS:-5}" --out "$OUT/moe_offload_cuda${TAG:-}.md"
+  echo "moe_offload rc=$?"
 }
 
 mps() {
@@ -304,6 +317,9 @@ case "${1:-all}" in
       case $ph in
         accuracy) accuracy ;;
         moe) MODEL=$MOE onecard ;;
+        bimodal) MODEL=$MOE TAG=_bimodal RUNS=${BIMODAL_RUNS:-${RUNS:-3}} \
+                 MODES=${BIMODAL_MODES:-native,hybrid,rpc,rpc-noshm,rpc-nokvu,rpc-card,rpc-lv3,rpc-nocram} onecard ;;
+        offload) offload ;;
         dense) MODEL=$DENSE REPS=${DENSE_REPS:-3} RUNS=${DENSE_RUNS:-${RUNS:-3}} onecard ;;
         recover1) MODEL=$DENSE recover1 ;;
         trace) MODEL=$MOE trace ;;
