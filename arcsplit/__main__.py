@@ -36,11 +36,14 @@ that pyproject allows (from 4.7) import asyncio with it.
         httpx and the tune runner: only on a machine where something was tuned (tune/fingerprint.anything_kept)
     cli/report.py:_report              arcsplit.report                4/4/4
         tarfile, getpass and the redactor: `arcsplit --help` imports every command's module
-    cli/serve.py:_serve                arcsplit.telemetry.prometheus  83/89/104
+    cli/serve.py:_serve                arcsplit.cli.serve_run         246/265/292
+        the serving stack: cli.main checks a layout's serve with this module before its ssh sessions start, and
+        imports the stack while they log in
+    cli/serve_run.py:serve             arcsplit.telemetry.prometheus  85/99/110
         prometheus_client: only with --metrics-port
-    cli/serve.py:_tuned_request        arcsplit.tune.runner           91/99/109
+    cli/serve_run.py:_tuned_request    arcsplit.tune.runner           77/92/147
         httpx and the tune runner: only with --tune, or where something was tuned (tune/fingerprint.anything_kept)
-    cli/serve.py:_serve_with_dashboard arcsplit.tui.app               124/139/173
+    cli/serve_run.py:_serve_with_dashboard arcsplit.tui.app           116/136/205
         textual: only with --tui
     cli/tune.py:_tune                  arcsplit.tune.runner           73/86/92
         `arcsplit --help` imports every command's module

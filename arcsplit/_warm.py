@@ -77,7 +77,7 @@ def layout_hosts(argv: Sequence[str]) -> Rig | None:
 @dataclass
 class EarlyStart:
     """serve's layout and its sessions started before its imports, and what serve will run on them (set by
-    cli.serve, which takes the layout from here instead of reading the file again)."""
+    cli/serve_run.py, which takes the layout from here instead of reading the file again)."""
 
     rig: Rig
     sessions: dict[str, Early]

@@ -17,7 +17,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from arcsplit._api import prepare
 from arcsplit.cli import build_parser
-from arcsplit.cli.serve import request_from_args
+from arcsplit.cli.serve_run import request_from_args
 from arcsplit.run.bus import BusInfo
 from arcsplit.run.events import Event, Payload
 from arcsplit.run.instance import Instance as RunInstance

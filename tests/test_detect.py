@@ -194,7 +194,7 @@ def test_plan_without_a_flag_plans_for_the_arc_cards(arc_machine, capsys):
 def test_the_headline_command_resolves_to_sycl_before_starting_anything(arc_machine, capsys, monkeypatch):
     """`arcsplit serve model.gguf --gpus 0,1` with no --backend: the config handed to the runner is SYCL.
     (--mode hybrid: mode auto would probe one multi-device context, which needs the cards.)"""
-    from arcsplit.cli import serve as serve_cli
+    from arcsplit.cli import serve_run as serve_cli
     from arcsplit.proc.ports import free_port
 
     seen = []
@@ -275,7 +275,7 @@ def test_doctor_for_sycl_on_a_machine_whose_cards_cannot_be_listed_reports_it(ar
 
 
 def test_the_cpu_demo_stays_explicit(arc_machine, monkeypatch):
-    from arcsplit.cli import demo, serve as serve_cli
+    from arcsplit.cli import demo, serve_run as serve_cli
 
     seen = []
     monkeypatch.setattr(demo, "ensure_demo_model", lambda: arc_machine / "m.gguf")

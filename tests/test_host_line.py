@@ -1,9 +1,9 @@
-"""What `arcsplit serve` says when another host's session opens (cli/serve.host_line): the login and the agent's
+"""What `arcsplit serve` says when another host's session opens (cli/serve_run.host_line): the login and the agent's
 start, of which the agent's own start there, and a hint when that is slow (a login shell rc runs on every start)."""
 
 from __future__ import annotations
 
-from arcsplit.cli.serve import SLOW_AGENT_START_S, host_line
+from arcsplit.cli.serve_run import SLOW_AGENT_START_S, host_line
 
 
 def test_the_agents_start_is_shown_and_a_slow_one_points_at_the_login_shell():
@@ -16,7 +16,7 @@ def test_the_agents_start_is_shown_and_a_slow_one_points_at_the_login_shell():
 
 
 def test_a_slow_login_is_named_apart_from_the_agents_start():
-    from arcsplit.cli.serve import SLOW_LOGIN_S
+    from arcsplit.cli.serve_run import SLOW_LOGIN_S
 
     slow_login = host_line("b", {"ssh": "me@b", "opened_s": 0.15 + SLOW_LOGIN_S + 0.2, "started_s": 0.15})
     assert "the login itself took 0.70 s" in slow_login and "`ssh -v me@b true`" in slow_login

@@ -65,7 +65,7 @@ def _plan_json(capsys, argv: list[str]) -> dict[str, Any]:
 def _served_specs(argv: list[str]) -> tuple[Any, list[Any]]:
     """What `serve` hands its launcher: its own flag parsing and preparation, then the supervisor."""
     from arcsplit.cli import build_parser
-    from arcsplit.cli.serve import request_from_args
+    from arcsplit.cli.serve_run import request_from_args
 
     prepared = prepare_mod.prepare(request_from_args(build_parser().parse_args(["serve", *argv])))
     fake = FakeLauncher()

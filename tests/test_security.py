@@ -108,7 +108,7 @@ def test_rpc_servers_on_another_address_only_when_asked_and_with_a_warning(demo_
     # ...and the CLI says it once, before anything starts (the group itself is not started here)
     from arcsplit.cli import main
 
-    monkeypatch.setattr("arcsplit.cli.serve.anyio.run", lambda *a, **k: 0)
+    monkeypatch.setattr("arcsplit.cli.serve_run.anyio.run", lambda *a, **k: 0)
     assert main(["serve", str(demo_model), "--gpus", "0,1", "--cpu-memory", "1024", "--ctx", "4096",
                  "--port", str(_free_port()), "--rpc-host", "0.0.0.0", "--llama-dir", str(llama_bins.bin_dir)]) == 0
     warning = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]

@@ -24,7 +24,7 @@ import pytest
 from anyio.from_thread import start_blocking_portal
 
 from arcsplit.cli import build_parser
-from arcsplit.cli.serve import build_config
+from arcsplit.cli.serve_run import build_config
 from arcsplit.errors import RunError
 from arcsplit.proc.ports import free_port
 from arcsplit.run.remote import launcher_for

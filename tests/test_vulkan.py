@@ -188,7 +188,7 @@ def _serving(argv: list[str]) -> Iterator[Any]:
     from anyio.from_thread import start_blocking_portal
 
     from arcsplit.cli import build_parser
-    from arcsplit.cli.serve import build_config
+    from arcsplit.cli.serve_run import build_config
     from arcsplit.proc.ports import free_port
     from arcsplit.run.remote import launcher_for
     from arcsplit.run.supervisor import RestartPolicy, Supervisor

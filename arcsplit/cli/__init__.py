@@ -89,7 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _check_serve(argv: list[str]) -> None:
-    """serve's flags parsed and checked as serve will (cli/serve.py check_flags), before its sessions start."""
+    """serve's flags parsed and checked as serve will (cli/serve.py check_flags), before its sessions start: that
+    module imports nothing of the serving stack (cli/serve_run.py), which comes while the sessions log in."""
     args = build_parser("serve").parse_args(argv)
     args.check(args)
 

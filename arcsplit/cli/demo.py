@@ -16,7 +16,7 @@ from ..demo import CHAT_PACKAGE, DEMO_PACKAGE, chat_model_path, demo_model_path,
 from ..errors import LlamaError
 from ..llama.build import BuildConfig, managed_builds
 from ..llama.locate import find_llama
-from . import llama as cli_llama, say, serve as cli_serve
+from . import llama as cli_llama, say, serve_run as cli_serve
 
 
 def _ensure_cpu_build() -> None:

@@ -17,7 +17,8 @@ from ..rig import Rig, load_layout, save_layout
 from ..route import HOST_DEVICE
 from ..tune.fingerprint import anything_kept
 from . import print_json
-from .serve import add_group_arguments, request_from_args, split_at_double_dash
+from .serve import add_group_arguments, split_at_double_dash
+from .serve_run import request_from_args
 
 MiB = 1024 * 1024
 

@@ -13,7 +13,8 @@ import argparse
 from typing import Any
 
 from . import print_json, say
-from .serve import add_group_arguments, add_tune_arguments, request_from_args, split_at_double_dash
+from .serve import add_group_arguments, add_tune_arguments, split_at_double_dash
+from .serve_run import request_from_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -19,7 +19,8 @@ from .._api import preview
 from ..errors import BadInput
 from ..rig import load_layout
 from . import build_parser
-from .serve import check_serve_flags, request_from_args
+from .serve import check_serve_flags
+from .serve_run import request_from_args
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
