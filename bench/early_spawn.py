@@ -58,9 +58,12 @@ runpy.run_module("arcsplit", run_name="__main__", alter_sys=True)
 """
 
 # What _check_serve imports: the modules -X importtime reports after cli.main's own imports (arcsplit.cli, _warm).
+# Its first is serve's command module, which build_parser imports with importlib.import_module: -X importtime does
+# not report a module imported that way (only those it imports in turn), so an import statement takes it first.
 _IMPORTS = """import sys
 import arcsplit.cli, arcsplit._warm
 print("MARK", file=sys.stderr, flush=True)
+import arcsplit.cli.serve
 arcsplit.cli._check_serve(sys.argv[1:])
 """
 

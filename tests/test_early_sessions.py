@@ -4,6 +4,9 @@ launcher) is tests/test_multihost.py's; here the transport is a local stand-in t
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -56,6 +59,35 @@ def test_only_a_serve_with_a_layout_naming_other_hosts_starts_early(tmp_path):
         memory_mib = 1024
         """))
     assert _warm.layout_hosts(["serve", "m.gguf", "--layout", local]) is None
+
+
+# Stops `arcsplit serve` as it is about to spawn the first ssh (an audit hook: no ssh runs), printing the arcsplit
+# modules imported by then.
+_AT_SPAWN = textwrap.dedent("""\
+    import json, os, sys
+    def hook(event, args):
+        if event == "subprocess.Popen" and "ssh" in [os.path.basename(str(a)) for a in args[1]]:
+            os.write(1, json.dumps(sorted(m for m in sys.modules if m.startswith("arcsplit"))).encode())
+            os._exit(0)
+    sys.addaudithook(hook)
+    from arcsplit.cli import main
+    sys.exit(main(sys.argv[1:]))
+    """)
+
+
+def test_the_sessions_start_before_the_serving_stack_is_imported(tmp_path):
+    """serve's flags and model are checked before a host's ssh is spawned (cli/serve.py, the parser), and the
+    serving stack (arcsplit._api, cli/serve_run.py: ~0.25 s of imports) only after, while the login runs. Were the
+    parser to import it again, every layout's sessions would start that much later and nothing else would say so."""
+    model = tmp_path / "m.gguf"
+    model.touch()  # the check asks only that it exists; the hook stops the run before anything reads it
+    r = subprocess.run([sys.executable, "-c", _AT_SPAWN, "serve", str(model), "--layout", _layout(tmp_path)],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "ARCSPLIT_RUNTIME_DIR": str(tmp_path / "run")})
+    assert r.returncode == 0 and r.stdout, (r.returncode, r.stderr)
+    loaded = set(json.loads(r.stdout))
+    assert "arcsplit.cli.serve" in loaded  # the flags were parsed and checked before the spawn
+    assert not loaded & {"arcsplit._api", "arcsplit.cli.serve_run", "arcsplit.run.remote"}, sorted(loaded)
 
 
 def test_a_session_the_run_never_takes_is_ended(tmp_path, monkeypatch):
