@@ -62,7 +62,7 @@ def test_every_package_and_module_has_a_rank():
 
 
 def test_the_walker_sees_relative_and_absolute_imports():
-    assert "_api" in imports(PKG / "cli" / "serve.py")  # the CLI's serve goes through the API
+    assert "_api" in imports(PKG / "cli" / "serve_run.py")  # the CLI's serve goes through the API
     assert "run" in imports(PKG / "_api.py") and "llama" in imports(PKG / "decide" / "prepare.py")
     assert imports(PKG / "run" / "bus.py") >= {"_dirs", "errors", "proc"} and "run" in imports(PKG / "run" / "supervisor.py")
 
