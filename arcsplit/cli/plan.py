@@ -53,11 +53,10 @@ def _plan(args: argparse.Namespace) -> int:
     if rig is None and anything_kept():  # what serve would run: the tuned pick for this rig (docs/tune.md)
         from ..tune.runner import summary, tuned
 
-        got = tuned(req)
+        got, tuned_lines = tuned(req), summary(req)  # the summary by the user's request: the pick's is another
         if got is not None:
             print(f"arcsplit: {got[1]}", file=sys.stderr, flush=True)
             req = got[0]
-        tuned_lines = summary(req)
     prepared = preview(req, rig)
     config, plan, profile = prepared.config, prepared.config.plan, prepared.profile
     if args.save:
