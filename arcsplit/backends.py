@@ -50,6 +50,9 @@ class Backend:
     probe_by_default: bool = False
     # Whether multi+workaround exists here: one context with the runtime's workaround environment (Intel NEO).
     one_context_workaround: bool = False
+    # Whether Intel's compute runtime (NEO, Level Zero, oneAPI) decides if this backend works here: `doctor` and the
+    # runtime check read and report their versions (llama/facts.py), and name the one they could not read.
+    intel_runtime: bool = False
     # Whether one rpc-server may hold several cards of a host (layout rpc_servers = "per-host"); rig.PER_HOST_SYCL.
     per_host_rpc: bool = True
     # The visibility variable's value for a list of indices ("{ids}": "0,2").
@@ -121,7 +124,7 @@ REGISTRY: dict[str, Backend] = {
             vendors=("intel",), sampler=_INTEL_SAMPLER, library="libggml-sycl.so",
             # ggml-org/llama.cpp#22885: one context over several Arc cards fails on some NEO versions.
             probe_modes=(Mode.MULTI, Mode.MULTI_WORKAROUND, Mode.HYBRID), probe_by_default=True,
-            one_context_workaround=True, per_host_rpc=False, visibility_format="level_zero:{ids}",
+            one_context_workaround=True, intel_runtime=True, per_host_rpc=False, visibility_format="level_zero:{ids}",
             # Sysman makes free memory readable (llama.cpp docs/backend/SYCL.md: ZES_ENABLE_SYSMAN).
             base_env=(("ZES_ENABLE_SYSMAN", "1"),),
             # Level Zero has no CPU devices, so this selects nothing; ggml-sycl then has no devices and stays
