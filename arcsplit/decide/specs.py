@@ -23,6 +23,7 @@ from ..llama.features import RPC_OPTIONAL, RPC_REQUIRED, Features, fit_args
 from ..llama.patches import SHM_ENV, SPIN_ENV
 from ..llama.seeding import SEED_FLAG
 from ..modes import Mode
+from ..netaddr import local_url
 from ..proc.spec import LOOPBACK, ProcessSpec
 from ..rig import Host, per_host
 from ..route import HOST_DEVICE, Route
@@ -122,8 +123,7 @@ class ServeConfig:
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"http://{host}:{self.port}"
+        return local_url(self.host, self.port)
 
 
 def n_rpc_servers(config: ServeConfig) -> int:

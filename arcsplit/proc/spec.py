@@ -1,6 +1,6 @@
 """One process to run (a ProcessSpec): the value the specs build, the supervisor and the node agent start.
 
-Its own module, with nothing but the standard library, because the node agent on every other host imports it
+Its own module, with nothing but the standard library (and netaddr, which the agent reads anyway), because the node agent on every other host imports it
 at each start, before it can say hello: decide/specs.py (which builds these from a plan) pulls in the route, the
 rig and llama.cpp's flag tables.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LOOPBACK = "127.0.0.1"
+from ..netaddr import LOOPBACK
 
 
 @dataclass(frozen=True)
