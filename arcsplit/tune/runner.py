@@ -82,8 +82,8 @@ def request_for(base: ServeRequest, c: Candidate, rig: Rig) -> ServeRequest:
 def fingerprint_of(p: Prepared, binaries: LlamaBinaries) -> fpmod.Fingerprint:
     """The rig, its drivers, the build and the model as ``p`` sees them (facts/neo only on SYCL, where it matters)."""
     neo = ""
-    if p.request.backend == backends.SYCL:
-        facts = gather_facts(backends.SYCL)
+    if backends.get(p.request.backend).intel_runtime:
+        facts = gather_facts(p.request.backend)
         neo = facts.neo.label if facts.neo else ""
     cards = tuple(f"{c.index}:{c.name}" + (f":{c.total_bytes}" if not backends.get(c.backend).on_cpu else "") for c in p.rig.cards)
     driver = ";".join(f"{m} {v}" for m in ("i915", "nvidia", "amdgpu") if (v := fpmod.module_version(m)))
