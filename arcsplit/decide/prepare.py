@@ -37,7 +37,7 @@ from ..proc.ports import check_free, check_host, free_port
 from ..rig import Rig, per_host
 from ..route import OUTPUT_LAYER_CHOICES, Route
 from . import weightcache
-from .specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, n_links, n_rpc_servers, split_secrets
+from .specs import ALIAS_FLAGS, LOOPBACK, ProcessSpec, ServeConfig, build_specs, n_links, n_rpc_servers, split_secrets
 
 __all__ = ["MODE_CHOICES", "OUTPUT_LAYER_CHOICES"]  # re-exported by arcsplit._api
 
@@ -427,7 +427,7 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
 def _alias_in(extra: Sequence[str]) -> str | None:
     """A name the user gave llama-server itself after ``--`` (``-a``/``--alias NAME``): theirs wins."""
     for flag, value in zip(extra, extra[1:]):
-        if flag in ("-a", "--alias"):
+        if flag in ALIAS_FLAGS:
             return value
     return None
 

@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # the node agent builds ProcessSpecs too: it should not impor
 # (common/arg.cpp: `--api-key` .set_env("LLAMA_API_KEY")). argv shows in `ps`, state.json, logs and events;
 # the environment does not.
 SECRET_FLAGS = {"--api-key": "LLAMA_API_KEY"}
+ALIAS_FLAGS = ("-a", "--alias")  # llama-server's spellings of the served model's name: the user's own one wins
 SERVER_LOG_ARGS = ("-lv", "4")  # buffer-size lines are printed at verbosity 4 (llama.cpp src/llama-model.cpp)
 # llama-server only reports its load progress in the router's child protocol (tools/server/server-models.cpp,
 # `cmd_child_to_router:state:{json}` on stdout); setting this variable opts in. It also makes llama-server exit
@@ -226,7 +227,7 @@ def _server_spec(config: ServeConfig, rpc_specs: list[ProcessSpec], extra_env: d
         argv += ["-t", str(threads)]  # llama-server computes the host card's layers; share cores evenly
     if SERVER_LOG_ARGS[0] not in config.extra_args:  # the user's own verbosity wins
         argv += list(SERVER_LOG_ARGS)
-    if config.alias and not {"-a", "--alias"} & set(config.extra_args):
+    if config.alias and not set(ALIAS_FLAGS) & set(config.extra_args):
         argv += ["--alias", config.alias]  # else llama-server names the model by its path
     if config.ui_dir:
         argv += ["--path", config.ui_dir]  # before the user's args: their own --path or --no-ui wins

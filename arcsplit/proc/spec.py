@@ -17,7 +17,7 @@ class ProcessSpec:
     """One process to run: what to exec, with which environment, and what it serves."""
 
     name: str  # "rpc0", "rpc1", ..., "rpc0-link", ..., "server"
-    role: str  # "rpc" | "link" | "server"
+    role: str  # "rpc" | "link" | "server" | "node" (run/early.py: a host's node agent)
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]  # set on top of the supervisor's environment (the node's, on another host)
     host: str  # the address it listens on, on the machine that runs it
