@@ -21,7 +21,7 @@ from ..errors import BadInput
 from ..modes import CHOICES as MODE_CHOICES
 from ..netaddr import bus_address
 from ..proc.ports import check_free
-from ..route import OUTPUT_LAYER_CHOICES
+from ..route import NATIVE_UBATCH, OUTPUT_LAYER_CHOICES, RPC_UBATCH
 from .options import add_card_options, add_llama_dir
 
 
@@ -158,7 +158,7 @@ def add_group_arguments(p: argparse.ArgumentParser) -> None:
                    help="send the weights to the rpc-servers over the socket, as stock llama.cpp does (default: with a "
                         "build carrying patch 0006 they read them from the GGUF on this machine, no copy)")
     p.add_argument("--ubatch", type=int, metavar="N",
-                   help="micro-batch size, -ub (default: 256 on hybrid/rpc routes, measured faster; else 512)")
+                   help=f"micro-batch size, -ub (default: {RPC_UBATCH} on hybrid/rpc routes, measured faster; else {NATIVE_UBATCH})")
     p.add_argument("--output-layer", choices=OUTPUT_LAYER_CHOICES, default="auto",
                    help="hybrid mode: local puts the output layer on llama-server's own card (-ot), so the logits "
                         "do not cross the RPC link; last/auto keep llama.cpp's place (the last card)")
