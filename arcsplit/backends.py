@@ -3,9 +3,9 @@
 Everything that differs between backends is a field here: llama.cpp's device-name prefix, the variable that
 confines a process to some cards, the cmake flags, toolchain and shared library of a build, which card vendors it
 drives, the modes a probe tries, the telemetry sampler that reads its cards (locally and in the node agent), its
-defaults. Code elsewhere reads these fields and never compares backend names. Adding a backend is one ``Backend``
-entry (in REGISTRY, or ``register()`` at run time) plus its tests; docs/extending.md lists what else a new kind of
-card needs. Pure: no I/O.
+defaults. Code elsewhere reads these fields; it names a backend only for a quirk of that one backend's build or
+runtime (docs/extending.md lists them). Adding a backend is one ``Backend`` entry (in REGISTRY, or ``register()``
+at run time) plus its tests; docs/extending.md lists what else a new kind of card needs. Pure: no I/O.
 """
 
 from __future__ import annotations
