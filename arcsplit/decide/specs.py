@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from .. import backends
 from ..errors import BadInput
 from ..hosts import forward_argv
-from ..llama.childenv import Dropped, overlay
+from ..llama.childenv import SERVER_KEY_VAR, Dropped, overlay
 from ..llama.features import RPC_OPTIONAL, RPC_REQUIRED, Features, fit_args
 from ..llama.patches import SHM_ENV, SPIN_ENV
 from ..llama.seeding import SEED_FLAG
@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # the node agent builds ProcessSpecs too: it should not impor
 # llama-server flags whose value is a secret, and the variable llama-server reads the same value from
 # (common/arg.cpp: `--api-key` .set_env("LLAMA_API_KEY")). argv shows in `ps`, state.json, logs and events;
 # the environment does not.
-SECRET_FLAGS = {"--api-key": "LLAMA_API_KEY"}
+SECRET_FLAGS = {"--api-key": SERVER_KEY_VAR}
 ALIAS_FLAGS = ("-a", "--alias")  # llama-server's spellings of the served model's name: the user's own one wins
 SERVER_LOG_ARGS = ("-lv", "4")  # buffer-size lines are printed at verbosity 4 (llama.cpp src/llama-model.cpp)
 # llama-server only reports its load progress in the router's child protocol (tools/server/server-models.cpp,
