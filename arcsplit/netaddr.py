@@ -13,6 +13,7 @@ from .errors import BadInput
 
 IP = ipaddress.IPv4Address | ipaddress.IPv6Address
 LOOPBACK = "127.0.0.1"  # where arcsplit binds and dials unless the user names an address
+SERVER_PORT = 8080  # llama-server's HTTP port unless the user names one (llama-server's own default too)
 
 
 def bracket(address: str) -> str:

@@ -16,6 +16,7 @@ from ..demo import CHAT_PACKAGE, DEMO_PACKAGE, chat_model_path, demo_model_path,
 from ..errors import LlamaError
 from ..llama.build import BuildConfig, managed_builds
 from ..llama.locate import find_llama
+from ..netaddr import SERVER_PORT
 from . import llama as cli_llama, say, serve_run as cli_serve
 
 
@@ -54,6 +55,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--base", action="store_true",
                    help="serve the base demo model (Gemma 3 270M) instead: text completion only, no chat")
     p.add_argument("--cpu-memory", type=int, default=1024, metavar="MiB", help="budget of each CPU card (default 1024)")
-    p.add_argument("--port", type=int, default=8080, help="HTTP port of llama-server (default 8080)")
+    p.add_argument("--port", type=int, default=SERVER_PORT, help=f"HTTP port of llama-server (default {SERVER_PORT})")
     p.add_argument("--metrics-port", type=int, metavar="P", help="also serve arcsplit's metrics on this port")
     p.set_defaults(func=_demo, extra=[])

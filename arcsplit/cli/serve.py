@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import BadInput
 from ..modes import CHOICES as MODE_CHOICES
-from ..netaddr import bus_address
+from ..netaddr import LOOPBACK, SERVER_PORT, bus_address
 from ..proc.ports import check_free
 from ..route import NATIVE_UBATCH, OUTPUT_LAYER_CHOICES, RPC_UBATCH
 from .options import add_card_options, add_llama_dir
@@ -146,10 +146,10 @@ def add_group_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=_ctx, metavar="N|max", help="context length (default: max, the largest that fits)")
     p.add_argument("--parallel", "--np", type=int, default=1, metavar="N",
                    help="parallel sequences (slots), llama-server -np (default: 1)")
-    p.add_argument("--host", default="127.0.0.1", help="llama-server address (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="llama-server port (default: 8080)")
-    p.add_argument("--rpc-host", default="127.0.0.1",
-                   help="rpc-server address (default: 127.0.0.1; anything else is reachable from the network)")
+    p.add_argument("--host", default=LOOPBACK, help=f"llama-server address (default: {LOOPBACK})")
+    p.add_argument("--port", type=int, default=SERVER_PORT, help=f"llama-server port (default: {SERVER_PORT})")
+    p.add_argument("--rpc-host", default=LOOPBACK,
+                   help=f"rpc-server address (default: {LOOPBACK}; anything else is reachable from the network)")
     p.add_argument("--rpc-ports", metavar="LIST", help="rpc-server ports, one per rpc-server (default: free ports)")
     p.add_argument("--threads", type=int, metavar="N", help="threads per rpc-server (default: cores / cards)")
     p.add_argument("--rpc-cache", action="store_true",

@@ -31,6 +31,7 @@ from ..llama.seeding import can_seed
 from ..llama.webui import serve_dir
 from ..memory import ctx_class, ctx_class_below
 from ..model import load_profile, served_name
+from ..netaddr import SERVER_PORT
 from ..modes import AUTO as AUTO_MODE, CHOICES as MODE_CHOICES, Mode, parse_choice
 from ..planner import Plan, PlanOptions, make_plan
 from ..proc.ports import check_free, check_host, free_port
@@ -53,7 +54,7 @@ class ServeRequest:
     ctx: int | None = None
     parallel: int = 1
     host: str = LOOPBACK
-    port: int = 8080
+    port: int = SERVER_PORT
     rpc_host: str = LOOPBACK
     rpc_ports: Sequence[int] | None = None
     threads: int | None = None

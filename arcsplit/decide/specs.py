@@ -23,7 +23,7 @@ from ..llama.features import RPC_OPTIONAL, RPC_REQUIRED, Features, fit_args
 from ..llama.patches import SHM_ENV, SPIN_ENV
 from ..llama.seeding import SEED_FLAG
 from ..modes import Mode
-from ..netaddr import local_url
+from ..netaddr import SERVER_PORT, local_url
 from ..proc.spec import LOOPBACK, ProcessSpec
 from ..rig import Host, per_host
 from ..route import HOST_DEVICE, Route
@@ -77,7 +77,7 @@ class ServeConfig:
     server_bin: str
     rpc_bin: str
     host: str = LOOPBACK
-    port: int = 8080
+    port: int = SERVER_PORT
     rpc_host: str = LOOPBACK
     rpc_ports: tuple[int, ...] | None = None  # the user's fixed ports, else free ones are picked
     threads: int | None = None  # rpc-server -t; None: cores // n_cards
