@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadInput
-from ..modes import CHOICES as MODE_CHOICES
+from ..modes import AUTO, CHOICES as MODE_CHOICES
 from ..netaddr import LOOPBACK, SERVER_PORT, bus_address
 from ..proc.ports import check_free
 from ..route import NATIVE_UBATCH, OUTPUT_LAYER_CHOICES, RPC_UBATCH
@@ -142,7 +142,7 @@ def add_group_arguments(p: argparse.ArgumentParser) -> None:
     """The flags that decide what a group runs: shared by ``serve`` and ``plan``, so both build the same Route."""
     add_card_options(p)
     add_llama_dir(p)
-    p.add_argument("--mode", choices=MODE_CHOICES, default="auto", help="how the cards share the model (default: auto)")
+    p.add_argument("--mode", choices=MODE_CHOICES, default=AUTO, help="how the cards share the model (default: auto)")
     p.add_argument("--ctx", type=_ctx, metavar="N|max", help="context length (default: max, the largest that fits)")
     p.add_argument("--parallel", "--np", type=int, default=1, metavar="N",
                    help="parallel sequences (slots), llama-server -np (default: 1)")

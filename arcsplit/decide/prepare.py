@@ -49,8 +49,8 @@ class ServeRequest:
 
     model: str
     gpus: Sequence[int] | str | None = None
-    backend: str = "auto"  # the cards and the builds present decide (llama/detect.py)
-    mode: str = "auto"
+    backend: str = backends.AUTO  # the cards and the builds present decide (llama/detect.py)
+    mode: str = AUTO_MODE
     ctx: int | None = None
     parallel: int = 1
     host: str = LOOPBACK
