@@ -158,7 +158,8 @@ def add_group_arguments(p: argparse.ArgumentParser) -> None:
                    help="send the weights to the rpc-servers over the socket, as stock llama.cpp does (default: with a "
                         "build carrying patch 0006 they read them from the GGUF on this machine, no copy)")
     p.add_argument("--ubatch", type=int, metavar="N",
-                   help=f"micro-batch size, -ub (default: {RPC_UBATCH} on hybrid/rpc routes, measured faster; else {NATIVE_UBATCH})")
+                   help=f"micro-batch size, -ub (default: {RPC_UBATCH} on hybrid/rpc routes, measured faster; "
+                        f"else {NATIVE_UBATCH})")
     p.add_argument("--output-layer", choices=OUTPUT_LAYER_CHOICES, default="auto",
                    help="hybrid mode: local puts the output layer on llama-server's own card (-ot), so the logits "
                         "do not cross the RPC link; last/auto keep llama.cpp's place (the last card)")
