@@ -12,7 +12,8 @@ import shutil
 import sys
 
 from .. import backends
-from ..demo import CHAT_PACKAGE, DEMO_PACKAGE, chat_model_path, demo_model_path, ensure_chat_model, ensure_demo_model
+from ..demo import (CHAT_NAME, CHAT_PACKAGE, DEMO_NAME, DEMO_PACKAGE,
+                    chat_model_path, demo_model_path, ensure_chat_model, ensure_demo_model)
 from ..errors import LlamaError
 from ..llama.build import BuildConfig, managed_builds
 from ..llama.locate import find_llama
@@ -44,7 +45,7 @@ def _demo(args: argparse.Namespace) -> int:
     # (llama.cpp's web UI takes the server's default), so the chat demo runs at temperature 0.
     ns.extra = [] if args.base else ["--temp", "0"]
     # The GGUFs' own general.name ("Smollm2 135M 8k Lc100K Mix1 Ep2") is no name to type into a request.
-    ns.alias = "gemma-3-270m" if args.base else "SmolLM2-135M-Instruct"
+    ns.alias = DEMO_NAME if args.base else CHAT_NAME
     return cli_serve.serve_from_args(ns, demo="completion" if args.base else "chat")
 
 
