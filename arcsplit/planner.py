@@ -12,7 +12,7 @@ from . import memory
 from .errors import BadInput, DoesNotFit
 from .memory import UNCHECKED_COMPUTE_MARGIN
 from .rig import Card, Host, Rig
-from .route import HOST_DEVICE  # llama-server's own CPU: layers planned there are simply not offloaded
+from .route import HOST_DEVICE, NATIVE_UBATCH  # llama-server's own CPU: layers planned there are simply not offloaded
 
 OUTPUT_TENSORS = r"^output"
 """llama.cpp ``-ot`` pattern (regex_search on tensor names) of the output layer's own tensors: output.weight,
@@ -29,7 +29,7 @@ class PlanOptions:
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     n_batch: int = 2048
-    n_ubatch: int = 512
+    n_ubatch: int = NATIVE_UBATCH
     flash_attn: bool = True
     swa_full: bool = False
     n_outputs: int | None = None  # logits rows the graph is reserved for; None: one per slot, as llama-server does

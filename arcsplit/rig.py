@@ -44,7 +44,7 @@ def default_margin(backend: str) -> int:
     """Bytes kept free per card: llama.cpp's own --fit-target for GPUs. A CPU card's budget is already the limit,
     so it keeps only 16 MiB: the compute model was measured up to ~1.5 MiB low on the demo model's cards
     (bench/results/fit_context.md), and a plan must never allocate past what it promised."""
-    return 16 * MiB if backend == backends.CPU else 1024 * MiB
+    return 16 * MiB if backends.get(backend).on_cpu else 1024 * MiB
 
 
 @dataclass(frozen=True)

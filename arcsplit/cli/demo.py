@@ -12,10 +12,12 @@ import shutil
 import sys
 
 from .. import backends
-from ..demo import CHAT_PACKAGE, DEMO_PACKAGE, chat_model_path, demo_model_path, ensure_chat_model, ensure_demo_model
+from ..demo import (CHAT_NAME, CHAT_PACKAGE, DEMO_NAME, DEMO_PACKAGE,
+                    chat_model_path, demo_model_path, ensure_chat_model, ensure_demo_model)
 from ..errors import LlamaError
 from ..llama.build import BuildConfig, managed_builds
 from ..llama.locate import find_llama
+from ..netaddr import SERVER_PORT
 from . import llama as cli_llama, say, serve_run as cli_serve
 
 
@@ -43,7 +45,7 @@ def _demo(args: argparse.Namespace) -> int:
     # (llama.cpp's web UI takes the server's default), so the chat demo runs at temperature 0.
     ns.extra = [] if args.base else ["--temp", "0"]
     # The GGUFs' own general.name ("Smollm2 135M 8k Lc100K Mix1 Ep2") is no name to type into a request.
-    ns.alias = "gemma-3-270m" if args.base else "SmolLM2-135M-Instruct"
+    ns.alias = DEMO_NAME if args.base else CHAT_NAME
     return cli_serve.serve_from_args(ns, demo="completion" if args.base else "chat")
 
 
@@ -54,6 +56,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--base", action="store_true",
                    help="serve the base demo model (Gemma 3 270M) instead: text completion only, no chat")
     p.add_argument("--cpu-memory", type=int, default=1024, metavar="MiB", help="budget of each CPU card (default 1024)")
-    p.add_argument("--port", type=int, default=8080, help="HTTP port of llama-server (default 8080)")
+    p.add_argument("--port", type=int, default=SERVER_PORT, help=f"HTTP port of llama-server (default {SERVER_PORT})")
     p.add_argument("--metrics-port", type=int, metavar="P", help="also serve arcsplit's metrics on this port")
     p.set_defaults(func=_demo, extra=[])

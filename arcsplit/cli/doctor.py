@@ -295,7 +295,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "them against known-bad runtimes, probe the real llama.cpp on the cards, and pick the "
                                    "fastest mode that works. For a bug report, pass saved outputs with --sycl-ls, "
                                    "--kernel and --kernel-config.")
-    p.add_argument("--backend", choices=backends.choices(), default="auto",
+    p.add_argument("--backend", choices=backends.choices(), default=backends.AUTO,
                    help="ggml backend (default auto: what serve would pick here; sycl for Intel Arc cards)")
     p.add_argument("--gpus", metavar="LIST", help="cards to check, e.g. 0,1 (default: all)")
     p.add_argument("--mode", choices=MODES, help="show the decision for a forced mode")

@@ -182,7 +182,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         description="Build llama-server, ggml-rpc-server, llama-cli, llama-bench and "
                                     "llama-fit-params (GGML_RPC=ON) from the llama.cpp tree vendored in "
                                     f"llama-cpp-python {SDIST_VERSION}, into the user cache. Cached per backend.")
-    b.add_argument("--backend", choices=backends.choices(), default="auto",
+    b.add_argument("--backend", choices=backends.choices(), default=backends.AUTO,
                    help="ggml backend (default auto: sycl for Intel Arc cards when icpx is on PATH, else vulkan when "
                         "glslc is; cuda for NVIDIA; cpu without a GPU)")
     b.add_argument("--jobs", "-j", type=int, default=None, help="parallel compile jobs (default: all cores)")
@@ -200,7 +200,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     w = lsub.add_parser("which", help="report the binaries arcsplit will run and their build",
                         description="Report the llama.cpp binaries arcsplit will run, their build and origin.")
     add_llama_dir(w)
-    w.add_argument("--backend", choices=backends.choices(), default="auto",
+    w.add_argument("--backend", choices=backends.choices(), default=backends.AUTO,
                    help="which managed build to fall back to (default auto: the one serve would use)")
     w.add_argument("--all", action="store_true", help="list every managed build and its key")
     w.add_argument("--json", action="store_true", help="machine-readable output")

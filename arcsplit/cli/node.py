@@ -71,6 +71,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-bind", action="append", metavar="ADDR",
                    help="an address rpc-servers may bind besides 127.0.0.1 (layout link = \"direct\"; repeatable; "
                         "never 0.0.0.0)")
-    p.add_argument("--backend", choices=backends.choices(), default="auto", help="which llama.cpp build's rpc-server to run (default auto)")
+    p.add_argument("--backend", choices=backends.choices(), default=backends.AUTO, help="which llama.cpp build's rpc-server to run (default auto)")
     add_llama_dir(p)
     p.set_defaults(func=_node)

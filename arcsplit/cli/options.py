@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 def add_card_options(p: argparse.ArgumentParser) -> None:
     """--backend, --gpus and --cpu-memory: how every command names the cards it uses."""
-    p.add_argument("--backend", choices=backends.choices(), default="auto",
+    p.add_argument("--backend", choices=backends.choices(), default=backends.AUTO,
                    help="ggml backend (default auto: the cards in sysfs and the llama.cpp builds present decide, "
                         "e.g. sycl on Intel Arc cards with a SYCL build; cpu when there is no GPU)")
     p.add_argument("--gpus", metavar="LIST", help="cards to use, in order, e.g. 0,1 (default: all; cpu: one)")

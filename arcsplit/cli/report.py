@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "bug report.")
     p.add_argument("run", nargs="?", help="run id (default: the last run; see `arcsplit ps`)")
     p.add_argument("-o", "--output", metavar="FILE", help="where to write it (default: ./arcsplit-report-<time>.tar.gz)")
-    p.add_argument("--backend", choices=backends.choices(), default="auto", help="backend the doctor checks (default: auto)")
+    p.add_argument("--backend", choices=backends.choices(), default=backends.AUTO, help="backend the doctor checks (default: auto)")
     p.add_argument("--gpus", metavar="LIST", help="cards the doctor checks (default: all)")
     p.add_argument("--probe", action="store_true",
                    help="let the doctor run its probe when none is cached (default: include cached results only)")

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadInput
-from ..modes import CHOICES as MODE_CHOICES
-from ..netaddr import bus_address
+from ..modes import AUTO, CHOICES as MODE_CHOICES
+from ..netaddr import LOOPBACK, SERVER_PORT, bus_address
 from ..proc.ports import check_free
-from ..route import OUTPUT_LAYER_CHOICES
+from ..route import NATIVE_UBATCH, OUTPUT_LAYER_CHOICES, RPC_UBATCH
 from .options import add_card_options, add_llama_dir
 
 
@@ -142,14 +142,14 @@ def add_group_arguments(p: argparse.ArgumentParser) -> None:
     """The flags that decide what a group runs: shared by ``serve`` and ``plan``, so both build the same Route."""
     add_card_options(p)
     add_llama_dir(p)
-    p.add_argument("--mode", choices=MODE_CHOICES, default="auto", help="how the cards share the model (default: auto)")
+    p.add_argument("--mode", choices=MODE_CHOICES, default=AUTO, help="how the cards share the model (default: auto)")
     p.add_argument("--ctx", type=_ctx, metavar="N|max", help="context length (default: max, the largest that fits)")
     p.add_argument("--parallel", "--np", type=int, default=1, metavar="N",
                    help="parallel sequences (slots), llama-server -np (default: 1)")
-    p.add_argument("--host", default="127.0.0.1", help="llama-server address (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="llama-server port (default: 8080)")
-    p.add_argument("--rpc-host", default="127.0.0.1",
-                   help="rpc-server address (default: 127.0.0.1; anything else is reachable from the network)")
+    p.add_argument("--host", default=LOOPBACK, help=f"llama-server address (default: {LOOPBACK})")
+    p.add_argument("--port", type=int, default=SERVER_PORT, help=f"llama-server port (default: {SERVER_PORT})")
+    p.add_argument("--rpc-host", default=LOOPBACK,
+                   help=f"rpc-server address (default: {LOOPBACK}; anything else is reachable from the network)")
     p.add_argument("--rpc-ports", metavar="LIST", help="rpc-server ports, one per rpc-server (default: free ports)")
     p.add_argument("--threads", type=int, metavar="N", help="threads per rpc-server (default: cores / cards)")
     p.add_argument("--rpc-cache", action="store_true",
@@ -158,7 +158,8 @@ def add_group_arguments(p: argparse.ArgumentParser) -> None:
                    help="send the weights to the rpc-servers over the socket, as stock llama.cpp does (default: with a "
                         "build carrying patch 0006 they read them from the GGUF on this machine, no copy)")
     p.add_argument("--ubatch", type=int, metavar="N",
-                   help="micro-batch size, -ub (default: 256 on hybrid/rpc routes, measured faster; else 512)")
+                   help=f"micro-batch size, -ub (default: {RPC_UBATCH} on hybrid/rpc routes, measured faster; "
+                        f"else {NATIVE_UBATCH})")
     p.add_argument("--output-layer", choices=OUTPUT_LAYER_CHOICES, default="auto",
                    help="hybrid mode: local puts the output layer on llama-server's own card (-ot), so the logits "
                         "do not cross the RPC link; last/auto keep llama.cpp's place (the last card)")

@@ -31,13 +31,14 @@ from ..llama.seeding import can_seed
 from ..llama.webui import serve_dir
 from ..memory import ctx_class, ctx_class_below
 from ..model import load_profile, served_name
+from ..netaddr import SERVER_PORT
 from ..modes import AUTO as AUTO_MODE, CHOICES as MODE_CHOICES, Mode, parse_choice
 from ..planner import Plan, PlanOptions, make_plan
 from ..proc.ports import check_free, check_host, free_port
 from ..rig import Rig, per_host
 from ..route import OUTPUT_LAYER_CHOICES, Route
 from . import weightcache
-from .specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, n_links, n_rpc_servers, split_secrets
+from .specs import ALIAS_FLAGS, LOOPBACK, ProcessSpec, ServeConfig, build_specs, n_links, n_rpc_servers, split_secrets
 
 __all__ = ["MODE_CHOICES", "OUTPUT_LAYER_CHOICES"]  # re-exported by arcsplit._api
 
@@ -48,12 +49,12 @@ class ServeRequest:
 
     model: str
     gpus: Sequence[int] | str | None = None
-    backend: str = "auto"  # the cards and the builds present decide (llama/detect.py)
-    mode: str = "auto"
+    backend: str = backends.AUTO  # the cards and the builds present decide (llama/detect.py)
+    mode: str = AUTO_MODE
     ctx: int | None = None
     parallel: int = 1
     host: str = LOOPBACK
-    port: int = 8080
+    port: int = SERVER_PORT
     rpc_host: str = LOOPBACK
     rpc_ports: Sequence[int] | None = None
     threads: int | None = None
@@ -427,7 +428,7 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
 def _alias_in(extra: Sequence[str]) -> str | None:
     """A name the user gave llama-server itself after ``--`` (``-a``/``--alias NAME``): theirs wins."""
     for flag, value in zip(extra, extra[1:]):
-        if flag in ("-a", "--alias"):
+        if flag in ALIAS_FLAGS:
             return value
     return None
 

@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from .. import backends
 from ..errors import BadInput
 from ..hosts import forward_argv
-from ..llama.childenv import Dropped, overlay
+from ..llama.childenv import SERVER_KEY_VAR, Dropped, overlay
 from ..llama.features import RPC_OPTIONAL, RPC_REQUIRED, Features, fit_args
 from ..llama.patches import SHM_ENV, SPIN_ENV
 from ..llama.seeding import SEED_FLAG
 from ..modes import Mode
+from ..netaddr import SERVER_PORT, local_url
 from ..proc.spec import LOOPBACK, ProcessSpec
 from ..rig import Host, per_host
 from ..route import HOST_DEVICE, Route
@@ -34,7 +35,8 @@ if TYPE_CHECKING:  # the node agent builds ProcessSpecs too: it should not impor
 # llama-server flags whose value is a secret, and the variable llama-server reads the same value from
 # (common/arg.cpp: `--api-key` .set_env("LLAMA_API_KEY")). argv shows in `ps`, state.json, logs and events;
 # the environment does not.
-SECRET_FLAGS = {"--api-key": "LLAMA_API_KEY"}
+SECRET_FLAGS = {"--api-key": SERVER_KEY_VAR}
+ALIAS_FLAGS = ("-a", "--alias")  # llama-server's spellings of the served model's name: the user's own one wins
 SERVER_LOG_ARGS = ("-lv", "4")  # buffer-size lines are printed at verbosity 4 (llama.cpp src/llama-model.cpp)
 # llama-server only reports its load progress in the router's child protocol (tools/server/server-models.cpp,
 # `cmd_child_to_router:state:{json}` on stdout); setting this variable opts in. It also makes llama-server exit
@@ -75,7 +77,7 @@ class ServeConfig:
     server_bin: str
     rpc_bin: str
     host: str = LOOPBACK
-    port: int = 8080
+    port: int = SERVER_PORT
     rpc_host: str = LOOPBACK
     rpc_ports: tuple[int, ...] | None = None  # the user's fixed ports, else free ones are picked
     threads: int | None = None  # rpc-server -t; None: cores // n_cards
@@ -122,8 +124,7 @@ class ServeConfig:
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        return f"http://{host}:{self.port}"
+        return local_url(self.host, self.port)
 
 
 def n_rpc_servers(config: ServeConfig) -> int:
@@ -226,7 +227,7 @@ def _server_spec(config: ServeConfig, rpc_specs: list[ProcessSpec], extra_env: d
         argv += ["-t", str(threads)]  # llama-server computes the host card's layers; share cores evenly
     if SERVER_LOG_ARGS[0] not in config.extra_args:  # the user's own verbosity wins
         argv += list(SERVER_LOG_ARGS)
-    if config.alias and not {"-a", "--alias"} & set(config.extra_args):
+    if config.alias and not set(ALIAS_FLAGS) & set(config.extra_args):
         argv += ["--alias", config.alias]  # else llama-server names the model by its path
     if config.ui_dir:
         argv += ["--path", config.ui_dir]  # before the user's args: their own --path or --no-ui wins

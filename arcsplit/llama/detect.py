@@ -103,7 +103,7 @@ def _missing(what: str, cands: Sequence[str], purpose: str) -> ArcsplitError:
         return BadInput(f"{what} found, but none of {tools} is on PATH to build a {names} llama.cpp",
                         "; ".join(f"--backend {b}: {backends.get(b).toolchain[-1][1]}" for b in cands)
                         + "; or --backend cpu")
-    how = " or ".join(f"`arcsplit llama build --backend {b}`" + (" (needs Intel oneAPI)" if b == backends.SYCL else "")
+    how = " or ".join(f"`arcsplit llama build --backend {b}`" + (" (needs Intel oneAPI)" if backends.get(b).intel_runtime else "")
                       for b in cands)
     return BadInput(f"{what} found, but no {names} build of llama.cpp", f"run {how}, or pass --backend cpu")
 

@@ -157,7 +157,7 @@ def host_budget(rig: Rig, host_memory_mib: int | None = None, live: bool = True)
         return host_memory_mib * MiB
     if not live:
         return None
-    cpu_cards = sum(c.free_bytes for c in rig.cards if c.backend == backends.CPU)
+    cpu_cards = sum(c.free_bytes for c in rig.cards if backends.get(c.backend).on_cpu)
     return max(0, psutil.virtual_memory().available - cpu_cards)
 
 

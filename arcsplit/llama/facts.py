@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from ..backends import REGISTRY, SYCL
 from ..errors import BadInput
 
 TIMEOUT_S = 20.0
@@ -526,7 +527,7 @@ def _local_sycl_facts(root: Path, timeout: float,
     return readings, sycl_devices, loader
 
 
-def _pick_neo(readings: list[NeoVersion], backend: str, unread: list[str], notes: list[str]) -> NeoVersion | None:
+def _pick_neo(readings: list[NeoVersion], wanted: bool, unread: list[str], notes: list[str]) -> NeoVersion | None:
     """The first reading is what SYCL loads; its release filled in from another source of the same build."""
     builds = sorted({r.build for r in readings})
     if len(builds) > 1:
@@ -537,7 +538,7 @@ def _pick_neo(readings: list[NeoVersion], backend: str, unread: list[str], notes
         full = next((r for r in readings if r.release and r.build == neo.build), None)
         if full:
             neo = NeoVersion(neo.build, full.release, neo.raw, neo.source)
-    if neo is None and backend == "sycl":
+    if neo is None and wanted:
         unread.append("NEO version: no source gave it (install sycl-ls from oneAPI, or clinfo)")
     return neo
 
@@ -559,7 +560,7 @@ def _llama_build(build_info: Any, backend: str, unread: list[str]) -> str | None
     return llama_build
 
 
-def gather_facts(backend: str = "sycl", build_info: Any = None, sycl_ls_file: str | Path | None = None,
+def gather_facts(backend: str = SYCL, build_info: Any = None, sycl_ls_file: str | Path | None = None,
                  kernel: str | None = None, kernel_config: str | Path | None = None,
                  sysfs_root: str | Path | None = "/sys", timeout: float = TIMEOUT_S, host_root: str | Path = "/") -> Facts:
     """Read every source that exists. With ``--sycl-ls FILE`` NEO comes from the file only: it describes
@@ -568,6 +569,8 @@ def gather_facts(backend: str = "sycl", build_info: Any = None, sycl_ls_file: st
     ``host_root`` is where this machine's files are read (libraries, /boot, /opt/intel); the tools come from
     PATH. Tests point both at trees of their own, so no result depends on what the host has installed."""
     root = Path(host_root)
+    known = REGISTRY.get(backend)
+    intel = known is not None and known.intel_runtime
     unread: list[str] = []
     notes: list[str] = []
     readings: list[NeoVersion] = []
@@ -575,13 +578,13 @@ def gather_facts(backend: str = "sycl", build_info: Any = None, sycl_ls_file: st
     loader: str | None = None
     if sycl_ls_file is not None:
         readings, sycl_devices = _sycl_ls_file_facts(sycl_ls_file, unread)
-    elif backend == "sycl":  # NEO, Level Zero and oneAPI only matter under SYCL; no point listing them as unread
+    elif intel:  # NEO, Level Zero and oneAPI only matter under SYCL; no point listing them as unread
         readings, sycl_devices, loader = _local_sycl_facts(root, timeout, unread)
-    neo = _pick_neo(readings, backend, unread, notes)
+    neo = _pick_neo(readings, intel, unread, notes)
     llama_build = _llama_build(build_info, backend, unread)
     compiler = getattr(build_info, "compiler", None)
-    oneapi, _src = _oneapi_version(compiler, root) if sycl_ls_file is None and backend == "sycl" else (None, None)
-    if oneapi is None and backend == "sycl":
+    oneapi, _src = _oneapi_version(compiler, root) if sycl_ls_file is None and intel else (None, None)
+    if oneapi is None and intel:
         unread.append("oneAPI: not in the sycl-ls file" if sycl_ls_file is not None
                       else "oneAPI: no $CMPLR_ROOT/$ONEAPI_ROOT, no /opt/intel/oneapi/compiler/latest")
     kfacts = _kernel_facts(kernel, kernel_config, unread, root)

@@ -21,6 +21,7 @@ from .. import backends
 from ..errors import BadInput, LlamaError
 from ..memory import ctx_class
 from ..modes import Mode
+from ..netaddr import LOOPBACK, free_port
 from ..route import HOST_DEVICE, Route
 from .childenv import clean_env
 from .locate import LlamaBinaries
@@ -46,12 +47,6 @@ def parse_fit_print(text: str) -> dict[str, FitRow]:
     return rows
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class RpcServers:
     """N rpc-servers on 127.0.0.1 for the oracle; a context manager that stops exactly what it started.
 
@@ -64,14 +59,14 @@ class RpcServers:
 
     def __enter__(self) -> "RpcServers":
         for k in range(self.n):
-            port = _free_port()
+            port = free_port()
             proc = subprocess.Popen(
-                [str(self.binaries.rpc_server), "-H", "127.0.0.1", "-p", str(port)],
+                [str(self.binaries.rpc_server), "-H", LOOPBACK, "-p", str(port)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.envs[k] if self.envs else None,
                 preexec_fn=lambda: signal.signal(signal.SIGPIPE, signal.SIG_IGN),
             )
             self.procs.append(proc)
-            self.endpoints.append(f"127.0.0.1:{port}")
+            self.endpoints.append(f"{LOOPBACK}:{port}")
         for ep, proc in zip(self.endpoints, self.procs):
             host, port_text = ep.split(":")
             deadline = time.monotonic() + 20

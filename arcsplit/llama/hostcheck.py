@@ -250,7 +250,7 @@ def ram_check(meminfo_text: str, backend: str, environ: Mapping[str, str] = os.e
 
 def guard_floor_applies(backend: str, environ: Mapping[str, str] = os.environ) -> bool:
     """The load guard runs on SYCL (NEO's host mirror), and on any backend once the user sets the floor."""
-    return backend == backends.SYCL or RAM_ENV in environ
+    return backends.get(backend).intel_runtime or RAM_ENV in environ
 
 
 def host_ram_short(backend: str, meminfo: str | Path = "/proc/meminfo") -> str | None:
@@ -321,7 +321,8 @@ def host_checks(backend: str, cards: Sequence[CardFact], bin_dir: Path | None = 
     """Every check that applies to ``backend`` on this machine (``cards``: the discrete cards from sysfs)."""
     sysfs, proc, dev, root = Path(sysfs), Path(proc), Path(dev), Path(root)
     checks: list[Check] = []
-    gpu = backend != backends.CPU
+    be = backends.get(backend)
+    gpu = not be.on_cpu
     if gpu:
         for c in cards:
             text = _read(sysfs / "class" / "drm" / c.drm / "device" / "resource")
@@ -345,11 +346,11 @@ def host_checks(backend: str, cards: Sequence[CardFact], bin_dir: Path | None = 
         checks.append(holders_check(drm_clients(proc, os.getpid()), [c.pci_slot for c in cards if c.pci_slot]))
         # all-RPC holds one link per card (an rpc-server each), hybrid one fewer
         checks.append(shm_check(shm_free(dev), max(1, len(cards)), environ))
-    if backend == backends.SYCL:
+    if be.intel_runtime:
         found = {lib: _resolve(lib, root, environ) for lib in ONEAPI_LIBS}
         setvars = next((s for s in SETVARS if (root / s.lstrip("/")).exists()), None)
         unresolved: list[str] = []
-        lib = bin_dir / "libggml-sycl.so" if bin_dir else None
+        lib = bin_dir / be.library if bin_dir and be.library else None
         if lib is not None and lib.exists():
             try:
                 out = subprocess.run(["ldd", str(lib)], capture_output=True, text=True, timeout=20).stdout

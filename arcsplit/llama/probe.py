@@ -28,6 +28,7 @@ from .. import backends
 from .._dirs import cache_dir
 from ..errors import BadInput, LlamaError
 from ..modes import AUTO_ORDER, Mode
+from ..netaddr import LOOPBACK, free_port
 from ..route import Route
 from .childenv import clean_env
 from .locate import LlamaBinaries
@@ -196,19 +197,13 @@ def _kill(proc: _Proc, grace: float = 2.0) -> None:
             continue
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_listening(proc: _Proc, port: int, deadline: float) -> str | None:
     """None when the port accepts; else why not. A bare connect-and-close is safe before the client connects."""
     while time.monotonic() < deadline:
         if proc.popen.poll() is not None:
             return f"rpc-server exited {proc.popen.returncode}: {_tail(proc.log, 3)}"
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            with socket.create_connection((LOOPBACK, port), timeout=0.5):
                 return None
         except OSError:
             time.sleep(0.1)
@@ -270,8 +265,8 @@ def run_probe(mode: str, backend: str, gpus: Sequence[int], binaries: LlamaBinar
     try:
         endpoints: list[str] = []
         for i, (label, env) in enumerate(plan.servers):
-            port = _free_port()
-            proc = _spawn([str(binaries.rpc_server), "-H", "127.0.0.1", "-p", str(port)], env,
+            port = free_port()
+            proc = _spawn([str(binaries.rpc_server), "-H", LOOPBACK, "-p", str(port)], env,
                           workdir / f"rpc-{i}.log", procs, base)
             why = _wait_listening(proc, port, deadline)
             if why is not None:
@@ -279,7 +274,7 @@ def run_probe(mode: str, backend: str, gpus: Sequence[int], binaries: LlamaBinar
                 return ProbeResult(mode, False, "timeout" if timed_out else "rpc_error", f"{label}: {why}",
                                    seconds=round(time.monotonic() - start, 2), env=tuple(sorted(plan.env_extra.items())),
                                    log_tail=_tail(proc.log))
-            endpoints.append(f"127.0.0.1:{port}")
+            endpoints.append(f"{LOOPBACK}:{port}")
         rpc_devices = tuple(f"RPC{k}" for k in range(len(endpoints)))
         devices = plan.local_devices + rpc_devices
         tokens = {f"RPC{k}": f"[{ep}]" for k, ep in enumerate(endpoints)}

@@ -149,11 +149,8 @@ class Agent:
                             stopped.append(name)
                 except psutil.Error:
                     pass
-        event: dict[str, Any] = {"ev": "stats", "cpu": cpu, "rss": rss, "threads": threads, "stopped": stopped}
         gpus = self._gpus.sample(self.backend, pids) if pids else {}
-        if gpus:
-            event["gpus"] = gpus
-        return event
+        return wire.stats(cpu, rss, threads, stopped, gpus)
 
     async def _handle(self, tg: TaskGroup, raw: bytes) -> None:
         try:

@@ -8,17 +8,8 @@ import subprocess
 import time
 
 from ..errors import BadInput, PortBusy, RunError
-
-
-def _family(host: str) -> socket.AddressFamily:
-    return socket.AF_INET6 if ":" in host else socket.AF_INET
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the kernel says is free now; the caller binds it soon after (a lost race shows up as an early exit)."""
-    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+from ..netaddr import family as _family
+from ..netaddr import free_port as free_port  # its owner is netaddr (llama/ picks ports too); callers import it here
 
 
 def check_host(host: str, flag: str) -> None:

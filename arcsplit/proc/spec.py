@@ -1,6 +1,6 @@
 """One process to run (a ProcessSpec): the value the specs build, the supervisor and the node agent start.
 
-Its own module, with nothing but the standard library, because the node agent on every other host imports it
+Its own module, with nothing but the standard library (and netaddr, which the agent reads anyway), because the node agent on every other host imports it
 at each start, before it can say hello: decide/specs.py (which builds these from a plan) pulls in the route, the
 rig and llama.cpp's flag tables.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LOOPBACK = "127.0.0.1"
+from ..netaddr import LOOPBACK
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,7 @@ class ProcessSpec:
     """One process to run: what to exec, with which environment, and what it serves."""
 
     name: str  # "rpc0", "rpc1", ..., "rpc0-link", ..., "server"
-    role: str  # "rpc" | "link" | "server"
+    role: str  # "rpc" | "link" | "server" | "node" (run/early.py: a host's node agent)
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]  # set on top of the supervisor's environment (the node's, on another host)
     host: str  # the address it listens on, on the machine that runs it

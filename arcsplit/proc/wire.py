@@ -269,3 +269,10 @@ def error(name: str, message: str) -> Msg:
 
 def pong() -> Msg:
     return {"ev": "pong"}
+
+
+def stats(cpu: Mapping[str, float], rss: Mapping[str, int], threads: Mapping[str, int], stopped: Sequence[str],
+          gpus: Mapping[str, Any] | None = None) -> Msg:
+    """The agent's periodic sample of its processes (by name) and, where it read any, their cards."""
+    msg: Msg = {"ev": "stats", "cpu": dict(cpu), "rss": dict(rss), "threads": dict(threads), "stopped": list(stopped)}
+    return {**msg, "gpus": gpus} if gpus else msg

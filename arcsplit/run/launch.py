@@ -21,6 +21,7 @@ import psutil
 from anyio.abc import TaskGroup, TaskStatus
 
 from ..errors import RunError
+from ..netaddr import local_url
 from ..proc.child import Child
 from ..proc.ports import owns_port, probe_once
 from ..proc.spec import ProcessSpec
@@ -178,7 +179,7 @@ class LocalLauncher(OneHost):
     async def health(self, spec: ProcessSpec, timeout: float) -> AsyncIterator[Health]:
         import httpx  # start-up: `arcsplit --help` and `plan` import this module (through the API)
 
-        url = f"http://{connect_host(spec.host)}:{spec.port}/health"
+        url = f"{local_url(spec.host, spec.port)}/health"
         async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
             async def check() -> int | None:
                 try:
@@ -187,8 +188,3 @@ class LocalLauncher(OneHost):
                     return None
 
             yield check
-
-
-def connect_host(host: str) -> str:
-    """Where to connect for a server bound to ``host`` (a wildcard bind answers on loopback)."""
-    return "127.0.0.1" if host in ("", "0.0.0.0") else ("::1" if host == "::" else host)

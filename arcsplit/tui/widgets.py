@@ -53,7 +53,7 @@ def fmt_pct(x: float | None) -> str:
 
 
 def state_markup(state: str | None) -> str:
-    state = state or "new"
+    state = state or _M.NEW
     return f"[{STATE_STYLE.get(state, '$foreground')}]{STATE_MARK.get(state, '?')} {escape(state)}[/]"
 
 
@@ -176,7 +176,7 @@ def process_rows(state: DashState) -> list[tuple[str, ...]]:
         cpu = t.get("cpu")
         role = str(p.get("role") or "") + (f"@{p['host']}" if p.get("host") else "")  # rpc@b: on host b
         rows.append((name, role, ",".join(holders.get(name, [])) or NONE,
-                     str(p.get("pid") or NONE), "paused" if p.get("paused") else str(p.get("state") or "new"),
+                     str(p.get("pid") or NONE), "paused" if p.get("paused") else str(p.get("state") or _M.NEW),
                      fmt_duration(state.process_uptime(name)), str(p.get("restarts", 0)),
                      NONE if cpu is None else f"{cpu:.0f}%", fmt_bytes(t.get("rss")), str(p.get("port") or NONE)))
     return rows

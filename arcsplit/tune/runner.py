@@ -28,7 +28,7 @@ from ..llama.locate import LlamaBinaries, find_llama
 from ..modes import AUTO, Mode
 from ..proc.ports import free_port
 from ..rig import Rig
-from ..route import Route
+from ..route import NATIVE_UBATCH, Route
 from . import fingerprint as fpmod
 from . import verify
 from .candidates import OBJECTIVES, BuildFacts, Candidate, rank, routes, settings_variants, split_modes
@@ -82,8 +82,8 @@ def request_for(base: ServeRequest, c: Candidate, rig: Rig) -> ServeRequest:
 def fingerprint_of(p: Prepared, binaries: LlamaBinaries) -> fpmod.Fingerprint:
     """The rig, its drivers, the build and the model as ``p`` sees them (facts/neo only on SYCL, where it matters)."""
     neo = ""
-    if p.request.backend == backends.SYCL:
-        facts = gather_facts(backends.SYCL)
+    if backends.get(p.request.backend).intel_runtime:
+        facts = gather_facts(p.request.backend)
         neo = facts.neo.label if facts.neo else ""
     cards = tuple(f"{c.index}:{c.name}" + (f":{c.total_bytes}" if not backends.get(c.backend).on_cpu else "") for c in p.rig.cards)
     driver = ";".join(f"{m} {v}" for m in ("i915", "nvidia", "amdgpu") if (v := fpmod.module_version(m)))
@@ -278,7 +278,7 @@ def tune(treq: TuneRequest, say: Say = lambda line: None) -> TuneReport:
         c = Candidate.from_dict(report.results[best]["candidate"])
         planned = report.results[best].get("planned") or {}
         fa = backends.flash_attn_default(c.backend, c.settings.cache_type)
-        run.try_all(settings_variants(c, int(planned.get("ubatch") or 512), fa, int(planned.get("moe_offload") or 0)),
+        run.try_all(settings_variants(c, int(planned.get("ubatch") or NATIVE_UBATCH), fa, int(planned.get("moe_offload") or 0)),
                     "setting")
     _by_agreement(run)
     ranked = rank({k: report.results[k] for k in report.order if k in report.results}, treq.objective)
