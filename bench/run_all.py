@@ -345,8 +345,16 @@ def v_tune(text: str) -> Verdict:
 
 
 def v_startup(text: str) -> Verdict:
-    """startup.md: each entry point's median after the change against before, same run."""
-    return meets(text) or Verdict("info", first_line_with(text, "median") or "see the file")
+    """startup.md: each entry point's median in this tree (last column) against the base tree's, same run."""
+    def median(cell: str) -> float:
+        return float(cell.split("/")[1].strip(" *"))
+
+    rows = [r for r in table_rows(text) if len(r) == 3 and r[0] != "what"]
+    if not rows:
+        return Verdict("missing", "no rows found")
+    slower = [r[0] for r in rows if median(r[2]) > median(r[1])]
+    detail = "; ".join(f"{r[0]}: median {median(r[1]):.0f} -> {median(r[2]):.0f} ms" for r in rows)
+    return Verdict("FAIL" if slower else "pass", detail)
 
 
 @dataclass(frozen=True)

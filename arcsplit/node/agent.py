@@ -215,8 +215,8 @@ class Agent:
     async def _probe(self, child: Child) -> None:
         """The rpc-server's only probe: one connect-and-close per try until one succeeds (it serves one client)."""
         while child.alive:
-            ours = await probe_once(child.spec.host, child.spec.port, timeout=1.0) and owns_port(child.pid,
-                                                                                                 child.spec.port)
+            ours = await probe_once(child.spec.host, child.spec.port, timeout=1.0) and owns_port(
+                child.pid, child.spec.port, child.spec.host)
             if ours:  # answered, and by this rpc-server: not another user's listener on its port
                 if child.alive:
                     self.emit(wire.ready(child.spec.name))

@@ -17,6 +17,7 @@ anything unusual (an error is reported by the agent, once).
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import select
@@ -89,7 +90,7 @@ def first_ops(fd: int, emit: Emit, *, allow_bind: tuple[str, ...], inventory: In
         while loader is None or loader.is_alive():
             for s in h.started:
                 if (not s.ready and s.popen.poll() is None and accepts_now(s.spec.host, s.spec.port)
-                        and owns_port(s.popen.pid, s.spec.port)):  # not another user's listener on that port
+                        and owns_port(s.popen.pid, s.spec.port, s.spec.host)):  # not another user's listener on that port
                     s.ready = True
                     emit(wire.ready(s.spec.name))
             if h.eof and not h.started and not h.lines:
@@ -235,8 +236,13 @@ def run_stdio(*, heartbeat: float, allow_bind: tuple[str, ...], inventory: Inven
 
     if os.environ.get("ARCSPLIT_NODE_QUICK", "1") == "0":  # off: the agent does everything (bench/node_start.py)
         h = Handover()
-    else:
-        h = first_ops(0, emit, allow_bind=allow_bind, inventory=inventory)
+    else:  # the first phase imports the agent's stack: no cyclic collections over what the imports make (cli.main)
+        gc.disable()
+        try:
+            h = first_ops(0, emit, allow_bind=allow_bind, inventory=inventory)
+        finally:
+            gc.freeze()
+            gc.enable()
     if h.eof and not h.started and not h.lines:
         return 0  # the client left before asking for anything this agent would have to stop
     from .agent import serve_stdio  # start-up: anyio and psutil, imported by first_ops's thread by now

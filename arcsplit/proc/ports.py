@@ -79,7 +79,7 @@ def wait_listening(proc: subprocess.Popen, host: str, port: int, timeout: float)
     raise RunError(f"rpc-server on {host}:{port} did not listen within {timeout:.0f} s")
 
 
-def owns_port(pid: int | None, port: int) -> bool:
+def owns_port(pid: int | None, port: int, host: str | None = None) -> bool:
     """Whether process ``pid`` itself listens on TCP ``port``. A connect-and-close is answered by whoever listens:
     another local user can read a starting rpc-server's ``-p PORT`` from /proc and bind it first (issue 43), so
     readiness also asks that the listener is ours. ``pid`` None (no process of its own: a forward on a shared ssh,
@@ -89,7 +89,9 @@ def owns_port(pid: int | None, port: int) -> bool:
     import psutil  # start-up: the node agent's first phase imports this module before psutil (node/quick.py)
 
     try:
-        conns = psutil.Process(pid).net_connections(kind="tcp")
+        # the listener's family only, when the host is known (numeric, as it was bound): one /proc table to parse
+        kind = "tcp" if not host else "tcp6" if _family(host) == socket.AF_INET6 else "tcp4"
+        conns = psutil.Process(pid).net_connections(kind=kind)
     except psutil.Error:
         return False
     return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)

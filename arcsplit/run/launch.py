@@ -173,7 +173,7 @@ class LocalLauncher(OneHost):
         if not await probe_once(spec.host, spec.port, timeout=1.0):
             return False
         member = self._members.get(spec.name)
-        return member is None or owns_port(member.pid, spec.port)
+        return member is None or owns_port(member.pid, spec.port, spec.host)
 
     @asynccontextmanager
     async def health(self, spec: ProcessSpec, timeout: float) -> AsyncIterator[Health]:
