@@ -31,6 +31,7 @@ from .modes import Mode
 from .planner import Plan, PlanOptions, make_plan
 from .proc import spawn
 from .proc.ports import free_port, wait_listening
+from .roles import Role
 from .route import Route
 
 _registered: set[str] = set()
@@ -129,7 +130,7 @@ def load(model: str | os.PathLike[str], gpus: Sequence[int] = (0, 1), *, backend
     plan: Plan = make_plan(profile, rig, PlanOptions(n_ctx=ctx, flash_attn=flash_attn), devices=route.devices)
     config = ServeConfig(plan=plan, mode=Mode.RPC, backend=backend, server_bin=str(binaries.server),
                          rpc_bin=str(binaries.rpc_server), threads=threads, cores=os.cpu_count() or 1)
-    specs = [s for s in build_specs(config, [free_port() for _ in plan.cards]) if s.role == "rpc"]
+    specs = [s for s in build_specs(config, [free_port() for _ in plan.cards]) if s.role == Role.RPC]
     procs: list[subprocess.Popen] = []
     try:
         for spec in specs:  # the supervisor's way (exec shim, environment, own session); output not read here

@@ -30,6 +30,7 @@ from . import backends
 from .errors import BadInput
 from .modes import MODES, Mode, parse
 from .rig import PER_HOST_SYCL
+from .roles import Role
 
 __all__ = ["MODES", "Mode", "Route", "RouteCard", "RouteProcess", "holders"]
 
@@ -68,7 +69,7 @@ class RouteProcess:
     """One process of the group: what it holds and what it may see."""
 
     name: str  # "rpc0", "rpc1", ..., "server"
-    role: str  # "rpc" | "server"
+    role: Role  # Role.RPC or Role.SERVER
     cards: tuple[int, ...]  # positions it holds
     devices: tuple[str, ...]  # the llama-server device name of each of those cards
     env: Env  # visibility environment (what it may see of the backend's cards)
@@ -127,9 +128,9 @@ class Route:
             if where[group[0]] in per_host:  # names as that process sees them: ascending index, as visibility shows
                 select = tuple(be.own_name(sorted(mine).index(i)) for i in mine)
             devices = tuple(f"RPC{first + j}" for j in range(len(group)))
-            rpcs.append(RouteProcess(f"rpc{k}", "rpc", tuple(group), devices, env, where[group[0]], select))
+            rpcs.append(RouteProcess(f"rpc{k}", Role.RPC, tuple(group), devices, env, where[group[0]], select))
             first += len(group)
-        server = RouteProcess(SERVER, "server", tuple(local), tuple(local_names[p] for p in local), server_env)
+        server = RouteProcess(SERVER, Role.SERVER, tuple(local), tuple(local_names[p] for p in local), server_env)
         processes = (*rpcs, server)
         cards: list[RouteCard] = []
         for p in range(n):
@@ -152,7 +153,7 @@ class Route:
 
     @property
     def rpc(self) -> tuple[RouteProcess, ...]:
-        return tuple(p for p in self.processes if p.role == "rpc")
+        return tuple(p for p in self.processes if p.role == Role.RPC)
 
     @property
     def server(self) -> RouteProcess:

@@ -1,6 +1,6 @@
 """The house's import graph, read from the source (no import runs): data flows one way, surfaces use the API.
 
-Layers, bottom up: the pure core (model, planner, memory, rig, synth, backends, modes, route, samples, hosts,
+Layers, bottom up: the pure core (model, planner, memory, rig, synth, backends, modes, roles, route, samples, hosts,
 netaddr) -> llama/ (llama.cpp's binaries) -> proc/ (process mechanics and the node wire protocol) -> decide/
 (request -> plan -> process specs) -> run/ (supervising a group, here and through other hosts' agents) ->
 telemetry/ -> node/ (the agent on another host) -> the surfaces (cli/, tui/, _api.py and _warm.py, inproc.py). A
@@ -18,7 +18,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "arcsplit"
 PURE = {"model", "planner", "memory", "rig", "synth", "errors", "_dirs", "backends", "redact", "route", "hosts",
-        "modes", "samples", "netaddr"}
+        "modes", "roles", "samples", "netaddr"}
 RANK = {**{m: 0 for m in PURE}, "llama": 1, "demo": 1, "proc": 2, "decide": 3, "run": 4, "telemetry": 5, "node": 6,
         "cli": 7, "tui": 7, "_api": 7, "_warm": 7, "inproc": 7, "__main__": 7, "report": 7, "__init__": 7, "tune": 7}
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from .._api import attach, runs
 from ..llama.logs import trace_filter
+from ..roles import Role
 from . import print_json
 
 
@@ -43,7 +44,7 @@ def _ps(args: argparse.Namespace) -> int:
         procs: dict[str, dict[str, Any]] = r.get("processes") or {}  # type: ignore[assignment]
         for name, p in procs.items():  # members on other hosts (pids there), and their links
             if p.get("host"):
-                where = f"link to {p['host']}" if p.get("role") == "link" else f"on {p['host']}"
+                where = f"link to {p['host']}" if p.get("role") == Role.LINK else f"on {p['host']}"
                 pid = p.get("pid") or "-"  # a link on its host's node ssh (forwards = "shared") has no process
                 cards = ",".join(str(c) for c in p.get("cards") or [])  # one rpc-server may hold several (per-host)
                 print(f"  {name:<12} {where:<16} {str(p.get('state')):<9} pid {pid}"

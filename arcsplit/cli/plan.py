@@ -16,6 +16,7 @@ from ..planner import LinkCost, Plan
 from ..rig import Rig, load_layout, save_layout
 from ..route import HOST_DEVICE
 from ..tune.fingerprint import anything_kept
+from ..roles import Role
 from . import print_json
 from .serve import add_group_arguments, split_at_double_dash
 from .serve_run import request_from_args
@@ -71,13 +72,13 @@ def _plan(args: argparse.Namespace) -> int:
     shared = {h.name: h for h in prepared.rig.hosts if shares_connection(h)}  # links added to the node's ssh
 
     def argv(s: Any) -> list[str]:  # a proc.spec.ProcessSpec (the CLI reaches run/ only through the API)
-        if s.role == "link" and s.node in shared:
+        if s.role == Role.LINK and s.node in shared:
             return control_argv(shared[s.node], CONTROL_SHOWN, "forward", s.argv)
         return list(s.argv)
 
     processes: list[dict[str, Any]] = [{"name": s.name, "role": s.role, "cards": list(s.cards), "argv": argv(s),
                   "env": {k: v for k, v in s.env if k not in secret}, "unset": list(s.env_unset), "node": s.node,
-                  "connect": s.dial if s.role == "rpc" else None} for s in specs]
+                  "connect": s.dial if s.role == Role.RPC else None} for s in specs]
     used = [h for h in prepared.rig.hosts if any(c.card.host == h.name for c in plan.cards)]
     hosts: list[dict[str, Any]] = [{"name": h.name, "ssh": h.ssh, "link": h.link, "address": h.address,
                                      "node_argv": node_argv(h, CONTROL_SHOWN if h.name in shared else None)}
@@ -99,10 +100,10 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"host {h['name']} (ssh {h['ssh']}, link {h['link']}{' to ' + h['address'] if h['address'] else ''}):")
         print(f"{'node':>9}: {' '.join(h['node_argv'])}")
         for proc in processes:
-            if proc["node"] == h["name"] and proc["role"] == "rpc":
+            if proc["node"] == h["name"] and proc["role"] == Role.RPC:
                 print(_process_line(proc) + "   (started there by the node)")
         for proc in processes:
-            if proc["node"] == h["name"] and proc["role"] == "link":
+            if proc["node"] == h["name"] and proc["role"] == Role.LINK:
                 print(_process_line(proc) + ("   (a forward added to the node's ssh here)" if h["name"] in shared
                                              else "   (runs here)"))
     if not config.rpc_ports and len(processes) > 1:

@@ -36,6 +36,7 @@ from ..modes import AUTO as AUTO_MODE, CHOICES as MODE_CHOICES, Mode, parse_choi
 from ..planner import Plan, PlanOptions, make_plan
 from ..proc.ports import check_free, check_host, free_port
 from ..rig import Rig, per_host
+from ..roles import Role
 from ..route import OUTPUT_LAYER_CHOICES, Route
 from . import weightcache
 from .specs import ALIAS_FLAGS, LOOPBACK, ProcessSpec, ServeConfig, build_specs, n_links, n_rpc_servers, split_secrets
@@ -407,7 +408,7 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     off = tuple(dict.fromkeys(o for spec in specs for o in spec.features_off))
     notes = ([choice.reason, *choice.notes] if choice is not None else []) + notes
     if serving and config.rpc_seed and config.rpc_cache_dir:  # hash a new model once, outside rpc-server start-up
-        rpc = next((s for s in specs if s.role == "rpc" and not s.node), None)  # None: all on other hosts
+        rpc = next((s for s in specs if s.role == Role.RPC and not s.node), None)  # None: all on other hosts
         env = (dict(os.environ) if rpc is None
                else {k: v for k, v in os.environ.items() if k not in rpc.env_unset} | rpc.env_dict)
         took = weightcache.ensure_index(config.rpc_bin, config.rpc_cache_dir, config.rpc_seed, env)

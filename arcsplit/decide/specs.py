@@ -26,6 +26,7 @@ from ..modes import Mode
 from ..netaddr import SERVER_PORT, local_url
 from ..proc.spec import LOOPBACK, ProcessSpec
 from ..rig import Host, per_host
+from ..roles import Role
 from ..route import HOST_DEVICE, Route
 from .weightcache import INDEX_ENV, store
 
@@ -195,10 +196,10 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int], link_ports: Seque
         if remote is not None and remote.link == "ssh":
             local = free_links.pop(0)
             connect = f"{LOOPBACK}:{local}"
-            links.append(ProcessSpec(name=f"{proc.name}-link", role="link",
+            links.append(ProcessSpec(name=f"{proc.name}-link", role=Role.LINK,
                                      argv=tuple(forward_argv(remote, local, port, bind)), env=(), host=LOOPBACK,
                                      port=local, cards=(), ignore_sigpipe=True, env_unset=unset, node=remote.name))
-        specs.append(ProcessSpec(name=proc.name, role="rpc", argv=fitted_rpc, env=tuple(sorted(env.items())),
+        specs.append(ProcessSpec(name=proc.name, role=Role.RPC, argv=fitted_rpc, env=tuple(sorted(env.items())),
                                  host=bind, port=port, cards=proc.cards, devices=proc.devices,
                                  ignore_sigpipe=True, env_unset=unset, features_off=off, node=proc.host,
                                  connect=connect))
@@ -232,7 +233,7 @@ def _server_spec(config: ServeConfig, rpc_specs: list[ProcessSpec], extra_env: d
     if config.ui_dir:
         argv += ["--path", config.ui_dir]  # before the user's args: their own --path or --no-ui wins
     fitted, off = fit_args(argv, config.server_features, config.server_bin)
-    return ProcessSpec(name=server.name, role="server", argv=fitted + tuple(config.extra_args),
+    return ProcessSpec(name=server.name, role=Role.SERVER, argv=fitted + tuple(config.extra_args),
                        env=tuple(sorted(env.items())), host=config.host, port=config.port, cards=server.cards,
                        devices=server.devices, keep_stdin=True, env_unset=unset, features_off=off,
                        term_again=SERVER_TERM_AGAIN)
@@ -246,14 +247,14 @@ def _rpc_buffer_type(spec: ProcessSpec, j: int) -> str:
 
 def rpc_buffer_types(specs: Sequence[ProcessSpec]) -> dict[str, str]:
     """llama-server's RPC device name of each card an rpc-server holds -> its buffer type name."""
-    return {d: _rpc_buffer_type(s, j) for s in specs if s.role == "rpc" for j, d in enumerate(s.devices)}
+    return {d: _rpc_buffer_type(s, j) for s in specs if s.role == Role.RPC for j, d in enumerate(s.devices)}
 
 
 def card_of_buffer(specs: Sequence[ProcessSpec], host_position: int | None) -> Callable[[str], int | None]:
     """A buffer key of llama-server's log (an RPC buffer type, a device name, CPU...) -> the plan card it is on."""
     table: dict[str, int] = {}
     for s in specs:
-        if s.role == "rpc":  # RPCj[host:port]: device names repeat across restarts, endpoints don't
+        if s.role == Role.RPC:  # RPCj[host:port]: device names repeat across restarts, endpoints don't
             table.update((_rpc_buffer_type(s, j), pos) for j, pos in enumerate(s.cards))
         else:
             table.update((d, pos) for d, pos in zip(s.devices, s.cards) if d != HOST_DEVICE)

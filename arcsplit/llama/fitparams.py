@@ -22,6 +22,7 @@ from ..errors import BadInput, LlamaError
 from ..memory import ctx_class
 from ..modes import Mode
 from ..netaddr import LOOPBACK, free_port
+from ..roles import Role
 from ..route import HOST_DEVICE, Route
 from .childenv import clean_env
 from .locate import LlamaBinaries
@@ -139,8 +140,8 @@ def measure_compute(binaries: LlamaBinaries, plan: "Plan", route: Route | None =
     else:
         names = [c.device for _, c in cards]
     base, _ = clean_env(route.backend, os.environ)
-    rpcs = [p for p in route.processes if p.role == "rpc"]
-    server = next(p for p in route.processes if p.role == "server")
+    rpcs = [p for p in route.processes if p.role == Role.RPC]
+    server = next(p for p in route.processes if p.role == Role.SERVER)
     args = plan.llama_server_args(names)
     drop = {"--kv-unified": 0, "--no-kv-unified": 0, "--fit": 1}
     out: list[str] = []

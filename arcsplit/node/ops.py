@@ -25,6 +25,7 @@ from ..proc.spec import LOOPBACK, ProcessSpec
 from ..proc import wire
 from ..proc.wire import PROTO, Hello, Ports
 from ..netaddr import same_address
+from ..roles import Role
 
 # ggml-rpc-server's own options (tools/rpc/rpc-server.cpp): the only ones a client may pass. True: takes a value.
 RPC_FLAGS = {"-H": True, "--host": True, "-p": True, "--port": True, "-t": True, "--threads": True,
@@ -208,7 +209,7 @@ def rpc_process(spec: Mapping[str, Any], inventory: dict[str, Any] | None,
     bad = [k for k in env if k.startswith(("LD_", "DYLD_"))]
     if bad:
         raise BadInput(f"environment variable {bad[0]} is not passed to an rpc-server")
-    ps = ProcessSpec(name=name, role="rpc", argv=argv, env=tuple(sorted(env.items())), host=bind, port=port,
+    ps = ProcessSpec(name=name, role=Role.RPC, argv=argv, env=tuple(sorted(env.items())), host=bind, port=port,
                      cards=tuple(int(c) for c in spec.get("cards") or ()),
                      devices=tuple(str(d) for d in spec.get("devices") or ()), ignore_sigpipe=True,
                      env_unset=tuple(str(v) for v in spec.get("env_unset") or ()))

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..llama.childenv import SERVER_KEY_VAR, child_environ
+from ..roles import Role
 from .spec import ProcessSpec
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def command(spec: ProcessSpec) -> list[str]:
 def environment(spec: ProcessSpec) -> dict[str, str]:
     """This process's environment without its credentials (llama-server keeps its own API key; rpc-servers and ssh
     get none: llama/childenv.py) and ``spec.env_unset``, with ``spec.env`` on top."""
-    env = child_environ(os.environ, keep=(SERVER_KEY_VAR,) if spec.role == "server" else ())
+    env = child_environ(os.environ, keep=(SERVER_KEY_VAR,) if spec.role == Role.SERVER else ())
     for var in spec.env_unset:
         env.pop(var, None)
     env.update(spec.env_dict)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..netaddr import LOOPBACK
+from ..roles import Role
 
 
 @dataclass(frozen=True)
@@ -17,7 +18,7 @@ class ProcessSpec:
     """One process to run: what to exec, with which environment, and what it serves."""
 
     name: str  # "rpc0", "rpc1", ..., "rpc0-link", ..., "server"
-    role: str  # "rpc" | "link" | "server" | "node" (run/early.py: a host's node agent)
+    role: Role  # Role.NODE: run/early.py's node agent of a host
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]  # set on top of the supervisor's environment (the node's, on another host)
     host: str  # the address it listens on, on the machine that runs it
@@ -48,4 +49,4 @@ class ProcessSpec:
 
 def runs_remote(spec: ProcessSpec) -> bool:
     """Whether the process runs on another host (a link names its host but runs here)."""
-    return bool(spec.node) and spec.role != "link"
+    return bool(spec.node) and spec.role != Role.LINK

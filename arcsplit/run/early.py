@@ -24,6 +24,7 @@ from ..hosts import node_argv, shares_connection
 from ..proc import spawn
 from ..proc.spec import ProcessSpec
 from ..rig import Host
+from ..roles import Role
 
 if TYPE_CHECKING:
     from anyio.abc import Process
@@ -52,7 +53,7 @@ def control_socket() -> Path | None:
 
 def session_spec(host: Host, argv: Sequence[str]) -> ProcessSpec:
     """The transport of ``host``'s node session as a process to run (its stdin carries the agent's requests)."""
-    return ProcessSpec(name=f"node-{host.name}", role="node", argv=tuple(argv), env=(), host="", port=0, cards=(),
+    return ProcessSpec(name=f"node-{host.name}", role=Role.NODE, argv=tuple(argv), env=(), host="", port=0, cards=(),
                        keep_stdin=True)
 
 

@@ -40,6 +40,7 @@ from ..proc.states import MemberState, Tracked
 from ..rig import Host
 from .early import Early, control_socket, session_spec
 from ..samples import GpuReport
+from ..roles import Role
 from .events import StateData, Usage, member_snapshot, with_remote
 from .launch import Health, HostOpened, Launcher, LocalLauncher, Member
 
@@ -603,13 +604,13 @@ class NodeLauncher:
         if runs_remote(spec):
             return RemoteMember(self.sessions[spec.node], spec, log_path=log_path, on_line=on_line,
                                 on_exit=on_exit, ring=ring)
-        if spec.role == "link" and (control := self._control(self.hosts[spec.node])) is not None:
+        if spec.role == Role.LINK and (control := self._control(self.hosts[spec.node])) is not None:
             host, node = self.hosts[spec.node], spec.node
             return SharedLink(lambda: self.sessions.get(node),
                               replace(spec, argv=tuple(control_argv(host, str(control), "forward", spec.argv))),
                               control_argv(host, str(control), "cancel", spec.argv), log_path=log_path,
                               on_line=on_line, on_exit=on_exit, ring=ring)
-        if spec.role == "link":
+        if spec.role == Role.LINK:
             argv = tuple(self.transport.link(spec))
             if argv != spec.argv:
                 spec = replace(spec, argv=argv)

@@ -38,6 +38,7 @@ from ..proc.ports import free_port, is_free
 from ..proc.rundir import RunDir, since_boot, supervisor_identity, sweep
 from ..proc.spec import runs_remote
 from ..proc.states import GROUP_TRANSITIONS, GroupState, MemberState, advance
+from ..roles import Role
 from .events import (BuffersData, CardLoad, Event, EventBus, GroupBackoff, GroupData, GroupReady, GroupStarting,
                      HostData, LogData, MemberStatus, Payload, PlanData, ProgressData, StateData, Status,
                      VerdictData)
@@ -153,7 +154,7 @@ class Supervisor:
     def logs(self, name: str | None = None, n: int = 100, verbose: bool = True) -> list[str]:
         """The last ``n`` captured lines of one process (or of all, prefixed with the process name). ``verbose``
         False: without the lines llama-server prints only at the -lv 4 arcsplit runs it with (logs.trace_filter)."""
-        servers = {s.name for s in self._specs if s.role == "server"}
+        servers = {s.name for s in self._specs if s.role == Role.SERVER}
 
         def lines(key: str) -> list[str]:
             ring = list(self._rings.get(key, ()))
@@ -383,7 +384,7 @@ class Supervisor:
         """A llama-server that stops answering without exiting (SIGTERM'd and waiting on its stdin, wedged)
         is a failure too: the processes alone cannot tell."""
         t = self.timeouts
-        server = next(s for s in self._specs if s.role == "server")
+        server = next(s for s in self._specs if s.role == Role.SERVER)
         with scope:
             async with self.launcher.health(server, max(2.0, t.health_interval)) as check:
                 await self._probe_health(check, t)
@@ -537,7 +538,7 @@ class Supervisor:
         link_ports = self._link_ports()
         local = self._local_ports()
         early = [s for s in self._build([p or g for p, g in zip(local, guess)], link_ports)
-                 if s.role == "link" or (s.role == "rpc" and not s.node)]
+                 if s.role == Role.LINK or (s.role == Role.RPC and not s.node)]
         async with anyio.create_task_group() as otg:
             for spec in early:
                 otg.start_soon(start_rpc, spec)
@@ -563,7 +564,7 @@ class Supervisor:
 
         async with anyio.create_task_group() as rtg:
             for spec in specs:
-                if spec.role in ("rpc", "link") and (spec.name not in started or started[spec.name].argv != spec.argv):
+                if spec.role in (Role.RPC, Role.LINK) and (spec.name not in started or started[spec.name].argv != spec.argv):
                     rtg.start_soon(start_rpc, spec)
         self._write_state()
         if failures:
@@ -653,7 +654,7 @@ class Supervisor:
 
     def _on_line(self, child: Member, line: str) -> None:
         self._publish(child.spec.name, LogData(line))
-        if child.spec.role != "server":
+        if child.spec.role != Role.SERVER:
             return
         if line.startswith(_ROUTER_STATE):
             try:
@@ -707,7 +708,7 @@ class Supervisor:
                 await server.stop(grace)
             async with anyio.create_task_group() as tg:
                 for c in self._children.values():
-                    if c.spec.role != "server":
+                    if c.spec.role != Role.SERVER:
                         tg.start_soon(c.stop, grace)
             await self.launcher.close()
             # Pumps drain to EOF after the exit; bound it in case a grandchild holds the pipe.

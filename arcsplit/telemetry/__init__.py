@@ -24,6 +24,7 @@ from .. import backends
 from ..route import HOST_DEVICE, holders
 from ..run.events import Event, TelemetryData, TelemetryError
 from ..proc.states import GroupState, MemberState
+from ..roles import Role
 from ..samples import CardRow, CardSample, CardSampler, GpuReport
 from .cpu import ProcessSampler, RemoteSampler, cpu_card, threads_of
 from .server import ServerSampler
@@ -36,7 +37,7 @@ _RUNNING = (MemberState.STARTING, MemberState.READY, MemberState.STOPPING)  # st
 
 def _elsewhere(proc: dict[str, Any]) -> bool:
     """Whether a status process runs on another host (a link names its host but runs here)."""
-    return bool(proc.get("host")) and proc.get("role") != "link"
+    return bool(proc.get("host")) and proc.get("role") != Role.LINK
 
 
 def _is_cpu(card: dict[str, Any]) -> bool:
