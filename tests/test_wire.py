@@ -46,6 +46,15 @@ def test_the_json_on_the_wire_is_unchanged():
     assert wire.error("rpc0", "no") == {"ev": "error", "name": "rpc0", "message": "no"}
 
 
+def test_every_event_the_agent_writes_is_a_named_event_and_encodes_as_its_plain_name():
+    events = [wire.hello(None, None), wire.ports([1]), wire.started("rpc0", 1, 0.0), wire.line("rpc0", "x"),
+              wire.ready("rpc0"), wire.exited("rpc0", 0), wire.error("rpc0", "no"), wire.pong(),
+              wire.stats({}, {}, {}, [])]
+    assert [type(e["ev"]) for e in events] == [wire.Ev] * len(events)  # run/remote.py reads back these names
+    assert {e["ev"] for e in events} == set(wire.Ev)
+    assert wire.encode(wire.exited("rpc0", 3)) == b'{"ev":"exit","name":"rpc0","returncode":3}\n'
+
+
 def test_only_ping_and_hello_come_before_hello():
     before = Recorder(greeted=False)
     assert wire.dispatch({"op": "ping"}, before) == wire.Ping()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .spec import LOOPBACK
@@ -19,6 +20,21 @@ PROTO = 1  # bumped when a message changes meaning; hello refuses another value
 OPS = ("hello", "ports", "start", "stop", "ping")
 
 Msg = dict[str, Any]
+
+
+class Ev(StrEnum):
+    """The events the agent answers with (a message's "ev"): named here once, for the agent that writes them
+    and the supervisor (run/remote.py) that reads them back. A member is its string on the wire."""
+
+    HELLO = "hello"
+    PORTS = "ports"
+    STARTED = "started"
+    LINE = "line"
+    READY = "ready"
+    EXIT = "exit"
+    ERROR = "error"
+    PONG = "pong"
+    STATS = "stats"
 
 
 def encode(msg: Mapping[str, Any]) -> bytes:
@@ -239,40 +255,40 @@ def subject(msg: Mapping[str, Any]) -> str:
 
 def hello(inventory: Mapping[str, Any] | None, started_s: float | None) -> Msg:
     """The answer to hello: this host's inventory (llama build, cards), the agent's pid and start time."""
-    return {"ev": "hello", "proto": PROTO, **(inventory or {}), "pid": os.getpid(), "started_s": started_s}
+    return {"ev": Ev.HELLO, "proto": PROTO, **(inventory or {}), "pid": os.getpid(), "started_s": started_s}
 
 
 def ports(got: Sequence[int]) -> Msg:
-    return {"ev": "ports", "ports": list(got)}
+    return {"ev": Ev.PORTS, "ports": list(got)}
 
 
 def started(name: str, pid: int | None, create_time: float | None) -> Msg:
-    return {"ev": "started", "name": name, "pid": pid, "create_time": create_time}
+    return {"ev": Ev.STARTED, "name": name, "pid": pid, "create_time": create_time}
 
 
 def line(name: str, text: str) -> Msg:
     """A line of output: of process ``name``, or the agent's own (``name`` "")."""
-    return {"ev": "line", "name": name, "line": text}
+    return {"ev": Ev.LINE, "name": name, "line": text}
 
 
 def ready(name: str) -> Msg:
-    return {"ev": "ready", "name": name}
+    return {"ev": Ev.READY, "name": name}
 
 
 def exited(name: str, returncode: int | None) -> Msg:
-    return {"ev": "exit", "name": name, "returncode": returncode}
+    return {"ev": Ev.EXIT, "name": name, "returncode": returncode}
 
 
 def error(name: str, message: str) -> Msg:
-    return {"ev": "error", "name": name, "message": message}
+    return {"ev": Ev.ERROR, "name": name, "message": message}
 
 
 def pong() -> Msg:
-    return {"ev": "pong"}
+    return {"ev": Ev.PONG}
 
 
 def stats(cpu: Mapping[str, float], rss: Mapping[str, int], threads: Mapping[str, int], stopped: Sequence[str],
           gpus: Mapping[str, Any] | None = None) -> Msg:
     """The agent's periodic sample of its processes (by name) and, where it read any, their cards."""
-    msg: Msg = {"ev": "stats", "cpu": dict(cpu), "rss": dict(rss), "threads": dict(threads), "stopped": list(stopped)}
+    msg: Msg = {"ev": Ev.STATS, "cpu": dict(cpu), "rss": dict(rss), "threads": dict(threads), "stopped": list(stopped)}
     return {**msg, "gpus": gpus} if gpus else msg

@@ -130,17 +130,17 @@ class NodeSession:
             await self.spawn(tg)
         if self.dead:  # a warm session that ended while serve planned: its reason, not a second try
             raise HostError(self.dead, ssh_fix(self.host, self.dead))
-        answer = await self.request(wire.Hello(self.run_id, self.backend).msg(), "hello", HELLO_TIMEOUT)
+        answer = await self.request(wire.Hello(self.run_id, self.backend).msg(), wire.Ev.HELLO, HELLO_TIMEOUT)
         self.hello = answer
         return answer
 
     async def ports(self, n: int, bind: str, want: Sequence[int] = (), prefer: Sequence[int] = ()) -> list[int]:
         """``n`` free ports there, or HostError when one of ``want`` (the user's) is taken; ``prefer``: ports to
         keep where free there (an agent that predates it just picks others)."""
-        answer = await self.request(wire.Ports(n, bind, list(want) or None, list(prefer)).msg(), "ports", 30.0)
+        answer = await self.request(wire.Ports(n, bind, list(want) or None, list(prefer)).msg(), wire.Ev.PORTS, 30.0)
         return [int(p) for p in answer["ports"]]
 
-    async def request(self, msg: Mapping[str, Any], ev: str, timeout: float) -> dict[str, Any]:
+    async def request(self, msg: Mapping[str, Any], ev: wire.Ev, timeout: float) -> dict[str, Any]:
         """One op whose answer is the next session-level ``ev`` (or an error naming no process)."""
         async with self._ask:
             # A new event per request: _on_exit sets whichever is current, so one that ended while this request
@@ -154,7 +154,7 @@ class NodeSession:
         if answer is None:
             why = self.dead or f"{self.where} ({self.host.ssh}) sent no {ev} within {timeout:.0f} s"
             raise HostError(why, ssh_fix(self.host, why))
-        if answer.get("ev") == "error":
+        if answer.get("ev") == wire.Ev.ERROR:
             raise HostError(f"{self.where}: {answer.get('message')}")
         return answer
 
@@ -202,7 +202,7 @@ class NodeSession:
         if self.opened_in is None:
             self.opened_in = time.monotonic() - self._spawned
         ev, name = msg["ev"], msg.get("name")
-        if ev == "stats":
+        if ev == wire.Ev.STATS:
             rss, threads, at = msg.get("rss") or {}, msg.get("threads") or {}, time.time()
             self.usage = {str(k): Usage(cpu_s=float(v), rss=int(rss[k]) if k in rss else None,
                                         threads=int(threads[k]) if k in threads else None, at=at)
@@ -210,7 +210,7 @@ class NodeSession:
             self.stopped = set(msg.get("stopped") or ())
             gpus = msg.get("gpus")
             self.gpus = GpuReport.from_dict(gpus, at) if isinstance(gpus, dict) else None
-        elif ev in ("hello", "ports") or (ev == "error" and not name):
+        elif ev in (wire.Ev.HELLO, wire.Ev.PORTS) or (ev == wire.Ev.ERROR and not name):
             self._answer = msg
             self._reply.set()
         elif name in self.members:
@@ -341,16 +341,16 @@ class RemoteMember(_Relayed):
 
     def event(self, msg: Mapping[str, Any]) -> None:
         ev = msg.get("ev")
-        if ev == "started":
+        if ev == wire.Ev.STARTED:
             self.pid, self.create_time, self.started_at = msg.get("pid"), msg.get("create_time"), time.time()
             self._started.set()
-        elif ev == "line":
+        elif ev == wire.Ev.LINE:
             self.line(str(msg.get("line", "")))
-        elif ev == "ready":
+        elif ev == wire.Ev.READY:
             self.ready = True
-        elif ev == "exit":
+        elif ev == wire.Ev.EXIT:
             self._finish(int(msg["returncode"]) if msg.get("returncode") is not None else 255)
-        elif ev == "error":
+        elif ev == wire.Ev.ERROR:
             self.line(f"{self.session.where}: {msg.get('message')}")
             if self.pid is None:
                 self._finish(127)
