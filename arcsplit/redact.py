@@ -7,26 +7,40 @@ shapes of common API tokens). ``secret_env`` picks the variables whose values mu
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 SECRET = "<redacted>"
-# Variable names whose values are credentials (LLAMA_API_KEY, HF_TOKEN, OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY, ...).
-_SECRET_NAME = re.compile(r"(?i)(?:^|_)(?:API_?KEY|KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASS|AUTH|CREDENTIALS?|COOKIE)(?:_|$)")
-_PATTERNS = (
+# Variable names whose values are credentials: the one rule, for what ``arcsplit report`` redacts and what no child
+# of arcsplit inherits (llama/childenv.py). A TOKEN/KEY/PASSWORD/PASS/AUTH/CREDENTIALS/COOKIE word (HF_TOKEN,
+# OPENAI_API_KEY, LLAMA_API_KEY, ...), SECRET anywhere, every AWS_ variable, Azure's client and Google's credentials
+# file, netrc and PostgreSQL's password file.
+_SECRET_NAME = re.compile(r"(?:^|_)(?:API_?KEY|KEYS?|TOKENS?|PASSWORD|PASSWD|PASSPHRASE|PASS|AUTH|CREDENTIALS?|COOKIE)"
+                          r"(?:_|$)|SECRET|^AWS_|^AZURE_CLIENT_|^GOOGLE_APPLICATION_CREDENTIALS$|^NETRC$|^PGPASS",
+                          re.IGNORECASE)
+# Compiled on first use (``_patterns``): the node agent imports the name rule above (llama/childenv.py) on its way to
+# its first answer and never redacts text; these cost ~1 ms to compile.
+_PATTERN_TEXT = (
     # --api-key VALUE / --api-key=VALUE (llama-server), and the same for any *-key/*-token/*-secret flag
-    re.compile(r"(?i)(--[\w-]*(?:key|token|secret|password)(?:[= ]|\"?,\s*\"))([^\s\",']+)"),
-    re.compile(r"(?i)(\bBearer\s+)([A-Za-z0-9._~+/=-]+)"),
+    r"(?i)(--[\w-]*(?:key|token|secret|password)(?:[= ]|\"?,\s*\"))([^\s\",']+)",
+    r"(?i)(\bBearer\s+)([A-Za-z0-9._~+/=-]+)",
     # NAME=value / "name": "value" when the name says secret; short values ("BOS token = 2") are not credentials
-    re.compile(r"(?i)(\b[\w.-]*(?:api[_-]?key|token|secret|password|passwd)\b[\"']?\s*[=:]\s*[\"']?)([^\s\",']{6,})"),
+    r"(?i)(\b[\w.-]*(?:api[_-]?key|token|secret|password|passwd)\b[\"']?\s*[=:]\s*[\"']?)([^\s\",']{6,})",
     # shapes of common tokens: OpenAI/Anthropic sk-, Hugging Face hf_, GitHub ghp_/gho_/github_pat_, Slack xox*-
-    re.compile(r"()\b(?:sk-[A-Za-z0-9_-]{16,}|hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|"
-               r"xox[abprs]-[A-Za-z0-9-]{10,})"),
+    r"()\b(?:sk-[A-Za-z0-9_-]{16,}|hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|"
+    r"xox[abprs]-[A-Za-z0-9-]{10,})",
 )
 
 
+@functools.cache
+def _patterns() -> tuple[re.Pattern[str], ...]:
+    return tuple(re.compile(p) for p in _PATTERN_TEXT)
+
+
 def is_secret_name(name: str) -> bool:
+    """Whether an environment variable's name says it holds a secret."""
     return bool(_SECRET_NAME.search(name))
 
 
@@ -56,7 +70,7 @@ class Redactor:
     def text(self, s: str) -> str:
         for secret in self.secrets:
             s = s.replace(secret, SECRET)
-        for pat in _PATTERNS:
+        for pat in _patterns():
             s = pat.sub(lambda m: m.group(1) + SECRET, s)
         if self.home:
             s = re.sub(re.escape(self.home) + r"(?=/|\b|$)", "~", s)

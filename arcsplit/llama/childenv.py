@@ -3,8 +3,8 @@ on SYCL.
 
 Credentials: a shell that serves models often holds tokens and cloud keys (HF_TOKEN, AWS_SECRET_ACCESS_KEY,
 OPENAI_API_KEY, ...). No child of arcsplit needs them: rpc-servers and ssh get none, llama-server only its own API
-key (LLAMA_API_KEY). A credential is known by its name (``is_credential``); ``ARCSPLIT_KEEP_ENV`` keeps one that a
-child really needs. Dropped silently: naming them on every start would only repeat the user's secrets' names.
+key (LLAMA_API_KEY). A credential is known by its name (``redact.is_secret_name``: the same rule says what
+``arcsplit report`` redacts); ``ARCSPLIT_KEEP_ENV`` keeps one that a child really needs. Dropped silently: naming them on every start would only repeat the user's secrets' names.
 
 Users copy Intel GPU recipes into their shell profile; a few of those variables are reported to make llama.cpp's
 SYCL backend slow, wrong or crash. Every child arcsplit starts (rpc-servers, llama-server, the probe's processes)
@@ -14,31 +14,22 @@ where the harm was reported; ``ARCSPLIT_KEEP_ENV=VAR[,VAR]`` keeps a variable th
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from .. import backends
+from ..redact import is_secret_name
 
 KEEP_VAR = "ARCSPLIT_KEEP_ENV"
 SERVER_KEY_VAR = "LLAMA_API_KEY"  # llama-server's --api-key (common/arg.cpp set_env): the one credential it keeps
-# Names that hold secrets: a TOKEN/KEY/PASSWORD/CREDENTIALS word (HF_TOKEN, OPENAI_API_KEY, ...), SECRET anywhere,
-# every AWS_ variable, Azure's client and Google's credentials file. SSH_AUTH_SOCK (a socket path, which ssh needs)
-# is not one of them.
-_CREDENTIAL = re.compile(r"(?:^|_)(?:TOKENS?|KEYS?|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?)(?:_|$)"
-                         r"|SECRET|^AWS_|^AZURE_CLIENT_|^GOOGLE_APPLICATION_CREDENTIALS$"
-                         r"|^NETRC$|^PGPASS", re.IGNORECASE)
-
-
-def is_credential(name: str) -> bool:
-    """Whether an environment variable's name says it holds a secret."""
-    return bool(_CREDENTIAL.search(name))
+# ssh's agent socket: a path that ssh needs to log in to other hosts, though the rule's AUTH word names it.
+ALWAYS_KEPT = ("SSH_AUTH_SOCK",)
 
 
 def credentials(environ: Mapping[str, str], keep: Iterable[str] = ()) -> list[str]:
     """The credential variables of ``environ`` a child does not get: all but ``keep`` and ARCSPLIT_KEEP_ENV's."""
-    kept = set(keep) | {v.strip() for v in environ.get(KEEP_VAR, "").split(",") if v.strip()}
-    return [name for name in environ if name not in kept and is_credential(name)]
+    kept = {*keep, *ALWAYS_KEPT} | {v.strip() for v in environ.get(KEEP_VAR, "").split(",") if v.strip()}
+    return [name for name in environ if name not in kept and is_secret_name(name)]
 
 
 def child_environ(environ: Mapping[str, str], keep: Iterable[str] = ()) -> dict[str, str]:
