@@ -15,10 +15,12 @@ from typing import Iterable, Mapping
 SECRET = "<redacted>"
 # Variable names whose values are credentials: the one rule, for what ``arcsplit report`` redacts and what no child
 # of arcsplit inherits (llama/childenv.py). A TOKEN/KEY/PASSWORD/PASS/AUTH/CREDENTIALS/COOKIE word (HF_TOKEN,
-# OPENAI_API_KEY, LLAMA_API_KEY, ...), SECRET anywhere, every AWS_ variable, Azure's client and Google's credentials
-# file, netrc and PostgreSQL's password file.
+# OPENAI_API_KEY, LLAMA_API_KEY, ...), SECRET anywhere, every AWS_ variable but its plain settings (a profile or
+# region name such as "default" would be redacted all over a report's text), Azure's client and Google's
+# credentials file, netrc and PostgreSQL's password file.
 _SECRET_NAME = re.compile(r"(?:^|_)(?:API_?KEY|KEYS?|TOKENS?|PASSWORD|PASSWD|PASSPHRASE|PASS|AUTH|CREDENTIALS?|COOKIE)"
-                          r"(?:_|$)|SECRET|^AWS_|^AZURE_CLIENT_|^GOOGLE_APPLICATION_CREDENTIALS$|^NETRC$|^PGPASS",
+                          r"(?:_|$)|SECRET|^AWS_(?!(?:PROFILE|REGION|DEFAULT_REGION|DEFAULT_OUTPUT|PAGER)$)|"
+                          r"^AZURE_CLIENT_|^GOOGLE_APPLICATION_CREDENTIALS$|^NETRC$|^PGPASS",
                           re.IGNORECASE)
 # Compiled on first use (``_patterns``): the node agent imports the name rule above (llama/childenv.py) on its way to
 # its first answer and never redacts text; these cost ~1 ms to compile.

@@ -117,6 +117,13 @@ def test_a_credential_name_is_withheld_from_children_and_redacted_from_reports(n
     assert "planted-value-1234" not in Redactor.of(secret_env(environ), None, None, ()).text(log)
 
 
+def test_aws_plain_settings_are_not_credentials():
+    # a region or profile name ("default") is no secret, and redacted it would blank that word all over a report
+    environ = {"AWS_PROFILE": "default", "AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "AKIAPLANTED"}
+    assert child_environ(environ) == {"AWS_PROFILE": "default", "AWS_REGION": "us-east-1"}
+    assert secret_env(environ) == ["AKIAPLANTED"]
+
+
 def test_ssh_keeps_its_agent_socket_though_a_report_hides_its_path():
     environ = {"SSH_AUTH_SOCK": "/run/user/1/ssh-agent"}
     assert child_environ(environ) == environ  # ssh logs in to other hosts with it
