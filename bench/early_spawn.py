@@ -15,10 +15,7 @@ min / median / max in ms.
 
 from __future__ import annotations
 
-import argparse
-import compileall
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,6 +23,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from startup import cell, tree_args  # noqa: E402  (the same table cells and --tree handling)
 
 LAYOUT = """name = "bench"
 
@@ -98,22 +98,8 @@ def check_imports(tree: Path, argv: list[str]) -> list[tuple[int, int, str]]:
     return out
 
 
-def cell(xs: list[float]) -> str:
-    ms = sorted(x * 1000 for x in xs)
-    return f"{ms[0]:.0f} / **{statistics.median(ms):.0f}** / {ms[-1]:.0f}"
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=10)
-    ap.add_argument("--tree", action="append", type=Path, help="an arcsplit checkout to time (repeat to compare)")
-    ap.add_argument("--out", help="also write the table (Markdown) here")
-    a = ap.parse_args()
-    trees = [t.resolve() for t in (a.tree or [ROOT])]
-    if a.runs < 1 or any(not (t / "arcsplit" / "__init__.py").is_file() for t in trees):
-        ap.error("--runs must be at least 1 and each --tree an arcsplit checkout (with arcsplit/__init__.py)")
-    for t in trees:
-        compileall.compile_dir(str(t / "arcsplit"), quiet=1)
+    a, trees = tree_args(__doc__ or "")
     got: dict[Path, list[float]] = {t: [] for t in trees}
     with tempfile.TemporaryDirectory(prefix="arcsplit-early-") as tmp:
         model, layout = Path(tmp) / "m.gguf", Path(tmp) / "layout.toml"

@@ -66,8 +66,10 @@ def cell(xs: list[float]) -> str:
     return f"{ms[0]:.0f} / **{statistics.median(ms):.0f}** / {ms[-1]:.0f}"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def tree_args(doc: str) -> tuple[argparse.Namespace, list[Path]]:
+    """--runs, --tree (repeatable), --out, checked; each tree's bytecode compiled first, as pip install would
+    (shared with bench/early_spawn.py)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--tree", action="append", type=Path, help="an arcsplit checkout to time (repeat to compare)")
     ap.add_argument("--out", help="also write the table (Markdown) here")
@@ -77,6 +79,11 @@ def main() -> int:
         ap.error("--runs must be at least 1 and each --tree an arcsplit checkout (with arcsplit/__init__.py)")
     for t in trees:
         compileall.compile_dir(str(t / "arcsplit"), quiet=1)
+    return a, trees
+
+
+def main() -> int:
+    a, trees = tree_args(__doc__ or "")
     from arcsplit.demo import ensure_demo_model
     from arcsplit.errors import ArcsplitError
     from arcsplit.llama.locate import find_llama
