@@ -188,21 +188,28 @@ class _Twin(int):
 
 
 @contextlib.contextmanager
-def same_card_rig(card: int, n_cards: int) -> Iterator[None]:
+def same_card_rig(card: int, n_cards: int, card_mib: int | None = None) -> Iterator[None]:
     """Inside: a group asked for cards 0..n_cards-1 gets GPU ``card`` that many times, each with an even share
     of its free memory, so llama-server and every rpc-server see (and load onto) the same GPU. arcsplit
-    itself refuses a card named twice; only this bench shares one on purpose (as _Twin indices)."""
+    itself refuses a card named twice; only this bench shares one on purpose (as _Twin indices). ``card_mib``:
+    each card plans as one of that size instead, the GPU alone too (a model that does not fit such a card, on a
+    GPU that would hold it)."""
     from arcsplit.rig import Card, Rig
     from arcsplit.decide import prepare as prep
 
     real = prep.discover_rig
 
     def shared(backend: str, gpus: list[int] | None, *args: Any, **kw: Any) -> Rig:
-        if gpus != list(range(n_cards)):
+        alone = bool(card_mib) and gpus == [card]
+        if gpus != list(range(n_cards)) and not alone:
             return real(backend, gpus, *args, **kw)
         c = real(backend, [card], *args, **kw).cards[0]
-        return Rig(tuple(Card(backend, _Twin(c.index), c.name, c.total_bytes // n_cards, c.free_bytes // n_cards)
-                         for _ in gpus))
+        share = 1 if alone else n_cards
+        total, free = c.total_bytes // share, c.free_bytes // share
+        if card_mib:
+            total, free = min(total, card_mib << 20), min(free, card_mib << 20)
+        return Rig(tuple(Card(backend, c.index if alone else _Twin(c.index), c.name, total, free)
+                         for _ in gpus or ()))
 
     prep.discover_rig = shared
     try:

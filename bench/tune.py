@@ -1,7 +1,8 @@
-"""arcsplit tune's pick against the fixed default order, on the rigs this machine has (CPU cards).
+"""arcsplit tune's pick against the fixed default order, on the rigs this machine has (CPU cards, or one GPU).
 
     python bench/tune.py [--runs N] [--rigs demo,llama,moe] [--budget S] [--per-candidate S] [--remeasure S]
                          [--objective decode] [--out FILE]
+    python bench/tune.py --backend cuda --same-card [--card-mib N] --rigs gpu-llama,gpu-moe   # one GPU
 
 Per rig and run: a fresh tune (its own results directory, so nothing is reused), then the pick and the default
 order's route (what serve runs untuned: mode auto, default settings) are each served again and measured for
@@ -9,12 +10,21 @@ order's route (what serve runs untuned: mode auto, default settings) are each se
 pick / default for the objective (1.0 without measuring when they are the same candidate). Then tune runs again
 on the same directory: how many results it reuses and how long that takes. Rigs: demo = the demo model
 (gemma-3 270M Q4_K_M) on 2 CPU cards; llama = a synthetic llama (arcsplit/synth.py, untied output, f16) on 2 CPU
-cards; moe = a synthetic qwen3moe on 2 CPU cards. Writes bench/results/tune.md with min/median/max over runs.
+cards; moe = a synthetic qwen3moe on 2 CPU cards (BENCH_WORK=DIR keeps the models there). Writes bench/results/tune.md with min/median/max over runs.
+
+--same-card (a GPU --backend, one GPU): the rig is that GPU named twice (bench/throughput.py's same_card_rig), so
+every route tune knows runs there: the whole model on the card (native), hybrid and all-RPC with llama-server and
+the rpc-servers sharing it. A one-context route over the same card twice is not a route any user has, so those
+candidates are left out, and the default order's route is the whole model on the one card (what ``serve --gpus 0``
+runs). --card-mib plans each card as that size: a MoE that does not fit, so the planner keeps experts in host RAM
+(--n-cpu-moe) and tune varies that count. Rigs gpu-llama (a 1.3B f16 synthetic llama) and gpu-moe (a 3.8 GiB f16
+synthetic qwen3moe, 16 layers of 32 experts) are sized for a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
@@ -23,10 +33,11 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from arcsplit.decide.prepare import ServeRequest, preview  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
@@ -41,13 +52,50 @@ def rig_model(name: str, work: Path) -> Path:
         return ensure_demo_model()
     from arcsplit import synth
 
+    if (work / f"{name}.gguf").exists():  # BENCH_WORK kept it from an earlier invocation (or linked it there)
+        return work / f"{name}.gguf"
     if name == "llama":
         return synth.write_llama(work / "llama.gguf", n_layer=8, n_embd=256, n_head=8, n_head_kv=4, n_ff=768,
                                  n_vocab=4096)
+    if name == "gpu-llama":
+        return synth.write_llama(work / "gpu-llama.gguf", n_layer=16, n_embd=2048, n_head=16, n_head_kv=8,
+                                 n_ff=5632, n_vocab=32000, ctx=8192, reuse_random=True)
+    if name == "gpu-moe":
+        return synth.write_qwen3moe(work / "gpu-moe.gguf", n_layer=16, n_embd=2048, n_head=32, n_head_kv=4,
+                                    head_dim=128, n_expert=32, n_expert_used=4, n_ff_exp=512, n_vocab=32000, ctx=8192)
     if name == "moe":
         return synth.write_qwen3moe(work / "moe.gguf", n_layer=6, n_embd=256, n_head=8, n_head_kv=4, head_dim=32,
                                     n_expert=8, n_expert_used=2, n_ff_exp=256, n_vocab=4096)
-    raise SystemExit(f"unknown rig {name!r}: use demo, llama or moe")
+    raise SystemExit(f"unknown rig {name!r}: use demo, llama, moe, gpu-llama or gpu-moe")
+
+
+@contextlib.contextmanager
+def one_gpu(card_mib: int | None) -> Iterator[None]:
+    """--same-card: the GPU as two twin cards, one-context routes left out, the whole model on the card as the
+    default order's route (see the module docstring)."""
+    from throughput import same_card_rig
+
+    from arcsplit.modes import Mode
+    from arcsplit.tune import runner
+
+    real_routes, real_default, real_request = runner.routes, runner.default_key, runner.request_for
+
+    def routes(*args: Any, **kw: Any) -> list[Candidate]:
+        return [c for c in real_routes(*args, **kw) if c.one_card or c.mode not in (Mode.MULTI, Mode.MULTI_WORKAROUND)]
+
+    def default_key(p: Any, cands: list[Candidate]) -> str | None:
+        return next((c.key for c in cands if c.one_card), None) or real_default(p, cands)
+
+    def request_for(*args: Any, **kw: Any) -> Any:  # the twins go back as 0,1: same_card_rig's request
+        r = real_request(*args, **kw)
+        return replace(r, gpus=list(range(len(r.gpus)))) if len(r.gpus) > 1 else r
+
+    runner.routes, runner.default_key, runner.request_for = routes, default_key, request_for  # type: ignore[assignment]
+    try:
+        with same_card_rig(0, 2, card_mib):
+            yield
+    finally:
+        runner.routes, runner.default_key, runner.request_for = real_routes, real_default, real_request  # type: ignore[assignment]
 
 
 def remeasure(req: ServeRequest, key: str, results: dict[str, Any], seconds: float, objective: str) -> float | None:
@@ -90,8 +138,11 @@ def spread(xs: list[float], digits: int = 2) -> str:
 def report(a: argparse.Namespace, rows: dict[str, list[dict[str, Any]]], cmd: str, started: str) -> str:
     lines = ["# arcsplit tune: its pick against the fixed default order", "",
              f"- Command: `{cmd}`", f"- Run at {started} UTC on {platform.node()} ({cpu_model()}, "
-             f"{os.cpu_count()} cores). The machine was shared with other work while this ran: absolute figures "
-             "are low and noisy; the ratios compare two routes measured back to back.",
+             f"{os.cpu_count()} cores)" + (f", on {a.card_name}: one GPU named twice, so llama-server and the "
+                                           "rpc-servers share it" if a.same_card else
+                                           ". The machine was shared with other work while this ran: absolute "
+                                           "figures are low and noisy") +
+             "; the ratios compare two routes measured back to back.",
              f"- Objective {a.objective}; tune budget {a.budget:.0f} s, {a.per_candidate:.0f} s measuring per "
              f"candidate; pick and default re-measured independently for {a.remeasure:.0f} s each.", "",
              "| rig | runs | picks | pick / default (min / median / max) | tune wall s (min / median / max) | "
@@ -124,13 +175,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--remeasure", type=float, default=6.0)
     p.add_argument("--objective", default="decode", choices=("decode", "prefill", "streams"))
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "tune.md"))
+    p.add_argument("--backend", default="cpu")
+    p.add_argument("--same-card", action="store_true", help="one GPU named twice (see the docstring)")
+    p.add_argument("--card-mib", type=int, default=None, help="with --same-card: plan each card as this size")
+    p.add_argument("--ctx", type=int, default=2048)
     a = p.parse_args(argv)
+    if a.same_card and a.backend == "cpu":
+        p.error("--same-card shares one GPU: give a GPU --backend")
+    if a.card_mib and not a.same_card:
+        p.error("--card-mib goes with --same-card")
     started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     rows: dict[str, list[dict[str, Any]]] = {}
-    with tempfile.TemporaryDirectory() as work:
+    a.card_name = ""
+    if a.same_card:
+        from arcsplit.llama.devices import discover_rig
+        from arcsplit.llama.locate import find_llama
+
+        a.card_name = discover_rig(a.backend, [0], find_llama(None, backend=a.backend)).cards[0].name + (f" (planned as {a.card_mib} MiB cards)"
+                                                                     if a.card_mib else "")
+    rig_ctx = one_gpu(a.card_mib) if a.same_card else contextlib.nullcontext()
+    with tempfile.TemporaryDirectory() as tmp, rig_ctx:
+        work = Path(os.environ.get("BENCH_WORK") or tmp)  # BENCH_WORK: the rigs' models are kept there
+        work.mkdir(parents=True, exist_ok=True)
         for rig in a.rigs.split(","):
-            model = rig_model(rig, Path(work))
-            req = ServeRequest(model=str(model), gpus=[0, 1], backend="cpu", ctx=2048, parallel=2)
+            model = rig_model(rig, work)
+            req = ServeRequest(model=str(model), gpus=[0, 1], backend=a.backend, ctx=a.ctx, parallel=2)
             for k in range(1, a.runs + 1):
                 print(f"{rig} run {k}/{a.runs}", flush=True)
                 rows.setdefault(rig, []).append(one_run(replace(req), a, k))

@@ -37,6 +37,8 @@
 #        modes where they differ from MPS_MODES
 #   phase bimodal: MoE, time-sliced, all-RPC with one switch off at a time (BIMODAL_MODES): which one makes its
 #        prefill bimodal (issue 45); the bench exits 3 when a mode's repetitions differ by more than 2x in a run
+#   phase tune: issue 44, bench/tune.py on the one-GPU rig (native, hybrid, all-RPC), a MoE that does not fit
+#        (--n-cpu-moe varied), and arcsplit tune + plan on --gpus 0
 #   phase offload: bench/moe_offload.py on the card, arcsplit --moe-offload against llama.cpp's --n-cpu-moe by hand
 #   phase poll-mps: bench/poll_cost.py on ONE GPU under MPS (host cores the link's polling costs, off and on)
 #   phase waitword: bench/gpu/wait_host_word.cu, the gated sets' device-side wait alone (patch 0009's primitive)
@@ -190,6 +192,27 @@ offload() {
   echo "moe_offload rc=$?"
 }
 
+tune() {
+  # issue 44: arcsplit tune on the card. bench/tune.py's one-GPU rig (--same-card: native, hybrid and all-RPC all
+  # on card 0), its pick against the default order (the whole model on the card); then the MoE planned on 2.5 GiB
+  # cards, so experts stay in host RAM (--n-cpu-moe) and tune varies that; then the CLI itself on --gpus 0, with
+  # plan showing what it kept. TUNE_RUNS, TUNE_BUDGET
+  build
+  local tw=$WORK/tunemodels; mkdir -p "$tw"; [ -e "$tw/gpu-moe.gguf" ] || ln -s "$MOE" "$tw/gpu-moe.gguf"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+  BENCH_WORK=$tw python3 bench/tune.py --backend cuda --same-card --rigs gpu-llama,gpu-moe --runs "${TUNE_RUNS:-2}" \
+    --budget "${TUNE_BUDGET:-150}" --per-candidate 4 --ctx 8192 --out "$OUT/tune_cuda.md" > "$OUT/tune_cuda.log" 2>&1
+  echo "tune bench rc=$?"
+  BENCH_WORK=$tw python3 bench/tune.py --backend cuda --same-card --card-mib 2560 --rigs gpu-moe --runs 1 \
+    --budget "${TUNE_BUDGET:-150}" --per-candidate 4 --ctx 8192 --out "$OUT/tune_cuda_ncmoe.md" \
+    > "$OUT/tune_cuda_ncmoe.log" 2>&1
+  echo "tune bench (MoE on 2.5 GiB cards) rc=$?"
+  arcsplit tune "$tw/gpu-llama.gguf" --gpus 0 --backend cuda --budget 90 --per-candidate 4 > "$OUT/tune_cli.txt" 2>&1
+  echo "arcsplit tune rc=$?"
+  arcsplit plan "$tw/gpu-llama.gguf" --gpus 0 --backend cuda > "$OUT/plan_tuned.txt" 2>&1
+  echo "arcsplit plan rc=$?"
+}
+
 mps() {
   # issue 19: how much of the one-GPU tax is two CUDA contexts time-slicing the card (which a second card would
   # not have) and not the link: the same onecard bench with NVIDIA's multi-process service (MPS) running, so the
@@ -320,6 +343,7 @@ case "${1:-all}" in
         bimodal) MODEL=$MOE TAG=_bimodal RUNS=${BIMODAL_RUNS:-${RUNS:-3}} \
                  MODES=${BIMODAL_MODES:-native,hybrid,rpc,rpc-noshm,rpc-nokvu,rpc-card,rpc-lv3,rpc-nocram} onecard ;;
         offload) offload ;;
+        tune) tune ;;
         dense) MODEL=$DENSE REPS=${DENSE_REPS:-3} RUNS=${DENSE_RUNS:-${RUNS:-3}} onecard ;;
         recover1) MODEL=$DENSE recover1 ;;
         trace) MODEL=$MOE trace ;;
