@@ -3,6 +3,7 @@
     python bench/tune.py [--runs N] [--rigs demo,llama,moe] [--budget S] [--per-candidate S] [--remeasure S]
                          [--objective decode] [--out FILE]
     python bench/tune.py --backend cuda --same-card [--card-mib N] --rigs gpu-llama,gpu-moe   # one GPU
+    python bench/tune.py --backend vulkan --lavapipes --rigs tiny    # two Vulkan devices on Mesa's CPU driver
 
 Per rig and run: a fresh tune (its own results directory, so nothing is reused), then the pick and the default
 order's route (what serve runs untuned: mode auto, default settings) are each served again and measured for
@@ -19,6 +20,11 @@ candidates are left out, and the default order's route is the whole model on the
 runs). --card-mib plans each card as that size: a MoE that does not fit, so the planner keeps experts in host RAM
 (--n-cpu-moe) and tune varies that count. Rigs gpu-llama (a 1.3B f16 synthetic llama) and gpu-moe (a 3.8 GiB f16
 synthetic qwen3moe, 16 layers of 32 experts) are sized for a GPU.
+
+--lavapipes (--backend vulkan): Mesa's CPU Vulkan driver (lavapipe, mesa-vulkan-drivers) as two Vulkan devices,
+its manifest listed twice (as tests/test_vulkan.py does), with the managed Vulkan build (scripts/test-vulkan):
+one context with -sm layer and -sm tensor, hybrid and all-RPC all run for real. Rig tiny (a 4-layer llama of
+n_embd 128) keeps lavapipe's per-process pipeline compiles short. Lavapipe's speed says nothing about a GPU.
 """
 
 from __future__ import annotations
@@ -57,6 +63,9 @@ def rig_model(name: str, work: Path) -> Path:
     if name == "llama":
         return synth.write_llama(work / "llama.gguf", n_layer=8, n_embd=256, n_head=8, n_head_kv=4, n_ff=768,
                                  n_vocab=4096)
+    if name == "tiny":
+        return synth.write_llama(work / "tiny.gguf", n_layer=4, n_embd=128, n_head=4, n_head_kv=2, n_ff=384,
+                                 n_vocab=2048)
     if name == "gpu-llama":
         return synth.write_llama(work / "gpu-llama.gguf", n_layer=16, n_embd=2048, n_head=16, n_head_kv=8,
                                  n_ff=5632, n_vocab=32000, ctx=8192, reuse_random=True)
@@ -66,7 +75,30 @@ def rig_model(name: str, work: Path) -> Path:
     if name == "moe":
         return synth.write_qwen3moe(work / "moe.gguf", n_layer=6, n_embd=256, n_head=8, n_head_kv=4, head_dim=32,
                                     n_expert=8, n_expert_used=2, n_ff_exp=256, n_vocab=4096)
-    raise SystemExit(f"unknown rig {name!r}: use demo, llama, moe, gpu-llama or gpu-moe")
+    raise SystemExit(f"unknown rig {name!r}: use demo, llama, moe, tiny, gpu-llama or gpu-moe")
+
+
+@contextlib.contextmanager
+def two_lavapipes() -> Iterator[None]:
+    """--lavapipes: VK_ICD_FILENAMES names lavapipe's manifest twice (two copies), so the loader shows two devices."""
+    manifest = next(iter(sorted(Path("/usr/share/vulkan/icd.d").glob("lvp_icd*.json"))), None)
+    if manifest is None:
+        raise SystemExit("no lavapipe manifest in /usr/share/vulkan/icd.d: apt-get install mesa-vulkan-drivers")
+    old = {k: os.environ.get(k) for k in ("VK_ICD_FILENAMES", "XDG_RUNTIME_DIR")}
+    with tempfile.TemporaryDirectory() as tmp:
+        icds = [Path(tmp) / "lvp_a.json", Path(tmp) / "lvp_b.json"]
+        for icd in icds:
+            icd.write_bytes(manifest.read_bytes())
+        os.environ["VK_ICD_FILENAMES"] = ":".join(map(str, icds))
+        os.environ.setdefault("XDG_RUNTIME_DIR", tmp)
+        try:
+            yield
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 @contextlib.contextmanager
@@ -88,7 +120,8 @@ def one_gpu(card_mib: int | None) -> Iterator[None]:
 
     def request_for(*args: Any, **kw: Any) -> Any:  # the twins go back as 0,1: same_card_rig's request
         r = real_request(*args, **kw)
-        return replace(r, gpus=list(range(len(r.gpus)))) if len(r.gpus) > 1 else r
+        n = len(list(r.gpus or ()))
+        return replace(r, gpus=list(range(n))) if n > 1 else r
 
     runner.routes, runner.default_key, runner.request_for = routes, default_key, request_for  # type: ignore[assignment]
     try:
@@ -113,7 +146,10 @@ def one_run(req: ServeRequest, a: argparse.Namespace, k: int) -> dict[str, Any]:
     out: dict[str, Any] = {"pick": first.pick, "default": first.default, "wall": first.wall_s,
                            "again_wall": again.wall_s, "reused": again.reused, "tried": len(again.order),
                            "wrong": sum(1 for r in first.results.values() if r.get("status") == "wrong"),
-                           "measured": sum(1 for r in first.results.values() if "decode" in r)}
+                           "measured": sum(1 for r in first.results.values() if "decode" in r),
+                           "candidates": [{k: first.results[key].get(k) for k in
+                                           ("label", "status", "prefill", "decode", "streams", "reason")}
+                                          for key in first.order if key in first.results]}
     if first.pick is None or first.default is None:
         out["ratio"] = None
         return out
@@ -138,7 +174,8 @@ def spread(xs: list[float], digits: int = 2) -> str:
 def report(a: argparse.Namespace, rows: dict[str, list[dict[str, Any]]], cmd: str, started: str) -> str:
     lines = ["# arcsplit tune: its pick against the fixed default order", "",
              f"- Command: `{cmd}`", f"- Run at {started} UTC on {platform.node()} ({cpu_model()}, "
-             f"{os.cpu_count()} cores)" + (f", on {a.card_name}: one GPU named twice, so llama-server and the "
+             f"{os.cpu_count()} cores)" + (", two Vulkan devices on Mesa's CPU driver (lavapipe)" if a.lavapipes else
+                                           f", on {a.card_name}: one GPU named twice, so llama-server and the "
                                            "rpc-servers share it" if a.same_card else
                                            ". The machine was shared with other work while this ran: absolute "
                                            "figures are low and noisy") +
@@ -163,6 +200,14 @@ def report(a: argparse.Namespace, rows: dict[str, list[dict[str, Any]]], cmd: st
                     if r.get("ratio") == 1.0 else "not measured")
             lines.append(f"- {rig} run {i}: pick `{r['pick']}`, default `{r['default']}`; {figs}; "
                          f"{r['measured']} candidates measured in {r['wall']:.0f} s")
+    lines += ["", "Every candidate of each rig's first run (t/s; tune's own short measurements):", ""]
+    for rig, runs in rows.items():
+        lines += [f"**{rig}**", "", "| candidate | status | prefill | decode | streams | why |", "|---|---|---|---|---|---|"]
+        for c in runs[0].get("candidates", []):
+            cells = [f"{c[k]:.1f}" if isinstance(c.get(k), (int, float)) else "-" for k in ("prefill", "decode", "streams")]
+            why = "" if c.get("status") == "ok" else str(c.get("reason") or "")[:120].replace("|", "/")
+            lines.append(f"| {c.get('label')} | {c.get('status')} | {' | '.join(cells)} | {why} |")
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 
@@ -178,10 +223,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="cpu")
     p.add_argument("--same-card", action="store_true", help="one GPU named twice (see the docstring)")
     p.add_argument("--card-mib", type=int, default=None, help="with --same-card: plan each card as this size")
+    p.add_argument("--lavapipes", action="store_true", help="--backend vulkan on two lavapipe devices (docstring)")
     p.add_argument("--ctx", type=int, default=2048)
     a = p.parse_args(argv)
     if a.same_card and a.backend == "cpu":
         p.error("--same-card shares one GPU: give a GPU --backend")
+    if a.lavapipes and a.backend != "vulkan":
+        p.error("--lavapipes are Vulkan devices: give --backend vulkan")
     if a.card_mib and not a.same_card:
         p.error("--card-mib goes with --same-card")
     started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
@@ -193,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
         a.card_name = discover_rig(a.backend, [0], find_llama(None, backend=a.backend)).cards[0].name + (f" (planned as {a.card_mib} MiB cards)"
                                                                      if a.card_mib else "")
-    rig_ctx = one_gpu(a.card_mib) if a.same_card else contextlib.nullcontext()
+    rig_ctx = one_gpu(a.card_mib) if a.same_card else two_lavapipes() if a.lavapipes else contextlib.nullcontext()
     with tempfile.TemporaryDirectory() as tmp, rig_ctx:
         work = Path(os.environ.get("BENCH_WORK") or tmp)  # BENCH_WORK: the rigs' models are kept there
         work.mkdir(parents=True, exist_ok=True)
