@@ -78,6 +78,24 @@ def rig_model(name: str, work: Path) -> Path:
     raise SystemExit(f"unknown rig {name!r}: use demo, llama, moe, tiny, gpu-llama or gpu-moe")
 
 
+def corrupting_build(work: Path, backend: str) -> Path:
+    """--corrupt-rpc: a llama.cpp dir whose llama-server is the build's and whose ggml-rpc-server is the real one
+    behind the bit-flipping forwarder (as tests/test_tune_real.py plants it); weights cross the socket (no shared
+    memory, no seeding from the GGUF), where the forwarder flips them."""
+    from arcsplit.llama.locate import find_llama
+
+    bins = find_llama(None, backend=backend)
+    d = work / f"corrupt-{backend}"
+    d.mkdir(exist_ok=True)
+    if not (d / "llama-server").exists():
+        (d / "llama-server").symlink_to(bins.server)
+    rpc = d / "ggml-rpc-server"
+    rpc.write_text(f"#!/bin/sh\nexec {sys.executable} {ROOT / 'tests' / '_corrupt_rpc.py'} {bins.rpc_server} \"$@\"\n")
+    rpc.chmod(0o755)
+    os.environ["ARCSPLIT_RPC_SHM"] = "0"
+    return d
+
+
 @contextlib.contextmanager
 def two_lavapipes() -> Iterator[None]:
     """--lavapipes: VK_ICD_FILENAMES names lavapipe's manifest twice (two copies), so the loader shows two devices."""
@@ -224,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--same-card", action="store_true", help="one GPU named twice (see the docstring)")
     p.add_argument("--card-mib", type=int, default=None, help="with --same-card: plan each card as this size")
     p.add_argument("--lavapipes", action="store_true", help="--backend vulkan on two lavapipe devices (docstring)")
+    p.add_argument("--corrupt-rpc", action="store_true",
+                   help="every rpc-server behind tests/_corrupt_rpc.py's bit-flipping forwarder: tune must reject "
+                        "each route that uses one (the 'wrong routes' column)")
     p.add_argument("--ctx", type=int, default=2048)
     a = p.parse_args(argv)
     if a.same_card and a.backend == "cpu":
@@ -248,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         for rig in a.rigs.split(","):
             model = rig_model(rig, work)
             req = ServeRequest(model=str(model), gpus=[0, 1], backend=a.backend, ctx=a.ctx, parallel=2)
+            if a.corrupt_rpc:
+                req = replace(req, llama_dir=str(corrupting_build(work, a.backend)), rpc_seed=False)
             for k in range(1, a.runs + 1):
                 print(f"{rig} run {k}/{a.runs}", flush=True)
                 rows.setdefault(rig, []).append(one_run(replace(req), a, k))

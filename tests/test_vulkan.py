@@ -267,3 +267,32 @@ def test_the_glslc_check_agrees_with_the_builds_own_test(vulkan_bin):
     found = find_vulkan()
     for ext in ("GL_KHR_cooperative_matrix", "GL_EXT_integer_dot_product"):
         assert (f"-- {ext} not supported by glslc" in text) == (ext in found.glslc_lacks), ext
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # lavapipe compiles its pipelines in each new process: ~15 s the first, ~1 s cached
+def test_tune_on_two_vulkan_devices_checks_layer_and_tensor_split_and_serve_uses_its_pick(two_lavapipes, vulkan_bin,
+                                                                                           tmp_path, monkeypatch):
+    """Issue 44 on a real Vulkan rig: every route tune knows runs on the two lavapipe devices (-sm layer and, where
+    the build has it, -sm tensor in one context; hybrid; all-RPC), each is checked against the whole model on one
+    card, and the pick is what serve then runs."""
+    from arcsplit import synth
+    from arcsplit.decide.prepare import ServeRequest
+    from arcsplit.tune.runner import TuneRequest, tune, tuned
+
+    monkeypatch.setenv("ARCSPLIT_TUNE_DIR", str(tmp_path / "tune"))
+    model = synth.write_llama(tmp_path / "tiny.gguf", n_layer=4, n_embd=128, n_head=4, n_head_kv=2, n_ff=384,
+                              n_vocab=2048)
+    req = ServeRequest(model=str(model), gpus=[0, 1], backend="vulkan", ctx=1024, llama_dir=str(vulkan_bin))
+    report = tune(TuneRequest(req, budget_s=1200, per_candidate_s=1, settings=False))
+    res = {k: report.results[k] for k in report.order}
+    assert {r["status"] for r in res.values()} == {"ok"}, {k: (r["status"], r.get("reason")) for k, r in res.items()}
+    assert res["vulkan:single-1card:defaults"]["reason"].startswith("reference")
+    tensor = res["vulkan:multi-tensor:defaults"]
+    argv = tensor["argv"]
+    assert [argv[i + 1] for i, a in enumerate(argv) if a in ("-sm", "--split-mode")][-1] == "tensor"  # the last wins
+    assert {"vulkan:multi:defaults", "vulkan:hybrid-last:defaults", "vulkan:rpc:defaults"} <= set(res)
+    assert report.default == "vulkan:multi:defaults"  # the default order: one context
+    assert report.pick is not None and res[report.pick]["status"] == "ok"
+    got = tuned(req)
+    assert got is not None and got[0].mode == res[report.pick]["candidate"]["mode"] and "tuned route" in got[1]
