@@ -64,6 +64,14 @@ def test_settings_vary_one_at_a_time() -> None:
     assert not [c for c in settings_variants(base, 256, True) if c.settings.moe_offload]
 
 
+def test_expert_offload_variant_stays_within_the_model() -> None:
+    """Two more layers than the planner's, but never more than the model has (the planner refuses those)."""
+    base = Candidate(Mode.SINGLE, "cpu", one_card=True)
+    offload = [[c.settings.moe_offload for c in settings_variants(base, 512, True, moe_layers=n, moe_max=12)
+                if c.settings.moe_offload] for n in (3, 11, 12)]
+    assert offload == [[5], [12], []]
+
+
 def test_candidate_round_trips() -> None:
     c = routes("sycl", 2, BuildFacts(tensor_split=True))[3]
     assert Candidate.from_dict(json.loads(json.dumps(c.to_dict()))) == c
