@@ -266,7 +266,7 @@ def test_xe_module_in_tree_or_dkms(tmp_path, monkeypatch):
     reading of /sys/module/xe/{version,srcversion} was found."""
     from arcsplit.llama.facts import parse_xe_module, xe_module_facts
 
-    in_tree = _modinfo_F("modinfo_xe_in_tree_ubuntu.txt", "filename")
+    in_tree = _modinfo_F("modinfo_xe_in_tree_926.txt", "filename")
     dkms = _modinfo_F("modinfo_xe_dkms_truenas.txt", "filename")
     assert parse_xe_module(None, "8F1C0D5E2A0B\n", in_tree) == ("srcversion 8F1C0D5E2A0B", False)
     assert parse_xe_module("7.1.4.25\n", "X", dkms) == ("version 7.1.4.25", True)
