@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 
@@ -249,14 +250,37 @@ def test_a_kernel_named_by_hand_never_reads_this_machines_config(monkeypatch, tm
     assert f.kernel.move_notify is None and any("--kernel-config" in u for u in f.unread)
 
 
-def test_xe_module_in_tree_or_dkms(tmp_path):
+def _modinfo_F(fixture: str, field: str) -> str:
+    """What ``modinfo -F FIELD`` prints for a module whose ``modinfo`` listing is the fixture: the value alone."""
+    for line in (FX / fixture).read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key == field:
+            return value.strip() + "\n"
+    raise AssertionError(f"{fixture} has no {field}")
+
+
+def test_xe_module_in_tree_or_dkms(tmp_path, monkeypatch):
     """The running xe module from sysfs, and DKMS's install path (updates/dkms) as the out-of-tree signal
-    (intel-gpu/xekmd-backports#451 ships the 7.1 xe driver that way for older kernels)."""
+    (intel-gpu/xekmd-backports#451 ships the 7.1 xe driver that way for older kernels). The module paths are
+    verbatim `modinfo xe` output (SOURCES.md); the sysfs version/srcversion values are composed: no public
+    reading of /sys/module/xe/{version,srcversion} was found."""
     from arcsplit.llama.facts import parse_xe_module, xe_module_facts
 
-    assert parse_xe_module(None, "8F1C0D5E2A0B\n", "/lib/modules/6.8.0-60-generic/kernel/drivers/gpu/drm/xe/xe.ko.zst") \
-        == ("srcversion 8F1C0D5E2A0B", False)
-    assert parse_xe_module("7.1.4.25\n", "X", "/lib/modules/6.8.0-60-generic/updates/dkms/xe.ko.zst") \
-        == ("version 7.1.4.25", True)
+    in_tree = _modinfo_F("modinfo_xe_in_tree_926.txt", "filename")
+    dkms = _modinfo_F("modinfo_xe_dkms_truenas.txt", "filename")
+    assert parse_xe_module(None, "8F1C0D5E2A0B\n", in_tree) == ("srcversion 8F1C0D5E2A0B", False)
+    assert parse_xe_module("7.1.4.25\n", "X", dkms) == ("version 7.1.4.25", True)
     assert parse_xe_module(None, None, None) == (None, None)
     assert xe_module_facts(tmp_path) == (None, None)  # xe not loaded
+
+    # the reader itself: sysfs in tmp, and a modinfo on PATH answering -F filename as the real one does
+    (tmp_path / "module" / "xe").mkdir(parents=True)
+    (tmp_path / "module" / "xe" / "srcversion").write_text("8F1C0D5E2A0B\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    for answer, backport in ((dkms, True), (in_tree, False)):
+        modinfo = bin_dir / "modinfo"
+        modinfo.write_text(f"#!/bin/sh\n[ \"$1 $2 $3\" = \"-F filename xe\" ] || exit 1\nprintf '%s' '{answer}'\n")
+        modinfo.chmod(0o755)
+        assert xe_module_facts(tmp_path) == ("srcversion 8F1C0D5E2A0B", backport)

@@ -12,6 +12,8 @@ import pytest
 from arcsplit.modes import Mode
 from arcsplit.tune import fingerprint as fpmod
 from arcsplit.tune import verify
+from arcsplit.llama.locate import LlamaBinaries
+from arcsplit.tune import runner
 from arcsplit.tune.candidates import BuildFacts, Candidate, Settings, rank, routes, settings_variants, split_modes
 
 FIX = Path(__file__).parent / "fixtures"
@@ -50,9 +52,37 @@ def test_routes_without_tensor_build_or_on_cuda() -> None:
 
 def test_split_modes_from_help() -> None:
     assert "tensor" in split_modes((FIX / "tune" / "help_split_mode_cpu.txt").read_text())
+    assert split_modes((FIX / "tune" / "help_server_00dc8057.md").read_text()) == ("none", "layer", "row", "tensor")
     old = split_modes((FIX / "runtime" / "help_server_53dd4beb.md").read_text())
     assert old == ("none", "layer", "row")
     assert split_modes("no such line") == ()
+
+
+def _recorded_server(tmp_path: Path, help_file: Path) -> LlamaBinaries:
+    """A SYCL build's llama-server cannot run here: one that prints upstream's recorded --help instead."""
+    d = tmp_path / help_file.stem
+    d.mkdir(parents=True)
+    server = d / "llama-server"
+    server.write_text(f"#!/bin/sh\n[ \"$1\" = --help ] || exit 1\ncat '{help_file}'\n")
+    server.chmod(0o755)
+    return LlamaBinaries(server, d / "ggml-rpc-server", None, None, None, "test")
+
+
+@pytest.mark.parametrize("help_file, tensor", [(FIX / "tune" / "help_server_00dc8057.md", True),
+                                               (FIX / "runtime" / "help_server_53dd4beb.md", False)])
+def test_sycl_candidates_from_recorded_help(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, help_file: Path,
+                                            tensor: bool) -> None:
+    """What tune tries on a SYCL rig follows the build's --help: -sm tensor and its two environment variants
+    (each citing #26409) only where the build lists tensor; the other routes either way."""
+    monkeypatch.setattr(runner, "managed_builds", lambda backend: [])  # no Vulkan build beside it
+    facts = runner.build_facts("sycl", _recorded_server(tmp_path, help_file))
+    assert facts == BuildFacts(tensor_split=tensor, vulkan=False)
+    keys = [c.route_key for c in routes("sycl", 2, facts)]
+    with_tensor = ["multi-tensor", "multi-tensor-vmm0", "multi-tensor-d2d2"]
+    assert keys == ["single-1card", "multi", *(with_tensor if tensor else []), "multi+workaround-debugkey",
+                    "hybrid-last", "hybrid-local", "rpc"]
+    assert runner.build_facts("sycl", _recorded_server(tmp_path / "x", tmp_path / "missing.txt")) \
+        == BuildFacts()  # a --help that says nothing: no tensor candidates
 
 
 def test_settings_vary_one_at_a_time() -> None:
@@ -62,6 +92,14 @@ def test_settings_vary_one_at_a_time() -> None:
                                         Settings(cache_type="q8_0", flash_attn=True), Settings(moe_offload=5)]
     assert len({c.key for c in out} | {base.key}) == len(out) + 1
     assert not [c for c in settings_variants(base, 256, True) if c.settings.moe_offload]
+
+
+def test_expert_offload_variant_stays_within_the_model() -> None:
+    """Two more layers than the planner's, but never more than the model has (the planner refuses those)."""
+    base = Candidate(Mode.SINGLE, "cpu", one_card=True)
+    offload = [[c.settings.moe_offload for c in settings_variants(base, 512, True, moe_layers=n, moe_max=12)
+                if c.settings.moe_offload] for n in (3, 11, 12)]
+    assert offload == [[5], [12], []]
 
 
 def test_candidate_round_trips() -> None:

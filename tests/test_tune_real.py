@@ -15,11 +15,16 @@ import httpx
 
 import pytest
 
-from arcsplit.decide.prepare import ServeRequest
+import arcsplit
+from arcsplit import synth
+from arcsplit.decide.prepare import ServeRequest, plan_for_mode, preview
 from arcsplit.llama.locate import LlamaBinaries
 from arcsplit.proc.ports import free_port
+from arcsplit.rig import MiB
 from arcsplit.tune import fingerprint as fpmod
-from arcsplit.tune.runner import TuneRequest, tune, tuned
+from arcsplit.tune import verify
+from arcsplit.tune.candidates import Candidate
+from arcsplit.tune.runner import TuneRequest, request_for, tune, tuned
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,3 +149,65 @@ def test_doctor_verify_checks_every_route(demo_model: Path, llama_bins: LlamaBin
     assert rows["cpu rpc [defaults]"]["status"] == "ok" and "matches the reference" in rows["cpu rpc [defaults]"]["reason"]
     assert rows["cpu hybrid-local [defaults]"]["status"] == "pruned"  # gemma3 ties its output: the planner says no
     assert not list((tmp_path / "tune").glob("*.json"))  # a check keeps nothing
+
+
+# Each CPU card of the MoE rig: 30 MiB (14 MiB after the 16 MiB margin). The 12-layer synthetic qwen3moe's
+# attention, embeddings, KV and compute need about 14 MiB on one card, so the whole model on one card is refused,
+# and its routed experts (3 MiB a layer) fit the two cards only for a few layers: the planner keeps the rest in
+# llama-server's host RAM (--n-cpu-moe), bounded by HOST_MIB.
+MOE_CARD_MIB, HOST_MIB = 30, 1024
+
+
+@pytest.fixture(scope="module")
+def moe_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synth.write_qwen3moe(tmp_path_factory.mktemp("tune-moe") / "moe.gguf", n_layer=12, n_embd=256, n_head=4,
+                                n_head_kv=2, head_dim=64, n_expert=16, n_expert_used=2, n_ff_exp=128, n_vocab=2000,
+                                seed=3)
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def _all_on_one_card(model: Path, bins: LlamaBinaries) -> verify.Sample:
+    """The reference computed another way: every expert on one CPU card big enough for the whole model."""
+    with arcsplit.serve(model, gpus=[0], backend="cpu", ctx=512, port=free_port(), cpu_memory_mib=1024,
+                        moe_offload=0, llama_dir=str(bins.bin_dir), bus=False) as srv, httpx.Client(timeout=120) as c:
+        assert srv.plan.options.moe_offload == 0
+        return verify.sample(c, srv.url)
+
+
+def test_tune_varies_expert_offload_on_a_moe_that_does_not_fit(moe_model: Path, llama_bins: LlamaBinaries,
+                                                              tune_cache: Path) -> None:
+    req = _request(moe_model, llama_bins, ctx=512, cpu_memory_mib=MOE_CARD_MIB, host_memory_mib=HOST_MIB)
+    lines: list[str] = []
+    report = tune(TuneRequest(req, budget_s=600, per_candidate_s=1), say=lines.append)
+    res = {k: report.results[k] for k in report.order}
+    one = res["cpu:single-1card:defaults"]  # planned over one card's memory: refused before any process
+    assert one["status"] == "pruned" and "argv" not in one and "short by" in one["reason"], one
+
+    # every candidate started is the planner's plan: its --n-cpu-moe, within each card's and the host's bounds
+    p = preview(req)
+    started = {k: r for k, r in res.items() if "argv" in r}
+    assert len(started) >= 4, lines
+    for k, r in started.items():
+        c = Candidate.from_dict(r["candidate"])
+        plan = plan_for_mode(p.profile, p.rig, request_for(p.request, c, p.rig), c.mode)
+        assert _flag(r["argv"], "--n-cpu-moe") == str(r["planned"]["moe_offload"]) == str(plan.options.moe_offload), k
+        assert all(cp.total <= cp.card.budget_bytes for cp in plan.cards), k
+        assert plan.host_bytes <= HOST_MIB * MiB, k
+    assert report.pick in started and res[report.pick]["status"] == "ok"
+
+    # the settings phase ran on the best route, with two more layers' experts in host RAM than the planner's
+    (varied,) = [r for r in started.values() if r["candidate"]["settings"]["moe_offload"] is not None]
+    base = Candidate.from_dict(varied["candidate"]).route_key
+    planned = res[f"cpu:{base}:defaults"]["planned"]["moe_offload"]
+    assert 0 < planned < p.profile.n_layer_main - 1  # some experts on the cards, some in host RAM
+    assert _flag(varied["argv"], "--n-cpu-moe") == str(planned + 2), varied["argv"]
+    assert varied["status"] == "ok" and "decode" in varied, varied.get("reason")
+
+    # and it computes what the model with every expert on one big card does
+    reference = _all_on_one_card(moe_model, llama_bins)
+    for k, r in started.items():
+        check = verify.compare(reference, verify.from_json(r["sample"]))
+        assert check.ok, (k, check.reason)

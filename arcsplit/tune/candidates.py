@@ -151,16 +151,19 @@ def routes(backend: str, n_cards: int, facts: BuildFacts = BuildFacts()) -> list
 UBATCHES = (256, 512, 1024)
 
 
-def settings_variants(base: Candidate, route_ubatch: int, flash_default: bool, moe_layers: int = 0) -> list[Candidate]:
+def settings_variants(base: Candidate, route_ubatch: int, flash_default: bool, moe_layers: int = 0,
+                      moe_max: int = 0) -> list[Candidate]:
     """One setting changed at a time from ``base``'s defaults: the other ubatches, flash attention flipped, a q8_0
     KV cache (needs flash attention), and for a MoE whose experts partly stay in host RAM (``moe_layers``, the
-    planner's count), two more layers there (frees card memory for a larger ubatch or context)."""
+    planner's count), two more layers there (frees card memory for a larger ubatch or context), at most
+    ``moe_max`` (the model's layers; 0: no bound): a count past them is no setting the planner accepts."""
     s = base.settings
     out = [replace(base, settings=replace(s, ubatch=u)) for u in UBATCHES if u != (s.ubatch or route_ubatch)]
     out.append(replace(base, settings=replace(s, flash_attn=not flash_default)))
     out.append(replace(base, settings=replace(s, cache_type="q8_0", flash_attn=True)))
-    if moe_layers:
-        out.append(replace(base, settings=replace(s, moe_offload=moe_layers + 2)))
+    more = min(moe_layers + 2, moe_max) if moe_max else moe_layers + 2
+    if moe_layers and more > moe_layers:
+        out.append(replace(base, settings=replace(s, moe_offload=more)))
     return out
 
 

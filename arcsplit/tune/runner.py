@@ -273,13 +273,14 @@ def tune(treq: TuneRequest, say: Say = lambda line: None) -> TuneReport:
     report = TuneReport(fp, treq.objective, dict(kept.get("results") or {}), [], default_key(p, cands), None)
     run = _Run(p, treq, report, say, t0)
     run.try_all(cands, "route")
+    _by_agreement(run)  # no card holds the model alone (a MoE that does not fit one): the routes judge each other
     best = _best_route(report, treq.objective)
     if treq.settings and best is not None:
         c = Candidate.from_dict(report.results[best]["candidate"])
         planned = report.results[best].get("planned") or {}
         fa = backends.flash_attn_default(c.backend, c.settings.cache_type)
-        run.try_all(settings_variants(c, int(planned.get("ubatch") or NATIVE_UBATCH), fa, int(planned.get("moe_offload") or 0)),
-                    "setting")
+        run.try_all(settings_variants(c, int(planned.get("ubatch") or NATIVE_UBATCH), fa,
+                                      int(planned.get("moe_offload") or 0), p.profile.n_layer_main), "setting")
     _by_agreement(run)
     ranked = rank({k: report.results[k] for k in report.order if k in report.results}, treq.objective)
     report.pick = _confirmed(run, ranked[0]) if ranked else None
@@ -321,14 +322,17 @@ def _best_route(report: TuneReport, objective: str) -> str | None:
 
 
 def _by_agreement(run: _Run) -> None:
-    """Where no route held the whole model on one card, the routes' agreement is the reference."""
+    """Where no route held the whole model on one card, the routes' agreement is the reference: for the results
+    not yet checked, and for the candidates started after it."""
     r = run.report
     open_ = {k: verify.from_json(r.results[k]["sample"]) for k in r.order
              if r.results.get(k, {}).get("status") == "unchecked" and r.results[k].get("sample")}
-    if not open_:
+    if not open_ and run.reference is not None:
         return
     ref = verify.agreement({k: verify.from_json(r.results[k]["sample"]) for k in r.order
                             if r.results.get(k, {}).get("sample")})
+    if ref is not None and run.reference is None:
+        run.reference, run.reference_key = verify.from_json(r.results[ref]["sample"]), ref
     for k, sample in open_.items():
         res = r.results[k]
         if ref is None:
