@@ -39,6 +39,7 @@ from ..rig import Rig, per_host
 from ..roles import Role
 from ..route import OUTPUT_LAYER_CHOICES, Route
 from . import weightcache
+from .choice import RouteChoice
 from .specs import ALIAS_FLAGS, LOOPBACK, ProcessSpec, ServeConfig, build_specs, n_links, n_rpc_servers, split_secrets
 
 __all__ = ["MODE_CHOICES", "OUTPUT_LAYER_CHOICES"]  # re-exported by arcsplit._api
@@ -64,6 +65,7 @@ class ServeRequest:
     flash_attn: bool | None = None  # -fa; None: the backend's default (backends.flash_attn_default)
     env: tuple[tuple[str, str], ...] = ()  # extra llama-server environment (a tuned route's variant, tune/)
     verified: bool = False  # this route's output was checked on these cards (arcsplit tune's pick)
+    choice: RouteChoice | None = None  # arcsplit tune's pick and its figures (tune/runner.tuned); None: not tuned
     kv_unified: bool = True
     rpc_cache: bool = False  # rpc-servers keep big weight tensors on local disk: reloads after a crash read them
     rpc_seed: bool = True  # rpc-servers read the weights from the GGUF, not the socket, where the build can (0006)
@@ -91,6 +93,7 @@ class Prepared:
     warnings: tuple[str, ...] = ()  # for the user before anything starts (the CLI prints them)
     notes: tuple[str, ...] = ()  # what was chosen for them: the backend auto picked and why, which managed build
     stop_grace: float = 10.0  # what the supervisor waits between SIGTERM and SIGKILL
+    choice: RouteChoice | None = None  # how the route was chosen (tuned, asked, the default order): status shows it
 
 
 def _observed_path(backend: str) -> Path:
@@ -423,7 +426,8 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
     if off:
         notes.append(f"{config.server_bin} lacks flags arcsplit uses; off: {'; '.join(off)}")
     grace = req.stop_grace if req.stop_grace is not None else backends.get(req.backend).stop_grace_s
-    return Prepared(req, config, decision, profile, rig, tuple(warnings), tuple(notes), grace)
+    return Prepared(req, config, decision, profile, rig, tuple(warnings), tuple(notes), grace,
+                    req.choice or RouteChoice.untuned(decision.mode, req.mode != AUTO_MODE))
 
 
 def _alias_in(extra: Sequence[str]) -> str | None:

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Iterator, Literal, Mapping, TypedDict
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from ..decide.choice import RouteChoice
 from ..proc.states import GroupState, MemberState
 from ..samples import CardRow, GpuReport
 
@@ -205,9 +206,11 @@ class PlanData(Payload):
     kind: ClassVar[EventKind] = "plan"
     plan: Mapping[str, Any]  # Plan.to_dict()
     mode: str
+    choice: RouteChoice | None = None  # how the route was chosen: tuned (with its figures), asked, the default order
 
     def to_dict(self) -> dict[str, Any]:
-        return {"plan": dict(self.plan), "mode": self.mode}
+        out = {"plan": dict(self.plan), "mode": self.mode}
+        return out | {"choice": self.choice.to_dict()} if self.choice is not None else out
 
 
 @dataclass(frozen=True)
@@ -288,6 +291,7 @@ class Status(TypedDict):
     plan: dict[str, Any]  # Plan.to_dict()
     route: dict[str, Any]  # Route.to_dict(): each card's holder, device name and visibility
     decision: dict[str, Any]  # {"mode", "reasons"}
+    choice: dict[str, Any]  # RouteChoice.to_dict(): chosen by tune (its figures, the alternatives), asked, default
     events_dropped: int
 
 

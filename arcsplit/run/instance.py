@@ -38,6 +38,7 @@ class Instance:
                                      fallback=hybrid_fallback(prepared, say),
                                      decision={"mode": prepared.decision.mode,
                                                "reasons": list(prepared.decision.reasons)},
+                                     choice=prepared.choice,
                                      launcher=launcher or launcher_for(prepared.config))
         self._bus = bus
         self._bus_tcp = bus_tcp

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from ..decide.choice import RouteChoice
 from ..decide.specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, card_of_buffer, n_links
 from ..errors import ArcsplitError, BadInput, RunError
 from ..llama import logs
@@ -92,10 +93,11 @@ class Supervisor:
     def __init__(self, config: ServeConfig, *, run_dir: RunDir | None = None, policy: RestartPolicy = RestartPolicy(),
                  timeouts: Timeouts = Timeouts(), fallback: Fallback | None = None, log_lines: int = 2000,
                  sweep_leftovers: bool = True, decision: dict[str, Any] | None = None,
-                 launcher: Launcher) -> None:
+                 choice: RouteChoice | None = None, launcher: Launcher) -> None:
         self.config = config
         self.launcher = launcher
         self.decision = decision or {"mode": config.mode, "reasons": []}  # why this mode, for status()
+        self.choice = choice or RouteChoice.untuned(config.mode, config.forced_mode)  # tuned or not, for status()
         self.policy = policy
         self.timeouts = timeouts
         self.events = EventBus()
@@ -195,6 +197,7 @@ class Supervisor:
             "plan": self.config.plan.to_dict(),
             "route": self.config.route.to_dict(),
             "decision": self.decision,
+            "choice": self.choice.to_dict(),
             "events_dropped": self.events.dropped,
         }
 
@@ -267,7 +270,7 @@ class Supervisor:
             sweep()
         if self.run_dir is None:
             self.run_dir = RunDir.create()
-        self._publish("group", PlanData(plan=self.config.plan.to_dict(), mode=self.config.mode))
+        self._publish("group", PlanData(plan=self.config.plan.to_dict(), mode=self.config.mode, choice=self.choice))
         try:
             while not self._stop_requested:
                 reason = await self._one_generation()
@@ -287,6 +290,7 @@ class Supervisor:
                             f"{self.config.mode} failed here with the multi-device allocation error "
                             f"(recorded); fell back to {new.mode}"]}
                         self.config = new
+                        self.choice = replace(self.choice, mode=new.mode)
                         self._rpc_ports = list(new.rpc_ports) if new.rpc_ports else None
                         self._failures, self._streak = 0.0, 0
                         continue
@@ -747,7 +751,8 @@ class Supervisor:
         state = {"supervisor": supervisor_identity(), "started": self._started_at, "url": self.url,
                  "mode": self.config.mode, "group": self._group_state, "processes": procs,
                  # for `arcsplit report`: what this run was asked to do, and its last error
-                 "backend": self.config.backend, "decision": self.decision, "plan": self.config.plan.to_dict(),
+                 "backend": self.config.backend, "decision": self.decision, "choice": self.choice.to_dict(),
+                 "plan": self.config.plan.to_dict(),
                  "last_error": self._last_error}
         if self.launcher.inventories:
             # what each other host said it runs (build, devices): a field report needs both sides

@@ -20,6 +20,7 @@ import httpx
 from .. import backends
 from .._api import serve
 from ..errors import ArcsplitError, BadInput
+from ..decide.choice import ChosenBy, Measured, RouteChoice, table
 from ..decide.prepare import Prepared, ServeRequest, plan_for_mode, preview
 from ..llama.answers import run_flag
 from ..llama.build import managed_builds
@@ -359,24 +360,44 @@ def kept(req: ServeRequest) -> tuple[Prepared, dict[str, Any]] | None:
     return (p, data) if data.get("results") else None
 
 
+def choice_of(data: dict[str, Any], objective: str | None = None) -> RouteChoice | None:
+    """The kept results of one fingerprint as the typed choice serve carries: the pick for ``objective`` (else the
+    one last tuned for), its figures and every alternative measured (the pick first); None without a correct pick."""
+    results = data.get("results") or {}
+    objective = objective or str(data.get("objective") or "decode")
+    pick = (data.get("picks") or {}).get(objective)
+    res = results.get(pick or "")
+    if not res or res.get("status") != "ok" or "decode" not in res:
+        return None
+    return RouteChoice(ChosenBy.TUNE, str(res["candidate"]["mode"]), res.get("label") or str(pick), objective,
+                       float(data.get("updated") or 0) or None, float(res["decode"]), float(res["prefill"]),
+                       float(res["streams"]), alternatives(data, pick))
+
+
+def alternatives(data: dict[str, Any], pick: str | None) -> tuple[Measured, ...]:
+    """Every kept result of one fingerprint, the pick first, then by key."""
+    results = data.get("results") or {}
+    return tuple(Measured.from_dict({**results[k], "pick": k == pick, "default": k == data.get("default")})
+                 for k in [pick, *sorted(k for k in results if k != pick)] if k in results)
+
+
 def tuned(req: ServeRequest, objective: str | None = None) -> tuple[ServeRequest, str] | None:
-    """The request as the tuned pick for this rig's fingerprint runs it, with the line serve says; None when
-    nothing is tuned for it (or the request names its own mode)."""
+    """The request as the tuned pick for this rig's fingerprint runs it (carrying its RouteChoice), with the line
+    serve says; None when nothing is tuned for it (or the request names its own mode)."""
     if req.mode != AUTO:
         return None
     got = kept(req)
     if got is None:
         return None
     p, data = got
-    key = (data.get("picks") or {}).get(objective or data.get("objective") or "decode")
-    res = (data.get("results") or {}).get(key or "")
-    if not res or res.get("status") != "ok":
+    choice = choice_of(data, objective)
+    if choice is None:
         return None
-    c = Candidate.from_dict(res["candidate"])
-    when = time.strftime("%Y-%m-%d", time.localtime(float(data.get("updated", 0))))
-    return (replace(request_for(p.request, c, p.rig), port=req.port, rpc_ports=req.rpc_ports, verified=True),
-            f"using the tuned route {label(c)}: decode {res['decode']:.1f} t/s, prefill {res['prefill']:.1f} t/s, "
-            f"correct output (arcsplit tune, {when}); --mode or --no-tune overrides it")
+    c = Candidate.from_dict(data["results"][data["picks"][choice.objective]]["candidate"])
+    return (replace(request_for(p.request, c, p.rig), port=req.port, rpc_ports=req.rpc_ports, verified=True,
+                    choice=choice),
+            f"using the tuned route {label(c)}: decode {choice.decode:.1f} t/s, prefill {choice.prefill:.1f} t/s, "
+            f"correct output (arcsplit tune, {choice.when()[:10]}); --mode or --no-tune overrides it")
 
 
 def summary(req: ServeRequest) -> list[str]:
@@ -384,20 +405,10 @@ def summary(req: ServeRequest) -> list[str]:
     got = kept(req)
     if got is None:
         return []
-    _, data = got
-    results = data.get("results") or {}
+    data = got[1]
     objective = str(data.get("objective") or "decode")
-    pick = (data.get("picks") or {}).get(objective)
-    out = [f"tuned for this rig (arcsplit tune, by {objective}; * the pick, d the default order's route):"]
-    for key in [pick, *sorted(k for k in results if k != pick)]:
-        r = results.get(key or "")
-        if not r:
-            continue
-        mark = "*" if key == pick else "d" if key == data.get("default") else " "
-        figs = (f"prefill {r['prefill']:.1f}, decode {r['decode']:.1f}, streams {r['streams']:.1f} t/s"
-                if "decode" in r else str(r.get("reason", ""))[:80])
-        out.append(f" {mark} {r.get('label', key):<40} {r.get('status', '?'):<8} {figs}")
-    return out
+    return [f"tuned for this rig (arcsplit tune, by {objective}; * the pick, d the default order's route):",
+            *table(alternatives(data, (data.get("picks") or {}).get(objective)))]
 
 
 def verify_routes(req: ServeRequest, say: Say = lambda line: None) -> list[dict[str, Any]]:

@@ -1,0 +1,118 @@
+"""How serve's route was chosen: measured by ``arcsplit tune`` on these cards, asked for with ``--mode``, or the
+fixed default order. One frozen value made where serve decides (decide/prepare.py; tune/runner.tuned for a tuned
+pick), carried in the supervisor's status, its state file and its ``plan`` event; the surfaces (the dashboard,
+``arcsplit ps``, the metrics endpoint) only render it. ``to_dict`` is its wire form, ``from_dict`` reads it back.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Mapping
+
+
+class ChosenBy(StrEnum):
+    TUNE = "tune"  # arcsplit tune measured it fastest and correct on these cards
+    ASKED = "asked"  # the user named the mode (--mode), or a layout's other hosts (tune measures this machine only)
+    DEFAULT = "default"  # the fixed default order (one context > debug key > hybrid > all-RPC)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One candidate tune measured: its label, verdict and figures (t/s; None where it was not measured)."""
+
+    label: str
+    status: str  # ok | wrong | failed | pruned | unchecked
+    decode: float | None = None
+    prefill: float | None = None
+    streams: float | None = None
+    reason: str = ""
+    pick: bool = False
+    default: bool = False  # what the default order runs untuned
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "status": self.status, "decode": self.decode, "prefill": self.prefill,
+                "streams": self.streams, "reason": self.reason, "pick": self.pick, "default": self.default}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Measured":
+        return cls(str(d.get("label", "")), str(d.get("status", "")), _num(d.get("decode")), _num(d.get("prefill")),
+                   _num(d.get("streams")), str(d.get("reason") or ""), bool(d.get("pick")), bool(d.get("default")))
+
+    def figures(self) -> str:
+        if self.decode is None:
+            return self.reason[:80]
+        return f"decode {self.decode:.1f}, prefill {self.prefill or 0:.1f}, streams {self.streams or 0:.1f} t/s"
+
+
+def _num(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+@dataclass(frozen=True)
+class RouteChoice:
+    """Why this route runs. ``by`` TUNE: ``label`` is the pick, its figures measured by ``objective`` at
+    ``tuned_at`` (time.time()), ``alternatives`` every candidate measured (the pick first). Otherwise ``note`` says
+    why no tuned result applies ("not tuned", "--no-tune", "--mode rpc")."""
+
+    by: ChosenBy
+    mode: str
+    label: str = ""
+    objective: str = ""
+    tuned_at: float | None = None
+    decode: float | None = None
+    prefill: float | None = None
+    streams: float | None = None
+    alternatives: tuple[Measured, ...] = ()
+    note: str = ""
+
+    @classmethod
+    def untuned(cls, mode: str, asked: bool, note: str = "") -> "RouteChoice":
+        """The choice of a run no tuned result drives: the user's ``--mode``, else the default order."""
+        if asked:
+            return cls(ChosenBy.ASKED, mode, note=note or f"--mode {mode}")
+        return cls(ChosenBy.DEFAULT, mode, note=note or "not tuned")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"by": self.by, "mode": self.mode, "label": self.label, "objective": self.objective,
+                "tuned_at": self.tuned_at, "decode": self.decode, "prefill": self.prefill, "streams": self.streams,
+                "alternatives": [a.to_dict() for a in self.alternatives], "note": self.note}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RouteChoice":
+        try:
+            by = ChosenBy(str(d.get("by")))
+        except ValueError:  # a newer arcsplit's reason: shown as the default order rather than not at all
+            by = ChosenBy.DEFAULT
+        at = d.get("tuned_at")
+        return cls(by, str(d.get("mode", "")), str(d.get("label") or ""), str(d.get("objective") or ""),
+                   None if at is None else float(at), _num(d.get("decode")), _num(d.get("prefill")),
+                   _num(d.get("streams")), tuple(Measured.from_dict(a) for a in d.get("alternatives") or ()),
+                   str(d.get("note") or ""))
+
+    @property
+    def tuned(self) -> bool:
+        return self.by is ChosenBy.TUNE
+
+    def when(self) -> str:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(self.tuned_at)) if self.tuned_at else "?"
+
+    def line(self) -> str:
+        """The one line every surface shows."""
+        if self.by is ChosenBy.TUNE:
+            return (f"route: {self.label}, chosen by arcsplit tune ({self.objective}, {self.when()}): decode "
+                    f"{self.decode or 0:.1f} t/s, prefill {self.prefill or 0:.1f} t/s, streams {self.streams or 0:.1f} "
+                    f"t/s, output checked")
+        if self.by is ChosenBy.ASKED:
+            return f"route: {self.mode}, as asked ({self.note}; not tuned)"
+        return f"route: {self.mode} by the default order ({self.note})"
+
+    def table(self) -> list[str]:
+        return table(self.alternatives)
+
+
+def table(alternatives: tuple[Measured, ...]) -> list[str]:
+    """The candidates tune measured, one line each (* the pick, d the default order's route)."""
+    return [f" {'*' if a.pick else 'd' if a.default else ' '} {a.label:<40} {a.status:<8} {a.figures()}"
+            for a in alternatives]
