@@ -8,6 +8,7 @@ The public API::
     async with arcsplit.aserve("model.gguf", gpus=[0, 1]) as server:     # the anyio twin -> AsyncServer
         ...
     client = arcsplit.attach()                                          # a running instance -> Client
+    result = arcsplit.tune("model.gguf", gpus=[0, 1], budget_s=300)      # -> TuneResult; serve then runs its pick
     llm = arcsplit.load("model.gguf", gpus=[0, 1])                      # llama_cpp.Llama on rpc-servers (extra)
 
 Every failure a user can act on is an ``arcsplit.ArcsplitError`` with a one-line message.
@@ -24,7 +25,9 @@ __version__ = "0.1.0"  # the package version (pyproject reads it): cheap to read
 from .errors import ArcsplitError, BadInput, DoesNotFit, LlamaError, ModelError, NotRunning, PortBusy, RunError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ._api import AsyncServer, Client, Server, aserve, attach, plan, serve
+    from ._api import AsyncServer, Client, Server, aserve, attach, plan, serve, tune
+    from .decide.choice import Measured
+    from .tune.result import TuneResult
     from .inproc import load
     from .model import ModelProfile
     from .planner import CardPlan, Plan, PlanOptions
@@ -33,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 _LAZY = {
     "plan": "._api", "serve": "._api", "aserve": "._api", "attach": "._api",
     "Server": "._api", "AsyncServer": "._api", "Client": "._api",
+    "TuneResult": ".tune.result", "Measured": ".decide.choice",
     "load": ".inproc",
     "Plan": ".planner", "CardPlan": ".planner", "PlanOptions": ".planner",
     "Card": ".rig", "Rig": ".rig",
@@ -40,10 +44,19 @@ _LAZY = {
 }
 
 __all__ = [
-    "plan", "serve", "aserve", "attach", "load",
+    "plan", "serve", "aserve", "attach", "load", "tune",
     "Plan", "CardPlan", "PlanOptions", "Card", "Rig", "ModelProfile", "Server", "AsyncServer", "Client",
+    "TuneResult", "Measured",
     "ArcsplitError", "BadInput", "DoesNotFit", "LlamaError", "ModelError", "NotRunning", "PortBusy", "RunError",
 ]
+
+
+# ``arcsplit.tune`` is both the subpackage (arcsplit/tune/) and the API's function: the package is callable (its
+# __init__), so every form of import sees one object. Type checkers see the function and its signature.
+if TYPE_CHECKING:  # pragma: no cover
+    from ._api import tune
+else:
+    from . import tune  # noqa: E402
 
 
 def __getattr__(name: str) -> Any:

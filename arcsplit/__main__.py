@@ -83,6 +83,8 @@ that pyproject allows (from 4.7) import asyncio with it.
         only once a server's health is checked: `arcsplit --help` and `plan` import this module (through the API)
     telemetry/nvidia.py:__init__       pynvml                         optional
         an optional dependency (nvidia-ml-py), on a CUDA host only
+    tune/__init__.py:__call__          arcsplit._api                  272/305/372
+        `arcsplit.tune(...)` calls this package: the API imports the package (TuneResult), and `import arcsplit` it
 """
 
 from .cli import run

@@ -1,4 +1,4 @@
-"""The Python API behind ``arcsplit/__init__.py``: plan, serve, aserve, attach (and load, in inproc.py).
+"""The Python API behind ``arcsplit/__init__.py``: plan, serve, aserve, attach, tune (and load, in inproc.py).
 
 The surfaces (the CLI, the dashboard) reach the running side only through this module: ``prepare`` and
 ``instance`` are the two steps of ``aserve`` for a caller that reports the load itself (``arcsplit serve``),
@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 import anyio
 from anyio.from_thread import start_blocking_portal
 
+from .decide.choice import RouteChoice
 from .errors import ArcsplitError, RunError
 from .planner import Plan
 from .rig import load_layout
@@ -27,10 +28,11 @@ from .decide.prepare import (MODE_CHOICES, OUTPUT_LAYER_CHOICES, Prepared, Serve
                           preview)
 from .run.supervisor import RestartPolicy, Timeouts
 from .run.systemd import run_notify
+from .tune.result import TuneResult
 
 __all__ = ["AsyncServer", "BusInfo", "Client", "Instance", "MODE_CHOICES", "OUTPUT_LAYER_CHOICES", "Prepared",
-           "Server", "ServeRequest", "aserve", "attach", "instance", "plan", "planned_specs", "prepare", "preview",
-           "runs", "serve"]
+           "RouteChoice", "Server", "ServeRequest", "aserve", "attach", "instance", "plan", "planned_specs", "prepare", "preview",
+           "runs", "serve", "tune", "TuneResult"]
 
 
 def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None, *, backend: str = "auto",
@@ -211,6 +213,24 @@ class Server:
 
     def client(self) -> Client:
         return attach(self.run_id)
+
+
+def tune(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None, *, objective: str = "decode",
+         budget_s: float = 300.0, per_candidate_s: float = 15.0, settings: bool = True, fresh: bool = False,
+         progress: Callable[[str], None] | None = None, **options: Any) -> TuneResult:
+    """Serve every route this build and these cards allow (then a few settings on the best), check each one's
+    output against a reference, measure it, and keep the fastest correct one by ``objective`` (decode, prefill,
+    or streams: all ``parallel`` slots busy) for this rig's fingerprint, where ``arcsplit serve`` then finds it.
+
+    As ``arcsplit tune`` (docs/tune.md): within ``budget_s`` seconds, each started candidate measured for
+    ``per_candidate_s``; ``settings`` False tries the routes only; ``fresh`` measures again what an earlier run
+    kept. ``progress`` hears each step as one line. ``options`` are ServeRequest's fields (backend, ctx, parallel,
+    llama_dir, build, cache_type, ...; not mode: tune tries every mode). Bad input is a BadInput, as on the CLI.
+    """
+    from .tune.runner import run_from  # start-up: httpx and the tune runner, which imports this module (serve)
+
+    return run_from(_request(model, gpus, options), objective, budget_s, per_candidate_s, settings=settings, fresh=fresh,
+                    say=progress or (lambda line: None)).result()
 
 
 @contextmanager

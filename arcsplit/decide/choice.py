@@ -30,15 +30,22 @@ class Measured:
     reason: str = ""
     pick: bool = False
     default: bool = False  # what the default order runs untuned
+    key: str = ""  # the candidate's key in tune's results ("cpu:rpc:defaults")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "status": self.status, "decode": self.decode, "prefill": self.prefill,
-                "streams": self.streams, "reason": self.reason, "pick": self.pick, "default": self.default}
+        return {"key": self.key, "label": self.label, "status": self.status, "decode": self.decode,
+                "prefill": self.prefill, "streams": self.streams, "reason": self.reason, "pick": self.pick,
+                "default": self.default}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Measured":
         return cls(str(d.get("label", "")), str(d.get("status", "")), _num(d.get("decode")), _num(d.get("prefill")),
-                   _num(d.get("streams")), str(d.get("reason") or ""), bool(d.get("pick")), bool(d.get("default")))
+                   _num(d.get("streams")), str(d.get("reason") or ""), bool(d.get("pick")), bool(d.get("default")),
+                   str(d.get("key") or ""))
+
+    def figure(self, objective: str) -> float | None:
+        """Its t/s by ``objective`` (decode, prefill or streams)."""
+        return {"decode": self.decode, "prefill": self.prefill, "streams": self.streams}.get(objective)
 
     def figures(self) -> str:
         if self.decode is None:

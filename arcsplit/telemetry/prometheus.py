@@ -16,6 +16,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Info
                                     StateSetMetricFamily)
 from prometheus_client.registry import Collector
 
+from ..decide.choice import RouteChoice
 from ..errors import PortBusy
 from ..samples import CardRow
 from ..proc.states import GroupState, MemberState
@@ -53,7 +54,7 @@ def families(status: dict[str, Any], telemetry: dict[str, Any] | None = None) ->
                                value=status.get("uptime") or 0)
     generation = CounterMetricFamily("arcsplit_group_starts", "times the group was started",
                                      value=status.get("generation") or 0)
-    out += [info, group, ready, failures, uptime, generation]
+    out += [info, group, ready, failures, uptime, generation, *_route(status.get("choice"))]
     if status.get("last_error"):
         out.append(InfoMetricFamily("arcsplit_last_failure", "why the group last failed",
                                     value={"error": str(status["last_error"])}))
@@ -97,6 +98,25 @@ def families(status: dict[str, Any], telemetry: dict[str, Any] | None = None) ->
                 fam.add_metric([str(row.pos), str(row.device or "")], value)
         out.append(fam)
     return [m for m in out if m.samples]
+
+
+def _route(data: dict[str, Any] | None) -> list[Metric]:
+    """How the route was chosen (status's ``choice``): by arcsplit tune, as asked, or the default order; a tuned
+    route's measured figures beside it."""
+    if not data:
+        return []
+    choice = RouteChoice.from_dict(data)
+    info = InfoMetricFamily("arcsplit_route", "how the served route was chosen: tune, asked (--mode) or default",
+                            value={"chosen_by": choice.by, "mode": choice.mode, "label": choice.label,
+                                   "objective": choice.objective, "note": choice.note})
+    if not choice.tuned:
+        return [info]
+    figs = GaugeMetricFamily("arcsplit_route_tuned_tokens_per_second", "what arcsplit tune measured for this route",
+                             labels=["figure"])
+    for name in ("decode", "prefill", "streams"):
+        figs.add_metric([name], getattr(choice, name) or 0.0)
+    return [info, figs, GaugeMetricFamily("arcsplit_route_tuned_timestamp_seconds", "when arcsplit tune measured it",
+                                          value=choice.tuned_at or 0.0)]
 
 
 class _Source(Collector):

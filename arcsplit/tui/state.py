@@ -69,6 +69,8 @@ class DashState:
                 self.status["plan"] = data["plan"]
             if "mode" in data:
                 self.status["mode"] = data["mode"]
+            if "choice" in data:
+                self.status["choice"] = data["choice"]
             return {"header", "cards", "layers", "plan"}
         if kind == "progress":
             self.status["progress"] = data

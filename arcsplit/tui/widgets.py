@@ -8,6 +8,7 @@ from typing import Any
 
 from textual.markup import escape
 
+from ..decide.choice import ChosenBy, RouteChoice
 from ..route import holders as route_holders
 from ..samples import NO_READING, CardRow
 from ..proc.states import GroupState, MemberState
@@ -89,9 +90,10 @@ def render_header(state: DashState, run_id: str = "") -> str:
     if not state.connected:
         return f"[b]arcsplit[/b] {escape(run_id)}  [$warning]connecting…[/]" + (
             f"  [$error]{escape(state.error)}[/]" if state.error else "")
+    tuned = (st.get("choice") or {}).get("by") == ChosenBy.TUNE
     parts = ["[b]arcsplit[/b]", state_markup(st.get("state")),
-             f"[b]{escape(str(st.get('mode') or NONE))}[/b]/{escape(str(st.get('backend') or NONE))}",
-             escape(str(st.get("url") or ""))]
+             f"[b]{escape(str(st.get('mode') or NONE))}[/b]/{escape(str(st.get('backend') or NONE))}"
+             + (" [$success]tuned[/]" if tuned else ""), escape(str(st.get("url") or ""))]
     prog = st.get("progress") or {}
     if st.get("state") == GroupState.STARTING and prog.get("value") is not None:
         cards = [f"{'host' if c['card'] is None else c['card']}: {100 * c['done'] // max(1, c['total'])}%"
@@ -210,6 +212,7 @@ def render_plan(state: DashState) -> str:
     decision = st.get("decision") or {}
     for reason in decision.get("reasons") or []:
         lines.append(f"  because {escape(str(reason))}")
+    lines += render_choice(st.get("choice"))
     for v in state.verdicts:
         lines.append(f"[$warning]verdict:[/] {escape(str(v.get('failed_mode')))} failed ({escape(str(v.get('kind')))})"
                      f" -> now {escape(str(v.get('fallback')))}: {escape(str(v.get('message', ''))[:200])}")
@@ -225,6 +228,19 @@ def render_plan(state: DashState) -> str:
     if st.get("run_dir"):
         lines.append(f"logs in {escape(str(st['run_dir']))}")
     return "\n".join(lines)
+
+
+def render_choice(data: dict[str, Any] | None) -> list[str]:
+    """How the route was chosen (status's ``choice``): tuned, with the alternatives tune measured; asked; or the
+    default order. Nothing from an instance too old to say."""
+    if not data:
+        return []
+    choice = RouteChoice.from_dict(data)
+    out = [f"[$success]{escape(choice.line())}[/]" if choice.tuned else escape(choice.line())]
+    if choice.alternatives:
+        out.append("  measured (* the pick, d the default order's route):")
+        out += [f"  {escape(row)}" for row in choice.table()]
+    return out
 
 
 HELP = """\

@@ -34,6 +34,7 @@ from . import fingerprint as fpmod
 from . import verify
 from .candidates import OBJECTIVES, BuildFacts, Candidate, rank, routes, settings_variants, split_modes
 from .measure import measure_all
+from .result import TuneResult
 
 Say = Callable[[str], None]
 DONE = ("ok", "wrong", "failed", "pruned")  # results a later run reuses
@@ -66,6 +67,13 @@ class TuneReport:
                 "default": self.default, "reused": self.reused, "not_tried": self.not_tried, "wall_s": self.wall_s,
                 "results": [{k: v for k, v in self.results[key].items() if k != "sample"} for key in self.order
                             if key in self.results]}
+
+    def result(self) -> TuneResult:
+        """The frozen view ``arcsplit.tune()`` returns."""
+        rows = {k: measured(self.results[k], k, self.pick, self.default) for k in self.order if k in self.results}
+        return TuneResult(self.objective, tuple(rows.values()), rows.get(self.pick or ""),
+                          rows.get(self.default or ""), self.wall_s, self.reused, tuple(self.not_tried),
+                          self.fingerprint.digest)
 
 
 def request_for(base: ServeRequest, c: Candidate, rig: Rig) -> ServeRequest:
@@ -377,8 +385,13 @@ def choice_of(data: dict[str, Any], objective: str | None = None) -> RouteChoice
 def alternatives(data: dict[str, Any], pick: str | None) -> tuple[Measured, ...]:
     """Every kept result of one fingerprint, the pick first, then by key."""
     results = data.get("results") or {}
-    return tuple(Measured.from_dict({**results[k], "pick": k == pick, "default": k == data.get("default")})
+    return tuple(measured(results[k], k, pick, data.get("default"))
                  for k in [pick, *sorted(k for k in results if k != pick)] if k in results)
+
+
+def measured(res: dict[str, Any], key: str, pick: str | None, default: str | None) -> Measured:
+    """One kept result as the typed record the surfaces and the Python API read."""
+    return Measured.from_dict({**res, "key": key, "pick": key == pick, "default": key == default})
 
 
 def tuned(req: ServeRequest, objective: str | None = None) -> tuple[ServeRequest, str] | None:

@@ -1,0 +1,38 @@
+"""What ``arcsplit.tune()`` returns: a frozen view of one tune run (tune/runner.py's TuneReport is its working
+record, kept per fingerprint as it goes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..decide.choice import Measured
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """One tune run: every candidate tried, in order, with its status (ok, wrong, failed, pruned, unchecked) and
+    figures (t/s), the pick (the fastest correct one by ``objective``; None when none was correct) and the route
+    the default order runs untuned. ``serve`` uses the pick for this rig from now on."""
+
+    objective: str  # decode | prefill | streams
+    candidates: tuple[Measured, ...]  # in the order tried (a pruned one has no figures, a wrong one its reason)
+    pick: Measured | None
+    default: Measured | None
+    wall_s: float  # this run's own time, start-ups included
+    reused: int  # results kept from an earlier run for this fingerprint instead of measured again
+    not_tried: tuple[str, ...]  # candidate keys the budget left out
+    fingerprint: str  # the digest results are kept under (cards, drivers, build, model, context, slots)
+
+    @property
+    def speedup(self) -> float | None:
+        """The pick's figure over the default order's route's, by ``objective``; None where either is missing."""
+        mine = self.pick.figure(self.objective) if self.pick else None
+        theirs = self.default.figure(self.objective) if self.default else None
+        return mine / theirs if mine and theirs else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"objective": self.objective, "candidates": [c.to_dict() for c in self.candidates],
+                "pick": self.pick.key if self.pick else None, "default": self.default.key if self.default else None,
+                "wall_s": self.wall_s, "reused": self.reused, "not_tried": list(self.not_tried),
+                "fingerprint": self.fingerprint}
