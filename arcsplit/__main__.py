@@ -10,6 +10,8 @@ that pyproject allows (from 4.7) import asyncio with it.
 
     _api.py:instance                   arcsplit.telemetry             79/99/121
         the route, HTTP and card samplers, for a run that asks for them: `arcsplit --help` and `plan` import the API
+    _api.py:tune                       arcsplit.tune.runner           79/131/161
+        httpx and the tune runner, which imports this module (serve): `arcsplit --help` and `plan` import the API
     _warm.py:warm_hosts                anyio                          1/1/1
         serve's early sessions: this module is imported before anyio, which comes once every ssh is spawned
     _warm.py:warm_hosts                arcsplit.run.remote            58/61/75

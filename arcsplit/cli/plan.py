@@ -85,6 +85,7 @@ def _plan(args: argparse.Namespace) -> int:
                                     for h in used]
     if args.json:
         print_json({**plan.to_dict(), "mode": config.mode, "reasons": list(prepared.decision.reasons),
+                    "choice": prepared.choice.to_dict() if prepared.choice else None,
                     "route": config.route.to_dict(), "processes": processes, "hosts": hosts})
         return 0
     print(render(plan, profile.n_layer_nextn))
