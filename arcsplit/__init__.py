@@ -8,7 +8,7 @@ The public API::
     async with arcsplit.aserve("model.gguf", gpus=[0, 1]) as server:     # the anyio twin -> AsyncServer
         ...
     client = arcsplit.attach()                                          # a running instance -> Client
-    result = arcsplit.tune("model.gguf", gpus=[0, 1], budget_s=300)      # -> TuneResult; serve then runs its pick
+    result = arcsplit.tune("model.gguf", gpus=[0, 1], budget_s=300)      # -> TuneResult; `arcsplit serve` runs its pick
     llm = arcsplit.load("model.gguf", gpus=[0, 1])                      # llama_cpp.Llama on rpc-servers (extra)
 
 Every failure a user can act on is an ``arcsplit.ArcsplitError`` with a one-line message.
