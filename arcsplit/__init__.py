@@ -27,16 +27,16 @@ from .errors import ArcsplitError, BadInput, DoesNotFit, LlamaError, ModelError,
 if TYPE_CHECKING:  # pragma: no cover
     from ._api import AsyncServer, Client, Server, aserve, attach, plan, serve, tune
     from .decide.choice import Measured
-    from .tune.result import TuneResult
+    from .tuning.result import TuneResult
     from .inproc import load
     from .model import ModelProfile
     from .planner import CardPlan, Plan, PlanOptions
     from .rig import Card, Rig
 
 _LAZY = {
-    "plan": "._api", "serve": "._api", "aserve": "._api", "attach": "._api",
+    "plan": "._api", "serve": "._api", "tune": "._api", "aserve": "._api", "attach": "._api",
     "Server": "._api", "AsyncServer": "._api", "Client": "._api",
-    "TuneResult": ".tune.result", "Measured": ".decide.choice",
+    "TuneResult": ".tuning.result", "Measured": ".decide.choice",
     "load": ".inproc",
     "Plan": ".planner", "CardPlan": ".planner", "PlanOptions": ".planner",
     "Card": ".rig", "Rig": ".rig",
@@ -49,14 +49,6 @@ __all__ = [
     "TuneResult", "Measured",
     "ArcsplitError", "BadInput", "DoesNotFit", "LlamaError", "ModelError", "NotRunning", "PortBusy", "RunError",
 ]
-
-
-# ``arcsplit.tune`` is both the subpackage (arcsplit/tune/) and the API's function: the package is callable (its
-# __init__), so every form of import sees one object. Type checkers see the function and its signature.
-if TYPE_CHECKING:  # pragma: no cover
-    from ._api import tune
-else:
-    from . import tune  # noqa: E402
 
 
 def __getattr__(name: str) -> Any:

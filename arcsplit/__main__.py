@@ -10,7 +10,7 @@ that pyproject allows (from 4.7) import asyncio with it.
 
     _api.py:instance                   arcsplit.telemetry             79/99/121
         the route, HTTP and card samplers, for a run that asks for them: `arcsplit --help` and `plan` import the API
-    _api.py:tune                       arcsplit.tune.runner           79/131/161
+    _api.py:tune                       arcsplit.tuning.runner           79/131/161
         httpx and the tune runner, which imports this module (serve): `arcsplit --help` and `plan` import the API
     _warm.py:warm_hosts                anyio                          1/1/1
         serve's early sessions: this module is imported before anyio, which comes once every ssh is spawned
@@ -26,7 +26,7 @@ that pyproject allows (from 4.7) import asyncio with it.
         serve with other hosts opens their ssh sessions before it imports the serving stack; other commands would pay it
     cli/dash.py:_dash                  arcsplit.tui.app               123/127/134
         textual: `arcsplit --help` imports every command's module
-    cli/doctor.py:_verify              arcsplit.tune.runner           281/338/372
+    cli/doctor.py:_verify              arcsplit.tuning.runner           281/338/372
         the serving stack and httpx: only with --verify (doctor alone starts nothing)
     cli/node.py:inventory              arcsplit.cli.llama             45/50/71
         the llama.cpp build and card code: the node agent answers its first ops before it reads the inventory
@@ -34,8 +34,8 @@ that pyproject allows (from 4.7) import asyncio with it.
         only --listen and --attach: not the per-run agent (--stdio)
     cli/node.py:_node                  arcsplit.node.quick            29/32/37
         only the agent (--stdio): not `arcsplit --help`, not --listen
-    cli/plan.py:_plan                  arcsplit.tune.runner           91/98/106
-        httpx and the tune runner: only on a machine where something was tuned (tune/fingerprint.anything_kept)
+    cli/plan.py:_plan                  arcsplit.tuning.runner           91/98/106
+        httpx and the tune runner: only on a machine where something was tuned (tuning/fingerprint.anything_kept)
     cli/report.py:_report              arcsplit.report                4/4/4
         tarfile, getpass and the redactor: `arcsplit --help` imports every command's module
     cli/serve.py:_serve                arcsplit.cli.serve_run         246/265/292
@@ -43,11 +43,11 @@ that pyproject allows (from 4.7) import asyncio with it.
         imports the stack while they log in
     cli/serve_run.py:serve             arcsplit.telemetry.prometheus  85/99/110
         prometheus_client: only with --metrics-port
-    cli/serve_run.py:_tuned_request    arcsplit.tune.runner           77/92/147
-        httpx and the tune runner: only with --tune, or where something was tuned (tune/fingerprint.anything_kept)
+    cli/serve_run.py:_tuned_request    arcsplit.tuning.runner           77/92/147
+        httpx and the tune runner: only with --tune, or where something was tuned (tuning/fingerprint.anything_kept)
     cli/serve_run.py:_serve_with_dashboard arcsplit.tui.app           116/136/205
         textual: only with --tui
-    cli/tune.py:_tune                  arcsplit.tune.runner           73/86/92
+    cli/tune.py:_tune                  arcsplit.tuning.runner           73/86/92
         `arcsplit --help` imports every command's module
     decide/prepare.py:_runtime         arcsplit.llama.runtime         9/11/24
         the probe and the facts, for a multi-card Intel run only: `plan` imports this module
@@ -85,8 +85,6 @@ that pyproject allows (from 4.7) import asyncio with it.
         only once a server's health is checked: `arcsplit --help` and `plan` import this module (through the API)
     telemetry/nvidia.py:__init__       pynvml                         optional
         an optional dependency (nvidia-ml-py), on a CUDA host only
-    tune/__init__.py:__call__          arcsplit._api                  272/305/372
-        `arcsplit.tune(...)` calls this package: the API imports the package (TuneResult), and `import arcsplit` it
 """
 
 from .cli import run

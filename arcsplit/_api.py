@@ -28,7 +28,7 @@ from .decide.prepare import (MODE_CHOICES, OUTPUT_LAYER_CHOICES, Prepared, Serve
                           preview)
 from .run.supervisor import RestartPolicy, Timeouts
 from .run.systemd import run_notify
-from .tune.result import TuneResult
+from .tuning.result import TuneResult
 
 __all__ = ["AsyncServer", "BusInfo", "Client", "Instance", "MODE_CHOICES", "OUTPUT_LAYER_CHOICES", "Prepared",
            "RouteChoice", "Server", "ServeRequest", "aserve", "attach", "instance", "plan", "planned_specs", "prepare", "preview",
@@ -227,7 +227,7 @@ def tune(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None,
     kept. ``progress`` hears each step as one line. ``options`` are ServeRequest's fields (backend, ctx, parallel,
     llama_dir, build, cache_type, ...; not mode: tune tries every mode). Bad input is a BadInput, as on the CLI.
     """
-    from .tune.runner import run_from  # start-up: httpx and the tune runner, which imports this module (serve)
+    from .tuning.runner import run_from  # start-up: httpx and the tune runner, which imports this module (serve)
 
     return run_from(_request(model, gpus, options), objective, budget_s, per_candidate_s, settings=settings, fresh=fresh,
                     say=progress or (lambda line: None)).result()

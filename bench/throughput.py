@@ -79,7 +79,7 @@ from arcsplit.decide.prepare import rpc_spin_us  # noqa: E402
 from arcsplit.proc.ports import free_port  # noqa: E402
 from arcsplit.run import supervisor  # noqa: E402
 # the measuring core is the product's (arcsplit tune measures the same way)
-from arcsplit.tune.measure import (DECODE_PROMPT, complete, long_prompt, measure_decode,  # noqa: E402,F401
+from arcsplit.tuning.measure import (DECODE_PROMPT, complete, long_prompt, measure_decode,  # noqa: E402,F401
                                    measure_prefill, measure_streams)
 
 PROMPT_TOKENS = 512

@@ -47,8 +47,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from arcsplit.decide.prepare import ServeRequest, preview  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
-from arcsplit.tune.candidates import Candidate  # noqa: E402
-from arcsplit.tune.runner import TuneRequest, run_candidate, tune  # noqa: E402
+from arcsplit.tuning.candidates import Candidate  # noqa: E402
+from arcsplit.tuning.runner import TuneRequest, run_candidate, tune  # noqa: E402
 
 
 def rig_model(name: str, work: Path) -> Path:
@@ -126,7 +126,7 @@ def one_gpu(card_mib: int | None) -> Iterator[None]:
     from throughput import same_card_rig
 
     from arcsplit.modes import Mode
-    from arcsplit.tune import runner
+    from arcsplit.tuning import runner
 
     real_routes, real_default, real_request = runner.routes, runner.default_key, runner.request_for
 

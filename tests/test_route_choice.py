@@ -18,8 +18,8 @@ from arcsplit.run.events import PlanData
 from arcsplit.telemetry.prometheus import render
 from arcsplit.tui.state import DashState
 from arcsplit.tui.widgets import render_header, render_plan
-from arcsplit.tune import fingerprint as fpmod
-from arcsplit.tune.runner import TuneReport, choice_of
+from arcsplit.tuning import fingerprint as fpmod
+from arcsplit.tuning.runner import TuneReport, choice_of
 
 # What tune keeps for one fingerprint (fingerprint.store's file), as a run on two CPU cards left it.
 KEPT = {
@@ -147,9 +147,9 @@ def test_api_tune_bad_input_is_the_clis_one_line_bad_input(demo_model: Path, kw:
 
 
 def test_arcsplit_tune_is_the_function_however_the_package_was_imported() -> None:
-    import arcsplit.tune.runner as runner  # the subpackage's import binds arcsplit.tune: it must stay callable
+    import arcsplit.tuning.runner as runner  # the package is arcsplit.tuning: importing it leaves arcsplit.tune alone
 
-    assert callable(arcsplit.tune) and runner.tune is not None
+    assert callable(arcsplit.tune) and runner.tune is not arcsplit.tune
     from arcsplit import tune
 
     with pytest.raises(arcsplit.BadInput):

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from arcsplit.modes import Mode
-from arcsplit.tune import fingerprint as fpmod
-from arcsplit.tune import verify
+from arcsplit.tuning import fingerprint as fpmod
+from arcsplit.tuning import verify
 from arcsplit.llama.locate import LlamaBinaries
-from arcsplit.tune import runner
-from arcsplit.tune.candidates import BuildFacts, Candidate, Settings, rank, routes, settings_variants, split_modes
+from arcsplit.tuning import runner
+from arcsplit.tuning.candidates import BuildFacts, Candidate, Settings, rank, routes, settings_variants, split_modes
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -204,7 +204,7 @@ def test_three_cards_in_one_context_are_checked_first() -> None:
 def test_serve_looks_nothing_up_when_nothing_was_tuned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """serve asks for a tuned pick on every start: with no results kept it must not plan twice."""
     from arcsplit.decide.prepare import ServeRequest
-    from arcsplit.tune import runner
+    from arcsplit.tuning import runner
 
     monkeypatch.setenv("ARCSPLIT_TUNE_DIR", str(tmp_path / "tune"))
     monkeypatch.setattr(runner, "preview", lambda *a, **k: pytest.fail("planned with nothing tuned"))

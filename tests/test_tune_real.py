@@ -21,10 +21,10 @@ from arcsplit.decide.prepare import ServeRequest, plan_for_mode, preview
 from arcsplit.llama.locate import LlamaBinaries
 from arcsplit.proc.ports import free_port
 from arcsplit.rig import MiB
-from arcsplit.tune import fingerprint as fpmod
-from arcsplit.tune import verify
-from arcsplit.tune.candidates import Candidate
-from arcsplit.tune.runner import TuneRequest, request_for, tune, tuned
+from arcsplit.tuning import fingerprint as fpmod
+from arcsplit.tuning import verify
+from arcsplit.tuning.candidates import Candidate
+from arcsplit.tuning.runner import TuneRequest, request_for, tune, tuned
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

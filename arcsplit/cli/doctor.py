@@ -153,7 +153,7 @@ def _doctor(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace, data: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
     """--verify MODEL: each route's output against a reference (docs/tune.md), and what tune kept for this rig.
     Rigs of 3+ cards need it before a one-context route is trusted (intel/compute-runtime#942, #957)."""
-    from ..tune import runner
+    from ..tuning import runner
 
     req = runner.ServeRequest(model=args.verify, gpus=args.gpus, backend=args.backend, llama_dir=args.llama_dir,
                               build=args.build)

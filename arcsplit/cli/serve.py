@@ -62,7 +62,7 @@ def check_flags(args: argparse.Namespace) -> None:
         raise BadInput(f"model {model} is not a regular file", "pass the path of a .gguf file")
 
 
-TUNE_OBJECTIVES = ("decode", "prefill", "streams")  # tune/candidates.py's OBJECTIVES, without importing tune/
+TUNE_OBJECTIVES = ("decode", "prefill", "streams")  # tuning/candidates.py's OBJECTIVES, without importing tuning/
 
 
 def add_tune_arguments(p: argparse.ArgumentParser) -> None:

@@ -26,7 +26,7 @@ from ..llama.patches import missing_note
 from ..model import read_header
 from ..rig import MiB, Rig, load_layout
 from ..modes import AUTO, Mode
-from ..tune.fingerprint import anything_kept
+from ..tuning.fingerprint import anything_kept
 from ..proc.states import GroupState, MemberState
 from . import say as _say
 from .serve import add_serve_arguments, alias_arg, check_flags
@@ -82,7 +82,7 @@ def _tuned_request(args: argparse.Namespace) -> Any:
     if not getattr(args, "tune", False) and (getattr(args, "no_tune", False) or req.mode != AUTO
                                              or not anything_kept()):
         return req
-    from ..tune import runner
+    from ..tuning import runner
 
     if getattr(args, "tune", False):
         runner.run_from(req, args.objective, args.budget, args.per_candidate, say=lambda line: _say(f"tune: {line}"))

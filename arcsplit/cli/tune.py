@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from ..tune.runner import run_from
+    from ..tuning.runner import run_from
 
     report = run_from(request_from_args(args), args.objective, args.budget, args.per_candidate,
                       settings=not args.routes_only, fresh=args.fresh, say=lambda line: say(f"tune: {line}"))

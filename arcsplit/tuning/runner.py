@@ -2,8 +2,8 @@
 
 Routes first, at their default settings, in the fixed default order; then one setting at a time on the fastest
 correct route. Each candidate is planned first (the planner's memory bounds prune what does not fit: nothing
-over-commits a card), served with ``arcsplit.serve`` on free ports, sampled for correctness (tune/verify.py),
-measured within ``per_candidate_s`` (tune/measure.py), stopped, and its result kept at once under the rig's
+over-commits a card), served with ``arcsplit.serve`` on free ports, sampled for correctness (tuning/verify.py),
+measured within ``per_candidate_s`` (tuning/measure.py), stopped, and its result kept at once under the rig's
 fingerprint: an interrupted or budget-limited run resumes where it stopped. The reference for correctness is the
 whole model on one card where it fits there, else the agreement of the other routes.
 """

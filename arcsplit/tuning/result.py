@@ -1,4 +1,4 @@
-"""What ``arcsplit.tune()`` returns: a frozen view of one tune run (tune/runner.py's TuneReport is its working
+"""What ``arcsplit.tune()`` returns: a frozen view of one tune run (tuning/runner.py's TuneReport is its working
 record, kept per fingerprint as it goes)."""
 
 from __future__ import annotations
