@@ -164,6 +164,7 @@ def one_run(req: ServeRequest, a: argparse.Namespace, k: int) -> dict[str, Any]:
     out: dict[str, Any] = {"pick": first.pick, "default": first.default, "wall": first.wall_s,
                            "again_wall": again.wall_s, "reused": again.reused, "tried": len(again.order),
                            "wrong": sum(1 for r in first.results.values() if r.get("status") == "wrong"),
+                           "pick_ok": first.pick is not None and first.results[first.pick].get("status") == "ok",
                            "measured": sum(1 for r in first.results.values() if "decode" in r),
                            "candidates": [{k: first.results[key].get(k) for k in
                                            ("label", "status", "prefill", "decode", "streams", "reason")}
@@ -201,15 +202,15 @@ def report(a: argparse.Namespace, rows: dict[str, list[dict[str, Any]]], cmd: st
              f"- Objective {a.objective}; tune budget {a.budget:.0f} s, {a.per_candidate:.0f} s measuring per "
              f"candidate; pick and default re-measured independently for {a.remeasure:.0f} s each.", "",
              "| rig | runs | picks | pick / default (min / median / max) | tune wall s (min / median / max) | "
-             "rerun on kept results: wall s, reused | wrong routes |",
-             "|---|---|---|---|---|---|---|"]
+             "rerun on kept results: wall s, reused | wrong routes rejected | picks correct |",
+             "|---|---|---|---|---|---|---|---|"]
     for rig, runs in rows.items():
         ratios = [r["ratio"] for r in runs if r.get("ratio")]
         picks = ", ".join(sorted({str(r["pick"]) for r in runs}))
         reuse = f"{spread([r['again_wall'] for r in runs], 1)}; {sum(r['reused'] for r in runs)}/" \
                 f"{sum(r['tried'] for r in runs)}"
         lines.append(f"| {rig} | {len(runs)} | {picks} | {spread(ratios)} | {spread([r['wall'] for r in runs], 0)} "
-                     f"| {reuse} | {sum(r['wrong'] for r in runs)} |")
+                     f"| {reuse} | {sum(r['wrong'] for r in runs)} | {sum(1 for r in runs if r.get('pick_ok'))}/{len(runs)} |")
     lines += ["", "Per run:", ""]
     for rig, runs in rows.items():
         for i, r in enumerate(runs, 1):
