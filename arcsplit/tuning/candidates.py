@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import Any, Mapping
 
 from .. import backends
@@ -21,6 +22,16 @@ from ..modes import Mode
 Env = tuple[tuple[str, str], ...]
 
 OBJECTIVES = ("decode", "prefill", "streams")
+
+
+class Outcome(StrEnum):
+    """A candidate's result, kept as its plain value in the results JSON (a later run reads it back)."""
+
+    OK = "ok"  # correct output (against the reference), measured
+    WRONG = "wrong"  # loads but computes wrong: never measured, never picked
+    FAILED = "failed"  # did not start or answer
+    PRUNED = "pruned"  # the planner's memory bounds refuse it: never started
+    UNCHECKED = "unchecked"  # ran, no reference yet (settled by the routes' agreement)
 
 
 @dataclass(frozen=True)
@@ -172,7 +183,7 @@ def rank(results: Mapping[str, Mapping[str, Any]], objective: str) -> list[str]:
     if objective not in OBJECTIVES:
         raise ValueError(objective)
     ok = [(float(r[objective]), k) for k, r in results.items()
-          if r.get("status") == "ok" and isinstance(r.get(objective), (int, float))]
+          if r.get("status") == Outcome.OK and isinstance(r.get(objective), (int, float))]
     return [k for _, k in sorted(ok, key=lambda x: -x[0])]
 
 

@@ -32,12 +32,12 @@ from ..rig import Rig
 from ..route import NATIVE_UBATCH, Route
 from . import fingerprint as fpmod
 from . import verify
-from .candidates import OBJECTIVES, BuildFacts, Candidate, rank, routes, settings_variants, split_modes
+from .candidates import OBJECTIVES, BuildFacts, Candidate, Outcome, rank, routes, settings_variants, split_modes
 from .measure import measure_all
 from .result import TuneResult
 
 Say = Callable[[str], None]
-DONE = ("ok", "wrong", "failed", "pruned")  # results a later run reuses
+DONE = (Outcome.OK, Outcome.WRONG, Outcome.FAILED, Outcome.PRUNED)  # results a later run reuses
 
 
 @dataclass(frozen=True)
@@ -159,15 +159,17 @@ def run_candidate(p: Prepared, c: Candidate, budget_s: float, reference: verify.
             out["sample"] = verify.to_json(sample)
             check = verify.compare(reference, sample) if reference is not None else None
             if check is not None and not check.ok:
-                return {**out, "status": "wrong", "reason": check.reason}
+                return {**out, "status": Outcome.WRONG, "reason": check.reason}
             if not measure:
-                return {**out, "status": "ok" if check else "unchecked", "reason": check.reason if check else ""}
+                return {**out, "status": Outcome.OK if check else Outcome.UNCHECKED,
+                        "reason": check.reason if check else ""}
             figs = measure_all(client, server.url, budget_s, streams=req.parallel)
     except ArcsplitError as exc:
-        return {**out, "status": "failed", "reason": str(exc)}
+        return {**out, "status": Outcome.FAILED, "reason": str(exc)}
     except (httpx.HTTPError, OSError, KeyError, ValueError) as exc:  # the group died or answered nonsense
-        return {**out, "status": "failed", "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
-    status = "ok" if check is not None else "unchecked"
+        return {**out, "status": Outcome.FAILED,
+                "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+    status = Outcome.OK if check is not None else Outcome.UNCHECKED
     return {**out, "status": status, "reason": check.reason if check else "", "prefill": round(figs.prefill, 2),
             "decode": round(figs.decode, 2), "streams": round(figs.streams, 2), "reps": figs.reps,
             "noise": round(check.noise, 3) if check else None}
@@ -216,7 +218,7 @@ class _Run:
             return
         why, planned = plan_check(self.p, c)
         if why:
-            r.results[c.key] = {"candidate": c.to_dict(), "label": label(c), "status": "pruned", "reason": why}
+            r.results[c.key] = {"candidate": c.to_dict(), "label": label(c), "status": Outcome.PRUNED, "reason": why}
             self.say(f"{where} {label(c)}: skipped, the planner says: {why}")
             self.keep()
             return
@@ -237,21 +239,21 @@ class _Run:
     def adopt(self, c: Candidate, res: dict[str, Any]) -> None:
         """The first whole-model-on-one-card result that ran is the reference for every later candidate."""
         if self.reference is None and res.get("sample") and (c.one_card or c.mode is Mode.SINGLE) \
-                and res.get("status") in ("ok", "unchecked"):
+                and res.get("status") in (Outcome.OK, Outcome.UNCHECKED):
             self.reference, self.reference_key = verify.from_json(res["sample"]), c.key
-            res["status"], res["reason"] = "ok", "reference (the whole model on one card)"
+            res["status"], res["reason"] = Outcome.OK, "reference (the whole model on one card)"
 
 
 def line(res: dict[str, Any]) -> str:
     """One progress line's verdict for a result."""
     st = res.get("status")
-    if st in ("ok", "unchecked") and "decode" not in res:
-        return "correct" if st == "ok" else "not yet checked"
-    if st in ("ok", "unchecked"):
+    if st in (Outcome.OK, Outcome.UNCHECKED) and "decode" not in res:
+        return "correct" if st == Outcome.OK else "not yet checked"
+    if st in (Outcome.OK, Outcome.UNCHECKED):
         figs = (f"prefill {res['prefill']:.1f}, decode {res['decode']:.1f}, {res['streams']:.1f} with all slots "
                 f"busy (t/s, ready in {res.get('ready_s', 0):.1f} s)")
         return f"{'correct' if st == 'ok' else 'not yet checked'}; {figs}"
-    if st == "wrong":
+    if st == Outcome.WRONG:
         return f"REJECTED, loads but computes wrong: {res.get('reason')}"
     return f"{st}: {res.get('reason')}"
 
@@ -305,7 +307,7 @@ def _confirmed(run: _Run, pick: str) -> str:
     r, objective = run.report, run.report.objective
     default = r.default
     base = r.results.get(default or "")
-    if default is None or pick == default or not base or base.get("status") != "ok":
+    if default is None or pick == default or not base or base.get("status") != Outcome.OK:
         return pick
     figs = {k: r.results[k].get(f"confirm_{objective}") for k in (default, pick)}
     if any(v is None for v in figs.values()):
@@ -315,7 +317,7 @@ def _confirmed(run: _Run, pick: str) -> str:
         for k in (default, pick):
             res = run_candidate(run.p, Candidate.from_dict(r.results[k]["candidate"]), run.treq.per_candidate_s,
                                 run.reference, measure=True)
-            figs[k] = res.get(objective) if res.get("status") in ("ok", "unchecked") else 0.0
+            figs[k] = res.get(objective) if res.get("status") in (Outcome.OK, Outcome.UNCHECKED) else 0.0
             r.results[k][f"confirm_{objective}"] = figs[k]
         run.keep()
     won = (figs[pick] or 0.0) >= (figs[default] or 0.0)
@@ -335,7 +337,7 @@ def _by_agreement(run: _Run) -> None:
     not yet checked, and for the candidates started after it."""
     r = run.report
     open_ = {k: verify.from_json(r.results[k]["sample"]) for k in r.order
-             if r.results.get(k, {}).get("status") == "unchecked" and r.results[k].get("sample")}
+             if r.results.get(k, {}).get("status") == Outcome.UNCHECKED and r.results[k].get("sample")}
     if not open_ and run.reference is not None:
         return
     ref = verify.agreement({k: verify.from_json(r.results[k]["sample"]) for k in r.order
@@ -348,7 +350,8 @@ def _by_agreement(run: _Run) -> None:
             res["reason"] = "no reference: no card holds the model alone and too few routes ran to agree"
             continue
         check = verify.compare(verify.from_json(r.results[ref]["sample"]), sample)
-        res["status"], res["reason"] = ("ok" if check.ok else "wrong"), f"{check.reason} (reference: agreement)"
+        res["status"] = Outcome.OK if check.ok else Outcome.WRONG
+        res["reason"] = f"{check.reason} (reference: agreement)"
         run.say(f"{res['label']}: {line(res)}")
 
 
@@ -375,7 +378,7 @@ def choice_of(data: dict[str, Any], objective: str | None = None) -> RouteChoice
     objective = objective or str(data.get("objective") or "decode")
     pick = (data.get("picks") or {}).get(objective)
     res = results.get(pick or "")
-    if not res or res.get("status") != "ok" or "decode" not in res:
+    if not res or res.get("status") != Outcome.OK or "decode" not in res:
         return None
     return RouteChoice(ChosenBy.TUNE, str(res["candidate"]["mode"]), res.get("label") or str(pick), objective,
                        float(data.get("updated") or 0) or None, float(res["decode"]), float(res["prefill"]),
@@ -436,13 +439,13 @@ def verify_routes(req: ServeRequest, say: Say = lambda line: None) -> list[dict[
     for c in routes(p.request.backend, len(p.rig.cards), build_facts(p.request.backend, binaries)):
         why, _ = plan_check(p, c)
         if why:
-            out[c.key] = {"label": label(c), "status": "pruned", "reason": why}
+            out[c.key] = {"label": label(c), "status": Outcome.PRUNED, "reason": why}
             continue
         say(f"verify {label(c)}: starting")
         res = run_candidate(p, c, 0.0, reference, measure=False)
         if reference is None and res.get("sample") and (c.one_card or c.mode is Mode.SINGLE):
             reference = verify.from_json(res["sample"])
-            res["status"], res["reason"] = "ok", "reference (the whole model on one card)"
+            res["status"], res["reason"] = Outcome.OK, "reference (the whole model on one card)"
         out[c.key] = res
         say(f"verify {label(c)}: {line(res)}")
     run = _Run(p, TuneRequest(req), TuneReport(fingerprint_of(p, binaries), "decode", out, list(out), None, None),
