@@ -43,6 +43,22 @@ def test_routes_sycl_tensor_variants_cite_their_source() -> None:
     assert dict(debug.env)["ForceZeDeviceCanAccessPerReturnValue"] == "0"
 
 
+def test_tensor_split_always_runs_with_flash_attention() -> None:
+    """llama.cpp refuses -sm tensor without flash attention ("SPLIT_MODE_TENSOR requires flash_attn to be enabled";
+    on two lavapipe devices tune's -fa off variant of it failed to load): SYCL, whose default is off, gets it on, and
+    no settings variant of a tensor route turns it off."""
+    for backend, fa_default in (("sycl", False), ("vulkan", True), ("cuda", True)):
+        tensor = [c for c in routes(backend, 2, BuildFacts(tensor_split=True)) if c.split == "tensor"]
+        assert tensor and all(c.settings.flash_attn in (True, None) for c in tensor)
+        assert all((c.settings.flash_attn is True) != fa_default for c in tensor), backend
+        for c in tensor:
+            variants = settings_variants(c, 512, fa_default)
+            assert variants and all(v.settings.flash_attn is not False for v in variants)
+            assert all(v.split == "tensor" for v in variants)
+    layer = next(c for c in routes("sycl", 2, BuildFacts(tensor_split=True)) if c.key == "sycl:multi:defaults")
+    assert any(v.settings.flash_attn is True for v in settings_variants(layer, 512, False))  # -sm layer: both tried
+
+
 def test_routes_without_tensor_build_or_on_cuda() -> None:
     assert not [c for c in routes("sycl", 2, BuildFacts()) if c.split == "tensor"]
     cuda = routes("cuda", 2, BuildFacts(tensor_split=True))

@@ -145,10 +145,13 @@ def routes(backend: str, n_cards: int, facts: BuildFacts = BuildFacts()) -> list
     if not be.on_cpu:
         out.append(Candidate(Mode.MULTI, backend))
         if facts.tensor_split:
-            out.append(Candidate(Mode.MULTI, backend, split="tensor"))
+            # llama.cpp refuses -sm tensor without flash attention ("SPLIT_MODE_TENSOR requires flash_attn to be
+            # enabled", src/llama-context.cpp), so where the backend's default is off (SYCL) it is turned on
+            tensor = Settings(flash_attn=None if be.flash_attn else True)
+            out.append(Candidate(Mode.MULTI, backend, split="tensor", settings=tensor))
             if backend == backends.SYCL:
-                out += [Candidate(Mode.MULTI, backend, split="tensor", variant=v.name, env=v.env, source=v.source)
-                        for v in SYCL_TENSOR_VARIANTS]
+                out += [Candidate(Mode.MULTI, backend, split="tensor", variant=v.name, env=v.env, source=v.source,
+                                  settings=tensor) for v in SYCL_TENSOR_VARIANTS]
         if be.one_context_workaround:
             out.append(Candidate(Mode.MULTI_WORKAROUND, backend, variant=DEBUG_KEY.name, env=DEBUG_KEY.env,
                                  source=DEBUG_KEY.source))
@@ -170,7 +173,8 @@ def settings_variants(base: Candidate, route_ubatch: int, flash_default: bool, m
     ``moe_max`` (the model's layers; 0: no bound): a count past them is no setting the planner accepts."""
     s = base.settings
     out = [replace(base, settings=replace(s, ubatch=u)) for u in UBATCHES if u != (s.ubatch or route_ubatch)]
-    out.append(replace(base, settings=replace(s, flash_attn=not flash_default)))
+    if base.split != "tensor":  # -sm tensor needs flash attention (routes above): no variant without it
+        out.append(replace(base, settings=replace(s, flash_attn=not flash_default)))
     out.append(replace(base, settings=replace(s, cache_type="q8_0", flash_attn=True)))
     more = min(moe_layers + 2, moe_max) if moe_max else moe_layers + 2
     if moe_layers and more > moe_layers:

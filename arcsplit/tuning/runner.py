@@ -151,7 +151,9 @@ def run_candidate(p: Prepared, c: Candidate, budget_s: float, reference: verify.
     out: dict[str, Any] = {"candidate": c.to_dict(), "label": label(c)}
     t0 = time.monotonic()
     try:
-        with serve(req.model, req.gpus, bus=False, **serve_options(req)) as server, \
+        # one retry covers a transient start failure (a port taken meanwhile); a candidate that cannot load (llama.cpp
+        # refuses -sm tensor without flash attention) is then failed at once, not after serve's five restarts
+        with serve(req.model, req.gpus, bus=False, max_restarts=1, **serve_options(req)) as server, \
                 httpx.Client(timeout=120.0) as client:
             out["ready_s"] = round(time.monotonic() - t0, 2)
             out["argv"] = list(server.status()["processes"]["server"].get("argv", []))
