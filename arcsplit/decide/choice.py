@@ -18,12 +18,22 @@ class ChosenBy(StrEnum):
     DEFAULT = "default"  # the fixed default order (one context > debug key > hybrid > all-RPC)
 
 
+class Outcome(StrEnum):
+    """A candidate's result, kept as its plain value in the results JSON (a later run reads it back)."""
+
+    OK = "ok"  # correct output (against the reference), measured
+    WRONG = "wrong"  # loads but computes wrong: never measured, never picked
+    FAILED = "failed"  # did not start or answer
+    PRUNED = "pruned"  # the planner's memory bounds refuse it: never started
+    UNCHECKED = "unchecked"  # ran, no reference yet (settled by the routes' agreement)
+
+
 @dataclass(frozen=True)
 class Measured:
     """One candidate tune measured: its label, verdict and figures (t/s; None where it was not measured)."""
 
     label: str
-    status: str  # ok | wrong | failed | pruned | unchecked
+    status: Outcome
     decode: float | None = None
     prefill: float | None = None
     streams: float | None = None
@@ -39,7 +49,7 @@ class Measured:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Measured":
-        return cls(str(d.get("label", "")), str(d.get("status", "")), _num(d.get("decode")), _num(d.get("prefill")),
+        return cls(str(d.get("label", "")), _outcome(d.get("status")), _num(d.get("decode")), _num(d.get("prefill")),
                    _num(d.get("streams")), str(d.get("reason") or ""), bool(d.get("pick")), bool(d.get("default")),
                    str(d.get("key") or ""))
 
@@ -51,6 +61,13 @@ class Measured:
         if self.decode is None:
             return self.reason[:80]
         return f"decode {self.decode:.1f}, prefill {self.prefill or 0:.1f}, streams {self.streams or 0:.1f} t/s"
+
+
+def _outcome(v: Any) -> Outcome:
+    try:
+        return Outcome(str(v))
+    except ValueError:  # a results file from a newer arcsplit: shown as not measured
+        return Outcome.FAILED
 
 
 def _num(v: Any) -> float | None:

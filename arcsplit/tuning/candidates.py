@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from typing import Any, Mapping
 
 from .. import backends
+from ..decide.choice import Outcome
 from ..llama.mode import NEO_WORKAROUND_ENV
 from ..modes import Mode
 
@@ -23,15 +23,6 @@ Env = tuple[tuple[str, str], ...]
 
 OBJECTIVES = ("decode", "prefill", "streams")
 
-
-class Outcome(StrEnum):
-    """A candidate's result, kept as its plain value in the results JSON (a later run reads it back)."""
-
-    OK = "ok"  # correct output (against the reference), measured
-    WRONG = "wrong"  # loads but computes wrong: never measured, never picked
-    FAILED = "failed"  # did not start or answer
-    PRUNED = "pruned"  # the planner's memory bounds refuse it: never started
-    UNCHECKED = "unchecked"  # ran, no reference yet (settled by the routes' agreement)
 
 
 @dataclass(frozen=True)
