@@ -217,6 +217,25 @@ def test_three_cards_in_one_context_are_checked_first() -> None:
     assert unchecked_one_context(replace(req, backend="cpu"), Mode.RPC, 4) is None
 
 
+def test_auto_does_not_trust_one_context_on_three_sycl_cards_unchecked() -> None:
+    """Where a one-context route loads on 4 Arc cards (the probe says so), auto still runs hybrid until tune has
+    checked one context's output (verified) or the user asks for it with --mode, which runs it and warns."""
+    from arcsplit.decide.prepare import ServeRequest, unchecked_one_context
+    from arcsplit.llama.mode import choose_mode
+
+    loads = {"multi": True, "multi+workaround": True, "hybrid": True}
+    req = ServeRequest(model="m.gguf", backend="sycl")
+    assert choose_mode("sycl", 4, probe_results=loads).mode is Mode.MULTI  # loading alone would pick it
+    why = unchecked_one_context(req, Mode.MULTI, 4)
+    decision = choose_mode("sycl", 4, probe_results=loads, distrust_one_context=why)
+    assert decision.mode is Mode.HYBRID
+    assert any(r.startswith("skipped multi:") and "compute-runtime#942" in r for r in decision.reasons)
+    assert choose_mode("sycl", 4, forced="multi", probe_results=loads, distrust_one_context=why).mode is Mode.MULTI
+    assert unchecked_one_context(replace(req, verified=True), Mode.MULTI, 4) is None  # tune's pick: trusted
+    assert choose_mode("sycl", 2, probe_results=loads,
+                       distrust_one_context=unchecked_one_context(req, Mode.MULTI, 2)).mode is Mode.MULTI
+
+
 def test_serve_looks_nothing_up_when_nothing_was_tuned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """serve asks for a tuned pick on every start: with no results kept it must not plan twice."""
     from arcsplit.decide.prepare import ServeRequest

@@ -296,7 +296,8 @@ def decide(req: ServeRequest, rig: Rig | None, *, serving: bool,
     verdict, known = (_runtime(req, rig, binaries, probe=None if serving else False, progress=progress)
                       if here and not rig.hosts else (None, None))
     decision = choose_mode(req.backend, len(rig.cards), forced=parse_choice(req.mode),
-                           verdict=verdict, probe_results=known, n_remote=sum(1 for c in rig.cards if c.host))
+                           verdict=verdict, probe_results=known, n_remote=sum(1 for c in rig.cards if c.host),
+                           distrust_one_context=unchecked_one_context(req, Mode.MULTI, len(rig.cards)))
     return _prepared(req, binaries, profile, rig, decision, rpc_ports, choice, live=here, serving=serving)
 
 
@@ -347,8 +348,8 @@ def unchecked_one_context(req: ServeRequest, mode: Mode, n_cards: int) -> str | 
     if not backends.get(req.backend).probe_by_default:
         return None
     return (f"{n_cards} cards in one context: on such rigs a route can load and still compute wrong "
-            "(intel/compute-runtime#942, #957); check its output with `arcsplit doctor --verify MODEL`, or let "
-            "`arcsplit tune MODEL` pick a route it has checked")
+            "(intel/compute-runtime#942, #957), so --mode auto does not pick it unchecked; check its output with "
+            "`arcsplit doctor --verify MODEL`, or let `arcsplit tune MODEL` pick a route it has checked")
 
 
 def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, rig: Rig, decision: ModeDecision,

@@ -55,9 +55,11 @@ def _probe_map(probe_results: Iterable[ProbeLike] | Mapping[str, bool] | None) -
 
 def choose_mode(backend: str, n_cards: int, forced: str | None = None, verdict: Verdict | None = None,
                 probe_results: Iterable[ProbeLike] | Mapping[str, bool] | None = None,
-                n_remote: int = 0) -> ModeDecision:
+                n_remote: int = 0, distrust_one_context: str | None = None) -> ModeDecision:
     """The fastest mode that works here; ``forced`` (--mode) wins but a known failure is stated. ``n_remote`` of the
-    cards are on other hosts: each is an rpc-server there, and the choice is about this machine's cards."""
+    cards are on other hosts: each is an rpc-server there, and the choice is about this machine's cards.
+    ``distrust_one_context``: why auto must not pick a one-context mode even where it loads (its output unchecked
+    on a rig where loading proves nothing); --mode still runs one."""
     be = backends.get(backend)  # an unknown name is a one-line error
     if n_cards < 1:
         raise BadInput("no cards to run on", "pass --gpus with at least one card")
@@ -88,6 +90,9 @@ def choose_mode(backend: str, n_cards: int, forced: str | None = None, verdict: 
         return ModeDecision(want, prior.env_of(want), tuple(reasons), want in probes and ok)
     for mode in AUTO_ORDER:
         if mode is Mode.MULTI_WORKAROUND and not be.one_context_workaround:
+            continue
+        if distrust_one_context and mode.one_context:
+            reasons.append(f"skipped {mode}: {distrust_one_context}")
             continue
         ok, why = prior.works(mode)
         if ok:
