@@ -490,9 +490,11 @@ FIGURES = [
            "at least as fast as the default order's route, never a wrong route",
            ("tune_vulkan.md", "tune_vulkan_corrupt.md"), lambda t, f: v_tune(t)),
     Figure("arcsplit tune on one H100 (native, hybrid and all-RPC sharing the card; the second file a MoE planned on "
-           "2.5 GiB cards, so --n-cpu-moe; not started by run_all)",
+           "2.5 GiB cards, so --n-cpu-moe; the third with a bit-flipping forwarder behind every rpc-server; not "
+           "started by run_all)",
            "at least as fast as the default order's route, never a wrong route",
-           ("gpu/tune/tune_cuda.md", "gpu/tune/tune_cuda_ncmoe.md"), lambda t, f: v_tune(t)),
+           ("gpu/tune/tune_cuda.md", "gpu/tune/tune_cuda_ncmoe.md", "gpu/tune/tune_cuda_corrupt.md"),
+           lambda t, f: v_tune(t)),
     Figure("Start-up: arcsplit --help, plan, the node agent's exec to ready (bench/startup.py)",
            "none slower than before the code's reshape", ("startup.md",), lambda t, f: v_startup(t)),
     Figure("Supervisor CPU while idle", "< 0.5 % of one core", ("idle_cpu.md",), lambda t, f: v_generic(t)),
