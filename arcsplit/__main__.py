@@ -12,6 +12,8 @@ that pyproject allows (from 4.7) import asyncio with it.
         the route, HTTP and card samplers, for a run that asks for them: `arcsplit --help` and `plan` import the API
     _api.py:tune                       arcsplit.tuning.runner           79/131/161
         httpx and the tune runner, which imports this module (serve): `arcsplit --help` and `plan` import the API
+    _api.py:_tuned                     arcsplit.tuning.runner           79/131/161
+        as in tune: only where something was tuned on this machine (tuning/fingerprint.anything_kept)
     _warm.py:warm_hosts                anyio                          1/1/1
         serve's early sessions: this module is imported before anyio, which comes once every ssh is spawned
     _warm.py:warm_hosts                arcsplit.run.remote            58/61/75

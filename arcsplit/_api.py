@@ -28,6 +28,7 @@ from .decide.prepare import (MODE_CHOICES, OUTPUT_LAYER_CHOICES, Prepared, Serve
                           preview)
 from .run.supervisor import RestartPolicy, Timeouts
 from .run.systemd import run_notify
+from .tuning.fingerprint import anything_kept
 from .tuning.result import TuneResult
 
 __all__ = ["AsyncServer", "BusInfo", "Client", "Instance", "MODE_CHOICES", "OUTPUT_LAYER_CHOICES", "Prepared",
@@ -108,6 +109,14 @@ def _request(model: str | os.PathLike[str], gpus: Sequence[int] | str | None, kw
     return ServeRequest(model=str(model), gpus=gpus, extra_args=extra, **kw)
 
 
+def _tuned(req: ServeRequest) -> ServeRequest:
+    """``req`` as tune's kept pick for its rig runs it (mode auto only), else unchanged."""
+    from .tuning.runner import tuned  # start-up: httpx and the tune runner, only where something was tuned
+
+    got = tuned(req)
+    return req if got is None else got[0]
+
+
 def runs() -> list[BusInfo]:
     """The running instances of this user, newest first."""
     return list_runs()
@@ -134,17 +143,22 @@ def instance(prepared: Prepared, *, max_restarts: int = 5, stall_timeout: float 
 @asynccontextmanager
 async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = (0, 1), *,
                  bus: bool = True, bus_tcp: str | None = None, max_restarts: int = 5, stall_timeout: float = 120.0,
-                 **options: Any) -> AsyncIterator[AsyncServer]:
+                 tuned: bool = True, **options: Any) -> AsyncIterator[AsyncServer]:
     """Serve ``model`` across ``gpus`` until the block ends; entered once llama-server answers /health 200.
 
     ``options`` are ServeRequest's fields: backend, mode, ctx, parallel, host, port, rpc_host, rpc_ports, threads,
     cpu_memory_mib, llama_dir, build, output_layer, rpc_cache, rpc_seed, ubatch, extra_args, stop_grace; and
-    ``layout``: a layout TOML whose cards (other hosts' included) are served instead of ``gpus``.
+    ``layout``: a layout TOML whose cards (other hosts' included) are served instead of ``gpus``. With mode auto
+    (the default), ``arcsplit tune``'s pick for this rig runs where one is kept, as ``arcsplit serve`` does
+    (``status()["choice"]`` says so); ``tuned=False`` or a ``mode`` leaves it out.
     """
     layout = options.pop("layout", None)
     if layout is not None:
         gpus = None
-    prepared = prepare(_request(model, gpus, options), load_layout(os.fspath(layout)) if layout is not None else None)
+    req = _request(model, gpus, options)
+    if tuned and layout is None and anything_kept():
+        req = _tuned(req)
+    prepared = prepare(req, load_layout(os.fspath(layout)) if layout is not None else None)
     for text in prepared.warnings:
         warnings.warn(text, stacklevel=3)
     inst = instance(prepared, max_restarts=max_restarts, stall_timeout=stall_timeout, bus=bus, bus_tcp=bus_tcp)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,11 @@ from arcsplit.llama.locate import LlamaBinaries, find_llama
 # The suite runs the CPU build whatever cards this machine has: `--backend auto` means cpu here unless a test
 # unsets this (tests/test_detect.py simulates an Arc machine). Children started by tests inherit it.
 os.environ["ARCSPLIT_BACKEND"] = "cpu"
+# Nor do they see what `arcsplit tune` kept for this user: serve (CLI and API) would run a tuned pick instead of
+# the mode a test expects. Tests of tune set their own directory.
+_TUNE_DIR = tempfile.mkdtemp(prefix="arcsplit-test-tune-")
+os.environ["ARCSPLIT_TUNE_DIR"] = _TUNE_DIR
+atexit.register(shutil.rmtree, _TUNE_DIR, True)
 
 
 @pytest.fixture(scope="session")

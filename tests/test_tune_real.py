@@ -68,6 +68,17 @@ def test_tune_picks_correct_route_resumes_and_serve_uses_it(demo_model: Path, ll
     assert tuned(_request(demo_model, llama_bins, mode="rpc")) is None  # --mode overrides
     assert tuned(_request(demo_model, llama_bins, ctx=2048)) is None  # another context: another fingerprint
 
+    # the Python API's serve runs the pick too, and says so in its status; tuned=False runs the default order
+    import arcsplit
+
+    api = dict(backend="cpu", ctx=1024, llama_dir=str(llama_bins.bin_dir), bus=False)
+    with arcsplit.serve(demo_model, [0, 1], port=free_port(), **api) as server:
+        st = server.status()
+        assert st["mode"] == picked["mode"] and st["choice"]["by"] == "tune", st["choice"]
+    with arcsplit.serve(demo_model, [0, 1], port=free_port(), tuned=False, **api) as server:
+        st = server.status()
+        assert st["mode"] == first.results[first.default]["candidate"]["mode"] and st["choice"]["by"] == "default"
+
     # the CLI: plan shows what serve runs, and serve runs the pick without flags, saying so
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ARCSPLIT_TUNE_DIR": str(tune_cache),
            "ARCSPLIT_STATE_DIR": str(tune_cache.parent / "state")}
