@@ -28,6 +28,7 @@ from .decide.prepare import (MODE_CHOICES, OUTPUT_LAYER_CHOICES, Prepared, Serve
                           preview)
 from .run.supervisor import RestartPolicy, Timeouts
 from .run.systemd import run_notify
+from .modes import AUTO
 from .tuning.fingerprint import anything_kept
 from .tuning.result import TuneResult
 
@@ -156,7 +157,7 @@ async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None
     if layout is not None:
         gpus = None
     req = _request(model, gpus, options)
-    if tuned and layout is None and anything_kept():
+    if tuned and layout is None and req.mode == AUTO and anything_kept():  # tune's own candidates name a mode
         req = _tuned(req)
     prepared = prepare(req, load_layout(os.fspath(layout)) if layout is not None else None)
     for text in prepared.warnings:

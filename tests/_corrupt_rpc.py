@@ -58,11 +58,16 @@ def corrupt_stream(src: socket.socket, dst: socket.socket) -> None:
     except (EOFError, OSError):
         pass
     finally:
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        _close_both(src, dst)
+
+
+def _close_both(*socks: socket.socket) -> None:
+    """Either direction ending ends the connection both ways, so neither pump waits on a half-open socket."""
+    for s in socks:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 def pump(src: socket.socket, dst: socket.socket) -> None:
@@ -72,11 +77,7 @@ def pump(src: socket.socket, dst: socket.socket) -> None:
     except OSError:
         pass
     finally:
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        _close_both(src, dst)
 
 
 def start_inner(real: str, rest: list[str]) -> subprocess.Popen[bytes]:
