@@ -28,6 +28,19 @@ class GroupState(StrEnum):
     STOPPED = "stopped"  # final
 
 
+class Cause(StrEnum):
+    """Why a generation ended, as counted and shown (events, metrics by cause, ``arcsplit ps``): one name each."""
+
+    EXIT = "exit"  # a member exited (crashed, killed, or its host went away)
+    LOAD = "load"  # the group never got ready: a member failed or stalled while starting
+    UNHEALTHY = "unhealthy"  # llama-server stopped answering /health while its process is alive
+    HANG = "hang"  # compute stopped making progress while every process is alive (run/watchdog.py)
+    WRONG = "wrong"  # the output canary found the route computing something else than its reference
+    DEVICE_LOST = "device_lost"  # a member's log says its card was lost (driver reset, GPU hang)
+    OUT_OF_MEMORY = "out_of_memory"  # a member's log says its card ran out of memory
+    RESTART = "restart"  # asked: arcsplit restart, the dashboard, the API
+
+
 _M, _G = MemberState, GroupState
 MEMBER_TRANSITIONS: Mapping[MemberState, frozenset[MemberState]] = {
     _M.NEW: frozenset({_M.STARTING}),

@@ -38,7 +38,7 @@ from ..proc.child import describe_exit, run_held
 from ..proc.ports import free_port, is_free
 from ..proc.rundir import RunDir, since_boot, supervisor_identity, sweep
 from ..proc.spec import runs_remote
-from ..proc.states import GROUP_TRANSITIONS, GroupState, MemberState, advance
+from ..proc.states import GROUP_TRANSITIONS, Cause, GroupState, MemberState, advance
 from ..roles import Role
 from .events import (BuffersData, CardLoad, Event, EventBus, GroupBackoff, GroupData, GroupReady, GroupStarting,
                      HostData, LogData, MemberStatus, Payload, PlanData, ProgressData, StateData, Status,
@@ -79,9 +79,13 @@ class Timeouts:
 
 
 class _StartFailed(Exception):
-    def __init__(self, who: str, message: str, kind: str | None = None, error: ArcsplitError | None = None) -> None:
+    """Why a generation failed: ``who`` (a member's name, "group" or a host), the one-line ``message``, the log
+    signature ``kind`` (logs.failure_kind) and the ``cause`` it is counted under."""
+
+    def __init__(self, who: str, message: str, kind: str | None = None, error: ArcsplitError | None = None,
+                 cause: Cause = Cause.EXIT) -> None:
         super().__init__(message)
-        self.who, self.message, self.kind, self.error = who, message, kind, error
+        self.who, self.message, self.kind, self.error, self.cause = who, message, kind, error, cause
 
 
 Fallback = Callable[[ServeConfig, str], "ServeConfig | None"]
@@ -127,7 +131,7 @@ class Supervisor:
         self._load_mmap = True  # llama-server's load mode: the order its buffers fill in (logs.load_progress)
         self._links_on_tcp: list[str] = []  # why same-host links stay on TCP this generation (patch 0008's warning)
         self._last_error: str | None = None
-        self._unhealthy: str | None = None
+        self._trouble: _StartFailed | None = None  # what a watcher found wrong with a running group (_fail_now)
         self._held: set[anyio.CancelScope] = set()  # the members' runs, which only _teardown ends (_hold)
 
     # -- public surface -------------------------------------------------------------------------------------
@@ -340,7 +344,7 @@ class Supervisor:
         self._links_on_tcp = []
         self._progress = {}
         self._ready_at = None
-        self._unhealthy = None
+        self._trouble = None
         reason: str | _StartFailed = "exit"
         watchdog: anyio.CancelScope | None = None
         async with anyio.create_task_group() as tg:
@@ -369,9 +373,9 @@ class Supervisor:
                         self._last_error = f"{c.spec.name} {describe_exit(c.returncode)}" + _tail(c)
                         reason = _StartFailed(c.spec.name, self._last_error, logs.failure_kind(c.lines))
                         break
-                    if self._unhealthy:
-                        self._last_error = self._unhealthy
-                        reason = _StartFailed("server", self._unhealthy)
+                    if self._trouble is not None:
+                        self._last_error = self._trouble.message
+                        reason = self._trouble
                         break
                     self._wake = anyio.Event()
             except _StartFailed as exc:
@@ -409,10 +413,17 @@ class Supervisor:
                         "requests wait until it gets SIGCONT") if child.paused else
                         f"arcsplit: {child.spec.name} (pid {child.pid}) resumed"))
             if misses >= t.health_failures:
-                self._unhealthy = (f"llama-server stopped answering /health ({why}, {misses} times in "
-                                   f"{misses * t.health_interval:.0f} s) while its process is alive")
-                self._wake.set()
+                self._fail_now(_StartFailed("server", f"llama-server stopped answering /health ({why}, {misses} times "
+                                            f"in {misses * t.health_interval:.0f} s) while its process is alive",
+                                            cause=Cause.UNHEALTHY))
                 return
+
+    def _fail_now(self, failure: _StartFailed) -> None:
+        """A watcher of the running group (health, progress, output) found it failed: the generation ends with
+        ``failure`` (the first one found wins), the group is torn down and restarted as after an exit."""
+        if self._trouble is None:
+            self._trouble = failure
+        self._wake.set()
 
     def _task_started(self) -> None:
         ts = getattr(self, "_pending_status", None)
@@ -705,7 +716,7 @@ class Supervisor:
                 self._set_group(GroupData(GroupState.STOPPING))
             # A llama-server whose rpc peer died sits in a blocking RPC call and ignores SIGTERM: waiting the full
             # grace then only delays the restart (measured: 10 of 13.6 s to serve again).
-            failed = any(c.done.is_set() for c in self._children.values()) or bool(self._unhealthy)
+            failed = any(c.done.is_set() for c in self._children.values()) or self._trouble is not None
             grace = self.timeouts.failed_grace if failed and not self._stop_requested else self.timeouts.stop_grace
             server = self._children.get("server")
             if server is not None:
