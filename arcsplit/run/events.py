@@ -19,10 +19,11 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ..decide.choice import RouteChoice
-from ..proc.states import GroupState, MemberState
+from ..proc.states import Cause, GroupState, MemberState
 from ..samples import CardRow, GpuReport
 
-EventKind = Literal["state", "log", "plan", "buffers", "group", "progress", "verdict", "telemetry", "sync", "host"]
+EventKind = Literal["state", "log", "plan", "buffers", "group", "progress", "verdict", "telemetry", "sync", "host",
+                    "failure"]
 
 
 class Payload(Mapping[str, Any]):
@@ -202,6 +203,24 @@ class VerdictData(Payload):
 
 
 @dataclass(frozen=True)
+class FailureData(Payload):
+    """A generation of the group failed and will be restarted (or the route changed, or the supervisor gives up):
+    why (``cause``), which member (``who``: its process name, "group" or a host), where (``host``: None for this
+    machine; ``card``: the plan card it holds, if one), the one-line ``message``, and the count by cause so far."""
+
+    kind: ClassVar[EventKind] = "failure"
+    cause: Cause
+    who: str
+    message: str
+    host: str | None = None
+    card: str | None = None
+    count: int = 1  # failures of this cause in this run, this one included
+
+    def to_dict(self) -> dict[str, Any]:
+        return _fields(self, "cause", "who", "message", "host", "card", "count")
+
+
+@dataclass(frozen=True)
 class PlanData(Payload):
     kind: ClassVar[EventKind] = "plan"
     plan: Mapping[str, Any]  # Plan.to_dict()
@@ -293,6 +312,7 @@ class Status(TypedDict):
     decision: dict[str, Any]  # {"mode", "reasons"}
     choice: dict[str, Any]  # RouteChoice.to_dict(): chosen by tune (its figures, the alternatives), asked, default
     events_dropped: int
+    causes: dict[str, int]  # failures by Cause this run: {"hang": 1, "exit": 2}
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,8 @@ from ..proc.rundir import RunDir, since_boot, supervisor_identity, sweep
 from ..proc.spec import runs_remote
 from ..proc.states import GROUP_TRANSITIONS, Cause, GroupState, MemberState, advance
 from ..roles import Role
-from .events import (BuffersData, CardLoad, Event, EventBus, GroupBackoff, GroupData, GroupReady, GroupStarting,
+from .events import (BuffersData, CardLoad, Event, EventBus, FailureData, GroupBackoff, GroupData, GroupReady,
+                     GroupStarting,
                      HostData, LogData, MemberStatus, Payload, PlanData, ProgressData, StateData, Status,
                      VerdictData)
 from .launch import Launcher, Member
@@ -115,6 +116,7 @@ class Supervisor:
         self._rpc_ports: list[int] | None = list(config.rpc_ports) if config.rpc_ports else None
         self._links: list[int] = []  # this machine's ends of the ssh links, kept across restarts
         self._restarts: dict[str, int] = {}
+        self._causes: dict[Cause, int] = {}  # failures by cause this run (events, metrics, arcsplit ps)
         self._group_state = GroupState.NEW
         self._generation = 0
         self._failures = 0.0  # RestartPolicy.count: decays with time ready
@@ -203,6 +205,7 @@ class Supervisor:
             "decision": self.decision,
             "choice": self.choice.to_dict(),
             "events_dropped": self.events.dropped,
+            "causes": {str(c): n for c, n in self._causes.items()},
         }
 
     def notes(self) -> list[str]:
@@ -284,6 +287,8 @@ class Supervisor:
                     continue
                 self._count_failure()
                 failure = reason if isinstance(reason, _StartFailed) else None
+                if failure is not None:
+                    self._record_failure(failure)
                 if failure and failure.kind in logs.MULTI_DEVICE_KINDS and Mode(self.config.mode).one_context \
                         and self._fallback and not self.config.forced_mode:
                     new = self._fallback(self.config, failure.message)
@@ -320,6 +325,14 @@ class Supervisor:
                 self._set_group(GroupData(GroupState.STOPPED))
                 self._write_state(ended=True)
                 self.events.close()
+
+    def _record_failure(self, failure: _StartFailed) -> None:
+        """Count ``failure`` by its cause and say so on the bus (who, where, why)."""
+        n = self._causes[failure.cause] = self._causes.get(failure.cause, 0) + 1
+        spec = next((s for s in self._specs if s.name == failure.who), None)
+        self._publish("group", FailureData(cause=failure.cause, who=failure.who, message=failure.message,
+                                           host=spec.node if spec is not None and runs_remote(spec) else None,
+                                           card=_card_label(self.config, spec), count=n))
 
     def _count_failure(self) -> None:
         """One more failure, counted after the decay of the time this generation was ready."""
@@ -780,6 +793,14 @@ class Supervisor:
 def _hosts(config: ServeConfig) -> tuple[str, ...]:
     """The other hosts the group has rpc-servers on, in --rpc order."""
     return tuple(dict.fromkeys(p.host for p in config.route.rpc if p.host))
+
+
+def _card_label(config: ServeConfig, spec: ProcessSpec | None) -> str | None:
+    """The plan card(s) a member holds, as the plan names them ("CPU0", "SYCL1"), or None."""
+    if spec is None:
+        return None
+    names = [c.device for i, c in enumerate(config.plan.cards) if i in spec.cards]
+    return ",".join(names) or None
 
 
 def _where(spec: ProcessSpec) -> str:
