@@ -26,7 +26,7 @@ from . import __version__
 from ._dirs import cache_dir
 from .errors import BadInput
 from .netaddr import ssh_identities
-from .proc.rundir import runs_root
+from .proc.rundir import fault_lines, runs_root
 from .llama.source import llama_root
 from .redact import Redactor, secret_env
 
@@ -126,6 +126,8 @@ def collect(run: str | None, doctor: tuple[dict[str, Any], str] | None, which: d
         try:
             state = json.loads(state_text)
             extra, remote = _argv_secrets(state), _remote_identities(state)
+            if fault_lines(state):  # the last error with its log lines, failures by card, cards to reset
+                files[f"run/{run_dir.name}/faults.txt"] = "\n".join(fault_lines(state)) + "\n"
             state_text = _state_without_destinations(state)
         except (ValueError, AttributeError):
             pass
@@ -153,8 +155,8 @@ def collect(run: str | None, doctor: tuple[dict[str, Any], str] | None, which: d
         "Credentials, your home directory, user and host names (this machine's and the run's other hosts': their\n"
         "ssh destinations, users and names) were replaced by <redacted>, ~, <user>, <host>.\n"
         "doctor.*: runtime facts, verdict, host checks, mode; probe/, observed/: what was probed or failed here;\n"
-        "build.json, builds/: the llama.cpp binaries; run/: the last run's state and log tails; env.json: the\n"
-        "GPU-related environment.\n")
+        "build.json, builds/: the llama.cpp binaries; run/: the last run's state and log tails (faults.txt: its last\n"
+        "error, failures by card and the cards that need a driver reset); env.json: the GPU-related environment.\n")
     return {name: r.text(text) for name, text in files.items()}
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from .._api import RouteChoice, attach, runs
 from ..llama.logs import trace_filter
+from ..proc.rundir import fault_lines
 from ..roles import Role
 from . import print_json
 
@@ -27,6 +28,8 @@ def _ps(args: argparse.Namespace) -> int:
                                         "role": p.get("role"), "cards": r.get("cards", []),
                                         "devices": r.get("devices", [])}
                                 for name, p in status.get("processes", {}).items() for r in [held.get(name) or {}]}
+            # what went wrong: the last error with its log lines, failures per card, cards to reset (run/faults.py)
+            row.update({k: status.get(k) for k in ("last_error", "last_error_lines", "card_faults", "resets")})
         except Exception as exc:  # one unresponsive instance must not hide the others
             row["state"] = f"not answering ({exc})"
         rows.append(row)
@@ -51,6 +54,8 @@ def _ps(args: argparse.Namespace) -> int:
                 cards = ",".join(str(c) for c in p.get("cards") or [])  # one rpc-server may hold several (per-host)
                 print(f"  {name:<12} {where:<16} {str(p.get('state')):<9} pid {pid}"
                       + (f"  cards {cards}" if cards else ""))
+        for line in fault_lines(r):
+            print(f"  {line}")
     return 0
 
 

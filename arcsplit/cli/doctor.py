@@ -22,6 +22,7 @@ from ..llama.logs import PINNED_OUTPUT_ENV
 from ..llama.patches import build_patches
 from ..llama.mode import NEO_WORKAROUND_ENV
 from ..modes import MODES, Mode
+from ..proc.rundir import newest_run, read_state
 from ..llama.probe import DEFAULT_TIMEOUT_S, ProbeResult
 from ..llama.runtime import RuntimeReport, check_runtime
 from . import print_json, say
@@ -206,7 +207,21 @@ def diagnose(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     data["vulkan"] = {"route": vulkan, "probe": vulkan_probe.to_dict() if vulkan_probe else None}
     if card_note:
         data["facts"]["unread"] = [*data["facts"]["unread"], card_note]  # to_dict's is a tuple
-    return data, _render(report, labels, card_note, fixes, applied, choice, host, vulkan_probe, data["build_command"])
+    text = _render(report, labels, card_note, fixes, applied, choice, host, vulkan_probe, data["build_command"])
+    data["resets"], reset_text = (None, "") if offline else _last_run_resets()
+    return data, text + reset_text
+
+
+def _last_run_resets() -> tuple[dict[str, Any] | None, str]:
+    """The cards the last run here lost again and again, from its state file (run/faults.py writes them): each
+    needs a driver reset, and the line says how. (None, "") when it lost none that often."""
+    run = newest_run()
+    state = read_state(run) if run is not None else None
+    cards = [r for r in (state or {}).get("resets") or [] if isinstance(r, dict)]
+    if run is None or not cards:
+        return None, ""
+    lines = ["", "", f"Cards that need a driver reset (arcsplit run {run.name})"] + [f"  {r.get('line')}" for r in cards]
+    return {"run": run.name, "cards": cards}, "\n".join(lines)
 
 
 def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: list[dict[str, str]],

@@ -10,6 +10,7 @@ from pathlib import Path
 from .. import backends
 from ..errors import ArcsplitError
 from ..llama.probe import DEFAULT_TIMEOUT_S
+from ..proc.rundir import read_state
 from .doctor import diagnose
 from .llama import which_data
 from .options import add_llama_dir
@@ -18,7 +19,7 @@ from .options import add_llama_dir
 def _report(args: argparse.Namespace) -> int:
     from ..report import collect, find_run, write_bundle  # tarfile, getpass: not for `arcsplit --help`
 
-    find_run(args.run)  # a wrong run id is a one-line error before anything runs
+    run = find_run(args.run)  # a wrong run id is a one-line error before anything runs
     out = Path(args.output or f"arcsplit-report-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz")
     doctor_args = argparse.Namespace(backend=args.backend, gpus=args.gpus, mode=None, llama_dir=args.llama_dir,
                                      build=args.build, sycl_ls=None, kernel=None, kernel_config=None, reprobe=False,
@@ -34,6 +35,8 @@ def _report(args: argparse.Namespace) -> int:
     path = write_bundle(collect(args.run, doctor, which), out)
     print(f"arcsplit: wrote {path} (redacted: credentials, home, user and host names); attach it to your bug report",
           file=sys.stderr)
+    for reset in ((read_state(run) if run is not None else None) or {}).get("resets") or []:  # run/faults.py
+        print(f"arcsplit: note: {reset.get('line')}", file=sys.stderr)
     print(path)
     return 0
 

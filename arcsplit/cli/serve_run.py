@@ -230,6 +230,8 @@ async def _run(prepared: Any, args: argparse.Namespace, launcher: Any = None) ->
 async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool, demo: str | None = None) -> None:
     """Progress and state changes on stderr (or every event as a JSON line on stdout with --json-events)."""
     last_pct = -10
+    shown: list[str] = []  # the log lines of the last failure, printed below its one line
+    told: set[str] = set()  # the cards already said to need a driver reset
     async for ev in events:
         if as_json:
             if ev.kind != "log":
@@ -259,6 +261,15 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
             elif state == GroupState.BACKOFF:
                 _say(f"group failed ({ev.data.get('error')}); restart {ev.data.get('failures')} in "
                      f"{ev.data.get('delay'):.1f} s")
+                for line in shown:
+                    _say(f"    {line}")
+                shown = []
+                for reset in sup.status().get("resets") or []:  # a card lost again and again (run/faults.py)
+                    if reset["card"] not in told:
+                        told.add(reset["card"])
+                        _say(f"note: {reset['line']}")
+        elif ev.kind == "failure":  # comes before the backoff it explains
+            shown = [str(line) for line in ev.data.get("lines") or []]
         elif ev.kind == "verdict":
             _say(f"recorded: {ev.data.get('failed_mode')} fails here; now {ev.data.get('fallback')}")
         elif ev.kind == "host":

@@ -35,6 +35,20 @@ _SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("pinned_output", _PINNED_OUTPUT),
     ("alloc", re.compile(r"failed to allocate \S+ buffer|unable to allocate \S* ?buffer|"
                          r"error: 39 \(UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY\)|Native API returns: 39\b")),
+    # A card's driver faults, as the runtimes print them (verbatim lines: tests/fixtures/faults/SOURCES.md). After
+    # "alloc": its UR error 39 and "failed to allocate X buffer" keep their kind and the one-context fallback.
+    # Level Zero through SYCL/UR, Vulkan (vulkan.hpp's exception, ggml_vulkan, Mesa's anv and radv):
+    ("device_lost", re.compile(r"UR_RESULT_ERROR_DEVICE_LOST|VK_ERROR_DEVICE_LOST|\bErrorDeviceLost\b|"
+                               r"vk::DeviceLostError|ggml_vulkan: device lost|"
+                               r"The CS has been cancelled because the context is lost")),
+    # CUDA's sticky errors: the process's context is gone (cudaErrorIllegalAddress, cudaErrorLaunchFailure).
+    ("device_error", re.compile(r"CUDA error: (?:an illegal memory access was encountered|unspecified launch failure)")),
+    # The driver stopped a kernel that ran too long (cudaErrorLaunchTimeout, the display watchdog).
+    ("hang", re.compile(r"CUDA error: the launch timed out and was terminated")),
+    ("out_of_memory", re.compile(r"CUDA error: out of memory|cudaMalloc failed: out of memory|"
+                                 r"\bErrorOutOfDeviceMemory\b|VK_ERROR_OUT_OF_DEVICE_MEMORY|"
+                                 r"ggml_vulkan: Device memory allocation of size \d+ failed|"
+                                 r"UR_RESULT_ERROR_OUT_OF_RESOURCES|PI_ERROR_OUT_OF_HOST_MEMORY")),
     ("rpc_connect", re.compile(r"Failed to connect to|RPC handshake failed")),
     ("rpc_crashed", re.compile(r"Remote RPC server crashed")),
     ("port_busy", re.compile(r"couldn't bind HTTP server socket|Failed to create server socket")),
@@ -60,6 +74,9 @@ def pinned_output_line(text: str) -> str | None:
 
 # The failures a one-context group hits and a hybrid group (llama-server on one card) avoids.
 MULTI_DEVICE_KINDS = ("alloc", "pinned_output")
+# The card faults a driver reports (why a generation ended, counted per card): looked for on their own, so that an
+# out-of-memory at load is one even where "alloc" (its "failed to allocate CUDA0 buffer" line) is the failure kind.
+FAULT_KINDS = ("device_lost", "device_error", "hang", "out_of_memory")
 _ERRORISH = re.compile(r"\berror\b|GGML_ASSERT|\bfailed\b|\babort|exception|Failed", re.IGNORECASE)
 
 
@@ -136,6 +153,41 @@ def failure_kind(lines: Iterable[str]) -> str | None:
     for kind, pattern in _SIGNATURES:
         if any(pattern.search(line) for line in lines):
             return kind
+    return None
+
+
+def fault_kind(lines: Iterable[str]) -> str | None:
+    """The first card fault (FAULT_KINDS, in the table's order) these lines report, or None."""
+    lines = list(lines)
+    for kind, pattern in _SIGNATURES:
+        if kind in FAULT_KINDS and any(pattern.search(line) for line in lines):
+            return kind
+    return None
+
+
+def deciding_lines(lines: Iterable[str], kind: str | None, limit: int = 4) -> list[str]:
+    """What a failure message shows below its one line: the first line of signature ``kind`` and the lines after
+    it (ggml prints the device and the call there), else the last lines that look like errors, else the last
+    lines; blank lines skipped."""
+    lines = [line.strip() for line in lines if line.strip()]
+    pattern = dict(_SIGNATURES).get(kind or "")
+    at = next((i for i, line in enumerate(lines) if pattern.search(line)), None) if pattern else None
+    if at is not None:
+        return lines[at:at + limit]
+    return error_lines(lines, limit) or lines[-limit:]
+
+
+# The device a fault names, as the process numbers the devices it sees: CUDA's "current device: 1" (ggml-cuda's
+# CUDA_CHECK), ggml_vulkan's "device lost on Vulkan0".
+_FAULT_DEVICE = re.compile(r"current device: (?P<n>\d+)|device lost on [A-Za-z]+(?P<v>\d+)")
+
+
+def fault_position(lines: Iterable[str]) -> int | None:
+    """The position among the process's own devices of the device a fault line names, or None."""
+    for line in lines:
+        m = _FAULT_DEVICE.search(line)
+        if m:
+            return int(m.group("n") or m.group("v"))
     return None
 
 

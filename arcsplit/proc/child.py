@@ -267,6 +267,28 @@ def describe_exit(rc: int | None) -> str:
     return f"exit {rc}"
 
 
+# What a signal did, in words a user reads in a failure message ("rpc0 exited with signal 9 (killed)").
+_SIGNAL_WORDS = {signal.SIGKILL: "killed", signal.SIGTERM: "terminated", signal.SIGABRT: "aborted",
+                 signal.SIGSEGV: "segmentation fault", signal.SIGBUS: "bus error", signal.SIGFPE: "arithmetic error",
+                 signal.SIGILL: "illegal instruction", signal.SIGINT: "interrupted", signal.SIGHUP: "hung up",
+                 signal.SIGPIPE: "broken pipe"}
+
+
+def exit_words(rc: int | None) -> str:
+    """How a process ended, as a sentence's verb phrase: "exited with signal 9 (killed)", "exited with code 1".
+    A code over 128 from a shell wrapper is read as the signal it stands for, as describe_exit does."""
+    if rc is None:
+        return "is still running"
+    sig = -rc if rc < 0 else rc - 128 if 128 < rc < 128 + 65 else None
+    if sig is None:
+        return f"exited with code {rc}"
+    try:
+        what = _SIGNAL_WORDS.get(signal.Signals(sig)) or signal.Signals(sig).name
+    except ValueError:
+        what = "unknown signal"
+    return f"exited with signal {sig} ({what})"
+
+
 class _ShieldOnStart:
     """A task status whose started() also makes ``scope`` a shield (run_held)."""
 

@@ -14,7 +14,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .._dirs import state_dir
 
@@ -74,6 +74,39 @@ class RunDir:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(json.dumps(state, indent=1))
         tmp.replace(self.state_file)
+
+
+def newest_run(root: Path | None = None) -> Path | None:
+    """The run dir written last (its state.json is rewritten on every change), or None when there is none."""
+    root = root or runs_root()
+    dirs = [d for d in root.glob("*") if d.is_dir()] if root.is_dir() else []
+    return max(dirs, key=lambda d: (d / "state.json").stat().st_mtime if (d / "state.json").exists()
+               else d.stat().st_mtime, default=None)
+
+
+def read_state(run_dir: Path) -> dict[str, Any] | None:
+    """A run's state.json, or None when it is missing or unreadable."""
+    try:
+        state = json.loads((run_dir / "state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def fault_lines(state: Mapping[str, Any]) -> list[str]:
+    """What a run's state (state.json, or the supervisor's status) says went wrong, as lines of text: the last error
+    with the log lines that show it below, the failures counted per card, and each card that needs a driver reset
+    with how (run/faults.py writes them). ``arcsplit ps``, ``doctor``, ``report`` and the dashboard print these."""
+    out: list[str] = []
+    if state.get("last_error"):
+        out.append(f"last error: {state['last_error']}")
+        out += [f"    {line}" for line in state.get("last_error_lines") or []]
+    per_card = state.get("card_faults") or {}
+    if per_card:
+        out.append("failures by card: " + "; ".join(
+            f"{card} " + ", ".join(f"{cause} x{n}" for cause, n in causes.items()) for card, causes in per_card.items()))
+    out += [str(r.get("line")) for r in state.get("resets") or [] if isinstance(r, dict)]
+    return out
 
 
 def since_boot(pid: int) -> float | None:

@@ -215,9 +215,10 @@ class FailureData(Payload):
     host: str | None = None
     card: str | None = None
     count: int = 1  # failures of this cause in this run, this one included
+    lines: tuple[str, ...] = ()  # the log lines that show it, for surfaces that print several (run/faults.py)
 
     def to_dict(self) -> dict[str, Any]:
-        return _fields(self, "cause", "who", "message", "host", "card", "count")
+        return {**_fields(self, "cause", "who", "message", "host", "card", "count"), "lines": list(self.lines)}
 
 
 @dataclass(frozen=True)
@@ -313,6 +314,9 @@ class Status(TypedDict):
     choice: dict[str, Any]  # RouteChoice.to_dict(): chosen by tune (its figures, the alternatives), asked, default
     events_dropped: int
     causes: dict[str, int]  # failures by Cause this run: {"hang": 1, "exit": 2}
+    last_error_lines: list[str]  # the log lines that show last_error (one line), for multi-line surfaces
+    card_faults: dict[str, dict[str, int]]  # failures by plan card and Cause this run: {"SYCL1": {"device_lost": 2}}
+    resets: list[dict[str, Any]]  # cards lost often enough to need a driver reset: {"card", "device_lost", "line"}
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,13 @@ from ..errors import ArcsplitError, BadInput, RunError
 from ..llama import logs
 from ..llama.hostcheck import SHM_FIX, host_ram_short
 from ..modes import Mode
-from ..proc.child import describe_exit, run_held
+from ..proc.child import run_held
 from ..proc.ports import free_port, is_free
 from ..proc.rundir import RunDir, since_boot, supervisor_identity, sweep
 from ..proc.spec import runs_remote
 from ..proc.states import GROUP_TRANSITIONS, Cause, GroupState, MemberState, advance
 from ..roles import Role
+from . import faults
 from .events import (BuffersData, CardLoad, Event, EventBus, FailureData, GroupBackoff, GroupData, GroupReady,
                      GroupStarting,
                      HostData, LogData, MemberStatus, Payload, PlanData, ProgressData, StateData, Status,
@@ -81,12 +82,18 @@ class Timeouts:
 
 class _StartFailed(Exception):
     """Why a generation failed: ``who`` (a member's name, "group" or a host), the one-line ``message``, the log
-    signature ``kind`` (logs.failure_kind) and the ``cause`` it is counted under."""
+    signature ``kind`` (logs.failure_kind) and the ``cause`` it is counted under; ``lines``: the log lines that show
+    it, ``card``: the plan card it was on (run/faults.py)."""
 
     def __init__(self, who: str, message: str, kind: str | None = None, error: ArcsplitError | None = None,
-                 cause: Cause = Cause.EXIT) -> None:
+                 cause: Cause = Cause.EXIT, lines: Sequence[str] = (), card: str | None = None) -> None:
         super().__init__(message)
         self.who, self.message, self.kind, self.error, self.cause = who, message, kind, error, cause
+        self.lines, self.card = tuple(lines), card
+
+    @classmethod
+    def of(cls, f: "faults.Failure", who: str) -> "_StartFailed":
+        return cls(who, f.message, f.kind, cause=f.cause, lines=f.lines, card=f.card)
 
 
 Fallback = Callable[[ServeConfig, str], "ServeConfig | None"]
@@ -117,6 +124,8 @@ class Supervisor:
         self._links: list[int] = []  # this machine's ends of the ssh links, kept across restarts
         self._restarts: dict[str, int] = {}
         self._causes: dict[Cause, int] = {}  # failures by cause this run (events, metrics, arcsplit ps)
+        self._card_faults: dict[str, dict[str, int]] = {}  # failures by plan card and cause this run (faults.count)
+        self._fresh: dict[str, int] = {}  # lines each member printed in this generation (the ring keeps older ones)
         self._group_state = GroupState.NEW
         self._generation = 0
         self._failures = 0.0  # RestartPolicy.count: decays with time ready
@@ -133,6 +142,7 @@ class Supervisor:
         self._load_mmap = True  # llama-server's load mode: the order its buffers fill in (logs.load_progress)
         self._links_on_tcp: list[str] = []  # why same-host links stay on TCP this generation (patch 0008's warning)
         self._last_error: str | None = None
+        self._last_lines: tuple[str, ...] = ()  # the log lines that show it (faults.Failure.lines)
         self._trouble: _StartFailed | None = None  # what a watcher found wrong with a running group (_fail_now)
         self._held: set[anyio.CancelScope] = set()  # the members' runs, which only _teardown ends (_hold)
 
@@ -206,6 +216,9 @@ class Supervisor:
             "choice": self.choice.to_dict(),
             "events_dropped": self.events.dropped,
             "causes": {str(c): n for c, n in self._causes.items()},
+            "last_error_lines": list(self._last_lines),
+            "card_faults": {card: dict(per) for card, per in self._card_faults.items()},
+            "resets": faults.resets(self.config, self._card_faults),
         }
 
     def notes(self) -> list[str]:
@@ -330,9 +343,11 @@ class Supervisor:
         """Count ``failure`` by its cause and say so on the bus (who, where, why)."""
         n = self._causes[failure.cause] = self._causes.get(failure.cause, 0) + 1
         spec = next((s for s in self._specs if s.name == failure.who), None)
-        self._publish("group", FailureData(cause=failure.cause, who=failure.who, message=failure.message,
-                                           host=spec.node if spec is not None and runs_remote(spec) else None,
-                                           card=_card_label(self.config, spec), count=n))
+        host = spec.node if spec is not None and runs_remote(spec) else None
+        card = failure.card or _card_label(self.config, spec)
+        faults.count(self._card_faults, card, host, failure.cause)
+        self._publish("group", FailureData(cause=failure.cause, who=failure.who, message=failure.message, host=host,
+                                           card=card, count=n, lines=failure.lines))
 
     def _count_failure(self) -> None:
         """One more failure, counted after the decay of the time this generation was ready."""
@@ -382,17 +397,16 @@ class Supervisor:
                         break
                     dead = [c for c in self._children.values() if c.done.is_set()]
                     if dead:
-                        c = dead[0]
-                        self._last_error = f"{c.spec.name} {describe_exit(c.returncode)}" + _tail(c)
-                        reason = _StartFailed(c.spec.name, self._last_error, logs.failure_kind(c.lines))
+                        reason = self._exited(dead, "")
+                        self._last_error, self._last_lines = reason.message, reason.lines
                         break
                     if self._trouble is not None:
-                        self._last_error = self._trouble.message
+                        self._last_error, self._last_lines = self._trouble.message, self._trouble.lines
                         reason = self._trouble
                         break
                     self._wake = anyio.Event()
             except _StartFailed as exc:
-                self._last_error = exc.message
+                self._last_error, self._last_lines = exc.message, exc.lines
                 reason = exc
             finally:
                 if watchdog is not None:
@@ -602,6 +616,7 @@ class Supervisor:
 
     def _child(self, spec: ProcessSpec) -> Member:
         ring = self._rings.setdefault(spec.name, deque(maxlen=self._ring_size))
+        self._fresh[spec.name] = 0
         assert self.run_dir is not None
         child = self.launcher.member(spec, log_path=self.run_dir.log_path(spec.name), on_line=self._on_line,
                                      on_exit=self._on_exit, ring=ring)
@@ -627,16 +642,16 @@ class Supervisor:
         with anyio.move_on_after(self.timeouts.rpc_ready) as scope:
             while True:
                 if child.done.is_set():
-                    msg = f"{spec.name} ({_where(spec)}) exited during start: {describe_exit(child.returncode)}" + _tail(child)
-                    raise _StartFailed(spec.name, msg, logs.failure_kind(child.lines))
+                    raise self._exited([child], " while starting")
                 if await self.launcher.accepts(spec):  # a remote one: its agent's connect-and-close there
                     if child.done.is_set():
                         continue  # someone else answered on that port: report the exit
                     break
                 await anyio.sleep(0.02)  # only during start; a refused connect costs microseconds
         if scope.cancelled_caught:
+            shown, quote = faults.evidence(self._own_lines(child))
             raise _StartFailed(spec.name, f"{spec.name} did not accept connections on {_where(spec)} "
-                                          f"within {self.timeouts.rpc_ready:.0f} s" + _tail(child))
+                                          f"within {self.timeouts.rpc_ready:.0f} s" + quote, lines=shown)
         child.state = MemberState.READY
         self._publish_state(child)
 
@@ -651,10 +666,9 @@ class Supervisor:
         cpu_total = 0.0
         async with self.launcher.health(spec, 2.0) as check:
             while True:
-                for c in self._children.values():
-                    if c.done.is_set():
-                        msg = f"{c.spec.name} exited while llama-server was loading: {describe_exit(c.returncode)}" + _tail(c)
-                        raise _StartFailed(c.spec.name, msg, logs.failure_kind(c.lines))
+                dead = [c for c in self._children.values() if c.done.is_set()]
+                if dead:
+                    raise self._exited(dead, " while llama-server was loading")
                 code = await check()
                 if code == 200:
                     break
@@ -672,7 +686,9 @@ class Supervisor:
                         deadline = now + stall
                     cpu_total = total
                 if now > deadline:
-                    raise _StartFailed("server", f"llama-server made no progress for {stall:.0f} s while loading" + _tail(child))
+                    shown, quote = faults.evidence(self._own_lines(child))
+                    raise _StartFailed("server", f"llama-server made no progress for {stall:.0f} s while loading"
+                                       + quote, lines=shown)
                 await anyio.sleep(0.05)
         child.state = MemberState.READY
         self._progress.update(value=1.0, cards=[c.to_dict() for c in self._card_loads(1.0)])
@@ -681,6 +697,7 @@ class Supervisor:
     # -- output and exits -----------------------------------------------------------------------------------
 
     def _on_line(self, child: Member, line: str) -> None:
+        self._fresh[child.spec.name] = self._fresh.get(child.spec.name, 0) + 1
         self._publish(child.spec.name, LogData(line))
         if child.spec.role != Role.SERVER:
             return
@@ -714,6 +731,20 @@ class Supervisor:
             per[pos] = (d + done, t + total)
         order = sorted(per, key=lambda pos: (pos is None, pos or 0))
         return tuple(CardLoad(card=pos, done=per[pos][0], total=per[pos][1]) for pos in order)
+
+    def _own_lines(self, child: Member) -> list[str]:
+        """The lines ``child`` printed in this generation: its ring holds the earlier generations' too, and a fault
+        of the last one must not name this one's."""
+        n = self._fresh.get(child.spec.name, 0)
+        return list(child.lines)[-n:] if n else []
+
+    def _exited(self, dead: Sequence[Member], phase: str) -> _StartFailed:
+        """The failure of the members that exited: the one whose log names a card fault, else the first."""
+        own = {c.spec.name: self._own_lines(c) for c in dead}
+        c = next((c for c in dead if logs.fault_kind(own[c.spec.name])), dead[0])
+        if phase and c.spec.role == Role.SERVER:
+            phase = " while loading"
+        return _StartFailed.of(faults.judge(self.config, c.spec, own[c.spec.name], c.returncode, phase), c.spec.name)
 
     def _on_exit(self, child: Member) -> None:
         self._publish_state(child)
@@ -777,7 +808,9 @@ class Supervisor:
                  # for `arcsplit report`: what this run was asked to do, and its last error
                  "backend": self.config.backend, "decision": self.decision, "choice": self.choice.to_dict(),
                  "plan": self.config.plan.to_dict(),
-                 "last_error": self._last_error}
+                 "last_error": self._last_error, "last_error_lines": list(self._last_lines),
+                 # what `arcsplit doctor` and `report` name after the run: faults per card, cards to reset
+                 "card_faults": self._card_faults, "resets": faults.resets(self.config, self._card_faults)}
         if self.launcher.inventories:
             # what each other host said it runs (build, devices): a field report needs both sides
             state["hosts"] = {name: {"ssh": self.config.host_named(name).ssh, **inv}
@@ -796,10 +829,10 @@ def _hosts(config: ServeConfig) -> tuple[str, ...]:
 
 
 def _card_label(config: ServeConfig, spec: ProcessSpec | None) -> str | None:
-    """The plan card(s) a member holds, as the plan names them ("CPU0", "SYCL1"), or None."""
+    """The plan card(s) a member holds, by their own names ("CPU0", "SYCL1"; not llama-server's "RPC1"), or None."""
     if spec is None:
         return None
-    names = [c.device for i, c in enumerate(config.plan.cards) if i in spec.cards]
+    names = [c.card.device for i, c in enumerate(config.plan.cards) if i in spec.cards]
     return ",".join(names) or None
 
 
@@ -807,6 +840,3 @@ def _where(spec: ProcessSpec) -> str:
     return f"{spec.endpoint} on {spec.node}" if runs_remote(spec) else spec.endpoint
 
 
-def _tail(child: Member, n: int = 3) -> str:
-    lines = logs.error_lines(child.lines, n) or [line for line in list(child.lines)[-n:] if line.strip()]
-    return (": " + " | ".join(lines)) if lines else ""

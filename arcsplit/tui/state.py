@@ -78,6 +78,10 @@ class DashState:
         if kind == "verdict":
             self.verdicts.append(data)
             return {"plan", "header"}
+        if kind == "failure":  # why a generation ended, with its log lines (run/faults.py); status() has the counts
+            self.status["last_error"] = data.get("message")
+            self.status["last_error_lines"] = list(data.get("lines") or [])
+            return {"plan", "header"}
         if kind == "telemetry":
             self.telemetry = data
             server = data.get("server") or {}

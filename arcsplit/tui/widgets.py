@@ -11,6 +11,7 @@ from textual.markup import escape
 from ..decide.choice import ChosenBy, RouteChoice
 from ..route import holders as route_holders
 from ..samples import NO_READING, CardRow
+from ..proc.rundir import fault_lines
 from ..proc.states import GroupState, MemberState
 from .state import DashState
 
@@ -223,8 +224,9 @@ def render_plan(state: DashState) -> str:
         lines.append("llama-server " + escape(" ".join(str(a) for a in args)))
     for w in plan.get("warnings") or []:
         lines.append(f"[$warning]warning:[/] {escape(str(w))}")
-    if st.get("last_error"):
-        lines.append(f"[$error]last error:[/] {escape(str(st['last_error']))}")
+    for line in fault_lines(st):  # the last error, its log lines below, failures by card, cards to reset
+        head, sep, rest = line.partition(": ")
+        lines.append(f"[$error]{escape(head)}:[/] {escape(rest)}" if sep and head == "last error" else escape(line))
     if st.get("run_dir"):
         lines.append(f"logs in {escape(str(st['run_dir']))}")
     return "\n".join(lines)
