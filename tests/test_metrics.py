@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).parent))
 from _instance import isolated_env  # noqa: E402
 
+from arcsplit.cli import main  # noqa: E402
 from arcsplit.run.bus import attach  # noqa: E402
 from arcsplit.proc.ports import free_port  # noqa: E402
 from arcsplit.telemetry.prometheus import render  # noqa: E402
@@ -113,7 +114,7 @@ def test_scrape_matches_status(served):
 
 
 @pytest.mark.slow
-def test_a_killed_rpc_server_shows_as_a_restart_and_the_last_failure(served):
+def test_a_killed_rpc_server_shows_as_a_restart_and_the_last_failure(served, capsys):
     with attach() as client:
         before = client.status()
         os.kill(before["processes"]["rpc1"]["pid"], signal.SIGKILL)
@@ -130,6 +131,13 @@ def test_a_killed_rpc_server_shows_as_a_restart_and_the_last_failure(served):
     assert value(samples, "arcsplit_group_starts_total") == status["generation"]
     failure = [labels for (name, labels) in samples if name == "arcsplit_last_failure_info"]
     assert failure and dict(failure[0])["error"] == "rpc1 (CPU1) exited with signal 9 (killed)"
+    # the cause in words, counted per card, and `arcsplit ps` shows both (run/faults.py)
+    assert status["last_error"] == "rpc1 (CPU1) exited with signal 9 (killed)" and status["last_error_lines"]
+    assert status["card_faults"]["CPU1"]["exit"] >= 1 and status["resets"] == []
+    assert main(["ps"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "  last error: rpc1 (CPU1) exited with signal 9 (killed)" in out
+    assert any(line.startswith("  failures by card: CPU1 exit x") for line in out), out
 
 
 @pytest.mark.slow
