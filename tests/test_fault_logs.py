@@ -134,6 +134,10 @@ def test_an_exit_without_a_fault_is_said_as_an_exit():
     f = faults.judge(config("rpc", "cpu"), spec("rpc0", Role.RPC, (0,)), ["Starting RPC server v7.0.0"], -9)
     assert (f.message, f.cause, f.lines) == ("rpc0 (CPU0) exited with signal 9 (killed)", Cause.EXIT,
                                              ("Starting RPC server v7.0.0",))
+    gone = faults.judge(config("rpc", "cpu"), spec("rpc1", Role.RPC, (1,), node="b"),
+                        ["node agent on b exited: ssh: connect to host b port 22: Connection refused"], 255)
+    assert gone.message == ("rpc1 (CPU1) exited with code 255: node agent on b exited: ssh: connect to host b port "
+                            "22: Connection refused")  # run/remote.py's line when a host's agent goes: quoted
     hang = faults.judge(config("rpc", "cuda"), spec("rpc0", Role.RPC, (0,), node="b"),
                         lines("faults/cuda_launch_timeout_27415.log"), -6)
     assert hang.cause == Cause.HANG and hang.message.startswith("rpc0 (CUDA0) hung: the driver stopped a kernel")

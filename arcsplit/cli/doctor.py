@@ -220,8 +220,8 @@ def _last_run_resets() -> tuple[dict[str, Any] | None, str]:
     cards = [r for r in (state or {}).get("resets") or [] if isinstance(r, dict)]
     if run is None or not cards:
         return None, ""
-    lines = ["", "", f"Cards that need a driver reset (arcsplit run {run.name})"] + [f"  {r.get('line')}" for r in cards]
-    return {"run": run.name, "cards": cards}, "\n".join(lines)
+    lines = ["", "", f"Cards that need a driver reset (arcsplit run {run.name})"]
+    return {"run": run.name, "cards": cards}, "\n".join(lines + [f"  {r.get('line')}" for r in cards])
 
 
 def _render(r: RuntimeReport, labels: list[str], card_note: str | None, fixes: list[dict[str, str]],

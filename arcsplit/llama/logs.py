@@ -42,7 +42,8 @@ _SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
                                r"vk::DeviceLostError|ggml_vulkan: device lost|"
                                r"The CS has been cancelled because the context is lost")),
     # CUDA's sticky errors: the process's context is gone (cudaErrorIllegalAddress, cudaErrorLaunchFailure).
-    ("device_error", re.compile(r"CUDA error: (?:an illegal memory access was encountered|unspecified launch failure)")),
+    ("device_error", re.compile(r"CUDA error: (?:an illegal memory access was encountered|"
+                                r"unspecified launch failure)")),
     # The driver stopped a kernel that ran too long (cudaErrorLaunchTimeout, the display watchdog).
     ("hang", re.compile(r"CUDA error: the launch timed out and was terminated")),
     ("out_of_memory", re.compile(r"CUDA error: out of memory|cudaMalloc failed: out of memory|"
@@ -77,7 +78,8 @@ MULTI_DEVICE_KINDS = ("alloc", "pinned_output")
 # The card faults a driver reports (why a generation ended, counted per card): looked for on their own, so that an
 # out-of-memory at load is one even where "alloc" (its "failed to allocate CUDA0 buffer" line) is the failure kind.
 FAULT_KINDS = ("device_lost", "device_error", "hang", "out_of_memory")
-_ERRORISH = re.compile(r"\berror\b|GGML_ASSERT|\bfailed\b|\babort|exception|Failed", re.IGNORECASE)
+# "exited:": the line a member on another host gets when its host's agent goes ("node agent on b exited: ...").
+_ERRORISH = re.compile(r"\berror\b|GGML_ASSERT|\bfailed\b|\babort|exception|Failed|\bexited:", re.IGNORECASE)
 
 
 @dataclass(frozen=True)

@@ -103,8 +103,9 @@ def fault_lines(state: Mapping[str, Any]) -> list[str]:
         out += [f"    {line}" for line in state.get("last_error_lines") or []]
     per_card = state.get("card_faults") or {}
     if per_card:
-        out.append("failures by card: " + "; ".join(
-            f"{card} " + ", ".join(f"{cause} x{n}" for cause, n in causes.items()) for card, causes in per_card.items()))
+        said = [f"{card} " + ", ".join(f"{cause} x{n}" for cause, n in causes.items())
+                for card, causes in per_card.items()]
+        out.append("failures by card: " + "; ".join(said))
     out += [str(r.get("line")) for r in state.get("resets") or [] if isinstance(r, dict)]
     return out
 
