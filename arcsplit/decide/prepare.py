@@ -80,6 +80,14 @@ class ServeRequest:
     stop_grace: float | None = None  # SIGTERM -> SIGKILL seconds; None: the backend's (backends.py stop_grace_s)
     measure: bool = False  # run llama.cpp's dry run for each card's compute buffer now and cache it (plan --measure)
 
+    @classmethod
+    def of(cls, model: str | os.PathLike[str], gpus: Sequence[int] | str | None,
+           options: dict[str, Any]) -> ServeRequest:
+        """The Python API's call as a request (``arcsplit.serve`` and ``arcsplit.tune``): ``options`` are the other
+        fields, ``extra_args`` any sequence."""
+        rest = dict(options)
+        return cls(model=str(model), gpus=gpus, extra_args=tuple(rest.pop("extra_args", ())), **rest)
+
 
 @dataclass(frozen=True)
 class Prepared:
