@@ -42,10 +42,12 @@ def installed(dist, tmp_path_factory, llama_bins) -> tuple[Path, dict[str, str],
     """(the venv's arcsplit, an environment without the checkout, a working dir outside it)."""
     home = tmp_path_factory.mktemp("user")
     venv = home / "venv"
-    run(sys.executable, "-m", "venv", venv, cwd=home)
-    wheel = next(dist.glob("arcsplit-*.whl"))
-    run(venv / "bin" / "python", "-m", "pip", "install", "--quiet", wheel, cwd=home)
+    # pip without the checkout on PYTHONPATH: the arcsplit.egg-info the sdist build leaves there would read as
+    # arcsplit already installed, and pip would skip the wheel
     env = outside_env(home, ("STATE", "RUNTIME", "CACHE"))
+    run(sys.executable, "-m", "venv", venv, cwd=home, env=env)
+    wheel = next(dist.glob("arcsplit-*.whl"))
+    run(venv / "bin" / "python", "-m", "pip", "install", "--quiet", wheel, cwd=home, env=env)
     env["ARCSPLIT_LLAMA_DIR"] = str(llama_bins.bin_dir)
     return venv / "bin" / "arcsplit", env, home
 
