@@ -65,7 +65,7 @@ class ServeRequest:
     flash_attn: bool | None = None  # -fa; None: the backend's default (backends.flash_attn_default)
     env: tuple[tuple[str, str], ...] = ()  # extra llama-server environment (a tuned route's variant, tuning/)
     verified: bool = False  # this route's output was checked on these cards (arcsplit tune's pick)
-    choice: RouteChoice | None = None  # arcsplit tune's pick and its figures (tuning/runner.tuned); None: not tuned
+    choice: RouteChoice | None = None  # arcsplit tune's pick and its figures (tuning/picks.tuned); None: not tuned
     kv_unified: bool = True
     rpc_cache: bool = False  # rpc-servers keep big weight tensors on local disk: reloads after a crash read them
     rpc_seed: bool = True  # rpc-servers read the weights from the GGUF, not the socket, where the build can (0006)
