@@ -25,7 +25,8 @@ __version__ = "0.1.0"  # the package version (pyproject reads it): cheap to read
 from .errors import ArcsplitError, BadInput, DoesNotFit, LlamaError, ModelError, NotRunning, PortBusy, RunError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ._api import AsyncServer, Client, Server, aserve, attach, plan, serve, tune
+    from ._api import AsyncServer, Client, Server, aserve, attach, plan, serve
+    from .tuning.api import tune
     from .decide.choice import Measured
     from .tuning.result import TuneResult
     from .inproc import load
@@ -34,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .rig import Card, Rig
 
 _LAZY = {
-    "plan": "._api", "serve": "._api", "tune": "._api", "aserve": "._api", "attach": "._api",
+    "plan": "._api", "serve": "._api", "tune": ".tuning.api", "aserve": "._api", "attach": "._api",
     "Server": "._api", "AsyncServer": "._api", "Client": "._api",
     "TuneResult": ".tuning.result", "Measured": ".decide.choice",
     "load": ".inproc",

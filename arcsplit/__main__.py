@@ -10,10 +10,6 @@ that pyproject allows (from 4.7) import asyncio with it.
 
     _api.py:instance                   arcsplit.telemetry             79/99/121
         the route, HTTP and card samplers, for a run that asks for them: `arcsplit --help` and `plan` import the API
-    _api.py:tune                       arcsplit.tuning.runner           79/131/161
-        httpx and the tune runner, which imports this module (serve): `arcsplit --help` and `plan` import the API
-    _api.py:_tuned                     arcsplit.tuning.runner           79/131/161
-        as in tune: only where something was tuned on this machine (tuning/fingerprint.anything_kept)
     _warm.py:warm_hosts                anyio                          1/1/1
         serve's early sessions: this module is imported before anyio, which comes once every ssh is spawned
     _warm.py:warm_hosts                arcsplit.run.remote            58/61/75
@@ -28,6 +24,8 @@ that pyproject allows (from 4.7) import asyncio with it.
         serve with other hosts opens their ssh sessions before it imports the serving stack; other commands would pay it
     cli/dash.py:_dash                  arcsplit.tui.app               123/127/134
         textual: `arcsplit --help` imports every command's module
+    cli/doctor.py:_verify              arcsplit.tuning.picks            249/377/394
+        the planner and the request's preparation (decide/), for tune's kept results: only with --verify
     cli/doctor.py:_verify              arcsplit.tuning.runner           281/338/372
         the serving stack and httpx: only with --verify (doctor alone starts nothing)
     cli/node.py:inventory              arcsplit.cli.llama             45/50/71
@@ -36,8 +34,6 @@ that pyproject allows (from 4.7) import asyncio with it.
         only --listen and --attach: not the per-run agent (--stdio)
     cli/node.py:_node                  arcsplit.node.quick            29/32/37
         only the agent (--stdio): not `arcsplit --help`, not --listen
-    cli/plan.py:_plan                  arcsplit.tuning.runner           91/98/106
-        httpx and the tune runner: only on a machine where something was tuned (tuning/fingerprint.anything_kept)
     cli/report.py:_report              arcsplit.report                4/4/4
         tarfile, getpass and the redactor: `arcsplit --help` imports every command's module
     cli/serve.py:_serve                arcsplit.cli.serve_run         246/265/292
@@ -46,7 +42,7 @@ that pyproject allows (from 4.7) import asyncio with it.
     cli/serve_run.py:serve             arcsplit.telemetry.prometheus  85/99/110
         prometheus_client: only with --metrics-port
     cli/serve_run.py:_tuned_request    arcsplit.tuning.runner           77/92/147
-        httpx and the tune runner: only with --tune, or where something was tuned (tuning/fingerprint.anything_kept)
+        httpx and the tune runner: only with --tune (a kept pick is read from tuning/picks.py, which the API imports)
     cli/serve_run.py:_serve_with_dashboard arcsplit.tui.app           116/136/205
         textual: only with --tui
     cli/tune.py:_tune                  arcsplit.tuning.runner           73/86/92

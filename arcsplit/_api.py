@@ -1,4 +1,5 @@
-"""The Python API behind ``arcsplit/__init__.py``: plan, serve, aserve, attach, tune (and load, in inproc.py).
+"""The Python API behind ``arcsplit/__init__.py``: plan, serve, aserve, attach (tune is tuning/api.py, load
+inproc.py).
 
 The surfaces (the CLI, the dashboard) reach the running side only through this module: ``prepare`` and
 ``instance`` are the two steps of ``aserve`` for a caller that reports the load itself (``arcsplit serve``),
@@ -29,12 +30,12 @@ from .decide.prepare import (MODE_CHOICES, OUTPUT_LAYER_CHOICES, Prepared, Serve
 from .run.supervisor import RestartPolicy, Timeouts
 from .run.systemd import run_notify
 from .modes import AUTO
+from .tuning import picks
 from .tuning.fingerprint import anything_kept
-from .tuning.result import TuneResult
 
 __all__ = ["AsyncServer", "BusInfo", "Client", "Instance", "MODE_CHOICES", "OUTPUT_LAYER_CHOICES", "Prepared",
            "RouteChoice", "Server", "ServeRequest", "aserve", "attach", "instance", "plan", "planned_specs", "prepare", "preview",
-           "runs", "serve", "tune", "TuneResult"]
+           "runs", "serve"]
 
 
 def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None, *, backend: str = "auto",
@@ -105,16 +106,9 @@ class AsyncServer:
         self._instance.stop()
 
 
-def _request(model: str | os.PathLike[str], gpus: Sequence[int] | str | None, kw: dict[str, Any]) -> ServeRequest:
-    extra = tuple(kw.pop("extra_args", ()))
-    return ServeRequest(model=str(model), gpus=gpus, extra_args=extra, **kw)
-
-
 def _tuned(req: ServeRequest) -> ServeRequest:
     """``req`` as tune's kept pick for its rig runs it (mode auto only), else unchanged."""
-    from .tuning.runner import tuned  # start-up: httpx and the tune runner, only where something was tuned
-
-    got = tuned(req)
+    got = picks.tuned(req)
     return req if got is None else got[0]
 
 
@@ -156,7 +150,7 @@ async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None
     layout = options.pop("layout", None)
     if layout is not None:
         gpus = None
-    req = _request(model, gpus, options)
+    req = ServeRequest.of(model, gpus, options)
     if tuned and layout is None and req.mode == AUTO and anything_kept():  # tune's own candidates name a mode
         req = _tuned(req)
     prepared = prepare(req, load_layout(os.fspath(layout)) if layout is not None else None)
@@ -228,24 +222,6 @@ class Server:
 
     def client(self) -> Client:
         return attach(self.run_id)
-
-
-def tune(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None, *, objective: str = "decode",
-         budget_s: float = 300.0, per_candidate_s: float = 15.0, settings: bool = True, fresh: bool = False,
-         progress: Callable[[str], None] | None = None, **options: Any) -> TuneResult:
-    """Serve every route this build and these cards allow (then a few settings on the best), check each one's
-    output against a reference, measure it, and keep the fastest correct one by ``objective`` (decode, prefill,
-    or streams: all ``parallel`` slots busy) for this rig's fingerprint, where ``arcsplit serve`` then finds it.
-
-    As ``arcsplit tune`` (docs/tune.md): within ``budget_s`` seconds, each started candidate measured for
-    ``per_candidate_s``; ``settings`` False tries the routes only; ``fresh`` measures again what an earlier run
-    kept. ``progress`` hears each step as one line. ``options`` are ServeRequest's fields (backend, ctx, parallel,
-    llama_dir, build, cache_type, ...; not mode: tune tries every mode). Bad input is a BadInput, as on the CLI.
-    """
-    from .tuning.runner import run_from  # start-up: httpx and the tune runner, which imports this module (serve)
-
-    return run_from(_request(model, gpus, options), objective, budget_s, per_candidate_s, settings=settings, fresh=fresh,
-                    say=progress or (lambda line: None)).result()
 
 
 @contextmanager

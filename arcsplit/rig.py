@@ -1,6 +1,7 @@
 """Cards and rigs: the memory a plan must fit into, live or described in a layout file.
 
-A layout (a TOML file; those shipped in ``arcsplit/data/layouts`` go by name) describes a rig you may not have::
+A layout (a TOML file; those in the repository's ``layouts/`` ship in the wheel and go by name) describes a rig you
+may not have::
 
     name = "2x Arc Pro B70 32 GB"
     [[cards]]
@@ -219,12 +220,17 @@ def per_host(hosts: Sequence[Host]) -> tuple[str, ...]:
     return tuple(h.name for h in hosts if h.per_host)
 
 
-LAYOUTS_DIR = Path(__file__).resolve().parent / "data" / "layouts"  # in the wheel: `--layout NAME` finds them
+def _layouts_dir() -> Path:
+    """Where the shipped layouts are: the checkout's top-level ``layouts/`` (the one place a person edits them),
+    which the wheel carries as ``arcsplit/data/layouts`` (pyproject.toml maps the folder into the package)."""
+    package = Path(__file__).resolve().parent
+    installed = package / "data" / "layouts"
+    return installed if installed.is_dir() else package.parent / "layouts"
 
 
 def shipped_layouts() -> dict[str, Path]:
     """The layouts arcsplit ships, by name (the file's stem): ``--layout 2x-arc-pro-b70``."""
-    return {p.stem: p for p in sorted(LAYOUTS_DIR.glob("*.toml"))}
+    return {p.stem: p for p in sorted(_layouts_dir().glob("*.toml"))}
 
 
 def layout_path(name_or_path: str | Path) -> Path:

@@ -275,7 +275,7 @@ def test_doctor_for_sycl_on_a_machine_whose_cards_cannot_be_listed_reports_it(ar
 
 
 def test_the_cpu_demo_stays_explicit(arc_machine, monkeypatch):
-    from arcsplit.cli import demo, serve_run as serve_cli
+    from arcsplit.cli import demo, serve as serve_cli
 
     seen = []
     monkeypatch.setattr(demo, "ensure_demo_model", lambda: arc_machine / "m.gguf")

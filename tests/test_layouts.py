@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from arcsplit.model import load_profile
 from arcsplit.planner import PlanOptions, make_plan
 from arcsplit.rig import load_layout
 
-LAYOUTS = Path(__file__).resolve().parents[1] / "arcsplit" / "data" / "layouts"
+LAYOUTS = Path(__file__).resolve().parents[1] / "layouts"
 EXPECTED = {
     "2x-arc-pro-b70.toml": [32656, 32656],
     "arc-b580-plus-pro-b70.toml": [12216, 32656],
@@ -126,3 +127,15 @@ def test_layouts_lists_each_shipped_one_on_a_line(capsys: pytest.CaptureFixture[
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in lines] == sorted(p.stem for p in LAYOUTS.glob("*.toml"))
     assert any("2 hosts" in line for line in lines if line.startswith("two-hosts"))
+
+
+def test_the_wheel_maps_the_top_level_layouts_into_the_package() -> None:
+    """The top-level layouts/ is the one copy: pyproject.toml maps it to arcsplit/data/layouts (tests/test_package.py
+    builds the wheel), and its package list names every folder of arcsplit/, as `packages.find` would have."""
+    root = LAYOUTS.parent
+    tool = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    assert tool["package-dir"] == {"arcsplit.data.layouts": "layouts"}
+    folders = {".".join(p.relative_to(root).parts) for p in [root / "arcsplit", *(root / "arcsplit").rglob("*")]
+               if p.is_dir() and p.name != "__pycache__"}
+    assert sorted(tool["packages"]) == sorted(folders | {"arcsplit.data.layouts"})
+    assert not (root / "arcsplit" / "data" / "layouts").exists()  # a copy there would win over layouts/

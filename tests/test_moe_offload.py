@@ -87,7 +87,7 @@ def test_cli_proposes_offload_for_seed_003_on_b580_plus_b70(tmp_path: Path, caps
     """Qwen3-Coder-Next Q4_K_M (46 GiB) does not fit 12 + 32 GB cards; ``plan`` keeps some experts in host RAM."""
     model = synth.write_seed("qwen3-coder-next-80b-a3b-q4_k_m", tmp_path / "coder-next.gguf")
     root = Path(__file__).resolve().parent.parent
-    cmd = ["plan", str(model), "--layout", str(root / "arcsplit" / "data" / "layouts" / "arc-b580-plus-pro-b70.toml"), "--ctx", "32768"]
+    cmd = ["plan", str(model), "--layout", str(root / "layouts" / "arc-b580-plus-pro-b70.toml"), "--ctx", "32768"]
     assert main([*cmd, "--moe-offload", "off"]) == 2
     assert "--moe-offload auto" in capsys.readouterr().err
     assert main(cmd) == 0

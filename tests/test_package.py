@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 import httpx
@@ -41,10 +42,12 @@ def installed(dist, tmp_path_factory, llama_bins) -> tuple[Path, dict[str, str],
     """(the venv's arcsplit, an environment without the checkout, a working dir outside it)."""
     home = tmp_path_factory.mktemp("user")
     venv = home / "venv"
-    run(sys.executable, "-m", "venv", venv, cwd=home)
-    wheel = next(dist.glob("arcsplit-*.whl"))
-    run(venv / "bin" / "python", "-m", "pip", "install", "--quiet", wheel, cwd=home)
+    # pip without the checkout on PYTHONPATH: the arcsplit.egg-info the sdist build leaves there would read as
+    # arcsplit already installed, and pip would skip the wheel
     env = outside_env(home, ("STATE", "RUNTIME", "CACHE"))
+    run(sys.executable, "-m", "venv", venv, cwd=home, env=env)
+    wheel = next(dist.glob("arcsplit-*.whl"))
+    run(venv / "bin" / "python", "-m", "pip", "install", "--quiet", wheel, cwd=home, env=env)
     env["ARCSPLIT_LLAMA_DIR"] = str(llama_bins.bin_dir)
     return venv / "bin" / "arcsplit", env, home
 
@@ -87,12 +90,30 @@ def serve_installed(arcsplit: Path, model: Path, home: Path, env: dict[str, str]
     return proc, port
 
 
+def shipped_layouts() -> list[Path]:
+    """The files of the checkout's top-level layouts/, the one place they live."""
+    files = sorted(p for p in (ROOT / "layouts").rglob("*") if p.is_file())
+    assert files, "no layouts in the checkout"
+    return files
+
+
 def test_sdist_carries_the_package_data(dist):
     sdist = next(dist.glob("arcsplit-*.tar.gz"))
     with tarfile.open(sdist) as tar:
         names = {Path(n).relative_to(Path(n).parts[0]).as_posix() for n in tar.getnames() if "/" in n}
-    shipped = {p.relative_to(ROOT).as_posix() for p in (ROOT / "arcsplit" / "data").rglob("*") if p.is_file()}
+    data = [p for p in (ROOT / "arcsplit" / "data").rglob("*") if p.is_file()] + shipped_layouts()
+    shipped = {p.relative_to(ROOT).as_posix() for p in data}
     assert shipped and shipped <= names
+
+
+def test_wheel_carries_every_file_in_layouts(dist):
+    """pyproject.toml maps the top-level layouts/ into the package: the wheel holds each file, byte for byte."""
+    with zipfile.ZipFile(next(dist.glob("arcsplit-*.whl"))) as wheel:
+        names = set(wheel.namelist())
+        for p in shipped_layouts():
+            inside = "arcsplit/data/layouts/" + p.relative_to(ROOT / "layouts").as_posix()
+            assert inside in names, (inside, sorted(n for n in names if "layouts" in n))
+            assert wheel.read(inside) == p.read_bytes(), inside
 
 
 def test_installed_arcsplit_runs_outside_the_checkout(installed):
@@ -159,7 +180,7 @@ def test_pipx_installed_arcsplit_plans_and_serves_from_the_default_cache(pipx_in
 def test_installed_wheel_ships_the_layouts_by_name(installed, demo_model):
     """`--layout NAME` after an install, outside the checkout: the layouts are package data, not repo files."""
     arcsplit, env, home = installed
-    shipped = sorted(p.stem for p in (ROOT / "arcsplit" / "data" / "layouts").glob("*.toml"))
+    shipped = sorted(p.stem for p in shipped_layouts() if p.suffix == ".toml")
     listed = run(arcsplit, "layouts", cwd=home, env=env).splitlines()
     assert [line.split()[0] for line in listed] == shipped
     plan = json.loads(run(arcsplit, "plan", demo_model, "--layout", "2x-arc-pro-b70", "--json", cwd=home, env=env))

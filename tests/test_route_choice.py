@@ -19,7 +19,8 @@ from arcsplit.telemetry.prometheus import render
 from arcsplit.tui.state import DashState
 from arcsplit.tui.widgets import render_header, render_plan
 from arcsplit.tuning import fingerprint as fpmod
-from arcsplit.tuning.runner import TuneReport, choice_of
+from arcsplit.tuning.picks import choice_of
+from arcsplit.tuning.runner import TuneReport
 
 # What tune keeps for one fingerprint (fingerprint.store's file), as a run on two CPU cards left it.
 KEPT = {

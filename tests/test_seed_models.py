@@ -69,7 +69,7 @@ def test_qwen36_and_qwen3_30b_profiles(seeds) -> None:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_seed_plans_on_every_layout(seeds, layout: str) -> None:
-    rig = load_layout(ROOT / "arcsplit" / "data" / "layouts" / f"{layout}.toml")
+    rig = load_layout(ROOT / "layouts" / f"{layout}.toml")
     for name, path in seeds.items():
         prof = load_profile(path)
         plan = make_plan(prof, rig, PlanOptions(n_ctx=32768, moe_offload=None))
@@ -82,7 +82,7 @@ def test_every_seed_plans_on_every_layout(seeds, layout: str) -> None:
 
 
 def test_seed_003_on_two_b70_holds_its_full_training_context(seeds) -> None:
-    rig = load_layout(ROOT / "arcsplit" / "data" / "layouts" / "2x-arc-pro-b70.toml")
+    rig = load_layout(ROOT / "layouts" / "2x-arc-pro-b70.toml")
     plan = make_plan(load_profile(seeds["qwen3-coder-next-80b-a3b-q4_k_m"]), rig, PlanOptions(n_ctx=None))
     assert plan.n_ctx == 262144 and plan.tensor_split in ((24, 25), (25, 24))
 
@@ -95,7 +95,7 @@ def rpc4(llama_bins):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_seed_plans_match_llama_fit_params(llama_bins, rpc4, seeds, layout: str) -> None:
-    rig = load_layout(ROOT / "arcsplit" / "data" / "layouts" / f"{layout}.toml")
+    rig = load_layout(ROOT / "layouts" / f"{layout}.toml")
     devs = [f"RPC{i}" for i in range(len(rig.cards))]
     for name, path in seeds.items():
         prof = load_profile(path)

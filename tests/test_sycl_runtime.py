@@ -70,7 +70,7 @@ def emitted_selectors(demo_model: Path) -> set[str]:
     """Every ONEAPI_DEVICE_SELECTOR value arcsplit gives a process: serve's groups in each mode, the probe's."""
     out: set[str] = set()
     for mode in ("multi", "hybrid", "rpc"):
-        plan = arcsplit.plan(demo_model, layout=ROOT / "arcsplit" / "data" / "layouts" / "4x-arc-pro-b60.toml", mode=mode, ctx=1024)
+        plan = arcsplit.plan(demo_model, layout=ROOT / "layouts" / "4x-arc-pro-b60.toml", mode=mode, ctx=1024)
         config = ServeConfig(plan=plan, mode=mode, backend="sycl", server_bin="llama-server", rpc_bin="rpc-server")
         for spec in build_specs(config, list(range(50100, 50100 + n_rpc_servers(config)))):
             out.add(spec.env_dict["ONEAPI_DEVICE_SELECTOR"])

@@ -239,10 +239,10 @@ def test_auto_does_not_trust_one_context_on_three_sycl_cards_unchecked() -> None
 def test_serve_looks_nothing_up_when_nothing_was_tuned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """serve asks for a tuned pick on every start: with no results kept it must not plan twice."""
     from arcsplit.decide.prepare import ServeRequest
-    from arcsplit.tuning import runner
+    from arcsplit.tuning import picks
 
     monkeypatch.setenv("ARCSPLIT_TUNE_DIR", str(tmp_path / "tune"))
-    monkeypatch.setattr(runner, "preview", lambda *a, **k: pytest.fail("planned with nothing tuned"))
-    assert runner.tuned(ServeRequest(model=str(tmp_path / "m.gguf"))) is None
+    monkeypatch.setattr(picks, "preview", lambda *a, **k: pytest.fail("planned with nothing tuned"))
+    assert picks.tuned(ServeRequest(model=str(tmp_path / "m.gguf"))) is None
     assert fpmod.store(_fp(), {"results": {}})
     assert fpmod.anything_kept()

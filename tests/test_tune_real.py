@@ -24,7 +24,8 @@ from arcsplit.rig import MiB
 from arcsplit.tuning import fingerprint as fpmod
 from arcsplit.tuning import verify
 from arcsplit.tuning.candidates import Candidate
-from arcsplit.tuning.runner import TuneRequest, request_for, tune, tuned
+from arcsplit.tuning.picks import request_for, tuned
+from arcsplit.tuning.runner import TuneRequest, tune
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

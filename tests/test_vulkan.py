@@ -278,7 +278,8 @@ def test_tune_on_two_vulkan_devices_checks_layer_and_tensor_split_and_serve_uses
     card, and the pick is what serve then runs."""
     from arcsplit import synth
     from arcsplit.decide.prepare import ServeRequest
-    from arcsplit.tuning.runner import TuneRequest, tune, tuned
+    from arcsplit.tuning.picks import tuned
+    from arcsplit.tuning.runner import TuneRequest, tune
 
     monkeypatch.setenv("ARCSPLIT_TUNE_DIR", str(tmp_path / "tune"))
     model = synth.write_llama(tmp_path / "tiny.gguf", n_layer=4, n_embd=128, n_head=4, n_head_kv=2, n_ff=384,

@@ -18,7 +18,7 @@ from ..errors import LlamaError
 from ..llama.build import BuildConfig, managed_builds
 from ..llama.locate import find_llama
 from ..netaddr import SERVER_PORT
-from . import llama as cli_llama, say, serve_run as cli_serve
+from . import llama as cli_llama, say, serve as cli_serve
 
 
 def _ensure_cpu_build() -> None:

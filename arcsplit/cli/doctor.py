@@ -154,7 +154,7 @@ def _doctor(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace, data: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
     """--verify MODEL: each route's output against a reference (docs/tune.md), and what tune kept for this rig.
     Rigs of 3+ cards need it before a one-context route is trusted (intel/compute-runtime#942, #957)."""
-    from ..tuning import runner
+    from ..tuning import picks, runner  # start-up: the serving stack and httpx, only with --verify
 
     req = runner.ServeRequest(model=args.verify, gpus=args.gpus, backend=args.backend, llama_dir=args.llama_dir,
                               build=args.build)
@@ -162,7 +162,7 @@ def _verify(args: argparse.Namespace, data: dict[str, Any]) -> tuple[list[dict[s
     lines = [f"output check with {args.verify} (greedy tokens against a reference; docs/tune.md):"]
     lines += [f"  {r['label']:<40} {'WRONG' if r['status'] == 'wrong' else r['status']:<9} {r.get('reason', '')[:100]}"
               for r in results]
-    return results, lines + runner.summary(req)
+    return results, lines + picks.summary(req)
 
 
 def diagnose(args: argparse.Namespace) -> tuple[dict[str, Any], str]:

@@ -16,6 +16,7 @@ from ..planner import LinkCost, Plan
 from ..rig import Rig, load_layout, save_layout
 from ..route import HOST_DEVICE
 from ..tuning.fingerprint import anything_kept
+from ..tuning.picks import summary, tuned
 from ..roles import Role
 from . import print_json
 from .serve import add_group_arguments, split_at_double_dash
@@ -52,8 +53,6 @@ def _plan(args: argparse.Namespace) -> int:
     rig = load_layout(args.layout) if args.layout else None
     req, tuned_lines = replace(request_from_args(args), measure=args.measure), []
     if rig is None and anything_kept():  # what serve would run: the tuned pick for this rig (docs/tune.md)
-        from ..tuning.runner import summary, tuned
-
         got, tuned_lines = tuned(req), summary(req)  # the summary by the user's request: the pick's is another
         if got is not None:
             print(f"arcsplit: {got[1]}", file=sys.stderr, flush=True)

@@ -25,17 +25,6 @@ from ..route import NATIVE_UBATCH, OUTPUT_LAYER_CHOICES, RPC_UBATCH
 from .options import add_card_options, add_llama_dir
 
 
-def alias_arg(value: str | None) -> str | None:
-    """--alias NAME: the served model's name, as clients send it in ``model``; one printable line."""
-    if value is None:
-        return None
-    name = value.strip()
-    if not name or not name.isprintable():
-        raise BadInput(f"--alias {value!r} is empty or holds control characters",
-                       "give a name like --alias my-model (default: the model's general.name, else its file name)")
-    return name
-
-
 def check_serve_flags(args: argparse.Namespace) -> None:
     """serve's own flags that no plan reads (``arcsplit unit serve`` checks them too)."""
     if args.max_restarts < 0:
@@ -77,10 +66,29 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """serve's handler: the serving stack is imported only now that the flags parsed."""
+    """serve's handler: the flags checked, then the serving stack imported and run (cli/serve_run.py)."""
+    check_flags(args)
     from . import serve_run  # start-up: the serving stack, after a layout's ssh sessions are spawned (cli.main)
 
     return serve_run.serve(args)
+
+
+def serve_from_args(args: argparse.Namespace, demo: str | None = None) -> int:
+    """Entry for other commands (``arcsplit demo``) that fill in a serve Namespace themselves."""
+    defaults = _defaults()
+    for key, value in defaults.items():
+        if not hasattr(args, key):
+            setattr(args, key, value)
+    args.demo = demo  # "chat" or "completion": the example printed once it serves
+    return _serve(args)
+
+
+def _defaults() -> dict[str, Any]:
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    ns = parser.parse_args([])
+    ns.extra = []
+    return vars(ns)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -20,16 +20,27 @@ from anyio.from_thread import start_blocking_portal
 
 from .. import _api
 from .._warm import check_builds, warm_hosts
-from ..errors import ArcsplitError
+from ..errors import ArcsplitError, BadInput
 from ..llama import webui
 from ..llama.patches import missing_note
 from ..model import read_header
 from ..rig import MiB, Rig, load_layout
 from ..modes import AUTO, Mode
 from ..tuning.fingerprint import anything_kept
+from ..tuning.picks import tuned
 from ..proc.states import GroupState, MemberState
 from . import say as _say
-from .serve import add_serve_arguments, alias_arg, check_flags
+
+
+def alias_arg(value: str | None) -> str | None:
+    """--alias NAME: the served model's name, as clients send it in ``model``; one printable line."""
+    if value is None:
+        return None
+    name = value.strip()
+    if not name or not name.isprintable():
+        raise BadInput(f"--alias {value!r} is empty or holds control characters",
+                       "give a name like --alias my-model (default: the model's general.name, else its file name)")
+    return name
 
 
 def request_from_args(args: argparse.Namespace) -> Any:
@@ -53,8 +64,7 @@ def build_config(args: argparse.Namespace) -> Any:
 
 
 def serve(args: argparse.Namespace) -> int:
-    """``arcsplit serve``, its flags parsed (cli/serve.py's handler)."""
-    check_flags(args)
+    """``arcsplit serve``, its flags parsed and checked (cli/serve.py's handler)."""
     args.metrics = None  # the endpoint, bound first: a taken port is the only line
     if args.metrics_port is not None:
         from ..telemetry.prometheus import MetricsEndpoint  # prometheus_client: only with --metrics-port
@@ -82,11 +92,11 @@ def _tuned_request(args: argparse.Namespace) -> Any:
     if not getattr(args, "tune", False) and (getattr(args, "no_tune", False) or req.mode != AUTO
                                              or not anything_kept()):
         return req
-    from ..tuning import runner
-
     if getattr(args, "tune", False):
-        runner.run_from(req, args.objective, args.budget, args.per_candidate, say=lambda line: _say(f"tune: {line}"))
-    got = None if getattr(args, "no_tune", False) else runner.tuned(req, getattr(args, "objective", None))
+        from ..tuning.runner import run_from  # start-up: httpx and the tune runner, only with --tune
+
+        run_from(req, args.objective, args.budget, args.per_candidate, say=lambda line: _say(f"tune: {line}"))
+    got = None if getattr(args, "no_tune", False) else tuned(req, getattr(args, "objective", None))
     if got is None:
         return req
     _say(got[1])
@@ -180,24 +190,6 @@ def _serve_with_dashboard(prepared: Any, args: argparse.Namespace) -> int:
             except ArcsplitError:
                 pass  # the dashboard already showed why the group stopped
     return 0
-
-
-def serve_from_args(args: argparse.Namespace, demo: str | None = None) -> int:
-    """Entry for other commands (``arcsplit demo``) that fill in a serve Namespace themselves."""
-    defaults = _defaults()
-    for key, value in defaults.items():
-        if not hasattr(args, key):
-            setattr(args, key, value)
-    args.demo = demo  # "chat" or "completion": the example printed once it serves
-    return serve(args)
-
-
-def _defaults() -> dict[str, Any]:
-    parser = argparse.ArgumentParser()
-    add_serve_arguments(parser)
-    ns = parser.parse_args([])
-    ns.extra = []
-    return vars(ns)
 
 
 async def _run(prepared: Any, args: argparse.Namespace, launcher: Any = None) -> int:

@@ -1,5 +1,5 @@
 """How serve's route was chosen: measured by ``arcsplit tune`` on these cards, asked for with ``--mode``, or the
-fixed default order. One frozen value made where serve decides (decide/prepare.py; tuning/runner.tuned for a tuned
+fixed default order. One frozen value made where serve decides (decide/prepare.py; tuning/picks.tuned for a tuned
 pick), carried in the supervisor's status, its state file and its ``plan`` event; the surfaces (the dashboard,
 ``arcsplit ps``, the metrics endpoint) only render it. ``to_dict`` is its wire form, ``from_dict`` reads it back.
 """

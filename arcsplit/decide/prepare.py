@@ -65,7 +65,7 @@ class ServeRequest:
     flash_attn: bool | None = None  # -fa; None: the backend's default (backends.flash_attn_default)
     env: tuple[tuple[str, str], ...] = ()  # extra llama-server environment (a tuned route's variant, tuning/)
     verified: bool = False  # this route's output was checked on these cards (arcsplit tune's pick)
-    choice: RouteChoice | None = None  # arcsplit tune's pick and its figures (tuning/runner.tuned); None: not tuned
+    choice: RouteChoice | None = None  # arcsplit tune's pick and its figures (tuning/picks.tuned); None: not tuned
     kv_unified: bool = True
     rpc_cache: bool = False  # rpc-servers keep big weight tensors on local disk: reloads after a crash read them
     rpc_seed: bool = True  # rpc-servers read the weights from the GGUF, not the socket, where the build can (0006)
@@ -79,6 +79,14 @@ class ServeRequest:
     alias: str | None = None  # the served model's name; None: model.served_name (general.name, else the file stem)
     stop_grace: float | None = None  # SIGTERM -> SIGKILL seconds; None: the backend's (backends.py stop_grace_s)
     measure: bool = False  # run llama.cpp's dry run for each card's compute buffer now and cache it (plan --measure)
+
+    @classmethod
+    def of(cls, model: str | os.PathLike[str], gpus: Sequence[int] | str | None,
+           options: dict[str, Any]) -> ServeRequest:
+        """The Python API's call as a request (``arcsplit.serve`` and ``arcsplit.tune``): ``options`` are the other
+        fields, ``extra_args`` any sequence."""
+        rest = dict(options)
+        return cls(model=str(model), gpus=gpus, extra_args=tuple(rest.pop("extra_args", ())), **rest)
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,11 @@ from ..proc.child import Child
 from ..proc.popen import PopenProcess
 from ..proc.ports import owns_port, probe_once
 from ..proc.rundir import RunDir
-from .ops import (Inventory, answering, check_rpc_argv, drop_missing_seeds, greet, hello_args, hello_events,
-                  nodes_root, pick_ports, rpc_process, started_events, write_state)
+from .ops import (Handover, Inventory, answering, check_rpc_argv, drop_missing_seeds, greet, hello_args,
+                  hello_events, nodes_root, pick_ports, rpc_process, started_events, write_state)
 
 if TYPE_CHECKING:
     from ..samples import CardSampler
-    from .quick import Handover
 
 __all__ = ["Agent", "GpuReporter", "check_rpc_argv", "drop_missing_seeds", "nodes_root", "serve_stdio"]
 

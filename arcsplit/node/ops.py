@@ -10,7 +10,9 @@ from __future__ import annotations
 import functools
 import os
 import re
+import subprocess
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -35,6 +37,30 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MAX_PORTS = 64
 
 Inventory = Callable[[str | None], dict[str, Any]]
+
+
+@dataclass
+class Started:
+    """An rpc-server node/quick.py started: the agent adopts ``popen`` as a Child."""
+
+    spec: ProcessSpec
+    popen: subprocess.Popen[bytes]
+    create_time: float | None = None
+    ready: bool = False  # its port accepted a connection and ``ready`` was sent
+
+
+@dataclass
+class Handover:
+    """What node/agent.py carries on from when node/quick.py hands over: the hello's results, the rpc-servers
+    started, the input not handled yet."""
+
+    run_dir: RunDir | None = None
+    inventory: dict[str, Any] | None = None
+    backend: str | None = None
+    started: list[Started] = field(default_factory=list)
+    lines: list[bytes] = field(default_factory=list)  # complete lines, in order, for the agent to handle
+    rest: bytes = b""  # the start of a line not complete yet
+    eof: bool = False  # stdin ended
 
 
 def nodes_root() -> Path:

@@ -21,20 +21,17 @@ import gc
 import importlib
 import os
 import select
-import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..proc.ports import accepts_now, owns_port
-from ..proc.rundir import RunDir
 from ..proc import wire
 from ..proc.spawn import popen
 from ..proc.spec import ProcessSpec
-from .ops import (Inventory, answering, greet, hello_args, hello_events, pick_ports, rpc_process, started_events,
-                  write_state)
+from .ops import (Handover, Inventory, Started, answering, greet, hello_args, hello_events, pick_ports, rpc_process,
+                  started_events, write_state)
 
 IDLE = 0.02  # s without an op before the hello's inventory is read (the client is still planning)
 IDLE_IMPORT = 0.5  # s without an op before the heavy imports start though no rpc-server was asked for
@@ -43,29 +40,6 @@ SWITCH = 0.0005  # s: the interpreter's thread switch interval while the imports
 HEAVY = "arcsplit.node.agent"  # anyio, psutil and the Child supervision it needs
 
 Emit = Callable[[dict[str, Any]], None]
-
-
-@dataclass
-class Started:
-    """An rpc-server this loop started: the agent adopts ``popen`` as a Child."""
-
-    spec: ProcessSpec
-    popen: subprocess.Popen[bytes]
-    create_time: float | None = None
-    ready: bool = False  # its port accepted a connection and ``ready`` was sent
-
-
-@dataclass
-class Handover:
-    """What the agent carries on from: the hello's results, the rpc-servers started, the input not handled yet."""
-
-    run_dir: RunDir | None = None
-    inventory: dict[str, Any] | None = None
-    backend: str | None = None
-    started: list[Started] = field(default_factory=list)
-    lines: list[bytes] = field(default_factory=list)  # complete lines, in order, for the agent to handle
-    rest: bytes = b""  # the start of a line not complete yet
-    eof: bool = False  # stdin ended
 
 
 def first_ops(fd: int, emit: Emit, *, allow_bind: tuple[str, ...], inventory: Inventory,

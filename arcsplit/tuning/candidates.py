@@ -64,7 +64,7 @@ class Settings:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One route with one set of settings: what a ServeRequest is changed by (tuning/runner.py request_for)."""
+    """One route with one set of settings: what a ServeRequest is changed by (tuning/picks.py request_for)."""
 
     mode: Mode
     backend: str
