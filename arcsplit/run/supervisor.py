@@ -792,8 +792,10 @@ class Supervisor:
             self._write_state()
 
     def _set_group(self, data: GroupData) -> None:
+        """Every group state change reaches the state file too (`ps`, `report` read it, not the events)."""
         self._group_state = advance(GROUP_TRANSITIONS, self._group_state, data.state)
         self._publish("group", data)
+        self._write_state()
 
     def _write_state(self, ended: bool = False) -> None:
         if self.run_dir is None:
