@@ -83,7 +83,7 @@ def test_stop_over_the_bus_reaches_subscribers_and_ps_until_the_processes_are_go
 
     def subscribe() -> None:
         with attach(info.run_id) as sub:
-            for msg in sub.events(timeout=20):  # ends by itself after "stopped"; 20 s of silence is a failure
+            for msg in sub.events(idle=20):  # ends by itself after "stopped"; 20 s of silence is a failure
                 got.append(msg)
 
     listener = threading.Thread(target=subscribe, daemon=True)
