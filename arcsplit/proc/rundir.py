@@ -263,9 +263,9 @@ def read_record(path: Path) -> RunRecord | None:
     running = bool(sup) and state.get("ended") is None and same_process(
         int(sup.get("pid", -1)), float(sup.get("create_time") or 0), started=_float(sup.get("since_boot"))) is not None
     plan = state.get("plan") or {}
-    return RunRecord(run_id=path.name, path=path, started=_float(state.get("started")), ended=_float(state.get("ended")),
-                     group=state.get("group"), mode=state.get("mode"), url=state.get("url"),
-                     model=plan.get("model") if isinstance(plan, dict) else None, running=running)
+    return RunRecord(run_id=path.name, path=path, started=_float(state.get("started")),
+                     ended=_float(state.get("ended")), group=state.get("group"), mode=state.get("mode"),
+                     url=state.get("url"), model=plan.get("model") if isinstance(plan, dict) else None, running=running)
 
 
 def run_records(root: Path | None = None) -> list[RunRecord]:
