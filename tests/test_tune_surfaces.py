@@ -158,6 +158,8 @@ def test_plan_says_the_route_came_from_tune(tuned: dict[str, Any]) -> None:
     mode = pick.key.split(":")[1]  # "cpu:hybrid:defaults"
     assert mode_line.startswith(f"mode {mode}: route: {pick.label}, chosen by arcsplit tune (decode"), mode_line
     assert "forced by --mode" not in out.stdout
+    rows = out.stdout.splitlines()  # the tuned table: the default order's route marked, the second round's column
+    assert any("2nd decode" in row for row in rows) and any(row.startswith(("*d ", " d ")) for row in rows), rows
     forced = subprocess.run([sys.executable, "-m", "arcsplit", "plan", *tuned["argv"], "--mode", "hybrid"],
                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert "mode hybrid: forced by --mode hybrid" in forced.stdout, forced.stdout  # the user's own --mode

@@ -20,7 +20,7 @@ import httpx
 from .. import backends
 from .._api import serve
 from ..errors import ArcsplitError, BadInput
-from ..decide.choice import ChosenBy, Measured, RouteChoice, table
+from ..decide.choice import LEGEND, ChosenBy, Measured, RouteChoice, table
 from ..decide.prepare import Prepared, ServeRequest, plan_for_mode, preview
 from ..llama.answers import run_flag
 from ..llama.build import managed_builds
@@ -70,7 +70,8 @@ class TuneReport:
 
     def result(self) -> TuneResult:
         """The frozen view ``arcsplit.tune()`` returns."""
-        rows = {k: measured(self.results[k], k, self.pick, self.default) for k in self.order if k in self.results}
+        rows = {k: measured(self.results[k], k, self.pick, self.default, self.objective) for k in self.order
+                if k in self.results}
         return TuneResult(self.objective, tuple(rows.values()), rows.get(self.pick or ""),
                           rows.get(self.default or ""), self.wall_s, self.reused, tuple(self.not_tried),
                           self.fingerprint.digest)
@@ -384,19 +385,21 @@ def choice_of(data: dict[str, Any], objective: str | None = None) -> RouteChoice
         return None
     return RouteChoice(ChosenBy.TUNE, str(res["candidate"]["mode"]), res.get("label") or str(pick), objective,
                        float(data.get("updated") or 0) or None, float(res["decode"]), float(res["prefill"]),
-                       float(res["streams"]), alternatives(data, pick))
+                       float(res["streams"]), alternatives(data, pick, objective))
 
 
-def alternatives(data: dict[str, Any], pick: str | None) -> tuple[Measured, ...]:
-    """Every kept result of one fingerprint, the pick first, then by key."""
+def alternatives(data: dict[str, Any], pick: str | None, objective: str) -> tuple[Measured, ...]:
+    """Every kept result of one fingerprint, the pick first, then by key; second rounds by ``objective``."""
     results = data.get("results") or {}
-    return tuple(measured(results[k], k, pick, data.get("default"))
+    return tuple(measured(results[k], k, pick, data.get("default"), objective)
                  for k in [pick, *sorted(k for k in results if k != pick)] if k in results)
 
 
-def measured(res: dict[str, Any], key: str, pick: str | None, default: str | None) -> Measured:
-    """One kept result as the typed record the surfaces and the Python API read."""
-    return Measured.from_dict({**res, "key": key, "pick": key == pick, "default": key == default})
+def measured(res: dict[str, Any], key: str, pick: str | None, default: str | None, objective: str) -> Measured:
+    """One kept result as the typed record the surfaces and the Python API read (its second round's figure by
+    ``objective``, where it had one)."""
+    return Measured.from_dict({**res, "key": key, "pick": key == pick, "default": key == default,
+                               "second": res.get(f"confirm_{objective}")})
 
 
 def tuned(req: ServeRequest, objective: str | None = None) -> tuple[ServeRequest, str] | None:
@@ -425,8 +428,8 @@ def summary(req: ServeRequest) -> list[str]:
         return []
     data = got[1]
     objective = str(data.get("objective") or "decode")
-    return [f"tuned for this rig (arcsplit tune, by {objective}; * the pick, d the default order's route):",
-            *table(alternatives(data, (data.get("picks") or {}).get(objective)))]
+    return [f"tuned for this rig (arcsplit tune, by {objective}; {LEGEND}):",
+            *table(alternatives(data, (data.get("picks") or {}).get(objective), objective), objective)]
 
 
 def verify_routes(req: ServeRequest, say: Say = lambda line: None) -> list[dict[str, Any]]:
