@@ -60,7 +60,8 @@ def test_tail_reads_the_end_of_a_long_log_only(tmp_path):
 def test_ps_all_and_logs_of_an_ended_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ARCSPLIT_STATE_DIR", str(tmp_path))
     monkeypatch.setenv("ARCSPLIT_RUNTIME_DIR", str(tmp_path / "rt"))
-    d = _run(tmp_path / "runs", "20250101-120000-7", group="stopped", ended=time.time())
+    d = _run(tmp_path / "runs", "20250101-120000-7", group="stopped", ended=time.time(),
+             last_error="rpc1 exited with signal 9 (killed)")
     (d / "rpc0.log").write_text("=== start rpc\nStarting RPC server\n")
     (d / "server.log").write_text("=== start server\nmain: model loaded\n")
     assert main(["ps"]) == 0
@@ -68,6 +69,7 @@ def test_ps_all_and_logs_of_an_ended_run(tmp_path, monkeypatch, capsys):
     assert main(["ps", "--all"]) == 0
     out = capsys.readouterr().out
     assert "20250101-120000-7" in out and "stopped" in out and "/m/demo.gguf" in out
+    assert "  last error: rpc1 exited with signal 9 (killed)" in out  # what went wrong, as ps says it of a running one
     assert main(["logs", "20250101"]) == 0
     got = capsys.readouterr()
     assert got.out.splitlines() == ["[rpc0] === start rpc", "[rpc0] Starting RPC server",

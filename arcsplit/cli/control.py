@@ -51,6 +51,8 @@ def _ps(args: argparse.Namespace) -> int:
         for r in ended:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["ended"])) if r["ended"] else "-"
             print(f"{r['run']:<24} {str(r['state']):<10} {str(r['mode']):<8} {when:<19}  {r['model']}")
+            for line in r["faults"]:
+                print(f"  {line}")
     return 0
 
 
@@ -58,7 +60,7 @@ def _ended_rows(running: set[str]) -> list[dict[str, Any]]:
     """The runs still on disk that are not among the running ones: how each ended, or "died" (killed)."""
     return [{"run": rec.run_id, "pid": None, "url": rec.url, "model": rec.model, "started": rec.started,
              "state": rec.state + (" (no bus)" if rec.running else ""), "mode": rec.mode, "ended": rec.ended,
-             "run_dir": str(rec.path)}
+             "run_dir": str(rec.path), "faults": list(rec.faults)}
             for rec in run_records() if rec.run_id not in running]
 
 

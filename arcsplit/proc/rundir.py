@@ -222,6 +222,7 @@ class RunRecord:
     url: str | None
     model: str | None
     running: bool  # its supervisor is still the process that wrote the file
+    faults: tuple[str, ...] = ()  # what went wrong, as fault_lines says it
 
     @property
     def state(self) -> str:
@@ -265,7 +266,8 @@ def read_record(path: Path) -> RunRecord | None:
     plan = state.get("plan") or {}
     return RunRecord(run_id=path.name, path=path, started=_float(state.get("started")),
                      ended=_float(state.get("ended")), group=state.get("group"), mode=state.get("mode"),
-                     url=state.get("url"), model=plan.get("model") if isinstance(plan, dict) else None, running=running)
+                     url=state.get("url"), model=plan.get("model") if isinstance(plan, dict) else None, running=running,
+                     faults=tuple(fault_lines(state)))
 
 
 def run_records(root: Path | None = None) -> list[RunRecord]:
