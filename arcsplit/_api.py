@@ -215,10 +215,12 @@ class Server:
     def restart(self) -> None:
         self._portal.call(self._inner.restart)
 
-    def events(self, kinds: tuple[str, ...] | None = None, timeout: float | None = None) -> Iterator[dict[str, Any]]:
-        """A snapshot, then every later event as a bus message dict (see docs/bus.md)."""
+    def events(self, kinds: tuple[str, ...] | None = None, timeout: float | None = None,
+               idle: float | None = None) -> Iterator[dict[str, Any]]:
+        """A snapshot, then every later event as a bus message dict (see docs/bus.md), for ``timeout`` s in all
+        (None: until the group stops), or until ``idle`` s pass without an event of ``kinds``."""
         with attach(self.run_id) as client:
-            yield from client.events(kinds=kinds, timeout=timeout)
+            yield from client.events(kinds=kinds, timeout=timeout, idle=idle)
 
     def client(self) -> Client:
         return attach(self.run_id)

@@ -80,7 +80,7 @@ def test_two_subscribers_and_a_control_client(server):
 
     def subscribe(k: int) -> None:
         with arcsplit.attach(server.run_id) as client:
-            stream = client.events(timeout=60)
+            stream = client.events(idle=60)
             got[k].append(next(stream))  # the snapshot
             ready.wait()
             for msg in stream:
@@ -109,6 +109,29 @@ def test_two_subscribers_and_a_control_client(server):
     assert len(greedy(server.url)) == 16
 
 
+def test_the_documented_events_call_ends_after_its_timeout(server):
+    """docs/usage.md's `for event in server.events(timeout=5)`: a snapshot, the events of 5 s (telemetry comes
+    every 2 s, so the stream is never silent that long), then the loop ends."""
+    assert "for event in server.events(timeout=5):" in (ROOT / "docs" / "usage.md").read_text()
+    kinds: list[str] = []
+    took: list[float] = []
+
+    def documented() -> None:
+        t0 = time.monotonic()
+        for event in server.events(timeout=5):
+            kinds.append(event["kind"])
+        took.append(time.monotonic() - t0)
+
+    t = threading.Thread(target=documented, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), f"server.events(timeout=5) still running after 30 s, having yielded {kinds}"
+    assert kinds[0] == "snapshot" and "telemetry" in kinds, kinds
+    assert 5.0 <= took[0] < 10.0, took
+    quiet = list(server.events(kinds=("group",), idle=1))  # no state change: ends 1 s after the snapshot
+    assert [e["kind"] for e in quiet] == ["snapshot"]
+
+
 def test_late_subscriber_gets_a_correct_snapshot(server):
     with arcsplit.attach(server.run_id) as client:
         status = client.status()
@@ -135,7 +158,7 @@ def test_stalled_subscriber_does_not_slow_the_supervisor(server):
             stop = threading.Event()
 
             def consume() -> None:
-                for msg in client.events(kinds=("log",), timeout=1, snapshot=False):
+                for msg in client.events(kinds=("log",), idle=1, snapshot=False):
                     seqs.append(msg["seq"])
                     if stop.is_set():
                         return

@@ -119,7 +119,7 @@ def record(tmp: Path, llama_dir: Path, model: Path) -> list[dict[str, Any]]:
     with isolated_env(tmp, llama_dir), running_instance(model, telemetry_interval=0.3) as inst:
         with attach() as client:
             t0 = time.monotonic()
-            for msg in client.events(timeout=5):
+            for msg in client.events(idle=5):
                 msgs.append(msg)
                 if sum(m["kind"] == "telemetry" for m in msgs) == 2:
                     httpx.post(f"{inst.url}/completion", json={"prompt": "Hello", "n_predict": 16}, timeout=60)

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from arcsplit.errors import BadInput
-from arcsplit.llama.devices import list_devices, parse_gpus, parse_list_devices
+from arcsplit.errors import BadInput, UnknownCard
+from arcsplit.llama.devices import cpu_rig, list_devices, parse_gpus, parse_list_devices
 
 # Verbatim from ggml-org/llama.cpp#22885 (2x Arc Pro B70, old NEO device name).
 SYCL_OLD_NEO = """\
@@ -88,6 +88,19 @@ def test_parse_gpus(spec, expected):
 def test_parse_gpus_rejects(spec):
     with pytest.raises(BadInput):
         parse_gpus(spec)
+
+
+@pytest.mark.parametrize("gpus,missing", [([9], 9), ([0, 2], 2), ([1], 1)])
+def test_cpu_card_missing_is_refused(gpus, missing):
+    """CPU cards are numbered from 0 in the number asked for: another number is refused as a GPU's would be."""
+    with pytest.raises(UnknownCard, match=f"there is no cpu card {missing}") as err:
+        cpu_rig(gpus, 1024)
+    assert err.value.fix and "--gpus 0,1" in err.value.fix
+
+
+def test_cpu_cards_from_zero_in_any_order():
+    assert [c.index for c in cpu_rig([1, 0], 1024).cards] == [1, 0]
+    assert [c.index for c in cpu_rig(None, 1024).cards] == [0]
 
 
 @pytest.mark.slow  # starts llama.cpp

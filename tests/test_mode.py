@@ -105,6 +105,17 @@ def test_forced_mode_is_honoured_with_a_warning():
     assert choose_mode("sycl", 2, forced="rpc", verdict=GOOD).mode == "rpc"
 
 
+@pytest.mark.parametrize("backend, n, mode", [("cpu", 2, "hybrid"), ("cpu", 2, "rpc"), ("sycl", 2, "multi"),
+                                             ("cuda", 1, "rpc"), ("cuda", 1, "single")])
+def test_a_mode_tune_picked_says_so_not_forced_by_mode(backend, n, mode):
+    """A tuned pick reaches choose_mode as a forced mode: its reason is tune's line (RouteChoice.line), with any
+    warning kept."""
+    line = "route: x, chosen by arcsplit tune (decode, 2025-01-01 00:00)"
+    d = choose_mode(backend, n, forced=mode, verdict=BAD if backend == "sycl" else None, forced_by=line)
+    assert d.mode == mode and d.reasons[-1] == line and not any("--mode" in r for r in d.reasons)
+    assert (backend == "sycl") == any(r.startswith("warning:") for r in d.reasons)
+
+
 @pytest.mark.parametrize("args, match", [
     (("rocm", 2), "unknown backend"), (("sycl", 0), "no cards"), (("sycl", 2, "fast"), "unknown mode"),
 ])

@@ -12,7 +12,8 @@ import pytest
 from textual.content import Content
 
 import arcsplit
-from arcsplit.decide.choice import ChosenBy, RouteChoice
+from arcsplit.cli.tune import render as tune_render
+from arcsplit.decide.choice import LEGEND, ChosenBy, RouteChoice
 from arcsplit.decide.prepare import ServeRequest, preview
 from arcsplit.run.events import PlanData
 from arcsplit.telemetry.prometheus import render
@@ -70,8 +71,52 @@ def test_lines_say_tuned_asked_or_the_default_order() -> None:
     assert RouteChoice.untuned("rpc", asked=True).line() == "route: rpc, as asked (--mode rpc; not tuned)"
     assert RouteChoice.untuned("hybrid", asked=False).line() == "route: hybrid by the default order (not tuned)"
     table = _tuned().table()
-    assert table[0].startswith(" * cpu single-1card") and any(row.startswith(" d cpu rpc") for row in table)
+    assert "route [settings]" in table[0] and "2nd decode" in table[0]  # the header names the columns
+    assert table[1].startswith(" * cpu single-1card") and any(row.startswith(" d cpu rpc") for row in table)
     assert any("ties its output" in row for row in table)  # a pruned one says why instead of figures
+
+
+# A tune whose fastest-looking route (hybrid-last, 92.7 t/s) lost the second round to the default (rpc, 72.3 t/s):
+# the default stays the pick. A pruned route's note is longer than any column.
+LOST = {
+    "objective": "decode", "default": "cpu:rpc:defaults", "updated": 1_780_000_000.0,
+    "picks": {"decode": "cpu:rpc:defaults"},
+    "results": {
+        "cpu:rpc:defaults": {"candidate": {"mode": "rpc"}, "label": "cpu rpc [defaults]", "status": "ok",
+                             "prefill": 300.0, "decode": 72.3, "streams": 70.0, "confirm_decode": 71.9},
+        "cpu:hybrid-last:defaults": {"candidate": {"mode": "hybrid"}, "label": "cpu hybrid-last [defaults]",
+                                     "status": "ok", "prefill": 310.0, "decode": 92.7, "streams": 88.0,
+                                     "confirm_decode": 68.4},
+        "cpu:hybrid-local:defaults": {"candidate": {"mode": "hybrid"}, "label": "cpu hybrid-local [defaults]",
+                                      "status": "pruned", "reason": "card 1 is short by 123 MiB for the weights, the "
+                                      "KV cache and the compute buffer at this context; lower --ctx or add a card"},
+    },
+}
+
+
+def test_the_table_shows_the_second_round_the_default_mark_and_whole_notes() -> None:
+    choice = choice_of(LOST)
+    assert choice is not None
+    pick = next(row for row in choice.table() if "cpu rpc" in row)
+    assert pick.startswith("*d cpu rpc")  # the pick is the default order's route: both marks
+    lost = next(row for row in choice.table() if "hybrid-last" in row)
+    assert lost.split()[-2:] == ["88.0", "68.4"] and "92.7" in lost  # first round beside the second
+    assert pick.split()[-1] == "71.9"
+    pruned = next(row for row in choice.table() if "hybrid-local" in row)
+    assert pruned.endswith("lower --ctx or add a card")  # the note whole, not cut mid-word
+    assert "d the default order's route" in LEGEND and "2nd" in LEGEND
+
+
+def test_tune_cli_table_says_the_faster_one_lost_the_second_round() -> None:
+    report = TuneReport(fpmod.Fingerprint("cpu", ("0:CPU", "1:CPU"), "", "", "", "6.1", "b", "m", 1024, 1),
+                        "decode", dict(LOST["results"]), list(LOST["results"]), "cpu:rpc:defaults",
+                        "cpu:rpc:defaults", reused=0, wall_s=30.0)
+    out = tune_render(report)
+    assert out[0] == f"{LEGEND}:" and "2nd decode" in out[1]
+    assert any(row.startswith("*d cpu rpc [defaults]") for row in out)
+    said = next(row for row in out if row.startswith("cpu hybrid-last [defaults] was faster"))
+    assert "92.7 t/s" in said and "lost the second round (68.4 against 71.9 t/s)" in said
+    assert any(row.endswith("lower --ctx or add a card") for row in out)
 
 
 def test_prepare_carries_the_choice_it_was_given_else_says_untuned(demo_model: Path) -> None:

@@ -111,6 +111,14 @@ def test_rpc_group_is_ready_on_loopback_with_state_and_logs(rpc_group):
     assert any("model loaded" in line for line in rpc_group.logs("server", 500))
 
 
+def test_state_file_follows_the_group_state(rpc_group):
+    """`ps` and `report` read state.json: it says what the group is doing now, not what it did at the start."""
+    st = rpc_group.status()
+    assert st["state"] == "ready"
+    state = json.loads((Path(st["run_dir"]) / "state.json").read_text())
+    assert state["group"] == "ready"
+
+
 def test_buffers_are_attributed_to_cards_beside_the_plan(rpc_group):
     buffers = rpc_group.status()["buffers"]
     plan_cards = rpc_group.config.plan.cards

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -82,7 +83,7 @@ def test_stop_over_the_bus_reaches_subscribers_and_ps_until_the_processes_are_go
 
     def subscribe() -> None:
         with attach(info.run_id) as sub:
-            for msg in sub.events(timeout=20):  # ends by itself after "stopped"; 20 s of silence is a failure
+            for msg in sub.events(idle=20):  # ends by itself after "stopped"; 20 s of silence is a failure
                 got.append(msg)
 
     listener = threading.Thread(target=subscribe, daemon=True)
@@ -149,3 +150,33 @@ def test_the_dashboards_stop_ends_in_stopped_not_disconnected(serving):
 
     asyncio.run(main())
     assert proc.wait(30) == 0
+
+
+def test_a_stopped_run_stays_listed_and_its_logs_readable(serving, capsys):
+    """After the run: `ps --all` lists it with how and when it ended, and `logs RUN` reads its log files."""
+    from arcsplit.cli import main
+
+    proc, info = serving
+    with attach(info.run_id) as client:
+        client.stop()
+    assert proc.wait(60) == 0
+    capsys.readouterr()
+    assert main(["ps"]) == 0
+    assert info.run_id not in capsys.readouterr().out
+    assert main(["ps", "--all", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["runs"]
+    assert [(r["run"], r["state"], r["mode"]) for r in rows] == [(info.run_id, "stopped", "rpc")]
+    assert rows[0]["ended"] and rows[0]["run_dir"] == info.run_dir
+    assert main(["ps", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "no arcsplit instance is running" in out and info.run_id in out and "stopped" in out, out
+
+    assert main(["logs", info.run_id[:-1], "-p", "server", "-n", "500"]) == 0  # a prefix, as for a running one
+    got = capsys.readouterr()
+    assert f"run {info.run_id} ended" in got.err and info.run_dir in got.err
+    assert any("model loaded" in line for line in got.out.splitlines()), got.out[-2000:]
+    assert main(["logs", "-n", "2000"]) == 0  # none running: the newest run
+    out = capsys.readouterr().out
+    assert "[rpc0] " in out and "[server] " in out
+    assert main(["logs", "no-such-run"]) == 2
+    assert "ps --all" in capsys.readouterr().err

@@ -90,7 +90,7 @@ def test_telemetry_events_on_the_bus_follow_the_work(inst):
     with attach() as client:
         seen = []
         t0 = time.monotonic()
-        for msg in client.events(kinds=("telemetry",), timeout=5):
+        for msg in client.events(kinds=("telemetry",), idle=5):
             if msg["kind"] != "telemetry":
                 continue
             seen.append(msg["data"])

@@ -121,6 +121,9 @@ def test_serve_runs_the_pick_and_every_surface_says_it_was_tuned(tuned: dict[str
     pick = tuned["result"].pick
     with serving(tuned) as run:
         assert "using the tuned route" in run["said"]
+        mode = pick.key.split(":")[1]  # "cpu:hybrid:defaults"
+        assert f"mode {mode}: route: {pick.label}, chosen by arcsplit tune" in run["said"], run["said"]
+        assert "forced by --mode" not in run["said"]  # the user typed no --mode
         choice = run["status"]["choice"]
         assert choice["by"] == "tune" and choice["label"] == pick.label and choice["objective"] == "decode"
         assert (choice["decode"], choice["prefill"], choice["streams"]) == (pick.decode, pick.prefill, pick.streams)
@@ -143,6 +146,23 @@ def test_serve_runs_the_pick_and_every_surface_says_it_was_tuned(tuned: dict[str
         assert value(samples, "arcsplit_route_info", chosen_by="tune", mode=choice["mode"], label=pick.label,
                      objective="decode", note="") == 1
         assert value(samples, "arcsplit_route_tuned_tokens_per_second", figure="decode") == pick.decode
+
+
+def test_plan_says_the_route_came_from_tune(tuned: dict[str, Any]) -> None:
+    """`plan` without --mode after a tune: the mode line names tune (RouteChoice.line), as serve and ps do."""
+    pick = tuned["result"].pick
+    out = subprocess.run([sys.executable, "-m", "arcsplit", "plan", *tuned["argv"]], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    (mode_line,) = [line for line in out.stdout.splitlines() if line.startswith("mode ")]
+    mode = pick.key.split(":")[1]  # "cpu:hybrid:defaults"
+    assert mode_line.startswith(f"mode {mode}: route: {pick.label}, chosen by arcsplit tune (decode"), mode_line
+    assert "forced by --mode" not in out.stdout
+    rows = out.stdout.splitlines()  # the tuned table: the default order's route marked, the second round's column
+    assert any("2nd decode" in row for row in rows) and any(row.startswith(("*d ", " d ")) for row in rows), rows
+    forced = subprocess.run([sys.executable, "-m", "arcsplit", "plan", *tuned["argv"], "--mode", "hybrid"],
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert "mode hybrid: forced by --mode hybrid" in forced.stdout, forced.stdout  # the user's own --mode
 
 
 @pytest.mark.parametrize("flags, line", [(("--mode", "rpc"), "route: rpc, as asked (--mode rpc; not tuned)"),

@@ -1,14 +1,17 @@
-"""``arcsplit ps | stop | restart | logs [RUN]``: drive running instances over their bus."""
+"""``arcsplit ps | stop | restart | logs [RUN]``: drive running instances over their bus; ``ps --all`` and ``logs``
+also read the runs that have ended from their run directories (proc/rundir.py keeps the newest KEEP_RUNS)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
 from .._api import RouteChoice, attach, runs
-from ..llama.logs import trace_filter
-from ..proc.rundir import fault_lines
+from ..errors import NotRunning
+from ..llama.logs import pick_lines, trace_filter
+from ..proc.rundir import KEEP_RUNS, RunRecord, fault_lines, find_record, run_records, runs_root
 from ..roles import Role
 from . import print_json
 
@@ -17,7 +20,7 @@ def _ps(args: argparse.Namespace) -> int:
     rows = []
     for info in runs():
         row = {"run": info.run_id, "pid": info.pid, "url": info.url, "model": info.model,
-               "started": info.started, "state": None, "mode": None}
+               "started": info.started, "state": None, "mode": None, "ended": None}
         try:
             with attach(info.run_id, timeout=2.0) as client:
                 status = client.status()
@@ -33,12 +36,35 @@ def _ps(args: argparse.Namespace) -> int:
         except Exception as exc:  # one unresponsive instance must not hide the others
             row["state"] = f"not answering ({exc})"
         rows.append(row)
+    ended = _ended_rows({str(r["run"]) for r in rows}) if args.all else []
     if args.json:
-        print_json({"runs": rows})
+        print_json({"runs": rows + ended})
         return 0
     if not rows:
         print("no arcsplit instance is running")
-        return 0
+    else:
+        _print_running(rows)
+    if ended:
+        print(f"\nruns that have ended (the newest {KEEP_RUNS} stay in {runs_root()}; `arcsplit logs RUN` shows one's "
+              "logs, `arcsplit report RUN` bundles it):")
+        print(f"{'run':<24} {'state':<10} {'mode':<8} {'ended':<19}  model")
+        for r in ended:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["ended"])) if r["ended"] else "-"
+            print(f"{r['run']:<24} {str(r['state']):<10} {str(r['mode']):<8} {when:<19}  {r['model']}")
+            for line in r["faults"]:
+                print(f"  {line}")
+    return 0
+
+
+def _ended_rows(running: set[str]) -> list[dict[str, Any]]:
+    """The runs still on disk that are not among the running ones: how each ended, or "died" (killed)."""
+    return [{"run": rec.run_id, "pid": None, "url": rec.url, "model": rec.model, "started": rec.started,
+             "state": rec.state + (" (no bus)" if rec.running else ""), "mode": rec.mode, "ended": rec.ended,
+             "run_dir": str(rec.path), "faults": list(rec.faults)}
+            for rec in run_records() if rec.run_id not in running]
+
+
+def _print_running(rows: list[dict[str, Any]]) -> None:
     print(f"{'run':<24} {'pid':>7} {'state':<10} {'mode':<8} {'up':>7}  url / model")
     for r in rows:
         up = time.time() - float(str(r["started"]))
@@ -56,7 +82,6 @@ def _ps(args: argparse.Namespace) -> int:
                       + (f"  cards {cards}" if cards else ""))
         for line in fault_lines(r):
             print(f"  {line}")
-    return 0
 
 
 def _stop(args: argparse.Namespace) -> int:
@@ -78,7 +103,16 @@ def _restart(args: argparse.Namespace) -> int:
 
 
 def _logs(args: argparse.Namespace) -> int:
-    with attach(args.run) as client:
+    try:
+        client = attach(args.run)
+    except NotRunning:  # a run that has ended: its log files
+        record = find_record(args.run)
+        if record is None:
+            if args.run is None:
+                raise
+            raise NotRunning(f"there is no arcsplit run {args.run!r}", "pick one from `arcsplit ps --all`") from None
+        return _ended_logs(record, args)
+    with client:
         for line in client.logs(args.process, args.lines, verbose=args.verbose):
             print(line)
         if args.follow:
@@ -93,8 +127,24 @@ def _logs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ended_logs(record: RunRecord, args: argparse.Namespace) -> int:
+    """A run that is not running any more: the same lines as from a running one, read from its log files."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.ended)) if record.ended else None
+    how = ("runs without a bus" if record.running else f"ended {when}" if when else "is not running") \
+        + f" ({record.state})"
+    print(f"arcsplit: run {record.run_id} {how}; its logs are in {record.path}"
+          + ("; nothing more to follow" if args.follow else ""), file=sys.stderr)
+    sources = {name: record.log_lines(name, 0) for name in record.log_names()}
+    for line in pick_lines(sources, {"server"}, args.process, args.lines, args.verbose):
+        print(line)
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("ps", help="list running arcsplit instances", description="List running arcsplit instances.")
+    p = sub.add_parser("ps", help="list running arcsplit instances (--all: and the runs that have ended)",
+                       description="List running arcsplit instances; --all also the runs that have ended whose run "
+                                   f"directories are kept (the newest {KEEP_RUNS}), with how and when each ended.")
+    p.add_argument("--all", "-a", action="store_true", help="also the runs that have ended (their logs stay readable)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_ps)
 
@@ -109,9 +159,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", nargs="?", help="run id or a unique prefix (default: the newest)")
     p.set_defaults(func=_restart)
 
-    p = sub.add_parser("logs", help="show (and follow) a running instance's logs",
-                       description="Show the captured output of a running instance's processes.")
-    p.add_argument("run", nargs="?", help="run id or a unique prefix (default: the newest)")
+    p = sub.add_parser("logs", help="show (and follow) a running instance's logs, or a finished run's",
+                       description="Show the captured output of a running instance's processes, or of a run that "
+                                   "has ended (from its run directory: `arcsplit ps --all` lists them).")
+    p.add_argument("run", nargs="?", help="run id or a unique prefix (default: the newest running instance, else "
+                                          "the newest run)")
     p.add_argument("--process", "-p", metavar="NAME", help="one process: server, rpc0, rpc1, ... (default: all)")
     p.add_argument("--lines", "-n", type=int, default=50, metavar="N", help="lines of history (default 50)")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines")

@@ -46,25 +46,26 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def render(report: Any) -> list[str]:
-    """The table of every candidate tried, the pick and the default."""
-    out = [f"{'':2}{'route [settings]':<44} {'status':<9} {'prefill':>8} {'decode':>7} {'streams':>8}  note"]
-    for key in report.order:
-        r = report.results.get(key)
-        if r is None:
-            continue
-        mark = "* " if key == report.pick else "d " if key == report.default else "  "
-        figs = (f"{r['prefill']:>8.1f} {r['decode']:>7.1f} {r['streams']:>8.1f}" if "decode" in r
-                else f"{'-':>8} {'-':>7} {'-':>8}")
-        out.append(f"{mark}{r.get('label', key):<44} {r.get('status', '?'):<9} {figs}  {r.get('reason', '')[:90]}")
-    pick, default = report.results.get(report.pick or ""), report.results.get(report.default or "")
+    """The table of every candidate tried (the one every surface shows: TuneResult.table), the pick and the default,
+    and a faster-looking candidate that lost the second round, said as such."""
+    result = report.result()
+    out = [f"{result.legend}:", *result.table()]
+    pick, default, objective = result.pick, result.default, result.objective
     if pick is None:
         out.append("no correct route was measured: see the statuses above")
         return out
-    line = f"\npick (*): {pick['label']}, {report.objective} {pick[report.objective]:.1f} t/s"
-    if default is not None and default.get(report.objective):
-        line += (f"; the default order's route (d) {default['label']}: {default[report.objective]:.1f} t/s "
-                 f"({pick[report.objective] / default[report.objective]:.2f}x)")
+    line = f"\npick (*): {pick.label}, {objective} {pick.figure(objective) or 0:.1f} t/s"
+    theirs = default.figure(objective) if default is not None else None
+    if pick.default:
+        line += " (the default order's route, d)"
+    elif default is not None and theirs:
+        line += (f"; the default order's route (d) {default.label}: {theirs:.1f} t/s "
+                 f"({(pick.figure(objective) or 0) / theirs:.2f}x)")
     out.append(line)
+    for lost in (c for c in result.candidates if c.second is not None and not c.pick and not c.default):
+        out.append(f"{lost.label} was faster in the first round ({lost.figure(objective) or 0:.1f} t/s) but lost the "
+                   f"second round ({lost.second:.1f} against {pick.second or 0:.1f} t/s): the pick is the default "
+                   "order's route")
     out.append(f"tune took {report.wall_s:.0f} s, {report.reused} result(s) kept from earlier runs"
                + (f", {len(report.not_tried)} not tried within the budget" if report.not_tried else "")
                + "; `arcsplit serve` now uses the pick for this rig (--mode overrides it)")

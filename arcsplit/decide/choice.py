@@ -41,26 +41,22 @@ class Measured:
     pick: bool = False
     default: bool = False  # what the default order runs untuned
     key: str = ""  # the candidate's key in tune's results ("cpu:rpc:defaults")
+    second: float | None = None  # t/s by the objective in the second round (the fastest and the default, again)
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "label": self.label, "status": self.status, "decode": self.decode,
                 "prefill": self.prefill, "streams": self.streams, "reason": self.reason, "pick": self.pick,
-                "default": self.default}
+                "default": self.default, "second": self.second}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Measured":
         return cls(str(d.get("label", "")), _outcome(d.get("status")), _num(d.get("decode")), _num(d.get("prefill")),
                    _num(d.get("streams")), str(d.get("reason") or ""), bool(d.get("pick")), bool(d.get("default")),
-                   str(d.get("key") or ""))
+                   str(d.get("key") or ""), _num(d.get("second")))
 
     def figure(self, objective: str) -> float | None:
         """Its t/s by ``objective`` (decode, prefill or streams)."""
         return {"decode": self.decode, "prefill": self.prefill, "streams": self.streams}.get(objective)
-
-    def figures(self) -> str:
-        if self.decode is None:
-            return self.reason[:80]
-        return f"decode {self.decode:.1f}, prefill {self.prefill or 0:.1f}, streams {self.streams or 0:.1f} t/s"
 
 
 def _outcome(v: Any) -> Outcome:
@@ -133,10 +129,25 @@ class RouteChoice:
         return f"route: {self.mode} by the default order ({self.note})"
 
     def table(self) -> list[str]:
-        return table(self.alternatives)
+        return table(self.alternatives, self.objective)
 
 
-def table(alternatives: tuple[Measured, ...]) -> list[str]:
-    """The candidates tune measured, one line each (* the pick, d the default order's route)."""
-    return [f" {'*' if a.pick else 'd' if a.default else ' '} {a.label:<40} {a.status:<8} {a.figures()}"
-            for a in alternatives]
+LEGEND = ("* the pick, d the default order's route; 2nd: a second round of the fastest and the default, back to "
+          "back (the default stays unless the fastest wins it too)")
+
+
+def table(alternatives: tuple[Measured, ...], objective: str) -> list[str]:
+    """The candidates tune measured: a header, then one line each, marked as LEGEND says, with the first round's
+    figures (t/s), the second round's by ``objective`` where it ran (a faster-looking candidate that lost it is
+    not the pick), and the note whole."""
+    def fig(v: float | None, width: int) -> str:
+        return f"{v:>{width}.1f}" if v is not None else f"{'-':>{width}}"
+
+    out = [f"{'':2} {'route [settings]':<40} {'status':<9} {'prefill':>8} {'decode':>7} {'streams':>8} "
+           f"{'2nd ' + objective:>11}  note"]
+    for a in alternatives:
+        mark = ("*" if a.pick else "") + ("d" if a.default else "")  # "*d": the pick is the default's route
+        second = fig(a.second, 11) if a.second is not None else f"{'':>11}"
+        out.append(f"{mark:>2} {a.label:<40} {a.status:<9} {fig(a.prefill, 8)} {fig(a.decode, 7)} {fig(a.streams, 8)} "
+                   f"{second}  {a.reason}".rstrip())
+    return out

@@ -305,7 +305,8 @@ def decide(req: ServeRequest, rig: Rig | None, *, serving: bool,
                       if here and not rig.hosts else (None, None))
     decision = choose_mode(req.backend, len(rig.cards), forced=parse_choice(req.mode),
                            verdict=verdict, probe_results=known, n_remote=sum(1 for c in rig.cards if c.host),
-                           distrust_one_context=unchecked_one_context(req, Mode.MULTI, len(rig.cards)))
+                           distrust_one_context=unchecked_one_context(req, Mode.MULTI, len(rig.cards)),
+                           forced_by=req.choice.line() if req.choice is not None and req.choice.tuned else None)
     return _prepared(req, binaries, profile, rig, decision, rpc_ports, choice, live=here, serving=serving)
 
 

@@ -116,9 +116,20 @@ def cpu_model() -> str:
     return "CPU"
 
 
+def _refuse_missing(backend: str, wanted: Sequence[int], known: Sequence[int], where: str) -> None:
+    """One refusal for a card the backend does not have, on a GPU backend and on the CPU alike."""
+    for g in wanted:
+        if g not in known:
+            listed = ", ".join(str(i) for i in sorted(known))
+            raise UnknownCard(f"there is no {backend} card {g}", f"pick from {where}: {listed}")
+
+
 def cpu_rig(gpus: list[int] | None, cpu_memory_mib: int | None = None) -> Rig:
-    """CPU "cards": one rpc-server each, budgeted an even share of available RAM unless told otherwise."""
+    """CPU "cards": one rpc-server each, budgeted an even share of available RAM unless told otherwise. They are
+    numbered from 0 in the number asked for, so ``--gpus 9`` names a card that is not there, as on a GPU."""
     indices = gpus if gpus else [0]
+    _refuse_missing(backends.CPU, indices, range(len(indices)),
+                    "the CPU cards (one rpc-server each, numbered from 0: --gpus 0,1 makes two)")
     if cpu_memory_mib is not None and cpu_memory_mib <= 0:
         raise BadInput(f"--cpu-memory {cpu_memory_mib} must be positive", "give each CPU card's budget in MiB")
     budget = (cpu_memory_mib * MiB if cpu_memory_mib is not None
@@ -192,12 +203,10 @@ def discover_rig(backend: str, gpus: list[int] | None, binaries: LlamaBinaries |
                           f"check the driver (`arcsplit doctor --backend {backend}`) or use --backend cpu")
     by_index = {d.index: d for d in devices}
     wanted = gpus if gpus is not None else sorted(by_index)
+    _refuse_missing(backend, wanted, sorted(by_index), "the cards llama.cpp reports")
     cards = []
     for g in wanted:
-        found = by_index.get(g)
-        if found is None:
-            known = ", ".join(str(i) for i in sorted(by_index))
-            raise UnknownCard(f"there is no {backend} card {g}", f"pick from the cards llama.cpp reports: {known}")
+        found = by_index[g]
         cards.append(Card(backend=backend, index=g, name=found.description,
                           total_bytes=found.total_mib * MiB, free_bytes=max(1, found.free_mib) * MiB))
     return Rig(cards=tuple(cards), name=f"{len(cards)} {backend} card(s)")

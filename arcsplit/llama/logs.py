@@ -11,7 +11,7 @@ import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 MiB = 1024 * 1024
 
@@ -295,3 +295,24 @@ def trace_filter() -> Callable[[str], bool]:
         return trace
 
     return is_trace
+
+
+def pick_lines(sources: Mapping[str, Iterable[str]], servers: Collection[str], name: str | None, n: int,
+               verbose: bool) -> list[str]:
+    """What `logs` shows, of a running group (the supervisor's rings) or a finished one (its log files): the last
+    ``n`` lines of process ``name``, or of each, prefixed ``[name]``; without ``verbose``, not the lines of the
+    llama-servers in ``servers`` that their default verbosity would not print (trace_filter)."""
+
+    def lines(key: str) -> list[str]:
+        got = list(sources.get(key, ()))
+        if verbose or key not in servers:
+            return got
+        trace = trace_filter()
+        return [line for line in got if not trace(line)]
+
+    if name is not None:
+        return lines(name)[-n:]
+    out = []
+    for key in list(sources):
+        out += [f"[{key}] {line}" for line in lines(key)[-n:]]
+    return out[-n:] if n else out

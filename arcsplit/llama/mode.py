@@ -16,6 +16,7 @@ from .verdict import Verdict
 
 # Intel's workaround for the NEO >= 26.05 multi-device failure (intel/compute-runtime#916).
 NEO_WORKAROUND_ENV = {"NEOReadDebugKeys": "1", "ForceZeDeviceCanAccessPerReturnValue": "0"}
+WARNING = "warning: "  # a reason that warns: kept whoever forced the mode
 
 
 class ProbeLike(Protocol):
@@ -55,11 +56,22 @@ def _probe_map(probe_results: Iterable[ProbeLike] | Mapping[str, bool] | None) -
 
 def choose_mode(backend: str, n_cards: int, forced: str | None = None, verdict: Verdict | None = None,
                 probe_results: Iterable[ProbeLike] | Mapping[str, bool] | None = None,
-                n_remote: int = 0, distrust_one_context: str | None = None) -> ModeDecision:
+                n_remote: int = 0, distrust_one_context: str | None = None,
+                forced_by: str | None = None) -> ModeDecision:
     """The fastest mode that works here; ``forced`` (--mode) wins but a known failure is stated. ``n_remote`` of the
     cards are on other hosts: each is an rpc-server there, and the choice is about this machine's cards.
     ``distrust_one_context``: why auto must not pick a one-context mode even where it loads (its output unchecked
-    on a rig where loading proves nothing); --mode still runs one."""
+    on a rig where loading proves nothing); --mode still runs one. ``forced_by``: what chose ``forced`` when the user
+    did not (arcsplit tune's pick, in its RouteChoice line): the reason given, after any warning, not "--mode"."""
+    decision = _choose(backend, n_cards, forced, verdict, probe_results, n_remote, distrust_one_context)
+    if forced_by is None:
+        return decision
+    return replace(decision, reasons=(*(r for r in decision.reasons if r.startswith(WARNING)), forced_by))
+
+
+def _choose(backend: str, n_cards: int, forced: str | None, verdict: Verdict | None,
+            probe_results: Iterable[ProbeLike] | Mapping[str, bool] | None, n_remote: int,
+            distrust_one_context: str | None) -> ModeDecision:
     be = backends.get(backend)  # an unknown name is a one-line error
     if n_cards < 1:
         raise BadInput("no cards to run on", "pass --gpus with at least one card")
@@ -71,7 +83,7 @@ def choose_mode(backend: str, n_cards: int, forced: str | None = None, verdict: 
     probes = _probe_map(probe_results)
     reasons: list[str] = []
     if verdict is not None and verdict.affects == "all" and verdict.status == "bad":
-        reasons.append(f"warning: {verdict.summary} ({', '.join(verdict.sources)}) - no mode avoids it")
+        reasons.append(f"{WARNING}{verdict.summary} ({', '.join(verdict.sources)}) - no mode avoids it")
     if n_cards == 1:
         return _one_card(want, reasons)
     if be.on_cpu:
@@ -86,7 +98,7 @@ def choose_mode(backend: str, n_cards: int, forced: str | None = None, verdict: 
         ok, why = prior.works(want)
         reasons.append(f"forced by --mode {want}")
         if (want in probes and not ok) or (want is Mode.MULTI and prior.bad_multi):
-            reasons.append(f"warning: {why}")
+            reasons.append(f"{WARNING}{why}")
         return ModeDecision(want, prior.env_of(want), tuple(reasons), want in probes and ok)
     for mode in AUTO_ORDER:
         if mode is Mode.MULTI_WORKAROUND and not be.one_context_workaround:

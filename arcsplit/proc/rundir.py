@@ -1,9 +1,9 @@
 """The run directory (logs + state.json) and the sweep that removes what a dead supervisor left behind.
 
 state_dir()/runs/<run-id>/ holds one log file per process name (appended across restarts) and state.json:
-pids, pgids, create times, ports, argv, the supervisor's pid. The next start reads every state.json whose
-supervisor is gone and kills the processes still matching by pid + create_time + cmdline: a reused pid is
-never touched.
+pids, pgids, create times, ports, argv, the supervisor's pid, the group's state. The next start reads every
+state.json whose supervisor is gone and kills the processes still matching by pid + create_time + cmdline: a reused
+pid is never touched. The newest KEEP_RUNS directories stay after their run, for `arcsplit ps --all` and `logs`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .._dirs import state_dir
+from ..errors import BadInput
 
 if TYPE_CHECKING:
     import psutil
@@ -206,6 +207,87 @@ def sweep(root: Path | None = None, grace: float = 3.0) -> list[int]:
         except OSError:
             pass
     return killed
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run directory as its state.json left it: what `ps --all` lists, and where `logs` reads a finished run."""
+
+    run_id: str
+    path: Path
+    started: float | None
+    ended: float | None  # None: still running, or its supervisor died before it could write the end
+    group: str | None  # the group's last state
+    mode: str | None
+    url: str | None
+    model: str | None
+    running: bool  # its supervisor is still the process that wrote the file
+    faults: tuple[str, ...] = ()  # what went wrong, as fault_lines says it
+
+    @property
+    def state(self) -> str:
+        """The group's last state; "died" for a run whose supervisor went without writing its end (killed)."""
+        if self.running or self.ended is not None:
+            return self.group or "unknown"
+        return "died"
+
+    def log_names(self) -> list[str]:
+        """Its processes' log files by name: the rpc-servers and links, then llama-server (the order it starts)."""
+        names = sorted(p.stem for p in self.path.glob("*.log"))
+        return sorted(names, key=lambda n: n == "server")
+
+    def log_lines(self, name: str, n: int) -> list[str]:
+        return tail_lines(self.path / f"{name}.log", n)
+
+
+def tail_lines(path: Path, n: int, window: int = 256 * 1024) -> list[str]:
+    """The last ``n`` lines of a log file, reading at most its last ``window`` bytes (a log grows for days)."""
+    with path.open("rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        fh.seek(max(0, size - window))
+        lines = fh.read().decode("utf-8", "replace").splitlines()
+    if size > window and lines:
+        lines = lines[1:]  # the first one is cut
+    return lines[-n:] if n else lines
+
+
+def read_record(path: Path) -> RunRecord | None:
+    """The run in ``path``; None for a directory without a readable state.json."""
+    try:
+        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict):
+        return None
+    sup = state.get("supervisor") or {}
+    running = bool(sup) and state.get("ended") is None and same_process(
+        int(sup.get("pid", -1)), float(sup.get("create_time") or 0), started=_float(sup.get("since_boot"))) is not None
+    plan = state.get("plan") or {}
+    return RunRecord(run_id=path.name, path=path, started=_float(state.get("started")),
+                     ended=_float(state.get("ended")), group=state.get("group"), mode=state.get("mode"),
+                     url=state.get("url"), model=plan.get("model") if isinstance(plan, dict) else None, running=running,
+                     faults=tuple(fault_lines(state)))
+
+
+def run_records(root: Path | None = None) -> list[RunRecord]:
+    """Every run still on disk (the newest KEEP_RUNS and any still running), newest first."""
+    root = root or runs_root()
+    if not root.is_dir():
+        return []
+    found = [r for d in root.iterdir() if d.is_dir() for r in [read_record(d)] if r is not None]
+    return sorted(found, key=lambda r: (r.started or 0.0, r.run_id), reverse=True)
+
+
+def find_record(run: str | None, root: Path | None = None) -> RunRecord | None:
+    """The run named by ``run`` (its id or a unique prefix; None: the newest); None when there is no such run."""
+    records = run_records(root)
+    if run is None:
+        return records[0] if records else None
+    matches = [r for r in records if r.run_id == run] or [r for r in records if r.run_id.startswith(run)]
+    if len(matches) > 1:
+        raise BadInput(f"{run!r} matches {len(matches)} runs", "give more of the run id (`arcsplit ps --all`)")
+    return matches[0] if matches else None
 
 
 def _prune(root: Path, keep: int) -> None:

@@ -381,9 +381,11 @@ class Client:
         return self.request("snapshot")
 
     def events(self, kinds: tuple[str, ...] | None = None, timeout: float | None = None,
-               snapshot: bool = True) -> Iterator[dict[str, Any]]:
-        """A snapshot event first, then every later event in order; ends after ``timeout`` s of silence, or
-        once the group has stopped (its last event)."""
+               snapshot: bool = True, idle: float | None = None) -> Iterator[dict[str, Any]]:
+        """A snapshot event first, then every later event in order, until the group has stopped (its last event),
+        ``timeout`` s after the call (the whole stream: a running group is never silent for long, telemetry comes
+        every 2 s), or after ``idle`` s without an event of ``kinds``."""
+        end = None if timeout is None else time.monotonic() + timeout
         sub = self._socket(zmq.SUB)
         try:
             prefixes = [TOPIC_PREFIX + k.encode() + b"." for k in kinds] if kinds else [TOPIC_PREFIX]
@@ -398,7 +400,10 @@ class Client:
                 yield {"v": SCHEMA_VERSION, "seq": after, "time": time.time(), "kind": "snapshot",
                        "name": "group", "data": snap}
             while True:
-                if not sub.poll(None if timeout is None else int(timeout * 1000)):
+                waits = [w for w in (idle, None if end is None else end - time.monotonic()) if w is not None]
+                if waits and min(waits) <= 0:
+                    return
+                if not sub.poll(int(min(waits) * 1000) if waits else None):
                     return
                 _topic, payload = sub.recv_multipart()
                 msg = json.loads(payload)

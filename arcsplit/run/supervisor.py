@@ -173,20 +173,7 @@ class Supervisor:
         """The last ``n`` captured lines of one process (or of all, prefixed with the process name). ``verbose``
         False: without the lines llama-server prints only at the -lv 4 arcsplit runs it with (logs.trace_filter)."""
         servers = {s.name for s in self._specs if s.role == Role.SERVER}
-
-        def lines(key: str) -> list[str]:
-            ring = list(self._rings.get(key, ()))
-            if verbose or key not in servers:
-                return ring
-            trace = logs.trace_filter()
-            return [line for line in ring if not trace(line)]
-
-        if name is not None:
-            return lines(name)[-n:]
-        out = []
-        for key in list(self._rings):
-            out += [f"[{key}] {line}" for line in lines(key)[-n:]]
-        return out[-n:] if n else out
+        return logs.pick_lines(self._rings, servers, name, n, verbose)
 
     def status(self) -> Status:
         procs: dict[str, MemberStatus] = {}
@@ -792,8 +779,10 @@ class Supervisor:
             self._write_state()
 
     def _set_group(self, data: GroupData) -> None:
+        """Every group state change reaches the state file too (`ps`, `report` read it, not the events)."""
         self._group_state = advance(GROUP_TRANSITIONS, self._group_state, data.state)
         self._publish("group", data)
+        self._write_state()
 
     def _write_state(self, ended: bool = False) -> None:
         if self.run_dir is None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from textual.markup import escape
 
-from ..decide.choice import ChosenBy, RouteChoice
+from ..decide.choice import LEGEND, ChosenBy, RouteChoice
 from ..route import holders as route_holders
 from ..samples import NO_READING, CardRow
 from ..proc.rundir import fault_lines
@@ -240,7 +240,7 @@ def render_choice(data: dict[str, Any] | None) -> list[str]:
     choice = RouteChoice.from_dict(data)
     out = [f"[$success]{escape(choice.line())}[/]" if choice.tuned else escape(choice.line())]
     if choice.alternatives:
-        out.append("  measured (* the pick, d the default order's route):")
+        out.append(f"  measured ({escape(LEGEND)}):")
         out += [f"  {escape(row)}" for row in choice.table()]
     return out
 

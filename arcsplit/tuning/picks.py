@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import backends
 from ..errors import ArcsplitError
-from ..decide.choice import ChosenBy, Measured, RouteChoice, table
+from ..decide.choice import LEGEND, ChosenBy, Measured, RouteChoice, table
 from ..decide.prepare import Prepared, ServeRequest, preview
 from ..llama.facts import gather_facts
 from ..llama.locate import LlamaBinaries, find_llama
@@ -77,19 +77,21 @@ def choice_of(data: dict[str, Any], objective: str | None = None) -> RouteChoice
         return None
     return RouteChoice(ChosenBy.TUNE, str(res["candidate"]["mode"]), res.get("label") or str(pick), objective,
                        float(data.get("updated") or 0) or None, float(res["decode"]), float(res["prefill"]),
-                       float(res["streams"]), alternatives(data, pick))
+                       float(res["streams"]), alternatives(data, pick, objective))
 
 
-def alternatives(data: dict[str, Any], pick: str | None) -> tuple[Measured, ...]:
-    """Every kept result of one fingerprint, the pick first, then by key."""
+def alternatives(data: dict[str, Any], pick: str | None, objective: str) -> tuple[Measured, ...]:
+    """Every kept result of one fingerprint, the pick first, then by key; second rounds by ``objective``."""
     results = data.get("results") or {}
-    return tuple(measured(results[k], k, pick, data.get("default"))
+    return tuple(measured(results[k], k, pick, data.get("default"), objective)
                  for k in [pick, *sorted(k for k in results if k != pick)] if k in results)
 
 
-def measured(res: dict[str, Any], key: str, pick: str | None, default: str | None) -> Measured:
-    """One kept result as the typed record the surfaces and the Python API read."""
-    return Measured.from_dict({**res, "key": key, "pick": key == pick, "default": key == default})
+def measured(res: dict[str, Any], key: str, pick: str | None, default: str | None, objective: str) -> Measured:
+    """One kept result as the typed record the surfaces and the Python API read (its second round's figure by
+    ``objective``, where it had one)."""
+    return Measured.from_dict({**res, "key": key, "pick": key == pick, "default": key == default,
+                               "second": res.get(f"confirm_{objective}")})
 
 
 def tuned(req: ServeRequest, objective: str | None = None) -> tuple[ServeRequest, str] | None:
@@ -118,5 +120,5 @@ def summary(req: ServeRequest) -> list[str]:
         return []
     data = got[1]
     objective = str(data.get("objective") or "decode")
-    return [f"tuned for this rig (arcsplit tune, by {objective}; * the pick, d the default order's route):",
-            *table(alternatives(data, (data.get("picks") or {}).get(objective)))]
+    return [f"tuned for this rig (arcsplit tune, by {objective}; {LEGEND}):",
+            *table(alternatives(data, (data.get("picks") or {}).get(objective), objective), objective)]

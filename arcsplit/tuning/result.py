@@ -4,9 +4,9 @@ record, kept per fingerprint as it goes)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from ..decide.choice import Measured
+from ..decide.choice import LEGEND, Measured, table
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,12 @@ class TuneResult:
         mine = self.pick.figure(self.objective) if self.pick else None
         theirs = self.default.figure(self.objective) if self.default else None
         return mine / theirs if mine and theirs else None
+
+    def table(self) -> list[str]:
+        """Every candidate in the order tried, as every surface shows tune's results (decide/choice.py table)."""
+        return table(self.candidates, self.objective)
+
+    legend: ClassVar[str] = LEGEND  # what the table's marks and its 2nd column mean
 
     def to_dict(self) -> dict[str, Any]:
         return {"objective": self.objective, "candidates": [c.to_dict() for c in self.candidates],

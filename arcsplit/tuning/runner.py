@@ -68,7 +68,8 @@ class TuneReport:
 
     def result(self) -> TuneResult:
         """The frozen view ``arcsplit.tune()`` returns."""
-        rows = {k: measured(self.results[k], k, self.pick, self.default) for k in self.order if k in self.results}
+        rows = {k: measured(self.results[k], k, self.pick, self.default, self.objective) for k in self.order
+                if k in self.results}
         return TuneResult(self.objective, tuple(rows.values()), rows.get(self.pick or ""),
                           rows.get(self.default or ""), self.wall_s, self.reused, tuple(self.not_tried),
                           self.fingerprint.digest)
