@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import os
 import platform
+import shlex
 import statistics
 import sys
 import tempfile
@@ -276,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{rig} run {k}/{a.runs}", flush=True)
                 rows.setdefault(rig, []).append(one_run(replace(req), a, k))
                 print(f"  {rows[rig][-1]}", flush=True)
-    text = report(a, rows, "python bench/tune.py " + " ".join(argv if argv is not None else sys.argv[1:]), started)
+    shown = shlex.join(["python", "bench/tune.py", *(argv if argv is not None else sys.argv[1:])])
+    text = report(a, rows, shown, started)
     Path(a.out).write_text(text, encoding="utf-8")
     print(text)
     return 0

@@ -4,6 +4,7 @@ rendering reads in light and dark themes; every state also has a word or symbol,
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from textual.markup import escape
@@ -220,7 +221,7 @@ def render_plan(state: DashState) -> str:
                  f"tensor split {escape(str(plan.get('tensor_split') or []))}")
     args = plan.get("llama_server_args") or []
     if args:
-        lines.append("llama-server " + escape(" ".join(str(a) for a in args)))
+        lines.append("llama-server " + escape(shlex.join(str(a) for a in args)))
     for w in plan.get("warnings") or []:
         lines.append(f"[$warning]warning:[/] {escape(str(w))}")
     if st.get("last_error"):
