@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from .._api import RouteChoice, attach, runs
+from .. import durations
 from ..llama.logs import trace_filter
 from ..roles import Role
 from . import print_json
@@ -96,7 +97,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("stop", help="stop a running instance (llama-server first, then rpc-servers)",
                        description="Stop a running instance: llama-server first, then the rpc-servers.")
     p.add_argument("run", nargs="?", help="run id or a unique prefix (default: the newest)")
-    p.add_argument("--wait", type=float, default=30.0, metavar="S", help="wait this long for it to exit (default 30)")
+    p.add_argument("--wait", type=durations.argtype("--wait", allow_zero=True), default=30.0, metavar="TIME",
+                   help=f"wait this long for it to exit: {durations.HELP} (default 30s)")
     p.set_defaults(func=_stop)
 
     p = sub.add_parser("restart", help="restart a running instance's group",

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .. import durations
 from ..errors import BadInput
 from ..modes import AUTO, CHOICES as MODE_CHOICES
 from ..netaddr import LOOPBACK, SERVER_PORT, bus_address
@@ -40,8 +41,6 @@ def check_serve_flags(args: argparse.Namespace) -> None:
     """serve's own flags that no plan reads (``arcsplit unit serve`` checks them too)."""
     if args.max_restarts < 0:
         raise BadInput(f"--max-restarts {args.max_restarts} is negative", "give 0 or more failures to tolerate")
-    if args.stall_timeout <= 0:
-        raise BadInput(f"--stall-timeout {args.stall_timeout} must be positive", "give seconds, e.g. 120")
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -70,10 +69,10 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--objective", choices=TUNE_OBJECTIVES, default="decode",
                    help="what the pick is fastest at: decode (one stream), prefill, or streams (every slot busy: "
                         "--parallel N) (default: decode)")
-    p.add_argument("--budget", type=float, default=300.0, metavar="S",
-                   help="seconds the whole tune may take, start-ups included (default: 300)")
-    p.add_argument("--per-candidate", type=float, default=15.0, metavar="S",
-                   help="seconds of measuring per started candidate (default: 15)")
+    p.add_argument("--budget", type=durations.argtype("--budget"), default=300.0, metavar="TIME",
+                   help=f"how long the whole tune may take, start-ups included: {durations.HELP} (default: 5m)")
+    p.add_argument("--per-candidate", type=durations.argtype("--per-candidate"), default=15.0, metavar="TIME",
+                   help=f"measuring time per started candidate: {durations.HELP} (default: 15s)")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -182,11 +181,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "are started over ssh by `arcsplit node --stdio`; docs/multihost.md)")
     p.add_argument("--max-restarts", type=int, default=5, metavar="N",
                    help="failures counted before giving up; each 30 s ready halves the count (default: 5)")
-    p.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",
-                   help="give up a load after this long without any progress (default: 120)")
-    p.add_argument("--stop-grace", type=float, default=None, metavar="S",
-                   help="seconds between SIGTERM and SIGKILL when stopping or restarting (default: per backend, "
-                        "30 on sycl, 10 elsewhere; docs/runtime.md)")
+    p.add_argument("--stall-timeout", type=durations.argtype("--stall-timeout"), default=120.0, metavar="TIME",
+                   help=f"give up a load after this long without any progress: {durations.HELP} (default: 2m)")
+    p.add_argument("--stop-grace", type=durations.argtype("--stop-grace", allow_zero=True, maximum=3600.0),
+                   default=None, metavar="TIME",
+                   help=f"time between SIGTERM and SIGKILL when stopping or restarting: {durations.HELP}, at most 1h "
+                        "(default: per backend, 30s on sycl, 10s elsewhere; docs/runtime.md)")
     p.add_argument("--json-events", action="store_true", help="print every event but log lines as JSON on stdout")
     p.add_argument("--bus", metavar="tcp://HOST:PORT",
                    help="serve the bus over TCP with CURVE keys: events on PORT, control on PORT+1 "
