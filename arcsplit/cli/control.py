@@ -57,7 +57,7 @@ def _ps(args: argparse.Namespace) -> int:
 
 def _stop(args: argparse.Namespace) -> int:
     with attach(args.run) as client:
-        client.stop()
+        client.stop(by="`arcsplit stop`")
         run = client.info
     deadline = time.monotonic() + args.wait
     while run.alive() and time.monotonic() < deadline:
@@ -68,7 +68,7 @@ def _stop(args: argparse.Namespace) -> int:
 
 def _restart(args: argparse.Namespace) -> int:
     with attach(args.run) as client:
-        client.restart()
+        client.restart(by="`arcsplit restart`")
         print(f"restarting {client.info.run_id}")
     return 0
 

@@ -257,12 +257,19 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
                 if demo:
                     _example(sup.url, demo, sup.config.alias or "")
             elif state == GroupState.BACKOFF:
-                _say(f"group failed ({ev.data.get('error')}); restart {ev.data.get('failures')} in "
-                     f"{ev.data.get('delay'):.1f} s")
+                _say(backoff_line(ev.data, sup.policy.max_failures))
         elif ev.kind == "verdict":
             _say(f"recorded: {ev.data.get('failed_mode')} fails here; now {ev.data.get('fallback')}")
         elif ev.kind == "host":
             _say(host_line(ev.name, ev.data))
+
+
+def backoff_line(data: Mapping[str, Any], limit: int) -> str:
+    """The group failed and waits before its next start: the failures counted as a whole number (the count decays
+    with time ready, --max-restarts's help says how; the fraction is the supervisor's, not the reader's)."""
+    counted = round(float(data.get("failures") or 0))
+    return (f"group failed ({data.get('error')}); restarting in {float(data.get('delay') or 0):.3g} s "
+            f"({counted} failure{'s' if counted != 1 else ''} counted; it gives up past {limit})")
 
 
 SLOW_AGENT_START_S = 0.3  # Python and the agent's first imports take ~0.1-0.15 s on a small machine

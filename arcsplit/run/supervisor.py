@@ -186,7 +186,7 @@ class Supervisor:
             "backend": self.config.backend,
             "url": self.url,
             "generation": self._generation,
-            "failures": round(self._failures, 2),
+            "failures": round(self._failures),  # a count people read; the decay stays in _failures
             "uptime": (time.time() - self._ready_at) if self._ready_at and self._group_state is GroupState.READY else None,
             "processes": procs,
             "progress": dict(self._progress),

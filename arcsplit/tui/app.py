@@ -10,6 +10,7 @@ only while the logs tab is shown (the ring keeps them); a batch larger than the 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any, AsyncIterator, Callable, Protocol
 
@@ -370,7 +371,7 @@ class DashApp(App[None]):
     @work(group="control")
     async def _control(self, cmd: str) -> None:
         try:
-            await self.source.request(cmd)
+            await self.source.request(cmd, by="the dashboard", pid=os.getpid())
             self.notify(f"{cmd} requested")
         except Exception as exc:
             self.notify(f"{cmd} failed: {exc}", severity="error")

@@ -209,7 +209,7 @@ def render_plan(state: DashState) -> str:
     plan = st.get("plan") or {}
     lines = [f"mode [b]{escape(str(st.get('mode') or NONE))}[/b] on {escape(str(st.get('backend') or NONE))}"
              f", group {state_markup(st.get('state'))}, generation {st.get('generation', NONE)}"
-             f", failures {st.get('failures', 0)}"]
+             f", failures {round(float(st.get('failures') or 0))}"]
     decision = st.get("decision") or {}
     for reason in decision.get("reasons") or []:
         lines.append(f"  because {escape(str(reason))}")
