@@ -8,7 +8,7 @@ from typing import Any
 
 from .._api import RouteChoice, attach, runs
 from .. import durations
-from ..llama.logs import trace_filter
+from ..llama.logs import QuietFilter
 from ..roles import Role
 from . import print_json
 
@@ -78,11 +78,11 @@ def _logs(args: argparse.Namespace) -> int:
         for line in client.logs(args.process, args.lines, verbose=args.verbose):
             print(line)
         if args.follow:
-            trace = trace_filter()  # llama-server's own lines ("server"), as the history above
+            quiet = QuietFilter()  # as the history above: the dashboard's filter too
             for msg in client.events(kinds=("log",), snapshot=False):
                 if args.process is None or msg["name"] == args.process:
                     line = str(msg["data"].get("line", ""))
-                    if not args.verbose and msg["name"] == "server" and trace(line):
+                    if not args.verbose and quiet.hides(msg["name"], line):
                         continue
                     prefix = "" if args.process else f"[{msg['name']}] "
                     print(prefix + line, flush=True)
@@ -114,5 +114,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines")
     p.add_argument("--verbose", "-v", action="store_true",
                    help="also llama-server's trace lines (arcsplit runs it at -lv 4 for its buffer sizes; without "
-                        "this flag logs shows what llama-server's default verbosity would)")
+                        "this flag logs shows what llama-server's default verbosity would), its load-progress "
+                        "state lines and the rpc-servers' connect/close lines; as `arcsplit dash --verbose`")
     p.set_defaults(func=_logs)

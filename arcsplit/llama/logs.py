@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from ..route import SERVER
+
 MiB = 1024 * 1024
 
 # "load_tensors: RPC0[127.0.0.1:50153] model buffer size = 15.99 MiB"
@@ -241,3 +243,27 @@ def trace_filter() -> Callable[[str], bool]:
         return trace
 
     return is_trace
+
+
+# -- what `arcsplit logs` and the dashboard leave out unless asked (--verbose) -----------------------------------
+# Besides llama-server's TRACE lines: its child-protocol state lines (arcsplit opts into that protocol for the load
+# progress, decide/specs.py ROUTER_PORT_ENV; llama-server's own router logs them at debug level only) and the blank
+# line each brings; and every rpc-server's per-connection lines. ggml-rpc's client in llama-server opens a fresh
+# connection for each query it makes while no buffer holds one open (the device list, each memory query: about a
+# dozen per rpc-server in a load, none while serving), and the rpc-server logs each with two or three lines.
+_CHATTER = re.compile(r"^(?:cmd_child_to_router:|Accepted client connection$|Client connection closed$"
+                      r"|RPC: shared-memory link \()")
+
+
+class QuietFilter:
+    """The one filter of `arcsplit logs` and the dashboard's Logs tab: ``hides(process, line)``, fed one reader's
+    lines of every process in arrival order, is True for a line neither shows without --verbose."""
+
+    def __init__(self) -> None:
+        self._server = trace_filter()  # a multi-line message's lines follow their first: one state per stream
+
+    def hides(self, process: str, line: str) -> bool:
+        text = line.rstrip("\r\n")
+        if not text.strip() or _CHATTER.match(text):
+            return True
+        return process == SERVER and self._server(text)

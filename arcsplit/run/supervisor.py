@@ -155,15 +155,14 @@ class Supervisor:
 
     def logs(self, name: str | None = None, n: int = 100, verbose: bool = True) -> list[str]:
         """The last ``n`` captured lines of one process (or of all, prefixed with the process name). ``verbose``
-        False: without the lines llama-server prints only at the -lv 4 arcsplit runs it with (logs.trace_filter)."""
-        servers = {s.name for s in self._specs if s.role == Role.SERVER}
+        False: without what logs.QuietFilter hides (llama-server's -lv 4 trace lines, the rpc-servers' connects)."""
 
         def lines(key: str) -> list[str]:
             ring = list(self._rings.get(key, ()))
-            if verbose or key not in servers:
+            if verbose:
                 return ring
-            trace = logs.trace_filter()
-            return [line for line in ring if not trace(line)]
+            quiet = logs.QuietFilter()
+            return [line for line in ring if not quiet.hides(key, line)]
 
         if name is not None:
             return lines(name)[-n:]

@@ -259,7 +259,8 @@ class DashApp(App[None]):
             parts.append(f"search “{self.search_text}”")
         if note:
             parts.append(note)
-        parts.append(f"{self.state.log_total} lines")
+        hidden = self.state.log_hidden  # what `arcsplit logs` hides too; `arcsplit dash -v` keeps them
+        parts.append(f"{self.state.log_total} lines" + (f", {hidden} hidden (dash -v)" if hidden else ""))
         self._w("#logbar").update("  ·  ".join(escape(p) if "[b]" not in p else p for p in parts))
 
     def _relog(self) -> None:
@@ -377,11 +378,12 @@ class DashApp(App[None]):
             self.notify(f"{cmd} failed: {exc}", severity="error")
 
 
-def run_dashboard(client_factory: Callable[[], Any]) -> int:
-    """Run the dashboard in the foreground on the instance ``client_factory()`` connects to (a bus Client)."""
+def run_dashboard(client_factory: Callable[[], Any], verbose: bool = False) -> int:
+    """Run the dashboard in the foreground on the instance ``client_factory()`` connects to (a bus Client);
+    ``verbose``: its Logs tab keeps the lines `arcsplit logs` hides without --verbose."""
     feed = Feed(client_factory())
     try:
-        DashApp(feed).run()
+        DashApp(feed, state=DashState(verbose=verbose)).run()
     finally:
         feed.close()
     return 0
