@@ -1,0 +1,28 @@
+"""Small things a new user reads: the llama.cpp build named by one version that says what it is, the Python API's
+errors in Python's spelling, the load line naming what loads, which demo model is which."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from arcsplit.llama.locate import parse_version
+from arcsplit.llama.source import COMMIT_FILE, SDIST_VERSION, build_line
+
+
+def _line(text: str) -> str:
+    info = parse_version(text)
+    return build_line(info.build_number, info.commit, info.version)
+
+
+def test_a_build_is_named_by_one_version_that_says_what_it_is(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("ARCSPLIT_CACHE_DIR", str(tmp_path))
+    src = tmp_path / "llama.cpp" / SDIST_VERSION / "src"
+    src.mkdir(parents=True)
+    (src / COMMIT_FILE).write_text("0c1e57098\n")
+    dev = "version: 0.5.0-dev (build 0, commit 0c1e57098)\nbuilt with GNU 12.2.0 for Linux x86_64"
+    line = _line(dev)
+    assert "None" not in line and line.startswith("commit 0c1e57098 ")
+    assert f"llama-cpp-python {SDIST_VERSION}" in line and "0.5.0-dev" in line  # both numbers, each said as what
+    other = _line(dev.replace("0c1e57098", "1234abcde"))
+    assert other.startswith("commit 1234abcde ") and "llama-cpp-python" not in other
+    assert _line("version: 9093 (1e5ad35d5)\nbuilt with GNU 13 for Linux x86_64") == "build 9093 (1e5ad35d5)"
