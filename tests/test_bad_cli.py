@@ -77,6 +77,10 @@ CASES = [
     ("does-not-fit", ["plan", "{model}", "--gpus", "0,1", "--cpu-memory", "5"], ["short by"]),
     ("serve-port-out-of-range", ["serve", "{model}", "--port", "70000"], ["--port"]),
     ("serve-port-taken", ["serve", "{model}", "--gpus", "0,1", "--port", "{busy}"], ["already in use", "--port"]),
+    # before the demo builds llama.cpp or installs its model (an empty cache here): the taken port is the only line
+    ("demo-port-taken", ["demo", "--port", "{busy}"], ["already in use", "--port"]),
+    ("demo-metrics-port-taken", ["demo", "--port", "{free}", "--metrics-port", "{busy}"],
+     ["already in use", "--metrics-port"]),
     ("serve-rpc-ports-junk", ["serve", "{model}", "--port", "{free}", "--rpc-ports", "1,x"], ["--rpc-ports"]),
     ("serve-rpc-ports-count", ["serve", "{model}", "--gpus", "0,1", "--port", "{free}", "--rpc-ports", "{free2}"],
      ["2 ports"]),

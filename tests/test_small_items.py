@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+import arcsplit
+from arcsplit.errors import BadInput
+from arcsplit.llama.devices import parse_gpus
 from arcsplit.llama.locate import parse_version
 from arcsplit.llama.source import COMMIT_FILE, SDIST_VERSION, build_line
 
@@ -26,3 +31,19 @@ def test_a_build_is_named_by_one_version_that_says_what_it_is(tmp_path: Path, mo
     other = _line(dev.replace("0c1e57098", "1234abcde"))
     assert other.startswith("commit 1234abcde ") and "llama-cpp-python" not in other
     assert _line("version: 9093 (1e5ad35d5)\nbuilt with GNU 13 for Linux x86_64") == "build 9093 (1e5ad35d5)"
+
+
+def test_python_api_errors_name_its_arguments(demo_model: Path) -> None:
+    """From Python, a bad value is named as the argument it came in (gpus=[0, 0]); the CLI keeps its flags."""
+    for kwargs, said in [({"gpus": [0, 0]}, "gpus=[0, 0] names a card twice"),
+                         ({"gpus": "a,b"}, "gpus='a,b' is not a list of card numbers; write it like gpus=[0, 1]"),
+                         ({"gpus": [0, 1], "ctx": -5}, "ctx=-5 must be positive"),
+                         ({"gpus": [0, 1], "parallel": 0}, "parallel=0 must be at least 1"),
+                         ({"gpus": [0, 1], "backend": "cpu", "cpu_memory_mib": 0}, "cpu_memory_mib=0 must be positive")]:
+        with pytest.raises(BadInput) as err:
+            arcsplit.plan(demo_model, **kwargs)
+        assert said in str(err.value) and "--" not in str(err.value), str(err.value)
+    with pytest.raises(BadInput, match=r"^budget_s=0 must be positive"):
+        arcsplit.tune(demo_model, gpus=[0, 1], budget_s=0)
+    with pytest.raises(BadInput, match=r"^--gpus '0,0' names a card twice"):  # below the API: the CLI's words
+        parse_gpus("0,0")

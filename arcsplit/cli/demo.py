@@ -17,8 +17,9 @@ from ..demo import (CHAT_NAME, CHAT_PACKAGE, DEMO_NAME, DEMO_PACKAGE,
 from ..errors import LlamaError
 from ..llama.build import BuildConfig, managed_builds
 from ..llama.locate import find_llama
-from ..netaddr import SERVER_PORT
+from ..netaddr import LOOPBACK, SERVER_PORT
 from . import llama as cli_llama, say, serve_run as cli_serve
+from .serve import check_ports
 
 
 def _ensure_cpu_build() -> None:
@@ -33,6 +34,8 @@ def _ensure_cpu_build() -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    # the ports first: a taken one is the only line, not what follows a build and the model's install
+    check_ports(argparse.Namespace(host=LOOPBACK, port=args.port, metrics_port=args.metrics_port, bus=None))
     _ensure_cpu_build()
     ns = argparse.Namespace(**vars(args))
     path, package = (demo_model_path(), DEMO_PACKAGE) if args.base else (chat_model_path(), CHAT_PACKAGE)

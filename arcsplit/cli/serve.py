@@ -21,7 +21,7 @@ from .. import durations
 from ..errors import BadInput
 from ..modes import AUTO, CHOICES as MODE_CHOICES
 from ..netaddr import LOOPBACK, SERVER_PORT, bus_address
-from ..proc.ports import check_free
+from ..proc.ports import check_free, check_host
 from ..route import NATIVE_UBATCH, OUTPUT_LAYER_CHOICES, RPC_UBATCH
 from .options import add_card_options, add_llama_dir
 
@@ -50,15 +50,27 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.metrics_port is not None and args.metrics_port == args.port:
         raise BadInput(f"--metrics-port {args.metrics_port} is llama-server's --port",
                        "give arcsplit's metrics a port of their own")
-    if args.bus:  # checked like the metrics endpoint, before any plan: a taken port is the only line
-        host, port = bus_address(args.bus)
-        for p in (port, port + 1):
-            check_free(host, p, "the bus: events on PORT, control on PORT+1", "--bus address")
+    check_ports(args)
     model = Path(args.model)
     if not model.exists():
         raise BadInput(f"model {model} does not exist", "pass the path of a .gguf file")
     if not model.is_file():
         raise BadInput(f"model {model} is not a regular file", "pass the path of a .gguf file")
+
+
+def check_ports(args: argparse.Namespace) -> None:
+    """The ports the user named are free now (llama-server's --port, --metrics-port, the bus's), checked before
+    anything slow runs (a tune, the demo's build and model install, other hosts' logins): a taken port is then the
+    only line. Out-of-range numbers are decide/prepare.py's to name; the rpc-servers' ports are checked there."""
+    if 0 < args.port < 65536:
+        check_host(args.host, "--host")
+        check_free(args.host, args.port, "llama-server", "--port")
+    if args.metrics_port is not None and 0 < args.metrics_port < 65536:
+        check_free(args.host, args.metrics_port, "arcsplit's metrics", "--metrics-port")
+    if args.bus:  # checked like the metrics endpoint, before any plan
+        host, port = bus_address(args.bus)
+        for p in (port, port + 1):
+            check_free(host, p, "the bus: events on PORT, control on PORT+1", "--bus address")
 
 
 TUNE_OBJECTIVES = ("decode", "prefill", "streams")  # tuning/candidates.py's OBJECTIVES, without importing tuning/

@@ -19,7 +19,7 @@ import httpx
 
 from .. import backends
 from .._api import serve
-from ..errors import ArcsplitError, BadInput
+from ..errors import ArcsplitError, BadInput, given
 from ..decide.choice import ChosenBy, Measured, RouteChoice, table
 from ..decide.prepare import Prepared, ServeRequest, plan_for_mode, preview
 from ..llama.answers import run_flag
@@ -264,9 +264,9 @@ def _checked(treq: TuneRequest) -> None:
     if treq.objective not in OBJECTIVES:
         raise BadInput(f"unknown objective {treq.objective!r}", f"use one of {', '.join(OBJECTIVES)}")
     if not treq.budget_s > 0:
-        raise BadInput(f"--budget {treq.budget_s} must be positive", "give the seconds tune may take, e.g. 300")
+        raise BadInput(f"{given('--budget', treq.budget_s)} must be positive", "give the seconds tune may take, e.g. 300")
     if not treq.per_candidate_s > 0:
-        raise BadInput(f"--per-candidate {treq.per_candidate_s} must be positive", "give seconds, e.g. 15")
+        raise BadInput(f"{given('--per-candidate', treq.per_candidate_s)} must be positive", "give seconds, e.g. 15")
 
 
 def tune(treq: TuneRequest, say: Say = lambda line: None) -> TuneReport:
