@@ -47,3 +47,28 @@ def test_python_api_errors_name_its_arguments(demo_model: Path) -> None:
         arcsplit.tune(demo_model, gpus=[0, 1], budget_s=0)
     with pytest.raises(BadInput, match=r"^--gpus '0,0' names a card twice"):  # below the API: the CLI's words
         parse_gpus("0,0")
+
+
+def test_the_load_line_says_what_loads() -> None:
+    from arcsplit.llama.logs import load_stage
+
+    assert load_stage("text_model", "/models/SmolLM2-135M-Instruct.Q4_1.gguf") == \
+        "the weights of SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert "draft model" in load_stage("spec_model") and "vision projector" in load_stage("mmproj_model")
+    assert "text_model" not in load_stage(None) and load_stage("something_new") == "something_new"
+
+
+def test_which_demo_model_is_which(demo_model: Path, capsys) -> None:
+    """`demo` serves the chat model, `model demo` prints the base one: both say so, in their help and output."""
+    from arcsplit.cli import build_parser, main
+    from arcsplit.demo import CHAT_NAME
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices  # type: ignore[attr-defined]
+    demo_help = sub["demo"].format_help()
+    model_demo = next(a for a in sub["model"]._actions if a.dest == "model_command").choices["demo"]
+    assert CHAT_NAME in demo_help and "Gemma 3 270M" in demo_help and "model demo" in demo_help
+    assert CHAT_NAME in model_demo.format_help() and "Gemma 3 270M" in model_demo.format_help()
+    assert main(["model", "demo"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == str(demo_model)
+    assert "Gemma 3 270M" in err and f"--chat: {CHAT_NAME}, what `arcsplit demo` serves" in err

@@ -110,6 +110,7 @@ def test_stop_over_the_bus_reaches_subscribers_and_ps_until_the_processes_are_go
     assert proc.wait(30) == 0
     said = proc.stdout.read() if proc.stdout else ""
     assert f"arcsplit: stop asked by `arcsplit stop` (pid {stop.pid})" in said, said[-2000:]  # who, on its terminal
+    assert "arcsplit: loading the weights of " in said and "text_model" not in said, said[:2000]  # what loads
     assert not _alive(pids)
 
     listener.join(10)

@@ -22,6 +22,7 @@ from .. import _api
 from .._warm import check_builds, warm_hosts
 from ..errors import ArcsplitError
 from ..llama import webui
+from ..llama.logs import load_stage
 from ..llama.patches import missing_note
 from ..model import read_header
 from ..rig import MiB, Rig, load_layout
@@ -239,7 +240,8 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
             pct = int(100 * float(ev.data.get("value", 0)))
             if pct >= last_pct + 10 or pct == 100:
                 last_pct = pct
-                _say(f"loading {ev.data.get('stage') or 'model'}: {pct}%{_card_loads(ev.data.get('cards') or [])}")
+                what = load_stage(ev.data.get("stage"), sup.config.plan.model_path)
+                _say(f"loading {what}: {pct}%{_card_loads(ev.data.get('cards') or [])}")
         elif ev.kind == "state" and ev.data.get("state") == MemberState.READY and ev.name != "server":
             _say(f"{ev.name} ready on {ev.data.get('endpoint')} (pid {ev.data.get('pid')})")
         elif ev.kind == "group":

@@ -93,6 +93,19 @@ def parse_buffer_line(line: str) -> BufferLine | None:
     return BufferLine(kind=m.group("kind"), buffer=buf, endpoint=endpoint, bytes=int(float(m.group("mib")) * MiB))
 
 
+# llama-server's load stages, as its load-progress reports name them (tools/server/server-context.cpp,
+# load_progress_data): what each one loads, in words.
+_LOAD_STAGES = {"spec_model": "the draft model (speculative decoding)", "mmproj_model": "the vision projector (mmproj)"}
+
+
+def load_stage(stage: str | None, model: str | None = None) -> str:
+    """What a load-progress report is loading: ``text_model`` is the served model's weights (named by its file),
+    the others the draft model or the vision projector; an unknown stage by its own name."""
+    if stage in (None, "", "text_model"):
+        return f"the weights of {Path(model).name}" if model else "the model's weights"
+    return _LOAD_STAGES.get(str(stage), str(stage))
+
+
 def parse_load_mode(line: str) -> str | None:
     """The load mode ("mmap", "none", "dio", ...) of llama-server's "loading model tensors" line, else None."""
     m = _LOAD_MODE.search(line)
