@@ -19,7 +19,7 @@ import httpx
 
 from .. import backends
 from .._api import serve
-from ..errors import ArcsplitError, BadInput, given
+from ..errors import ArcsplitError, BadInput, arg, given
 from ..decide.choice import ChosenBy, Measured, RouteChoice, table
 from ..decide.prepare import Prepared, ServeRequest, plan_for_mode, preview
 from ..llama.answers import run_flag
@@ -460,5 +460,5 @@ def run_from(req: ServeRequest, objective: str, budget_s: float, per_candidate_s
              fresh: bool = False, say: Say = lambda line: None) -> TuneReport:
     """``arcsplit tune`` and ``serve --tune``: the request's own mode must be auto (tune tries every mode)."""
     if req.mode != AUTO:
-        raise BadInput(f"tune tries every mode, so --mode {req.mode} does not apply", "drop --mode")
+        raise BadInput(f"tune tries every mode, so {given('--mode', req.mode)} does not apply", f"drop {arg('--mode')}")
     return tune(TuneRequest(req, objective, budget_s, per_candidate_s, settings=settings, fresh=fresh), say=say)
