@@ -17,7 +17,7 @@ import anyio
 from anyio.from_thread import start_blocking_portal
 
 from .decide.choice import RouteChoice
-from .errors import ArcsplitError, RunError
+from .errors import ArcsplitError, RunError, python_spelling
 from .planner import Plan
 from .rig import load_layout
 from .proc.states import GroupState
@@ -55,7 +55,8 @@ def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None,
     req = ServeRequest(model=str(model), gpus=gpus, backend=backend, mode=mode, ctx=ctx, parallel=parallel,
                        ubatch=ubatch, cache_type=cache_type, cpu_memory_mib=cpu_memory_mib, llama_dir=llama_dir,
                        build=build, moe_offload=moe_offload, host_memory_mib=host_memory_mib, measure=measure)
-    return preview(req, load_layout(os.fspath(layout)) if layout is not None else None).config.plan
+    with python_spelling():  # an error names plan()'s arguments, not the CLI's flags
+        return preview(req, load_layout(os.fspath(layout)) if layout is not None else None).config.plan
 
 
 class AsyncServer:
@@ -151,9 +152,10 @@ async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None
     if layout is not None:
         gpus = None
     req = ServeRequest.of(model, gpus, options)
-    if tuned and layout is None and req.mode == AUTO and anything_kept():  # tune's own candidates name a mode
-        req = _tuned(req)
-    prepared = prepare(req, load_layout(os.fspath(layout)) if layout is not None else None)
+    with python_spelling():  # an error names aserve()'s arguments, not the CLI's flags
+        if tuned and layout is None and req.mode == AUTO and anything_kept():  # tune's own candidates name a mode
+            req = _tuned(req)
+        prepared = prepare(req, load_layout(os.fspath(layout)) if layout is not None else None)
     for text in prepared.warnings:
         warnings.warn(text, stacklevel=3)
     inst = instance(prepared, max_restarts=max_restarts, stall_timeout=stall_timeout, bus=bus, bus_tcp=bus_tcp)

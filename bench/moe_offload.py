@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -172,7 +173,7 @@ def main() -> int:
                 rows.append(row)
                 print(f"{row.how}: decode t/s {cell(row.decode)}, prefill t/s {cell(row.prefill)}, "
                       f"greedy equal: {row.same}", flush=True)
-    cmd = "`python bench/moe_offload.py " + " ".join(sys.argv[1:]) + "`: "
+    cmd = "`" + shlex.join(["python", "bench/moe_offload.py", *sys.argv[1:]]) + "`: "
     model_desc = (f"`{args.model}`" if args.model else
                   f"synthetic Qwen3-MoE f16 ({args.layers} layers, 32 experts of 512, 4 used, n_embd {e})")
     if cpu:

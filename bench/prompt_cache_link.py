@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -67,7 +68,7 @@ def main() -> None:
     a = ap.parse_args()
     lines = ["# What llama-server's prompt cache sends over the RPC link (CPU, hardware-independent)", "",
              f"- Build: {build_line(a.llama_dir, 'cpu')}",
-             f"- Command: `python bench/prompt_cache_link.py {' '.join(sys.argv[1:])}`",
+             f"- Command: `{shlex.join(['python', 'bench/prompt_cache_link.py', *sys.argv[1:]])}`",
              "- An all-RPC group on two CPU cards (arcsplit serve --mode rpc), a synthetic llama (8 layers, n_embd 256, "
              "2 KV heads, n_vocab 512), prompts A, B, A (about 310 / 200 / 310 tokens, cache_prompt false, n_predict "
              "4). Counts from each rpc-server's GGML_RPC_DEBUG log over the whole run, model load included (equal in "

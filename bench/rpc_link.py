@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -133,7 +134,7 @@ def main() -> None:
     lines = [f"# One RPC link, shared memory against loopback TCP ({a.backend})", "",
              f"- Build: {build_line(a.llama_dir, a.backend)}",
              f"- Machine: {cpu_model()} ({os.cpu_count()} cores)",
-             f"- Command: `python bench/rpc_link.py {' '.join(sys.argv[1:])}`",
+             f"- Command: `{shlex.join(['python', 'bench/rpc_link.py', *sys.argv[1:]])}`",
              f"- {a.runs} runs, each a fresh rpc-server per row; {a.reps} repetitions per run after 2 warm-ups. A cell "
              "is microseconds, min / **median** / max over runs of each run's median. Upload = SET_TENSOR of N bytes "
              "into a compute buffer, then a 4-byte GET (so it has landed); download = GET_TENSOR of N bytes; round "

@@ -223,7 +223,7 @@ def v_fuzz(text: str) -> Verdict:
 
 
 def v_load(text: str) -> Verdict:
-    """load_time.md: the seeded routes' time to ready against native's (issue 19: hybrid <= 2x native)."""
+    """load_time.md: the seeded routes' time to ready against native's (the target: hybrid <= 2x native)."""
     ratio = {(r[0], r[1]): r[3] for r in table_rows(text) if len(r) >= 5 and r[1] in ("socket", "seed")}
     same = all(r[4] == "yes" for r in table_rows(text) if len(r) >= 5 and r[1] in ("-", "socket", "seed"))
     parts = [f"{route} {ratio[(route, 'socket')]} -> {ratio[(route, 'seed')]}" for route in ("hybrid", "rpc")
@@ -236,8 +236,8 @@ def v_load(text: str) -> Verdict:
 
 
 def v_plan_accuracy_cuda(text: str) -> Verdict:
-    """plan_accuracy_cuda.md: no card more than 16 MiB under llama.cpp's CUDA allocation (the done line of issue
-    16); "over" cards are the backend row's stated margin."""
+    """plan_accuracy_cuda.md: no card more than 16 MiB under llama.cpp's CUDA allocation (the plan-accuracy
+    target); "over" cards are the backend row's stated margin."""
     v = [r[-1] for r in table_rows(text) if r and r[-1] in ("yes", "over", "NO")]
     if not v:
         return Verdict("info", "no rows found")
@@ -375,7 +375,7 @@ FIGURES = [
            "every card within max(2 %, 16 MiB) of llama-fit-params, never below by more than 16 MiB",
            ("plan_accuracy.md",), lambda t, f: v_plan_accuracy(t)),
     Figure("2a. Plan accuracy per card vs llama.cpp's CUDA allocator (one H200; --replan keeps it current)",
-           "no card below llama.cpp by more than 16 MiB (issue 16); within max(2 %, 16 MiB) where the cuda row allows",
+           "no card below llama.cpp by more than 16 MiB; within max(2 %, 16 MiB) where the cuda row allows",
            ("gpu/plan_accuracy_cuda.md",), lambda t, f: v_plan_accuracy_cuda(t)),
     Figure("2b. MoE experts in host RAM (--moe-offload), CPU cards", "greedy output identical to no offload",
            ("moe_offload.md",), lambda t, f: Verdict("pass" if "| NO |" not in t and "| yes |" in t else "FAIL",
@@ -385,14 +385,14 @@ FIGURES = [
     Figure("4. Time to ready vs the same commands by hand", "at most 1.05x", ("time_to_ready.md",),
            lambda t, f: v_generic(t)),
     Figure("4b. Load over RPC on one host: weights over the socket vs read from the GGUF (patch 0006)",
-           "hybrid ready within 2x native (issue 19; its figure is for a 14 GB model on a GPU)", ("load_time.md",),
+           "hybrid ready within 2x native (a target set for a 14 GB model on a GPU)", ("load_time.md",),
            lambda t, f: v_load(t)),
     Figure("4c. Recovery after SIGKILL of an rpc-server, weights over the socket vs read from the GGUF (CPU)",
-           "<= 10 s on the 14 GB GPU model (issue 19); on CPU: measured",
+           "<= 10 s on the 14 GB GPU model; on CPU: measured",
            ("recover_cpu_rpc_socket.md", "recover_cpu_rpc_seed.md", "recover_cpu_hybrid_socket.md",
             "recover_cpu_hybrid_seed.md"), lambda t, f: Verdict("info", first_line_with(t, "Ready again after"))),
     Figure("4d. Load and recovery on one GPU (H200, 14.5 GB F16, weights read from the GGUF by the rpc-servers)",
-           "hybrid ready within 2x native; serving again <= 10 s after SIGKILL of an rpc-server (issue 19)",
+           "hybrid ready within 2x native; serving again <= 10 s after SIGKILL of an rpc-server",
            ("gpu/load_cuda_onecard_dense.md", "gpu/recover_cuda_onecard_hybrid.md"), v_gpu_load),
     Figure("5. Throughput per mode (prefill, decode, 4 streams)",
            "hybrid >= 0.75x prefill, >= 0.90x decode, >= 0.90x 4 streams of native, on 2 real GPUs",
@@ -408,8 +408,8 @@ FIGURES = [
            "fewer waits with the patch (its mechanism; tokens/s on 2 shared cores is noise)",
            ("rpc_waits.md",), lambda t, f: Verdict("info", first_line_with(t, "Result:").removeprefix("Result: "))),
     Figure("5d. The RPC route's tax on one GPU (H200, llama-server and rpc-servers share it; 3+ runs)",
-           "hybrid >= 0.85 prefill, >= 0.93 decode and 4 streams; all-RPC >= 0.75 prefill, >= 0.85 decode "
-           "(issue 19), and no route slower with the patches",
+           "hybrid >= 0.85 prefill, >= 0.93 decode and 4 streams; all-RPC >= 0.75 prefill, >= 0.85 decode, "
+           "and no route slower with the patches",
            ("gpu/throughput_cuda_onecard_model7b_mps_final.md", "gpu/throughput_cuda_onecard_moe16x32_mps_final_6runs.md",
             "gpu/throughput_cuda_onecard_moe16x32_mps_final.md", "gpu/throughput_cuda_onecard_moe16x32_mps_final2.md",
             "gpu/throughput_cuda_onecard_moe16x32_final2.md", "gpu/throughput_cuda_onecard_model7b_final2.md",
@@ -431,7 +431,7 @@ FIGURES = [
             "gpu/throughput_cuda_onecard_moe16x32_mps_aa.md", "gpu/throughput_cuda_onecard_moe16x32_mps_shm.md",
             "gpu/throughput_cuda_onecard_dense_0787496fbe.md", "gpu/throughput_cuda_onecard_moe.md",
             "gpu/throughput_cuda_onecard_dense.md"), lambda t, f: v_one_gpu(t)),
-    Figure("5h. One RPC link on one host, shared memory (patch 0008) against loopback TCP (CPU; the lent H200 host)",
+    Figure("5h. One RPC link on one host, shared memory (patch 0008) against loopback TCP (CPU; the host of a rented H200)",
            "a 4-byte round trip and 4 MiB transfers faster through shared memory (what a same-host link buys)",
            ("rpc_link_cpu.md", "gpu/rpc_link_cuda.md"),
            lambda t, f: Verdict("info", first_line_with(t, "Throughput of"))),
@@ -452,7 +452,7 @@ FIGURES = [
     Figure("5e. CPU cost of the RPC link's polling (patch 0005)", "measured (cores busy per token and idle)",
            ("poll_cost.md", "poll_cost_shm.md", "gpu/poll_cost_cuda_onecard_mps.md"), lambda t, f: v_generic(t)),
     Figure("5f. Where a decoded token's time goes on one GPU (CUPTI timeline of every process, H200)",
-           "find where the RPC route's per-token time goes (issue 19): GPU work vs GPU idle, per crossing",
+           "find where the RPC route's per-token time goes: GPU work vs GPU idle, per crossing",
            ("gpu/trace_cuda_onecard_moe16x32_mps_turn_light.md", "gpu/trace_cuda_onecard_model7b_mps_turn_light.md",
             "gpu/trace_cuda_onecard_moe16x32_mps_final_light.md", "gpu/trace_cuda_onecard_model7b_mps_final_prefill.md",
             "gpu/trace_cuda_onecard_model7b_mps_prefill_pinned.md", "gpu/trace_cuda_onecard_moe16x32_mps_pinned_light.md",
@@ -462,7 +462,7 @@ FIGURES = [
             "gpu/trace_cuda_onecard_model7b_mps_prefill.md", "gpu/trace_cuda_onecard_model7b_mps_prefill_ub512.md"),
            lambda t, f: v_trace(t)),
     Figure("5g. Each llama.cpp patch alone on the pinned tree, with vs switched off (one H200, MoE; all-RPC and hybrid)",
-           "a row per patch (issue 19): it applies and builds alone, and its speed on vs off in one run",
+           "a row per patch: it applies and builds alone, and its speed on vs off in one run",
            ("gpu/patches_alone.md", "gpu/patches_alone_hybrid.md"),
            lambda t, f: Verdict("info", first_line_with(t, "Reading"))),
     Figure("6. Several hosts: two \"hosts\" (network namespaces on this machine) over SSH vs one (not started by "

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import compileall
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -43,7 +44,7 @@ def _cli(tree: Path, *argv: str) -> float:
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     dt = time.perf_counter() - t0
     if r.returncode != 0:
-        raise SystemExit(f"startup: `arcsplit {' '.join(argv)}` in {tree} exited {r.returncode}: "
+        raise SystemExit(f"startup: `{shlex.join(['arcsplit', *argv])}` in {tree} exited {r.returncode}: "
                          f"{r.stderr.strip().splitlines()[-1:]}")
     return dt
 

@@ -595,7 +595,7 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
     if a.max_rep_spread:
         lines += ["", f"Repetitions of one mode within {a.max_rep_spread:g}x of each other (--max-rep-spread): "
                   + ("**FAILED**, the bench exits 3: " + "; ".join(uneven) if uneven else "yes, in every run") + "."]
-    extra = f" and `{' '.join(a.equality_args)}`" if a.equality_args else ""
+    extra = f" and `{shlex.join(a.equality_args)}`" if a.equality_args else ""
     why = (" (CPU rpc-servers keep weights unrepacked; a local llama-server repacks Q4_K for its own CPU, which "
            "changes rounding)" if a.equality_args else "")
     lines += ["", f"Greedy check: {len(EQUALITY_PROMPTS)} prompts x {a.greedy_tokens} tokens at temperature 0, "

@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import os
 import platform
+import shlex
 import statistics
 import sys
 import tempfile
@@ -45,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from arcsplit import durations  # noqa: E402
 from arcsplit.decide.prepare import ServeRequest, preview  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.tuning.candidates import Candidate  # noqa: E402
@@ -234,9 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--rigs", default="demo,llama,moe")
-    p.add_argument("--budget", type=float, default=240.0)
-    p.add_argument("--per-candidate", type=float, default=3.0)
-    p.add_argument("--remeasure", type=float, default=6.0)
+    p.add_argument("--budget", type=durations.argtype("--budget"), default=240.0, help=durations.HELP)
+    p.add_argument("--per-candidate", type=durations.argtype("--per-candidate"), default=3.0, help=durations.HELP)
+    p.add_argument("--remeasure", type=durations.argtype("--remeasure"), default=6.0, help=durations.HELP)
     p.add_argument("--objective", default="decode", choices=("decode", "prefill", "streams"))
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "tune.md"))
     p.add_argument("--backend", default="cpu")
@@ -276,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{rig} run {k}/{a.runs}", flush=True)
                 rows.setdefault(rig, []).append(one_run(replace(req), a, k))
                 print(f"  {rows[rig][-1]}", flush=True)
-    text = report(a, rows, "python bench/tune.py " + " ".join(argv if argv is not None else sys.argv[1:]), started)
+    shown = shlex.join(["python", "bench/tune.py", *(argv if argv is not None else sys.argv[1:])])
+    text = report(a, rows, shown, started)
     Path(a.out).write_text(text, encoding="utf-8")
     print(text)
     return 0

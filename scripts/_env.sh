@@ -8,6 +8,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-python3}"
 SETUP="${ARCSPLIT_SETUP:-all}"
+# setuptools prints an "Editable installation ... folders named like your package" banner on every `pip install -e`
+# (a BuildBackendWarning, even with --quiet); it is about Python's import path, not about this install: keep it out.
+EDITABLE_QUIET="ignore:Editable installation"
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
@@ -16,7 +19,7 @@ if [ "$SETUP" = serve ]; then
   if [ ! -f ".venv/.arcsplit-all-$hash" ] && [ ! -f ".venv/.arcsplit-serve-$hash" ]; then
     echo "arcsplit: installing into .venv (what serving needs) …" >&2
     .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null
-    .venv/bin/python -m pip install --quiet -e .
+    PYTHONWARNINGS="$EDITABLE_QUIET" .venv/bin/python -m pip install --quiet -e .
     rm -f .venv/.arcsplit-serve-* && touch ".venv/.arcsplit-serve-$hash"
   fi
   export PATH="$ROOT/.venv/bin:$PATH"
@@ -26,7 +29,7 @@ stamp=".venv/.arcsplit-all-$hash"
 if [ ! -f "$stamp" ]; then
   echo "arcsplit: installing into .venv (everything the tests use) …" >&2
   .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null
-  .venv/bin/python -m pip install --quiet -e ".[test,bench]"
+  PYTHONWARNINGS="$EDITABLE_QUIET" .venv/bin/python -m pip install --quiet -e ".[test,bench]"
   # arcsplit.load's bindings, built against arcsplit's own libllama (nothing of llama.cpp is compiled here).
   CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" .venv/bin/python -m pip install --quiet \
     --no-binary llama-cpp-python "llama-cpp-python==0.3.36"

@@ -56,6 +56,9 @@ def test_which_reports_the_build(llama_bins):
     assert data["target"].startswith("Linux")
     assert Path(data["server"]).exists() and Path(data["rpc_server"]).exists()
     assert data["rpc_server_name"] in ("ggml-rpc-server", "rpc-server")
+    text = arcsplit("llama", "which", env={"ARCSPLIT_LLAMA_DIR": str(llama_bins.bin_dir)})
+    build = next(line for line in text.stdout.splitlines() if line.startswith("build "))
+    assert "None" not in build and data["commit"] in build, build  # one version, said as what it is
 
 
 @pytest.mark.slow  # a Python process: over a second on a busy machine

@@ -181,8 +181,8 @@ def test_the_api_tune_result_is_a_frozen_view_of_the_report() -> None:
         result.pick = None  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("kw, word", [({"budget_s": 0}, "--budget"), ({"objective": "speed"}, "objective"),
-                                      ({"mode": "rpc"}, "--mode"), ({"per_candidate_s": -1}, "--per-candidate")])
+@pytest.mark.parametrize("kw, word", [({"budget_s": 0}, "budget_s=0"), ({"objective": "speed"}, "objective"),
+                                      ({"mode": "rpc"}, "mode='rpc'"), ({"per_candidate_s": -1}, "per_candidate_s=-1")])
 def test_api_tune_bad_input_is_the_clis_one_line_bad_input(demo_model: Path, kw: dict, word: str,
                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ARCSPLIT_TUNE_DIR", str(tmp_path / "tune"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,26 @@ def test_two_test_runs_install_the_oneapi_runtime_once(tmp_path: Path) -> None:
     assert len(calls.read_text().splitlines()) == 1, calls.read_text()  # one install
     assert all(out.strip().endswith("/oneapi-rt/2026.2.0") for out, _ in outs), outs
     assert any("waiting for another arcsplit process" in err for _, err in outs), outs
+
+
+def test_editable_installs_leave_out_setuptools_banner(tmp_path: Path) -> None:
+    """setuptools' "Editable installation" BuildBackendWarning (printed even with --quiet) is filtered from both
+    profiles' `pip install -e`: the filter is in pip's environment, and it silences that very warning."""
+    repo, tools = _checkout(tmp_path)
+    recorder = '#!/bin/sh\necho "$(basename "$0") $* [PYTHONWARNINGS=$PYTHONWARNINGS]" >> "$CALLS"\n'
+    (repo / ".venv" / "bin" / "python").write_text(recorder)
+    calls = tmp_path / "calls"
+    installs = [c for profile in ("serve", None) for c in _setup(repo, tools, calls, profile) if " -e " in c]
+    assert len(installs) == 2, installs
+    values = {c.rsplit("[PYTHONWARNINGS=", 1)[1].rstrip("]") for c in installs}
+    (value,) = values
+    assert value, installs
+    # setuptools' own words (setuptools/command/editable_wheel.py), as a UserWarning subclass would print them
+    warn = ("import warnings\nclass BuildBackendWarning(UserWarning): pass\n"
+            "warnings.warn('Editable installation.\\n!!\\n\\n  Please be careful with folders in your working "
+            "directory with the same name as your package', BuildBackendWarning)\n")
+    shown = subprocess.run([sys.executable, "-c", warn], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONWARNINGS": ""})
+    quiet = subprocess.run([sys.executable, "-c", warn], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONWARNINGS": value})
+    assert "Editable installation" in shown.stderr and quiet.stderr == "", quiet.stderr

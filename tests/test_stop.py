@@ -109,6 +109,9 @@ def test_stop_over_the_bus_reaches_subscribers_and_ps_until_the_processes_are_go
     assert stop.returncode == 0 and f"stopped {info.run_id}" in out, out
     assert unlisted_while_alive == 0, "`ps` dropped the run while its processes were still shutting down"
     assert proc.wait(30) == 0
+    said = proc.stdout.read() if proc.stdout else ""
+    assert f"arcsplit: stop asked by `arcsplit stop` (pid {stop.pid})" in said, said[-2000:]  # who, on its terminal
+    assert "arcsplit: loading the weights of " in said and "text_model" not in said, said[:2000]  # what loads
     assert not _alive(pids)
 
     listener.join(10)
@@ -150,6 +153,8 @@ def test_the_dashboards_stop_ends_in_stopped_not_disconnected(serving):
 
     asyncio.run(main())
     assert proc.wait(30) == 0
+    said = proc.stdout.read() if proc.stdout else ""
+    assert f"arcsplit: stop asked by the dashboard (pid {os.getpid()})" in said, said[-2000:]
 
 
 def test_a_stopped_run_stays_listed_and_its_logs_readable(serving, capsys):

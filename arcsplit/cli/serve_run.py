@@ -22,6 +22,7 @@ from .. import _api
 from .._warm import check_builds, warm_hosts
 from ..errors import ArcsplitError, BadInput
 from ..llama import webui
+from ..llama.logs import load_stage
 from ..llama.patches import missing_note
 from ..model import read_header
 from ..rig import MiB, Rig, load_layout
@@ -233,7 +234,8 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
             pct = int(100 * float(ev.data.get("value", 0)))
             if pct >= last_pct + 10 or pct == 100:
                 last_pct = pct
-                _say(f"loading {ev.data.get('stage') or 'model'}: {pct}%{_card_loads(ev.data.get('cards') or [])}")
+                what = load_stage(ev.data.get("stage"), sup.config.plan.model_path)
+                _say(f"loading {what}: {pct}%{_card_loads(ev.data.get('cards') or [])}")
         elif ev.kind == "state" and ev.data.get("state") == MemberState.READY and ev.name != "server":
             _say(f"{ev.name} ready on {ev.data.get('endpoint')} (pid {ev.data.get('pid')})")
         elif ev.kind == "group":
@@ -251,8 +253,7 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
                 if demo:
                     _example(sup.url, demo, sup.config.alias or "")
             elif state == GroupState.BACKOFF:
-                _say(f"group failed ({ev.data.get('error')}); restart {ev.data.get('failures')} in "
-                     f"{ev.data.get('delay'):.1f} s")
+                _say(backoff_line(ev.data, sup.policy.max_failures))
                 for line in shown:
                     _say(f"    {line}")
                 shown = []
@@ -266,6 +267,14 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
             _say(f"recorded: {ev.data.get('failed_mode')} fails here; now {ev.data.get('fallback')}")
         elif ev.kind == "host":
             _say(host_line(ev.name, ev.data))
+
+
+def backoff_line(data: Mapping[str, Any], limit: int) -> str:
+    """The group failed and waits before its next start: the failures counted as a whole number (the count decays
+    with time ready, --max-restarts's help says how; the fraction is the supervisor's, not the reader's)."""
+    counted = round(float(data.get("failures") or 0))
+    return (f"group failed ({data.get('error')}); restarting in {float(data.get('delay') or 0):.3g} s "
+            f"({counted} failure{'s' if counted != 1 else ''} counted; it gives up past {limit})")
 
 
 SLOW_AGENT_START_S = 0.3  # Python and the agent's first imports take ~0.1-0.15 s on a small machine

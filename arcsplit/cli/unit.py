@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def render_unit(command: list[str], cwd: str, env: dict[str, str]) -> str:
     model = Path(getattr(args, "model", None) or "the demo model").name
     return f"""\
 # arcsplit as a systemd user service (for a system service: User=, and /etc/systemd/system/ instead).
-#   arcsplit unit {' '.join(command)} > ~/.config/systemd/user/arcsplit.service
+#   arcsplit unit {shlex.join(command)} > ~/.config/systemd/user/arcsplit.service
 #   systemctl --user daemon-reload && systemctl --user enable --now arcsplit
 #   journalctl --user -u arcsplit -f      # arcsplit's lines; each process's own log: arcsplit logs -f
 [Unit]

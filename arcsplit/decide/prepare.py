@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 from .. import backends
 from .._dirs import cache_dir, keep_json
-from ..errors import ArcsplitError, BadInput, DoesNotFit
+from ..errors import ArcsplitError, BadInput, DoesNotFit, arg, example, given
 from ..llama import compute_cache
 from ..llama.childenv import clean_env
 from ..llama.detect import BackendChoice, resolve
@@ -134,11 +134,12 @@ def _ports(ports: Sequence[int] | str | None) -> list[int] | None:
         try:
             ports = [int(p) for p in ports.split(",")]
         except ValueError:
-            raise BadInput(f"--rpc-ports {ports!r} is not a list of ports",
-                           "write it like --rpc-ports 50052,50053") from None
+            raise BadInput(f"{given('--rpc-ports', ports, repr(ports))} is not a list of ports",
+                           f"write it like {example('--rpc-ports 50052,50053', 'rpc_ports=[50052, 50053]')}") from None
     ports = list(ports)
     if any(not 0 < p < 65536 for p in ports) or len(set(ports)) != len(ports):
-        raise BadInput(f"--rpc-ports {ports!r} has a bad or repeated port", "list distinct ports 1-65535")
+        raise BadInput(f"{given('--rpc-ports', ports, repr(ports))} has a bad or repeated port",
+                       "list distinct ports 1-65535")
     return ports
 
 
@@ -241,19 +242,23 @@ def _check(req: ServeRequest) -> list[int] | None:
     """The request's own values, before anything is looked up; returns the fixed rpc ports, if any."""
     parse_choice(req.mode)  # an unknown mode is a one-line error listing the choices
     if not 0 < req.port < 65536:
-        raise BadInput(f"--port {req.port} is not a port number", "use 1-65535")
+        raise BadInput(f"{given('--port', req.port)} is not a port number", "use 1-65535")
     if req.ctx is not None and req.ctx <= 0:
-        raise BadInput(f"--ctx {req.ctx} must be positive", "give a context length, or leave it out for the largest")
+        raise BadInput(f"{given('--ctx', req.ctx)} must be positive",
+                       "give a context length, or leave it out for the largest")
     if req.ubatch is not None and req.ubatch < 1:
-        raise BadInput(f"--ubatch {req.ubatch} must be at least 1", "give the micro-batch size in tokens")
+        raise BadInput(f"{given('--ubatch', req.ubatch)} must be at least 1", "give the micro-batch size in tokens")
     if req.parallel < 1:
-        raise BadInput(f"--parallel (--np) {req.parallel} must be at least 1", "give the number of parallel sequences")
+        raise BadInput(f"{given('--parallel (--np)', req.parallel)} must be at least 1",
+                       "give the number of parallel sequences")
     if req.output_layer not in OUTPUT_LAYER_CHOICES:
-        raise BadInput(f"unknown --output-layer {req.output_layer!r}", f"use one of {', '.join(OUTPUT_LAYER_CHOICES)}")
+        raise BadInput(f"unknown {given('--output-layer', req.output_layer, repr(req.output_layer))}",
+                       f"use one of {', '.join(OUTPUT_LAYER_CHOICES)}")
     if req.threads is not None and req.threads < 1:
-        raise BadInput(f"--threads {req.threads} must be at least 1", "give rpc-server threads per card")
+        raise BadInput(f"{given('--threads', req.threads)} must be at least 1", "give rpc-server threads per card")
     if req.stop_grace is not None and not 0 <= req.stop_grace <= 3600:
-        raise BadInput(f"--stop-grace {req.stop_grace} is out of range", "give seconds between 0 and 3600, e.g. 30")
+        raise BadInput(f"{given('--stop-grace', req.stop_grace)} is out of range",
+                       "give seconds between 0 and 3600, e.g. 30")
     rpc_ports = _ports(req.rpc_ports)
     check_host(req.host, "--host")
     check_host(req.rpc_host, "--rpc-host")
@@ -317,7 +322,7 @@ def _backend(req: ServeRequest, rig: Rig | None) -> tuple[ServeRequest, BackendC
         backend, choice = resolve(req.backend, req.llama_dir)
         return replace(req, backend=backend), choice
     if req.gpus is not None:
-        raise BadInput("--layout and --gpus both name cards", "pass one of them")
+        raise BadInput(f"{arg('--layout')} and {arg('--gpus')} both name cards", "pass one of them")
     kinds = sorted({c.backend for c in rig.cards})
     if len(kinds) > 1:
         raise BadInput(f"the layout mixes backends {', '.join(kinds)}", "one group runs one backend: split the layout")

@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -400,7 +401,7 @@ def _run_step(name: str, cmd: list[str], log: Path, env: dict[str, str],
               progress: Callable[[str, int | None], None]) -> None:
     progress(name, None)
     with log.open("ab") as fh:
-        fh.write(f"\n$ {' '.join(cmd)}\n".encode())
+        fh.write(f"\n$ {shlex.join(cmd)}\n".encode())
         fh.flush()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         assert proc.stdout is not None

@@ -16,7 +16,7 @@ import psutil
 
 from .. import backends
 from .childenv import child_environ
-from ..errors import BadInput, LlamaError, UnknownCard
+from ..errors import BadInput, LlamaError, UnknownCard, example, given
 from ..rig import MiB, Card, Rig
 from .locate import LlamaBinaries, find_llama
 
@@ -91,17 +91,19 @@ def parse_gpus(spec: str | Sequence[int] | None) -> list[int] | None:
     if isinstance(spec, str):
         parts = [p.strip() for p in spec.split(",")]
         if not spec.strip() or any(not p for p in parts):
-            raise BadInput(f"--gpus {spec!r} is not a list of card numbers", "write it like --gpus 0,1")
+            raise BadInput(f"{given('--gpus', spec, repr(spec))} is not a list of card numbers",
+                           f"write it like {example('--gpus 0,1', 'gpus=[0, 1]')}")
         try:
             gpus = [int(p) for p in parts]
         except ValueError:
-            raise BadInput(f"--gpus {spec!r} is not a list of card numbers", "write it like --gpus 0,1") from None
+            raise BadInput(f"{given('--gpus', spec, repr(spec))} is not a list of card numbers",
+                           f"write it like {example('--gpus 0,1', 'gpus=[0, 1]')}") from None
     else:
         gpus = [int(g) for g in spec]
     if any(g < 0 for g in gpus):
-        raise BadInput(f"--gpus {spec!r} has a negative card number", "card numbers start at 0")
+        raise BadInput(f"{given('--gpus', spec, repr(spec))} has a negative card number", "card numbers start at 0")
     if len(set(gpus)) != len(gpus):
-        raise BadInput(f"--gpus {spec!r} names a card twice", "list each card once")
+        raise BadInput(f"{given('--gpus', spec, repr(spec))} names a card twice", "list each card once")
     return gpus
 
 
@@ -131,7 +133,7 @@ def cpu_rig(gpus: list[int] | None, cpu_memory_mib: int | None = None) -> Rig:
     _refuse_missing(backends.CPU, indices, range(len(indices)),
                     "the CPU cards (one rpc-server each, numbered from 0: --gpus 0,1 makes two)")
     if cpu_memory_mib is not None and cpu_memory_mib <= 0:
-        raise BadInput(f"--cpu-memory {cpu_memory_mib} must be positive", "give each CPU card's budget in MiB")
+        raise BadInput(f"{given('--cpu-memory', cpu_memory_mib)} must be positive", "give each CPU card's budget in MiB")
     budget = (cpu_memory_mib * MiB if cpu_memory_mib is not None
               else psutil.virtual_memory().available // len(indices))
     name = cpu_model()

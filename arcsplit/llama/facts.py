@@ -21,6 +21,7 @@ from typing import Any, Iterable, Sequence
 
 from ..backends import REGISTRY, SYCL
 from ..errors import BadInput
+from .source import build_line
 
 TIMEOUT_S = 20.0
 
@@ -549,10 +550,8 @@ def _llama_build(build_info: Any, backend: str, unread: list[str]) -> str | None
     llama_build = None
     if build_info is None:
         unread.append(f"llama.cpp build: none found; make one with `arcsplit llama build --backend {backend}`")
-    elif getattr(build_info, "build_number", None) is not None:
-        llama_build = f"build {build_info.build_number} ({build_info.commit})"
-    elif getattr(build_info, "version", None):
-        llama_build = f"version {build_info.version} (no build number)"
+    elif getattr(build_info, "build_number", None) is not None or getattr(build_info, "version", None):
+        llama_build = build_line(build_info.build_number, build_info.commit, build_info.version)
     else:
         unread.append("llama.cpp build: --version printed neither a build number nor a version")
     if llama_build and compiler:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Collection, Iterable, Mapping, Sequence
 
+from ..route import SERVER
+
 MiB = 1024 * 1024
 
 # "load_tensors: RPC0[127.0.0.1:50153] model buffer size = 15.99 MiB"
@@ -108,6 +110,19 @@ def parse_buffer_line(line: str) -> BufferLine | None:
     if em:
         buf, endpoint = em.group("name"), em.group("endpoint")
     return BufferLine(kind=m.group("kind"), buffer=buf, endpoint=endpoint, bytes=int(float(m.group("mib")) * MiB))
+
+
+# llama-server's load stages, as its load-progress reports name them (tools/server/server-context.cpp,
+# load_progress_data): what each one loads, in words.
+_LOAD_STAGES = {"spec_model": "the draft model (speculative decoding)", "mmproj_model": "the vision projector (mmproj)"}
+
+
+def load_stage(stage: str | None, model: str | None = None) -> str:
+    """What a load-progress report is loading: ``text_model`` is the served model's weights (named by its file),
+    the others the draft model or the vision projector; an unknown stage by its own name."""
+    if stage in (None, "", "text_model"):
+        return f"the weights of {Path(model).name}" if model else "the model's weights"
+    return _LOAD_STAGES.get(str(stage), str(stage))
 
 
 def parse_load_mode(line: str) -> str | None:
@@ -297,18 +312,41 @@ def trace_filter() -> Callable[[str], bool]:
     return is_trace
 
 
-def pick_lines(sources: Mapping[str, Iterable[str]], servers: Collection[str], name: str | None, n: int,
-               verbose: bool) -> list[str]:
+# -- what `arcsplit logs` and the dashboard leave out unless asked (--verbose) -----------------------------------
+# Besides llama-server's TRACE lines: its child-protocol state lines (arcsplit opts into that protocol for the load
+# progress, decide/specs.py ROUTER_PORT_ENV; llama-server's own router logs them at debug level only) and the blank
+# line each brings; and every rpc-server's per-connection lines. ggml-rpc's client in llama-server opens a fresh
+# connection for each query it makes while no buffer holds one open (the device list, each memory query: about a
+# dozen per rpc-server in a load, none while serving), and the rpc-server logs each with two or three lines.
+_CHATTER = re.compile(r"^(?:cmd_child_to_router:|Accepted client connection$|Client connection closed$"
+                      r"|RPC: shared-memory link \()")
+
+
+class QuietFilter:
+    """The one filter of `arcsplit logs` and the dashboard's Logs tab: ``hides(process, line)``, fed one reader's
+    lines of every process in arrival order, is True for a line neither shows without --verbose."""
+
+    def __init__(self) -> None:
+        self._server = trace_filter()  # a multi-line message's lines follow their first: one state per stream
+
+    def hides(self, process: str, line: str) -> bool:
+        text = line.rstrip("\r\n")
+        if not text.strip() or _CHATTER.match(text):
+            return True
+        return process == SERVER and self._server(text)
+
+
+def pick_lines(sources: Mapping[str, Iterable[str]], name: str | None, n: int, verbose: bool) -> list[str]:
     """What `logs` shows, of a running group (the supervisor's rings) or a finished one (its log files): the last
-    ``n`` lines of process ``name``, or of each, prefixed ``[name]``; without ``verbose``, not the lines of the
-    llama-servers in ``servers`` that their default verbosity would not print (trace_filter)."""
+    ``n`` lines of process ``name``, or of each, prefixed ``[name]``; without ``verbose``, not what QuietFilter
+    hides (llama-server's -lv 4 trace lines, the rpc-servers' per-connection lines)."""
 
     def lines(key: str) -> list[str]:
         got = list(sources.get(key, ()))
-        if verbose or key not in servers:
+        if verbose:
             return got
-        trace = trace_filter()
-        return [line for line in got if not trace(line)]
+        quiet = QuietFilter()
+        return [line for line in got if not quiet.hides(key, line)]
 
     if name is not None:
         return lines(name)[-n:]

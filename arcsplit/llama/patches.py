@@ -13,6 +13,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator, Mapping
@@ -107,7 +108,7 @@ def apply(src: Path, log: Path) -> None:
     for p in patches():
         cmd, env = _command(tool, p.path, src)
         with log.open("ab") as fh:
-            fh.write(f"\n$ {' '.join(cmd)}\n".encode())
+            fh.write(f"\n$ {shlex.join(cmd)}\n".encode())
             fh.flush()
             rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=src, env=env).returncode
         if rc != 0:

@@ -53,6 +53,21 @@ def source_commit(src: Path) -> str | None:
     return None if text in ("", "unknown") else text
 
 
+def build_line(build_number: int | None, commit: str | None, version: str | None) -> str:
+    """A llama.cpp build as one version a person can look up: a release's build number (``build 9093``, its tag
+    b9093) with its commit; else the commit alone. A tree without git history (this sdist's) has no build number,
+    and the ``0.5.0-dev`` its --version prints is llama.cpp's CMake project version, the same across many commits;
+    the ``0.3.36`` in the cache path is llama-cpp-python's release, whose sdist arcsplit takes the tree from."""
+    if build_number is not None:
+        return f"build {build_number} ({commit or 'commit unknown'})"
+    if not commit:
+        return f"version {version} (no build number, no commit)" if version else "not read"
+    pinned = commit == source_commit(llama_root() / "src")
+    where = (f"the llama.cpp vendored in {SDIST_NAME} {SDIST_VERSION}, arcsplit's pinned source" if pinned
+             else "a tree without a release number")
+    return f"commit {commit} ({where}; it calls itself {version or 'no version'})"
+
+
 RPC_HEADER = "ggml/include/ggml-rpc.h"
 _RPC_PROTO = re.compile(r"#define\s+RPC_PROTO_(MAJOR|MINOR|PATCH)_VERSION\s+(\d+)")
 

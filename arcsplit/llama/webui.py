@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -111,7 +112,7 @@ def _npm_build(root: Path, source: Path | None, log: Path, progress: Callable[[s
             with log.open("ab") as fh:
                 rc = subprocess.run(cmd, cwd=work, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
             if rc != 0:
-                return f"`{' '.join(cmd)}` failed (exit {rc}); its log is {log}"
+                return f"`{shlex.join(cmd)}` failed (exit {rc}); its log is {log}"
         if not (out / "index.html").exists():
             return f"the UI build finished without index.html; its log is {log}"
         shutil.rmtree(ui_dir(), ignore_errors=True)

@@ -25,7 +25,7 @@ from ..errors import BadInput
 from ..proc import wire
 from ..proc.child import Child
 from ..proc.popen import PopenProcess
-from ..proc.ports import owns_port, probe_once
+from ..proc.ports import owns_port
 from ..proc.rundir import RunDir
 from .ops import (Handover, Inventory, answering, check_rpc_argv, drop_missing_seeds, greet, hello_args,
                   hello_events, nodes_root, pick_ports, rpc_process, started_events, write_state)
@@ -212,11 +212,10 @@ class Agent:
         self._write_state()
 
     async def _probe(self, child: Child) -> None:
-        """The rpc-server's only probe: one connect-and-close per try until one succeeds (it serves one client)."""
+        """The rpc-server's readiness: its own process listens on its port (asked of /proc, never by connecting:
+        each connection is two lines of its log, and it serves one client at a time)."""
         while child.alive:
-            ours = await probe_once(child.spec.host, child.spec.port, timeout=1.0) and owns_port(
-                child.pid, child.spec.port, child.spec.host)
-            if ours:  # answered, and by this rpc-server: not another user's listener on its port
+            if child.pid is not None and owns_port(child.pid, child.spec.port, child.spec.host):  # not another user's
                 if child.alive:
                     self.emit(wire.ready(child.spec.name))
                 return

@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..proc.ports import accepts_now, owns_port
+from ..proc.ports import owns_port
 from ..proc import wire
 from ..proc.spawn import popen
 from ..proc.spec import ProcessSpec
@@ -63,8 +63,9 @@ def first_ops(fd: int, emit: Emit, *, allow_bind: tuple[str, ...], inventory: In
     try:
         while loader is None or loader.is_alive():
             for s in h.started:
-                if (not s.ready and s.popen.poll() is None and accepts_now(s.spec.host, s.spec.port)
-                        and owns_port(s.popen.pid, s.spec.port, s.spec.host)):  # not another user's listener on that port
+                # its own process listening (not another user's listener on that port), asked of /proc, not by
+                # connecting: an rpc-server logs each connection and serves one client at a time
+                if not s.ready and s.popen.poll() is None and owns_port(s.popen.pid, s.spec.port, s.spec.host):
                     s.ready = True
                     emit(wire.ready(s.spec.name))
             if h.eof and not h.started and not h.lines:

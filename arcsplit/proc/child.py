@@ -9,6 +9,7 @@ from cancellation because anyio's own cancel of a process is a bare SIGKILL.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import time
 from collections import deque
@@ -68,7 +69,7 @@ class Child(Tracked):
                 self._log = open(self._log_path, "a", encoding="utf-8", errors="replace", buffering=1)
             except OSError:
                 self._log = None
-            self._log_write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} start {' '.join(self.spec.argv)}\n")
+            self._log_write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} start {shlex.join(self.spec.argv)}\n")
         self.state = MemberState.STARTING
         try:
             if self._process is None:

@@ -6,8 +6,9 @@ Wire format (schema version 1, documented in docs/bus.md):
   ``{"v": 1, "seq": n, "time": t, "kind": k, "name": process, "data": {...}}``. ``seq`` grows by one per event.
 - ROUTER request ``{"v": 1, "id": "...", "cmd": "...", "args": {...}}``, reply
   ``{"v": 1, "id": "...", "ok": true, "result": ...}`` or ``{"v": 1, "id": "...", "ok": false, "error": "..."}``.
-  Commands: ``ping``, ``status``, ``snapshot``, ``logs`` (``name``, ``n``), ``restart``, ``stop``, ``sync``
-  (publishes a ``sync`` event carrying ``args.token``: a subscriber uses it to know its subscription is live).
+  Commands: ``ping``, ``status``, ``snapshot``, ``logs`` (``name``, ``n``), ``restart``, ``stop`` (both with
+  ``by`` and ``pid``: who asks, said on the serving terminal), ``sync`` (publishes a ``sync`` event carrying
+  ``args.token``: a subscriber uses it to know its subscription is live).
 
 A late subscriber subscribes, syncs, then asks for a snapshot (which carries the ``seq`` it reflects) and
 applies only events with a larger ``seq``. PUB drops messages for a subscriber past its high-water mark, so a
@@ -27,7 +28,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Protocol
+from typing import Any, Callable, Iterator, Mapping, Protocol
 
 import anyio
 import psutil
@@ -47,6 +48,7 @@ INFO_FILE = "bus.json"
 KEYS_FILE = "bus-keys.json"
 TOPIC_PREFIX = b"arcsplit."
 FLUSH_MS = 1000  # at close, how long the last queued events may take to leave
+ASKED = {"stop": "stopping llama-server, then the rpc-servers", "restart": "restarting the group in order"}
 
 
 class Controllable(Protocol):
@@ -108,8 +110,10 @@ class BusServer:
     """Publishes a Controllable's events and answers control requests, in the supervisor's event loop."""
 
     def __init__(self, target: Controllable, run_dir: Path, run_id: str, *, tcp: str | None = None,
-                 hwm: int = 10_000, url: str | None = None, model: str | None = None) -> None:
+                 hwm: int = 10_000, url: str | None = None, model: str | None = None,
+                 say: Callable[[str], None] | None = None) -> None:
         self.target = target
+        self.say = say  # the serving terminal: who asked for a stop or a restart
         self.run_dir = Path(run_dir)
         self.run_id = run_id
         self.tcp = tcp
@@ -244,6 +248,8 @@ class BusServer:
                     "logs": self.target.logs(None, int(args.get("n", 200)))}
         if cmd == "logs":
             return self.target.logs(args.get("name"), int(args.get("n", 100)), bool(args.get("verbose", True)))
+        if cmd in ASKED and self.say is not None:
+            self.say(asked_line(cmd, args))
         if cmd == "restart":
             out = self.target.restart()
             if inspect.isawaitable(out):
@@ -255,6 +261,14 @@ class BusServer:
             await self._send(pub, "sync", "bus", SyncData(str(args.get("token", ""))).to_dict())
             return {"seq": self.seq}
         raise ValueError(f"unknown command {cmd!r}")
+
+
+def asked_line(cmd: str, args: Mapping[str, Any]) -> str:
+    """What the serving terminal says when a client asks for ``cmd``: who (as the client names itself, one short
+    printable line) and its pid."""
+    by = "".join(ch for ch in str(args.get("by") or "a bus client") if ch.isprintable())[:60] or "a bus client"
+    pid = args.get("pid")
+    return f"{cmd} asked by {by}{f' (pid {pid})' if isinstance(pid, int) else ''}: {ASKED[cmd]}"
 
 
 def is_final(msg: dict[str, Any]) -> bool:
@@ -371,11 +385,13 @@ class Client:
     def logs(self, name: str | None = None, n: int = 100, verbose: bool = True) -> list[str]:
         return self.request("logs", name=name, n=n, verbose=verbose)
 
-    def restart(self) -> None:
-        self.request("restart")
+    def restart(self, by: str = "a Python client") -> None:
+        """Restart the group; ``by`` names the asker on the serving terminal (`arcsplit restart`, the dashboard)."""
+        self.request("restart", by=by, pid=os.getpid())
 
-    def stop(self) -> None:
-        self.request("stop")
+    def stop(self, by: str = "a Python client") -> None:
+        """Stop the instance; ``by`` names the asker on the serving terminal."""
+        self.request("stop", by=by, pid=os.getpid())
 
     def snapshot(self) -> dict[str, Any]:
         return self.request("snapshot")

@@ -43,6 +43,7 @@ class Instance:
         self._bus = bus
         self._bus_tcp = bus_tcp
         self._watchers = tuple(watchers)
+        self._say = say
         self.bus_info: BusInfo | None = None
         self._failure: ArcsplitError | None = None
 
@@ -71,7 +72,7 @@ class Instance:
         async with anyio.create_task_group() as tg:
             if self._bus:
                 server = BusServer(sup, self.run_dir.path, self.run_id, tcp=self._bus_tcp, url=sup.url,
-                                   model=self.prepared.config.plan.model_path)
+                                   model=self.prepared.config.plan.model_path, say=self._say)
                 try:
                     self.bus_info = await tg.start(server.run)
                 except ArcsplitError as exc:  # a bus that cannot bind: its one line, as itself, nothing started

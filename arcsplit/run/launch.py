@@ -106,7 +106,8 @@ class Launcher(Protocol):
                on_exit: Callable[[Any], None], ring: deque[str]) -> Member: ...
 
     async def accepts(self, spec: ProcessSpec) -> bool:
-        """One connect-and-close to an rpc-server's endpoint (it serves one client at a time: never more)."""
+        """Whether an rpc-server's endpoint takes connections now (its own process listening, or one
+        connect-and-close where there is no process of its own to ask: it serves one client at a time)."""
 
     def health(self, spec: ProcessSpec, timeout: float) -> Any:
         """An async context manager yielding ``check() -> HTTP status of llama-server's /health, or None``."""
@@ -167,13 +168,15 @@ class LocalLauncher(OneHost):
         return member
 
     async def accepts(self, spec: ProcessSpec) -> bool:
-        """A connect-and-close answered, and by this member's own process: a port's number is in its argv, which
-        any local user can read from /proc, so another user's program may bind it first; llama-server must never
-        be started against that one. A name this launcher did not start (a forward on a shared ssh): the probe."""
-        if not await probe_once(spec.host, spec.port, timeout=1.0):
-            return False
+        """This member's own process listens on its port: what a connect would find, without connecting (each
+        accepted connection is two lines of an rpc-server's log, and it serves one client at a time). Its own
+        process, because a port's number is in its argv, which any local user can read from /proc, so another
+        user's program may bind it first; llama-server must never be started against that one. A name this
+        launcher did not start (a forward on a shared ssh): one connect-and-close."""
         member = self._members.get(spec.name)
-        return member is None or owns_port(member.pid, spec.port, spec.host)
+        if member is not None and member.pid is not None:
+            return owns_port(member.pid, spec.port, spec.host)
+        return await probe_once(spec.host, spec.port, timeout=1.0)
 
     @asynccontextmanager
     async def health(self, spec: ProcessSpec, timeout: float) -> AsyncIterator[Health]:

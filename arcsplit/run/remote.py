@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import time
 from collections import deque
@@ -316,7 +317,7 @@ class RemoteMember(_Relayed):
         self.state = MemberState.STARTING
         self.session.members[self.spec.name] = self
         s = self.spec
-        self.line(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} start on {self.session.host.name}: {' '.join(s.argv)}")
+        self.line(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} start on {self.session.host.name}: {shlex.join(s.argv)}")
         if self.session.dead:
             self.lost(self.session.dead)
         else:
@@ -396,7 +397,7 @@ class SharedLink(_Relayed):
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         self.state = MemberState.STARTING
-        self.line(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} start {' '.join(self.spec.argv)}")
+        self.line(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} start {shlex.join(self.spec.argv)}")
         why = await self._connected()
         if why is not None:
             self.lost(why)

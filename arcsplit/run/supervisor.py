@@ -171,9 +171,8 @@ class Supervisor:
 
     def logs(self, name: str | None = None, n: int = 100, verbose: bool = True) -> list[str]:
         """The last ``n`` captured lines of one process (or of all, prefixed with the process name). ``verbose``
-        False: without the lines llama-server prints only at the -lv 4 arcsplit runs it with (logs.trace_filter)."""
-        servers = {s.name for s in self._specs if s.role == Role.SERVER}
-        return logs.pick_lines(self._rings, servers, name, n, verbose)
+        False: without what logs.QuietFilter hides (llama-server's -lv 4 trace lines, the rpc-servers' connects)."""
+        return logs.pick_lines(self._rings, name, n, verbose)
 
     def status(self) -> Status:
         procs: dict[str, MemberStatus] = {}
@@ -189,7 +188,7 @@ class Supervisor:
             "backend": self.config.backend,
             "url": self.url,
             "generation": self._generation,
-            "failures": round(self._failures, 2),
+            "failures": round(self._failures),  # a count people read; the decay stays in _failures
             "uptime": (time.time() - self._ready_at) if self._ready_at and self._group_state is GroupState.READY else None,
             "processes": procs,
             "progress": dict(self._progress),

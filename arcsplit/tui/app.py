@@ -10,6 +10,7 @@ only while the logs tab is shown (the ring keeps them); a batch larger than the 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any, AsyncIterator, Callable, Protocol
 
@@ -258,7 +259,8 @@ class DashApp(App[None]):
             parts.append(f"search “{self.search_text}”")
         if note:
             parts.append(note)
-        parts.append(f"{self.state.log_total} lines")
+        hidden = self.state.log_hidden  # what `arcsplit logs` hides too; `arcsplit dash -v` keeps them
+        parts.append(f"{self.state.log_total} lines" + (f", {hidden} hidden (dash -v)" if hidden else ""))
         self._w("#logbar").update("  ·  ".join(escape(p) if "[b]" not in p else p for p in parts))
 
     def _relog(self) -> None:
@@ -370,17 +372,18 @@ class DashApp(App[None]):
     @work(group="control")
     async def _control(self, cmd: str) -> None:
         try:
-            await self.source.request(cmd)
+            await self.source.request(cmd, by="the dashboard", pid=os.getpid())
             self.notify(f"{cmd} requested")
         except Exception as exc:
             self.notify(f"{cmd} failed: {exc}", severity="error")
 
 
-def run_dashboard(client_factory: Callable[[], Any]) -> int:
-    """Run the dashboard in the foreground on the instance ``client_factory()`` connects to (a bus Client)."""
+def run_dashboard(client_factory: Callable[[], Any], verbose: bool = False) -> int:
+    """Run the dashboard in the foreground on the instance ``client_factory()`` connects to (a bus Client);
+    ``verbose``: its Logs tab keeps the lines `arcsplit logs` hides without --verbose."""
     feed = Feed(client_factory())
     try:
-        DashApp(feed).run()
+        DashApp(feed, state=DashState(verbose=verbose)).run()
     finally:
         feed.close()
     return 0

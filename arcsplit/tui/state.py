@@ -10,6 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..llama.logs import QuietFilter
 from ..proc.states import MemberState
 
 PANELS = ("header", "cards", "layers", "procs", "server", "logs", "plan")
@@ -28,11 +29,14 @@ class DashState:
     connected: bool = False
     error: str | None = None
     clock: Callable[[], float] = time.monotonic  # tests freeze it so uptimes render the same every run
+    verbose: bool = False  # keep the lines `arcsplit logs` hides without --verbose (llama/logs.py QuietFilter)
 
     def __post_init__(self) -> None:
         self.logs: deque[tuple[str, str]] = deque(maxlen=self.log_lines)  # (process, line), arrival order
         self.pending_logs: list[tuple[str, str]] = []  # appended since the log panel last took them
-        self.log_total = 0
+        self.log_total = 0  # every line received, the hidden ones included
+        self.log_hidden = 0
+        self._quiet = QuietFilter()
 
     # -- folding messages in ----------------------------------------------------------------------------
 
@@ -98,9 +102,12 @@ class DashState:
             p["_at"] = self.received
 
     def _log(self, name: str, line: str) -> None:
+        self.log_total += 1
+        if not self.verbose and self._quiet.hides(name, line):
+            self.log_hidden += 1
+            return
         self.logs.append((name, line))
         self.pending_logs.append((name, line))
-        self.log_total += 1
         if len(self.pending_logs) > self.log_lines:
             del self.pending_logs[: len(self.pending_logs) - self.log_lines]
 

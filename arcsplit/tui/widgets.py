@@ -4,6 +4,7 @@ rendering reads in light and dark themes; every state also has a word or symbol,
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from textual.markup import escape
@@ -209,7 +210,7 @@ def render_plan(state: DashState) -> str:
     plan = st.get("plan") or {}
     lines = [f"mode [b]{escape(str(st.get('mode') or NONE))}[/b] on {escape(str(st.get('backend') or NONE))}"
              f", group {state_markup(st.get('state'))}, generation {st.get('generation', NONE)}"
-             f", failures {st.get('failures', 0)}"]
+             f", failures {round(float(st.get('failures') or 0))}"]
     decision = st.get("decision") or {}
     for reason in decision.get("reasons") or []:
         lines.append(f"  because {escape(str(reason))}")
@@ -221,7 +222,7 @@ def render_plan(state: DashState) -> str:
                  f"tensor split {escape(str(plan.get('tensor_split') or []))}")
     args = plan.get("llama_server_args") or []
     if args:
-        lines.append("llama-server " + escape(" ".join(str(a) for a in args)))
+        lines.append("llama-server " + escape(shlex.join(str(a) for a in args)))
     for w in plan.get("warnings") or []:
         lines.append(f"[$warning]warning:[/] {escape(str(w))}")
     for line in fault_lines(st):  # the last error, its log lines below, failures by card, cards to reset

@@ -9,6 +9,7 @@ import os
 from typing import Any, Callable, Sequence
 
 from ..decide.prepare import ServeRequest
+from ..errors import python_spelling
 from .result import TuneResult
 from .runner import run_from
 
@@ -25,5 +26,6 @@ def tune(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None,
     kept. ``progress`` hears each step as one line. ``options`` are ServeRequest's fields (backend, ctx, parallel,
     llama_dir, build, cache_type, ...; not mode: tune tries every mode). Bad input is a BadInput, as on the CLI.
     """
-    return run_from(ServeRequest.of(model, gpus, options), objective, budget_s, per_candidate_s, settings=settings,
-                    fresh=fresh, say=progress or (lambda line: None)).result()
+    with python_spelling():  # an error names tune()'s arguments, not the CLI's flags
+        return run_from(ServeRequest.of(model, gpus, options), objective, budget_s, per_candidate_s,
+                        settings=settings, fresh=fresh, say=progress or (lambda line: None)).result()

@@ -18,7 +18,7 @@ import httpx
 
 from .. import backends
 from .._api import serve
-from ..errors import ArcsplitError, BadInput
+from ..errors import ArcsplitError, BadInput, arg, given
 from ..decide.prepare import Prepared, ServeRequest, plan_for_mode, preview
 from ..llama.answers import run_flag
 from ..llama.build import managed_builds
@@ -234,9 +234,9 @@ def _checked(treq: TuneRequest) -> None:
     if treq.objective not in OBJECTIVES:
         raise BadInput(f"unknown objective {treq.objective!r}", f"use one of {', '.join(OBJECTIVES)}")
     if not treq.budget_s > 0:
-        raise BadInput(f"--budget {treq.budget_s} must be positive", "give the seconds tune may take, e.g. 300")
+        raise BadInput(f"{given('--budget', treq.budget_s)} must be positive", "give the seconds tune may take, e.g. 300")
     if not treq.per_candidate_s > 0:
-        raise BadInput(f"--per-candidate {treq.per_candidate_s} must be positive", "give seconds, e.g. 15")
+        raise BadInput(f"{given('--per-candidate', treq.per_candidate_s)} must be positive", "give seconds, e.g. 15")
 
 
 def tune(treq: TuneRequest, say: Say = lambda line: None) -> TuneReport:
@@ -358,5 +358,5 @@ def run_from(req: ServeRequest, objective: str, budget_s: float, per_candidate_s
              fresh: bool = False, say: Say = lambda line: None) -> TuneReport:
     """``arcsplit tune`` and ``serve --tune``: the request's own mode must be auto (tune tries every mode)."""
     if req.mode != AUTO:
-        raise BadInput(f"tune tries every mode, so --mode {req.mode} does not apply", "drop --mode")
+        raise BadInput(f"tune tries every mode, so {given('--mode', req.mode)} does not apply", f"drop {arg('--mode')}")
     return tune(TuneRequest(req, objective, budget_s, per_candidate_s, settings=settings, fresh=fresh), say=say)
