@@ -10,10 +10,10 @@ that pyproject allows (from 4.7) import asyncio with it.
 
     _api.py:instance                   arcsplit.telemetry             79/99/121
         the route, HTTP and card samplers, for a run that asks for them: `arcsplit --help` and `plan` import the API
-    _api.py:tune                       arcsplit.tuning.runner           79/131/161
-        httpx and the tune runner, which imports this module (serve): `arcsplit --help` and `plan` import the API
-    _api.py:_tuned                     arcsplit.tuning.runner           79/131/161
-        as in tune: only where something was tuned on this machine (tuning/fingerprint.anything_kept)
+    _api.py:_runner                    arcsplit.tuning.runner           79/131/161
+        httpx and the tune runner, which imports this module (serve): `arcsplit --help` and `plan` import the API;
+        needed by tune, where something was tuned here (tuning/fingerprint.anything_kept), and once a run's output
+        canary found a route computing wrong (run/canary.py)
     _warm.py:warm_hosts                anyio                          1/1/1
         serve's early sessions: this module is imported before anyio, which comes once every ssh is spawned
     _warm.py:warm_hosts                arcsplit.run.remote            58/61/75
@@ -85,6 +85,8 @@ that pyproject allows (from 4.7) import asyncio with it.
         serve's early sessions: this module is imported before anyio
     run/launch.py:health               httpx                          80/83/148
         only once a server's health is checked: `arcsplit --help` and `plan` import this module (through the API)
+    run/canary.py:_client              httpx                          90/134/166
+        only once a group is ready with its output canary on: `arcsplit --help` and `plan` import this module
     telemetry/nvidia.py:__init__       pynvml                         optional
         an optional dependency (nvidia-ml-py), on a CUDA host only
 """

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import warnings
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, AsyncIterator, Callable, Iterator, Sequence
+from types import ModuleType
+from typing import Any, AsyncIterator, Callable, Iterator, Mapping, Sequence
 
 import anyio
 from anyio.from_thread import start_blocking_portal
@@ -18,11 +19,13 @@ from anyio.from_thread import start_blocking_portal
 from .decide.choice import RouteChoice
 from .errors import ArcsplitError, RunError
 from .planner import Plan
-from .rig import load_layout
+from .rig import Rig, load_layout
 from .proc.states import GroupState
 from .run.bus import BusInfo, Client, attach, list_runs
 from .run.events import Event, Status
-from .run.instance import Instance, Watcher
+from .decide.routes import RouteEntry
+from .run.fallback import route_lines
+from .run.instance import Instance, MarkWrong, Watcher
 from .run.launch import Launcher
 from .decide.prepare import (MODE_CHOICES, OUTPUT_LAYER_CHOICES, Prepared, ServeRequest, planned_specs, prepare,
                           preview)
@@ -34,7 +37,7 @@ from .tuning.result import TuneResult
 
 __all__ = ["AsyncServer", "BusInfo", "Client", "Instance", "MODE_CHOICES", "OUTPUT_LAYER_CHOICES", "Prepared",
            "RouteChoice", "Server", "ServeRequest", "aserve", "attach", "instance", "plan", "planned_specs", "prepare", "preview",
-           "runs", "serve", "tune", "TuneResult"]
+           "route_lines", "runs", "serve", "tune", "TuneResult", "wrong_marker"]
 
 
 def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None, *, backend: str = "auto",
@@ -110,12 +113,32 @@ def _request(model: str | os.PathLike[str], gpus: Sequence[int] | str | None, kw
     return ServeRequest(model=str(model), gpus=gpus, extra_args=extra, **kw)
 
 
-def _tuned(req: ServeRequest) -> ServeRequest:
-    """``req`` as tune's kept pick for its rig runs it (mode auto only), else unchanged."""
-    from .tuning.runner import tuned  # start-up: httpx and the tune runner, only where something was tuned
+def _runner() -> ModuleType:
+    """The tune runner, imported where it is needed: by tune, where something was tuned on this machine
+    (tuning/fingerprint.anything_kept), once a run's output canary found a route computing wrong."""
+    from .tuning import runner  # start-up: httpx and the tune runner, which imports this module (serve)
 
-    got = tuned(req)
-    return req if got is None else got[0]
+    return runner
+
+
+def _tuned(req: ServeRequest) -> ServeRequest:
+    """``req`` as tune's kept pick for its rig runs it (mode auto only, with the next-best routes after it), else
+    with what tune kept for the rig: the routes it found wrong and its answer for the output canary."""
+    got = _runner().tuned(req)
+    return _runner().remembered(req) if got is None else got[0]
+
+
+def wrong_marker(req: ServeRequest, rig: Rig | None = None) -> MarkWrong | None:
+    """The hook a run calls when its output canary finds a route computing wrong: the route is marked so in tune's
+    results for the rig ``req`` names (the user's request, before a tuned pick changed its cards), so that neither
+    serve nor tune picks it again. None for a layout with other hosts: tune measures this machine's cards only."""
+    if rig is not None and rig.hosts:
+        return None
+
+    def mark(route: RouteEntry, evidence: Mapping[str, Any]) -> None:
+        _runner().mark_wrong(req, route.key, route.config.mode, dict(evidence))
+
+    return mark
 
 
 def runs() -> list[BusInfo]:
@@ -126,10 +149,11 @@ def runs() -> list[BusInfo]:
 def instance(prepared: Prepared, *, max_restarts: int = 5, stall_timeout: float = 120.0, bus: bool = True,
              bus_tcp: str | None = None, telemetry: bool = True, systemd: bool = False,
              watchers: Sequence[Watcher] = (), say: Callable[[str], None] | None = None,
-             launcher: Launcher | None = None) -> Instance:
+             launcher: Launcher | None = None, mark_wrong: MarkWrong | None = None) -> Instance:
     """A checked request ready to run (``await inst.run()``); telemetry, when asked, and ``watchers`` watch it.
     ``systemd``: tell systemd about the run (Type=notify, watchdog) when started by it (``arcsplit serve`` is).
-    ``launcher``: how members start (default: run/remote.launcher_for, local or with the layout's hosts)."""
+    ``launcher``: how members start (default: run/remote.launcher_for, local or with the layout's hosts).
+    ``mark_wrong``: what a route the output canary finds computing wrong is marked in (``wrong_marker``)."""
     if systemd:
         watchers = (run_notify, *watchers)
     if telemetry:
@@ -138,7 +162,7 @@ def instance(prepared: Prepared, *, max_restarts: int = 5, stall_timeout: float 
         watchers = (run_telemetry, *watchers)
     return Instance(prepared, policy=RestartPolicy(max_failures=max_restarts),
                     timeouts=Timeouts(stall=stall_timeout, stop_grace=prepared.stop_grace),
-                    bus=bus, bus_tcp=bus_tcp, watchers=watchers, say=say, launcher=launcher)
+                    bus=bus, bus_tcp=bus_tcp, watchers=watchers, say=say, launcher=launcher, mark_wrong=mark_wrong)
 
 
 @asynccontextmanager
@@ -148,7 +172,8 @@ async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None
     """Serve ``model`` across ``gpus`` until the block ends; entered once llama-server answers /health 200.
 
     ``options`` are ServeRequest's fields: backend, mode, ctx, parallel, host, port, rpc_host, rpc_ports, threads,
-    cpu_memory_mib, llama_dir, build, output_layer, rpc_cache, rpc_seed, ubatch, extra_args, stop_grace; and
+    cpu_memory_mib, llama_dir, build, output_layer, rpc_cache, rpc_seed, ubatch, extra_args, stop_grace, canary
+    (False: no output canary), canary_every (seconds between its checks while idle; docs/usage.md); and
     ``layout``: a layout TOML whose cards (other hosts' included) are served instead of ``gpus``. With mode auto
     (the default), ``arcsplit tune``'s pick for this rig runs where one is kept, as ``arcsplit serve`` does
     (``status()["choice"]`` says so); ``tuned=False`` or a ``mode`` leaves it out.
@@ -156,13 +181,15 @@ async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None
     layout = options.pop("layout", None)
     if layout is not None:
         gpus = None
-    req = _request(model, gpus, options)
+    asked = req = _request(model, gpus, options)
     if tuned and layout is None and req.mode == AUTO and anything_kept():  # tune's own candidates name a mode
         req = _tuned(req)
-    prepared = prepare(req, load_layout(os.fspath(layout)) if layout is not None else None)
+    rig = load_layout(os.fspath(layout)) if layout is not None else None
+    prepared = prepare(req, rig)
     for text in prepared.warnings:
         warnings.warn(text, stacklevel=3)
-    inst = instance(prepared, max_restarts=max_restarts, stall_timeout=stall_timeout, bus=bus, bus_tcp=bus_tcp)
+    inst = instance(prepared, max_restarts=max_restarts, stall_timeout=stall_timeout, bus=bus, bus_tcp=bus_tcp,
+                    mark_wrong=wrong_marker(asked, rig))
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(inst.run)
@@ -242,9 +269,7 @@ def tune(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None,
     kept. ``progress`` hears each step as one line. ``options`` are ServeRequest's fields (backend, ctx, parallel,
     llama_dir, build, cache_type, ...; not mode: tune tries every mode). Bad input is a BadInput, as on the CLI.
     """
-    from .tuning.runner import run_from  # start-up: httpx and the tune runner, which imports this module (serve)
-
-    return run_from(_request(model, gpus, options), objective, budget_s, per_candidate_s, settings=settings, fresh=fresh,
+    return _runner().run_from(_request(model, gpus, options), objective, budget_s, per_candidate_s, settings=settings, fresh=fresh,
                     say=progress or (lambda line: None)).result()
 
 

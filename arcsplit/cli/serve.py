@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .. import durations
 from ..errors import BadInput
 from ..modes import AUTO, CHOICES as MODE_CHOICES
 from ..netaddr import LOOPBACK, SERVER_PORT, bus_address
@@ -187,6 +188,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-grace", type=float, default=None, metavar="S",
                    help="seconds between SIGTERM and SIGKILL when stopping or restarting (default: per backend, "
                         "30 on sycl, 10 elsewhere; docs/runtime.md)")
+    p.add_argument("--canary-every", type=durations.argtype("--canary-every"), default=None, metavar="DURATION",
+                   help="check the output (a short greedy answer against tune's, else the first one) this often "
+                        "while every slot is idle, and after each start; a mismatch moves to the next route "
+                        "(default: 10m; 1s to 7d; docs/usage.md)")
+    p.add_argument("--no-canary", action="store_true", help="no output canary")
     p.add_argument("--json-events", action="store_true", help="print every event but log lines as JSON on stdout")
     p.add_argument("--bus", metavar="tcp://HOST:PORT",
                    help="serve the bus over TCP with CURVE keys: events on PORT, control on PORT+1 "
