@@ -188,7 +188,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-grace", type=float, default=None, metavar="S",
                    help="seconds between SIGTERM and SIGKILL when stopping or restarting (default: per backend, "
                         "30 on sycl, 10 elsewhere; docs/runtime.md)")
-    p.add_argument("--canary-every", type=durations.argtype("--canary-every"), default=None, metavar="DURATION",
+    every = durations.argtype("--canary-every", minimum=durations.CANARY_MIN_S, maximum=durations.CANARY_MAX_S)
+    p.add_argument("--canary-every", type=every, default=None, metavar="DURATION",
                    help="check the output (a short greedy answer against tune's, else the first one) this often "
                         "while every slot is idle, and after each start; a mismatch moves to the next route "
                         "(default: 10m; 1s to 7d; docs/usage.md)")

@@ -50,9 +50,8 @@ __all__ = ["MODE_CHOICES", "OUTPUT_LAYER_CHOICES"]  # re-exported by arcsplit._a
 # The output canary (run/canary.py): every 10 min of idle slots by default. One check is 4 prompts x 16 greedy
 # tokens (llama/verify.py), about 1 s on the demo model on two CPU cores and well under that on a card, so an idle
 # group spends well under 1 % of its time on it, and a route that turns wrong while idle is left within 10 min.
-# 1 s to 7 days: shorter only tests use (a check then runs back to back), longer checks next to never.
+# From durations.CANARY_MIN_S (tests) to CANARY_MAX_S.
 CANARY_EVERY_S = 600.0
-CANARY_MIN_S, CANARY_MAX_S = 1.0, 7 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -308,7 +307,8 @@ def decide(req: ServeRequest, rig: Rig | None, *, serving: bool,
     rpc_ports = _check(req)
     if req.canary:  # seconds from here on; a bad value is one line (the CLI's flag is read the same way)
         req = replace(req, canary_every=durations.parse(req.canary_every, flag="--canary-every",
-                                                        minimum=CANARY_MIN_S, maximum=CANARY_MAX_S))
+                                                        minimum=durations.CANARY_MIN_S,
+                                                        maximum=durations.CANARY_MAX_S))
     if serving:
         binaries: LlamaBinaries | None = find_llama(req.llama_dir, backend=req.backend, build=req.build)
         _check_here(req, rpc_ports)
@@ -340,8 +340,12 @@ def decide(req: ServeRequest, rig: Rig | None, *, serving: bool,
     if order[0] is not decision:  # auto's choice is ruled out: the next route runs, saying why
         order[0] = replace(order[0], reasons=(*(f"left out {m}: {w}" for m, w in left_out), *order[0].reasons))
     first = _prepared(req, binaries, profile, rig, order[0], rpc_ports, choice, live=here, serving=serving)
-    rest = [_prepared(replace(req, measure=False), binaries, profile, rig, d, rpc_ports, None, live=here)
-            for d in order[1:]]
+    rest = []
+    for d in order[1:]:  # one that cannot run as asked (the user's --rpc-ports count, a plan that does not fit): out
+        try:
+            rest.append(_prepared(replace(req, measure=False), binaries, profile, rig, d, rpc_ports, None, live=here))
+        except ArcsplitError as exc:
+            left_out.append((str(d.mode), str(exc)))
     return replace(first, routes=RouteList((_entry(first, "auto's choice"),
                                             *(_entry(p, "the default order's next route") for p in rest)),
                                            tuple(left_out)))
@@ -357,10 +361,15 @@ def _tuned_list(first: Prepared, serving: bool) -> Prepared:
     """Tune's pick and then the next-best routes it found correct here (each prepared as its own request), best
     first; what tune found wrong, failed or pruned is left out with its reason."""
     req = first.request
-    rest = [decide(replace(fb, fallbacks=(), measure=False), None, serving=serving) for fb in req.fallbacks]
+    rest, left_out = [], [(r.label, r.why) for r in req.ruled_out]
+    for fb in req.fallbacks:
+        try:
+            rest.append(decide(replace(fb, fallbacks=(), measure=False), None, serving=serving))
+        except ArcsplitError as exc:  # its build gone, its ports or plan refused now: out, saying why
+            left_out.append((fb.choice.label if fb.choice else str(fb.mode), str(exc)))
     entries = (_entry(first, "tune's pick", key=req.choice.key if req.choice else ""),
                *(_entry(p, "tune's next-best correct route", key=p.choice.key if p.choice else "") for p in rest))
-    return replace(first, routes=RouteList(entries, tuple((r.label, r.why) for r in req.ruled_out)))
+    return replace(first, routes=RouteList(entries, tuple(left_out)))
 
 
 def _backend(req: ServeRequest, rig: Rig | None) -> tuple[ServeRequest, BackendChoice | None]:

@@ -116,12 +116,11 @@ class Canary:
                 got, text = await self._answer(client, url, verify.PROMPTS[k])
                 done += 1
                 answers = (*self._round, got)
-                if self.reference is not None:  # the prompts so far, against the reference's first ones
-                    check = verify.compare(self.reference[:k + 1], answers)
-                    if not check.ok:
-                        self._round = []
-                        ev = await _evidence(client, url, self.reference[:k + 1], answers, text, check)
-                        return CheckResult(Verdict.WRONG, time.monotonic() - t0, check.reason, ev, prompts=done)
+                verdict, check = judge(self.reference, answers)
+                if verdict is Verdict.WRONG and check is not None and self.reference is not None:
+                    self._round = []
+                    ev = await _evidence(client, url, self.reference[:k + 1], answers, text, check)
+                    return CheckResult(Verdict.WRONG, time.monotonic() - t0, check.reason, ev, prompts=done)
                 self._round.append(got)
         except _GaveWay:
             return CheckResult(Verdict.GAVE_WAY, time.monotonic() - t0, "a request came", prompts=done)
@@ -173,6 +172,19 @@ class Canary:
         return {"on": True, "every": self.policy.every, "running": self.running, "reference": self.reference_from or None,
                 "counts": dict(self.counts), "last": self.last.to_dict() if self.last else None,
                 "mismatch": self.mismatch.to_dict() if self.mismatch else None}
+
+
+def judge(reference: verify.Sample | None, answers: verify.Sample) -> tuple[Verdict | None, verify.Check | None]:
+    """The verdict on the answers so far (the first prompts, in order): WRONG where one parts from the reference's
+    beyond tune's tolerance (llama/verify.compare, its Check saying where), PASS once every prompt matched,
+    REFERENCE once every prompt was answered with no reference to compare with, else None: ask the next prompt."""
+    complete = len(answers) >= len(verify.PROMPTS)
+    if reference is None:
+        return (Verdict.REFERENCE if complete else None), None
+    check = verify.compare(reference[:len(answers)], answers)
+    if not check.ok:
+        return Verdict.WRONG, check
+    return (Verdict.PASS if complete else None), check
 
 
 async def _busy(client: Any, url: str, own: int) -> bool:
