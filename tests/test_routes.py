@@ -272,3 +272,23 @@ def test_the_api_takes_the_interval_as_seconds_or_a_duration(demo_model: Path) -
     assert preview(_req(demo_model, canary_every="2m")).request.canary_every == 120.0
     assert preview(_req(demo_model, canary_every=30)).request.canary_every == 30.0
     assert preview(_req(demo_model, canary=False, canary_every=0)).request.canary is False  # off: not read
+
+
+def test_the_dashboard_shows_the_route_now_and_why_the_last_was_left(demo_model: Path) -> None:
+    from textual.content import Content
+
+    from arcsplit.tui.state import DashState
+    from arcsplit.tui.widgets import render_plan
+
+    t = RouteTracker(_list(demo_model))
+    state = DashState(clock=lambda: 1000.0)
+    state.apply({"kind": "snapshot", "data": {"status": {"state": "ready", "mode": "rpc", "routes": t.to_dict(),
+                                                         "canary": {"on": True, "every": 600.0, "counts": {}}}}})
+    assert "route now: rpc (1 of 2: rpc, hybrid)" in Content.from_markup(render_plan(state)).plain
+    state.apply({"kind": "canary", "name": "group", "data": {"verdict": "wrong", "seconds": 1.5, "prompts": 1,
+                                                              "reason": "prompt 1, token 1: ..."}})
+    state.apply({"kind": "route", "name": "group", "data": {"left": "rpc", "reason": "wrong", "message": "prompt 1",
+                                                             "to": "hybrid", "mode": "hybrid"}})
+    plan = Content.from_markup(render_plan(state)).plain
+    assert "route now: hybrid (2 of 2: rpc, hybrid)" in plan and "left rpc: wrong (prompt 1)" in plan
+    assert "checks: wrong 1; last: wrong in 1.5 s" in plan
