@@ -480,7 +480,12 @@ class Supervisor:
         """A group that answers but computes something else than its reference has failed: Cause.WRONG, with the
         canary's evidence in the run's state (state.json, arcsplit report)."""
         with scope:
-            wrong = await canary.watch(self.url, self._canary_tried)
+            try:
+                wrong = await canary.watch(self.url, self._canary_tried)
+            except Exception as exc:  # a check that cannot run says so; it never takes the group down
+                self._publish("group", LogData(f"arcsplit: the output canary stopped for this start: "
+                                               f"{type(exc).__name__}: {exc}"))
+                return
             self._fail_now(_StartFailed("server", f"the output canary: {wrong.reason}", cause=Cause.WRONG))
 
     def _canary_tried(self, result: CheckResult) -> None:
