@@ -48,8 +48,9 @@ __all__ = ["MODE_CHOICES", "OUTPUT_LAYER_CHOICES"]  # re-exported by arcsplit._a
 
 
 # The output canary (run/canary.py): every 10 min of idle slots by default. One check is 4 prompts x 16 greedy
-# tokens (llama/verify.py), about 1 s on the demo model on two CPU cores and well under that on a card, so an idle
-# group spends well under 1 % of its time on it, and a route that turns wrong while idle is left within 10 min.
+# tokens (llama/verify.py), 1.5-2.5 s on the demo model on two CPU cores (tests/test_canary_real.py) and less on a
+# card, so an idle group spends under 0.5 % of its time on it, and a route that turns wrong while idle is left
+# within 10 min (a busy one: at its next idle moment).
 # From durations.CANARY_MIN_S (tests) to CANARY_MAX_S.
 CANARY_EVERY_S = 600.0
 
