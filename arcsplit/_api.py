@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import warnings
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, AsyncIterator, Callable, Iterator, Mapping, Sequence
 
 import anyio
 from anyio.from_thread import start_blocking_portal
@@ -19,11 +19,13 @@ from anyio.from_thread import start_blocking_portal
 from .decide.choice import RouteChoice
 from .errors import ArcsplitError, RunError, python_spelling
 from .planner import Plan
-from .rig import load_layout
+from .rig import Rig, load_layout
 from .proc.states import GroupState
 from .run.bus import BusInfo, Client, attach, list_runs
 from .run.events import Event, Status
-from .run.instance import Instance, Watcher
+from .decide.routes import RouteEntry
+from .run.fallback import route_lines
+from .run.instance import Instance, MarkWrong, Watcher
 from .run.launch import Launcher
 from .decide.prepare import (MODE_CHOICES, OUTPUT_LAYER_CHOICES, Prepared, ServeRequest, planned_specs, prepare,
                           preview)
@@ -35,7 +37,7 @@ from .tuning.fingerprint import anything_kept
 
 __all__ = ["AsyncServer", "BusInfo", "Client", "Instance", "MODE_CHOICES", "OUTPUT_LAYER_CHOICES", "Prepared",
            "RouteChoice", "Server", "ServeRequest", "aserve", "attach", "instance", "plan", "planned_specs", "prepare", "preview",
-           "runs", "serve"]
+           "route_lines", "runs", "serve", "wrong_marker"]
 
 
 def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None, *, backend: str = "auto",
@@ -108,9 +110,23 @@ class AsyncServer:
 
 
 def _tuned(req: ServeRequest) -> ServeRequest:
-    """``req`` as tune's kept pick for its rig runs it (mode auto only), else unchanged."""
+    """``req`` as tune's kept pick for its rig runs it (mode auto only, with the next-best routes after it), else
+    with what tune kept for the rig: the routes it found wrong and its answer for the output canary."""
     got = picks.tuned(req)
-    return req if got is None else got[0]
+    return picks.remembered(req) if got is None else got[0]
+
+
+def wrong_marker(req: ServeRequest, rig: Rig | None = None) -> MarkWrong | None:
+    """The hook a run calls when its output canary finds a route computing wrong: the route is marked so in tune's
+    results for the rig ``req`` names (the user's request, before a tuned pick changed its cards), so that neither
+    serve nor tune picks it again. None for a layout with other hosts: tune measures this machine's cards only."""
+    if rig is not None and rig.hosts:
+        return None
+
+    def mark(route: RouteEntry, evidence: Mapping[str, Any]) -> None:
+        picks.mark_wrong(req, route.key, route.config.mode, dict(evidence))
+
+    return mark
 
 
 def runs() -> list[BusInfo]:
@@ -121,10 +137,11 @@ def runs() -> list[BusInfo]:
 def instance(prepared: Prepared, *, max_restarts: int = 5, stall_timeout: float = 120.0, bus: bool = True,
              bus_tcp: str | None = None, telemetry: bool = True, systemd: bool = False,
              watchers: Sequence[Watcher] = (), say: Callable[[str], None] | None = None,
-             launcher: Launcher | None = None) -> Instance:
+             launcher: Launcher | None = None, mark_wrong: MarkWrong | None = None) -> Instance:
     """A checked request ready to run (``await inst.run()``); telemetry, when asked, and ``watchers`` watch it.
     ``systemd``: tell systemd about the run (Type=notify, watchdog) when started by it (``arcsplit serve`` is).
-    ``launcher``: how members start (default: run/remote.launcher_for, local or with the layout's hosts)."""
+    ``launcher``: how members start (default: run/remote.launcher_for, local or with the layout's hosts).
+    ``mark_wrong``: what a route the output canary finds computing wrong is marked in (``wrong_marker``)."""
     if systemd:
         watchers = (run_notify, *watchers)
     if telemetry:
@@ -133,7 +150,7 @@ def instance(prepared: Prepared, *, max_restarts: int = 5, stall_timeout: float 
         watchers = (run_telemetry, *watchers)
     return Instance(prepared, policy=RestartPolicy(max_failures=max_restarts),
                     timeouts=Timeouts(stall=stall_timeout, stop_grace=prepared.stop_grace),
-                    bus=bus, bus_tcp=bus_tcp, watchers=watchers, say=say, launcher=launcher)
+                    bus=bus, bus_tcp=bus_tcp, watchers=watchers, say=say, launcher=launcher, mark_wrong=mark_wrong)
 
 
 @asynccontextmanager
@@ -143,7 +160,8 @@ async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None
     """Serve ``model`` across ``gpus`` until the block ends; entered once llama-server answers /health 200.
 
     ``options`` are ServeRequest's fields: backend, mode, ctx, parallel, host, port, rpc_host, rpc_ports, threads,
-    cpu_memory_mib, llama_dir, build, output_layer, rpc_cache, rpc_seed, ubatch, extra_args, stop_grace; and
+    cpu_memory_mib, llama_dir, build, output_layer, rpc_cache, rpc_seed, ubatch, extra_args, stop_grace, canary
+    (False: no output canary), canary_every (seconds between its checks while idle; docs/usage.md); and
     ``layout``: a layout TOML whose cards (other hosts' included) are served instead of ``gpus``. With mode auto
     (the default), ``arcsplit tune``'s pick for this rig runs where one is kept, as ``arcsplit serve`` does
     (``status()["choice"]`` says so); ``tuned=False`` or a ``mode`` leaves it out.
@@ -151,14 +169,16 @@ async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None
     layout = options.pop("layout", None)
     if layout is not None:
         gpus = None
-    req = ServeRequest.of(model, gpus, options)
+    asked = req = ServeRequest.of(model, gpus, options)
     with python_spelling():  # an error names aserve()'s arguments, not the CLI's flags
         if tuned and layout is None and req.mode == AUTO and anything_kept():  # tune's own candidates name a mode
             req = _tuned(req)
-        prepared = prepare(req, load_layout(os.fspath(layout)) if layout is not None else None)
+        rig = load_layout(os.fspath(layout)) if layout is not None else None
+        prepared = prepare(req, rig)
     for text in prepared.warnings:
         warnings.warn(text, stacklevel=3)
-    inst = instance(prepared, max_restarts=max_restarts, stall_timeout=stall_timeout, bus=bus, bus_tcp=bus_tcp)
+    inst = instance(prepared, max_restarts=max_restarts, stall_timeout=stall_timeout, bus=bus, bus_tcp=bus_tcp,
+                    mark_wrong=wrong_marker(asked, rig))
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(inst.run)

@@ -16,6 +16,9 @@ from .errors import BadInput
 
 UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 HELP = "seconds, or with a unit: 90s, 5m, 1h"
+# serve --canary-every (ServeRequest.canary_every): 1 s (a check then runs back to back: tests) to 7 days (next to
+# never); decide/prepare.py's CANARY_EVERY_S is the default and says why.
+CANARY_MIN_S, CANARY_MAX_S = 1.0, 7 * 86400.0
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?", re.IGNORECASE)
 
 

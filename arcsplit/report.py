@@ -123,6 +123,7 @@ def collect(run: str | None, doctor: tuple[dict[str, Any], str] | None, which: d
     remote: tuple[list[str], list[str]] = ([], [])
     if run_dir is not None:
         state_text = _tail(run_dir / "state.json", 100_000)
+        state: Any = {}
         try:
             state = json.loads(state_text)
             extra, remote = _argv_secrets(state), _remote_identities(state)
@@ -132,6 +133,9 @@ def collect(run: str | None, doctor: tuple[dict[str, Any], str] | None, which: d
         except (ValueError, AttributeError):
             pass
         files[f"run/{run_dir.name}/state.json"] = state_text
+        mismatch = ((state if isinstance(state, dict) else {}).get("canary") or {}).get("mismatch")
+        if mismatch:  # the output canary's evidence: what the route answered against its reference
+            files[f"run/{run_dir.name}/canary-mismatch.json"] = json.dumps(mismatch, indent=1)
         for log in sorted(run_dir.glob("*.log")):
             files[f"run/{run_dir.name}/{log.name}"] = _tail(log, LOG_TAIL_LINES)
     if doctor is not None:
@@ -155,7 +159,8 @@ def collect(run: str | None, doctor: tuple[dict[str, Any], str] | None, which: d
         "Credentials, your home directory, user and host names (this machine's and the run's other hosts': their\n"
         "ssh destinations, users and names) were replaced by <redacted>, ~, <user>, <host>.\n"
         "doctor.*: runtime facts, verdict, host checks, mode; probe/, observed/: what was probed or failed here;\n"
-        "build.json, builds/: the llama.cpp binaries; run/: the last run's state and log tails (faults.txt: its last\n"
+        "build.json, builds/: the llama.cpp binaries; run/: the last run's state (its routes, why each was left,\n"
+        "and the output canary's evidence of a mismatch: canary-mismatch.json) and log tails (faults.txt: its last\n"
         "error, failures by card and the cards that need a driver reset); env.json: the GPU-related environment.\n")
     return {name: r.text(text) for name, text in files.items()}
 

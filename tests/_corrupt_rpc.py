@@ -8,10 +8,16 @@ that in each RPC_CMD_SET_TENSOR payload (ggml-rpc.cpp: command byte, 8-byte size
 tensor's description and offset, then its data) larger than 64 KiB, one bit of every 512th data byte flips. The
 group loads and answers; its weights are wrong. It needs the weights to cross the socket (serve with
 rpc_seed=False and ARCSPLIT_RPC_SHM=0). ``--help`` is the real one's.
+
+With ``CORRUPT_RPC_LIVE=1`` in its environment it starts clean instead (weights, seeded or sent, arrive whole) and
+turns wrong mid-serve on SIGUSR1: from then on the data of every SET_TENSOR (what flows while the group computes:
+the activations llama-server hands each rpc-server; ARCSPLIT_RPC_SHM=0 keeps them on the socket) has the sign of
+every 4th float flipped. Finite and wrong: the group keeps answering, something else.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import socket
@@ -22,8 +28,27 @@ import threading
 import time
 
 SET_TENSOR = 6
+SET_TENSOR_GATED = 19  # arcsplit's gated set (patch 0003): a SET_TENSOR's data sent after its graph
 BIG = 64 * 1024
 SKIP = 1024  # the tensor description and offset come first: leave them whole
+HEAD = 296 + 1 + 8  # ggml-rpc.cpp serialize_set_tensor: rpc_tensor (packed, 296 bytes), cache flag, offset; then data
+LIVE = os.environ.get("CORRUPT_RPC_LIVE") == "1"
+TURNED = threading.Event()  # live mode: set by SIGUSR1
+
+
+def flip(cmd: int, size: int, pos: int, part: bytearray, f32: bool) -> None:
+    """Corrupt ``part`` (bytes ``pos``.. of a ``cmd`` payload of ``size`` bytes; ``f32``: its tensor's type is F32,
+    the activations, where token ids, positions and the mask are integers or F16) as this forwarder's mode says."""
+    if LIVE:
+        if TURNED.is_set() and cmd in (SET_TENSOR, SET_TENSOR_GATED) and f32:
+            first = max(HEAD, pos)
+            for j in range(first + (3 - (first - HEAD)) % 16, pos + len(part), 16):  # byte 3 of every 4th float
+                part[j - pos] ^= 0x80
+        return
+    if cmd == SET_TENSOR and size > BIG:
+        for i in range((-pos) % 512, len(part), 512):
+            if pos + i >= SKIP:
+                part[i] ^= 0x24
 
 
 def corrupt_stream(src: socket.socket, dst: socket.socket) -> None:
@@ -45,13 +70,12 @@ def corrupt_stream(src: socket.socket, dst: socket.socket) -> None:
             head = need(9)
             cmd, size = head[0], struct.unpack("<Q", head[1:])[0]
             dst.sendall(head)
-            left, pos = size, 0
+            left, pos, f32 = size, 0, False
             while left:
                 part = bytearray(need(min(left, 1 << 20)))
-                if cmd == SET_TENSOR and size > BIG:
-                    for i in range((-pos) % 512, len(part), 512):
-                        if pos + i >= SKIP:
-                            part[i] ^= 0x24
+                if pos == 0 and cmd in (SET_TENSOR, SET_TENSOR_GATED) and len(part) >= 12:
+                    f32 = struct.unpack("<I", bytes(part[8:12]))[0] == 0  # rpc_tensor: id (8 bytes), type
+                flip(cmd, size, pos, part, f32)
                 dst.sendall(part)
                 pos += len(part)
                 left -= len(part)
@@ -127,6 +151,7 @@ def main(argv: list[str]) -> int:
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGUSR1, lambda *_: TURNED.set())
     listener = socket.create_server((host, port))
     threading.Thread(target=lambda: (child.wait(), listener.close()), daemon=True).start()
     while True:
@@ -135,6 +160,8 @@ def main(argv: list[str]) -> int:
         except OSError:
             return child.returncode or 0
         server = socket.create_connection(("127.0.0.1", child.inner_port))  # type: ignore[attr-defined]
+        for sock in (client, server):  # small commands go at once, as llama.cpp's own sockets send them
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         threading.Thread(target=corrupt_stream, args=(client, server), daemon=True).start()
         threading.Thread(target=pump, args=(server, client), daemon=True).start()
 

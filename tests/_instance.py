@@ -60,16 +60,17 @@ class Instance:
         self.portal.call(self.sup.events.publish, Event.of(name, data))
 
 
-def serve_args(model: Path, gpus: str = "0,1", mode: str = "auto", ctx: int = 1024) -> Any:
+def serve_args(model: Path, gpus: str = "0,1", mode: str = "auto", ctx: int = 1024, *more: str) -> Any:
     return build_parser().parse_args(["serve", str(model), "--backend", "cpu", "--gpus", gpus, "--ctx", str(ctx),
-                                      "--threads", "1", "--mode", mode, "--port", str(free_port())])
+                                      "--threads", "1", "--mode", mode, "--port", str(free_port()), *more])
 
 
 @contextlib.contextmanager
 def running_instance(model: Path, *, gpus: str = "0,1", mode: str = "auto",
-                     telemetry_interval: float | None = 0.5) -> Iterator[Instance]:
-    """Start the group and its bus; yield once it serves; stop everything on exit."""
-    prepared = prepare(request_from_args(serve_args(model, gpus, mode)))
+                     telemetry_interval: float | None = 0.5, canary: bool = True) -> Iterator[Instance]:
+    """Start the group and its bus; yield once it serves; stop everything on exit. ``canary`` False: no output
+    canary (its checks add to llama-server's own token counters)."""
+    prepared = prepare(request_from_args(serve_args(model, gpus, mode, 1024, *(() if canary else ("--no-canary",)))))
     watchers = (functools.partial(run_telemetry, interval=telemetry_interval),) if telemetry_interval else ()
     inst = RunInstance(prepared, policy=RestartPolicy(base_delay=0.2, max_delay=1.0, max_failures=3),
                        watchers=watchers)

@@ -303,7 +303,7 @@ def test_a_stop_during_a_generation_ends_llama_server_with_its_own_forced_exit(d
     """A SIGTERMed llama-server with a request in flight never exits on its own (its HTTP thread waits for the task
     loop that the signal stopped): the stop's second SIGTERM is llama-server's forced exit, where waiting out the grace
     for a SIGKILL took 10 s. The client's stream is cut off either way."""
-    opts = dict(gpus=[0, 1], backend="cpu", cpu_memory_mib=1024, ctx=1024, threads=1, bus=False)
+    opts = dict(gpus=[0, 1], backend="cpu", cpu_memory_mib=1024, ctx=1024, threads=1, bus=False, canary=False)
     first = threading.Event()
     ended: list[str] = []
 

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def inst(tmp_path_factory, llama_bins, demo_model):
     with isolated_env(tmp_path_factory.mktemp("tel"), llama_bins.bin_dir):
-        with running_instance(demo_model, telemetry_interval=0.3) as i:
+        # no output canary: its checks' tokens would count in the llama-server counters these tests compare
+        with running_instance(demo_model, telemetry_interval=0.3, canary=False) as i:
             yield i
 
 

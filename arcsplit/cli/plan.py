@@ -86,10 +86,12 @@ def _plan(args: argparse.Namespace) -> int:
     if args.json:
         print_json({**plan.to_dict(), "mode": config.mode, "reasons": list(prepared.decision.reasons),
                     "choice": prepared.choice.to_dict() if prepared.choice else None,
+                    "routes": prepared.route_list.to_dict(),  # serve's list: this route first, then what it moves to
                     "route": config.route.to_dict(), "processes": processes, "hosts": hosts})
         return 0
     print(render(plan, profile.n_layer_nextn))
     print(f"\nmode {config.mode}: {'; '.join(prepared.decision.reasons)}")
+    print("\n".join(prepared.route_list.lines()))
     if tuned_lines:
         print("\n" + "\n".join(tuned_lines))
     if hosts:

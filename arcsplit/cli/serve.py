@@ -207,6 +207,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    default=None, metavar="TIME",
                    help=f"time between SIGTERM and SIGKILL when stopping or restarting: {durations.HELP}, at most 1h "
                         "(default: per backend, 30s on sycl, 10s elsewhere; docs/runtime.md)")
+    every = durations.argtype("--canary-every", minimum=durations.CANARY_MIN_S, maximum=durations.CANARY_MAX_S)
+    p.add_argument("--canary-every", type=every, default=None, metavar="TIME",
+                   help="check the output (a short greedy answer against tune's, else the first one) this often "
+                        "while every slot is idle, and after each start; a mismatch moves to the next route "
+                        f"({durations.HELP}; default: 10m; 1s to 7d; docs/usage.md)")
+    p.add_argument("--no-canary", action="store_true", help="no output canary")
     p.add_argument("--json-events", action="store_true", help="print every event but log lines as JSON on stdout")
     p.add_argument("--bus", metavar="tcp://HOST:PORT",
                    help="serve the bus over TCP with CURVE keys: events on PORT, control on PORT+1 "

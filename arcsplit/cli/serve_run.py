@@ -28,7 +28,7 @@ from ..model import read_header
 from ..rig import MiB, Rig, load_layout
 from ..modes import AUTO, Mode
 from ..tuning.fingerprint import anything_kept
-from ..tuning.picks import tuned
+from ..tuning.picks import remembered, tuned
 from ..proc.states import GroupState, MemberState
 from . import say as _say
 
@@ -54,8 +54,9 @@ def request_from_args(args: argparse.Namespace) -> Any:
                         moe_offload=args.moe_offload, host_memory_mib=args.host_memory,
                         llama_dir=args.llama_dir, build=args.build, extra_args=tuple(args.extra),
                         alias=alias_arg(getattr(args, "alias", None)),
-                        stop_grace=getattr(args, "stop_grace", None),
-                        **{k: getattr(args, k) for k in ("cache_type", "kv_unified") if hasattr(args, k)})
+                        stop_grace=getattr(args, "stop_grace", None), canary=not getattr(args, "no_canary", False),
+                        **{k: getattr(args, k) for k in ("cache_type", "kv_unified") if hasattr(args, k)},
+                        **({"canary_every": args.canary_every} if getattr(args, "canary_every", None) else {}))
 
 
 def build_config(args: argparse.Namespace) -> Any:
@@ -99,7 +100,7 @@ def _tuned_request(args: argparse.Namespace) -> Any:
         run_from(req, args.objective, args.budget, args.per_candidate, say=lambda line: _say(f"tune: {line}"))
     got = None if getattr(args, "no_tune", False) else tuned(req, getattr(args, "objective", None))
     if got is None:
-        return req
+        return remembered(req)
     _say(got[1])
     return got[0]
 
@@ -137,6 +138,8 @@ def _tell(prepared: Any, args: argparse.Namespace) -> None:
         return
     for reason in prepared.decision.reasons:
         _say(f"mode {prepared.decision.mode}: {reason}")
+    for line in prepared.route_list.lines():
+        _say(line)
     note = chat_note(prepared.config.plan.model_path, args.extra)
     if note:
         _say(f"note: {note}")
@@ -165,9 +168,10 @@ def chat_note(model: str, extra: list[str]) -> str | None:
 def _instance(prepared: Any, args: argparse.Namespace, say: Any, launcher: Any = None) -> Any:
     """The instance, telling systemd about itself when run by it, and watched by the metrics endpoint if any."""
     metrics = getattr(args, "metrics", None)
+    marker = None if getattr(args, "layout", None) else _api.wrong_marker(request_from_args(args))
     return _api.instance(prepared, max_restarts=args.max_restarts, stall_timeout=args.stall_timeout,
                     bus=not args.no_bus or args.tui, bus_tcp=args.bus, systemd=True,
-                    watchers=(metrics.run,) if metrics else (), say=say, launcher=launcher)
+                    watchers=(metrics.run,) if metrics else (), say=say, launcher=launcher, mark_wrong=marker)
 
 
 def _serve_with_dashboard(prepared: Any, args: argparse.Namespace) -> int:
@@ -265,6 +269,9 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
             shown = [str(line) for line in ev.data.get("lines") or []]
         elif ev.kind == "verdict":
             _say(f"recorded: {ev.data.get('failed_mode')} fails here; now {ev.data.get('fallback')}")
+        elif ev.kind == "canary" and ev.data.get("verdict") == "reference":
+            _say(f"output canary: its first answer ({ev.data.get('seconds'):.1f} s) is the reference; checked again "
+                 "after each start and while idle (--canary-every)")
         elif ev.kind == "host":
             _say(host_line(ev.name, ev.data))
 

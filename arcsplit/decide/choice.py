@@ -86,6 +86,7 @@ class RouteChoice:
     streams: float | None = None
     alternatives: tuple[Measured, ...] = ()
     note: str = ""
+    key: str = ""  # tune's key for the route ("cpu:rpc:defaults"), where tune measured it
 
     @classmethod
     def untuned(cls, mode: str, asked: bool, note: str = "") -> "RouteChoice":
@@ -97,7 +98,7 @@ class RouteChoice:
     def to_dict(self) -> dict[str, Any]:
         return {"by": self.by, "mode": self.mode, "label": self.label, "objective": self.objective,
                 "tuned_at": self.tuned_at, "decode": self.decode, "prefill": self.prefill, "streams": self.streams,
-                "alternatives": [a.to_dict() for a in self.alternatives], "note": self.note}
+                "alternatives": [a.to_dict() for a in self.alternatives], "note": self.note, "key": self.key}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "RouteChoice":
@@ -109,7 +110,7 @@ class RouteChoice:
         return cls(by, str(d.get("mode", "")), str(d.get("label") or ""), str(d.get("objective") or ""),
                    None if at is None else float(at), _num(d.get("decode")), _num(d.get("prefill")),
                    _num(d.get("streams")), tuple(Measured.from_dict(a) for a in d.get("alternatives") or ()),
-                   str(d.get("note") or ""))
+                   str(d.get("note") or ""), str(d.get("key") or ""))
 
     @property
     def tuned(self) -> bool:
@@ -151,3 +152,17 @@ def table(alternatives: tuple[Measured, ...], objective: str) -> list[str]:
         out.append(f"{mark:>2} {a.label:<40} {a.status:<9} {fig(a.prefill, 8)} {fig(a.decode, 7)} {fig(a.streams, 8)} "
                    f"{second}  {a.reason}".rstrip())
     return out
+
+
+@dataclass(frozen=True)
+class RuledOut:
+    """A route that evidence kept for this rig rules out of serve's list: ``mode``'s default-order route (or a
+    tuned route, by ``label``) computed wrong here (``arcsplit tune``, ``doctor --verify`` or the output canary of
+    an earlier run), with ``why``."""
+
+    mode: str
+    label: str
+    why: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "label": self.label, "why": self.why}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .. import backends
+from .. import backends, durations
 from .._dirs import cache_dir, keep_json
 from ..errors import ArcsplitError, BadInput, DoesNotFit, arg, example, given
 from ..llama import compute_cache
@@ -23,7 +23,7 @@ from ..llama.devices import discover_rig, host_budget, parse_gpus
 from ..llama.features import binary_features, check_user_args
 from ..llama.fitparams import measure_compute
 from ..llama.locate import LlamaBinaries, find_llama
-from ..llama.mode import ModeDecision, choose_mode
+from ..llama.mode import ModeDecision, choose_mode, fallbacks
 from ..llama.patches import SPIN_ENV
 from ..llama.patches import check_switches
 from ..llama.patches import shm_link_on as rpc_shm  # the user's ARCSPLIT_RPC_SHM, read where serve prepares
@@ -39,10 +39,20 @@ from ..rig import Rig, per_host
 from ..roles import Role
 from ..route import OUTPUT_LAYER_CHOICES, Route
 from . import weightcache
-from .choice import RouteChoice
+from ..llama.verify import Sample
+from .choice import RouteChoice, RuledOut
+from .routes import RouteList, entry as routes_entry
 from .specs import ALIAS_FLAGS, LOOPBACK, ProcessSpec, ServeConfig, build_specs, n_links, n_rpc_servers, split_secrets
 
 __all__ = ["MODE_CHOICES", "OUTPUT_LAYER_CHOICES"]  # re-exported by arcsplit._api
+
+
+# The output canary (run/canary.py): every 10 min of idle slots by default. One check is 4 prompts x 16 greedy
+# tokens (llama/verify.py), 1.5-2.5 s on the demo model on two CPU cores (tests/test_canary_real.py) and less on a
+# card, so an idle group spends under 0.5 % of its time on it, and a route that turns wrong while idle is left
+# within 10 min (a busy one: at its next idle moment).
+# From durations.CANARY_MIN_S (tests) to CANARY_MAX_S.
+CANARY_EVERY_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,13 @@ class ServeRequest:
     alias: str | None = None  # the served model's name; None: model.served_name (general.name, else the file stem)
     stop_grace: float | None = None  # SIGTERM -> SIGKILL seconds; None: the backend's (backends.py stop_grace_s)
     measure: bool = False  # run llama.cpp's dry run for each card's compute buffer now and cache it (plan --measure)
+    # What tune kept for this rig (tuning/picks.tuned, remembered): the next-best correct routes after the pick,
+    # each as its own request, best first; the routes found computing wrong here; its answer for the output canary
+    fallbacks: tuple["ServeRequest", ...] = ()
+    ruled_out: tuple[RuledOut, ...] = ()
+    reference: Sample | None = None
+    canary: bool = True  # check the output after every (re)start and every canary_every s idle (run/canary.py)
+    canary_every: float | str = CANARY_EVERY_S  # seconds, or a duration ("10m"): durations.parse reads it
 
     @classmethod
     def of(cls, model: str | os.PathLike[str], gpus: Sequence[int] | str | None,
@@ -102,6 +119,13 @@ class Prepared:
     notes: tuple[str, ...] = ()  # what was chosen for them: the backend auto picked and why, which managed build
     stop_grace: float = 10.0  # what the supervisor waits between SIGTERM and SIGKILL
     choice: RouteChoice | None = None  # how the route was chosen (tuned, asked, the default order): status shows it
+    routes: RouteList | None = None  # every route serve may run, this one first (decide/routes.py)
+
+    @property
+    def route_list(self) -> RouteList:
+        """The routes, this one first; one made from its config where ``decide`` did not build the list."""
+        return self.routes or RouteList.one(routes_entry(self.config, self.decision, self.choice or RouteChoice.untuned(
+            self.config.mode, self.config.forced_mode), "the route prepared"), self.config.forced_mode)
 
 
 def _observed_path(backend: str) -> Path:
@@ -295,6 +319,10 @@ def decide(req: ServeRequest, rig: Rig | None, *, serving: bool,
     runtime be probed if needed, and a layout's cards be this machine's (else the layout may be another machine)."""
     req, choice = _backend(req, rig)
     rpc_ports = _check(req)
+    if req.canary:  # seconds from here on; a bad value is one line (the CLI's flag is read the same way)
+        req = replace(req, canary_every=durations.parse(req.canary_every, flag="--canary-every",
+                                                        minimum=durations.CANARY_MIN_S,
+                                                        maximum=durations.CANARY_MAX_S))
     if serving:
         binaries: LlamaBinaries | None = find_llama(req.llama_dir, backend=req.backend, build=req.build)
         _check_here(req, rpc_ports)
@@ -308,11 +336,55 @@ def decide(req: ServeRequest, rig: Rig | None, *, serving: bool,
     # The runtime probe opens this machine's cards: a layout with other hosts names cards it cannot open here.
     verdict, known = (_runtime(req, rig, binaries, probe=None if serving else False, progress=progress)
                       if here and not rig.hosts else (None, None))
+    n_remote, distrust = sum(1 for c in rig.cards if c.host), unchecked_one_context(req, Mode.MULTI, len(rig.cards))
     decision = choose_mode(req.backend, len(rig.cards), forced=parse_choice(req.mode),
-                           verdict=verdict, probe_results=known, n_remote=sum(1 for c in rig.cards if c.host),
-                           distrust_one_context=unchecked_one_context(req, Mode.MULTI, len(rig.cards)),
+                           verdict=verdict, probe_results=known, n_remote=n_remote, distrust_one_context=distrust,
                            forced_by=req.choice.line() if req.choice is not None and req.choice.tuned else None)
-    return _prepared(req, binaries, profile, rig, decision, rpc_ports, choice, live=here, serving=serving)
+    if req.mode != AUTO_MODE:  # asked with --mode, or tune's pick (with the next-best routes it found correct)
+        first = _prepared(req, binaries, profile, rig, decision, rpc_ports, choice, live=here, serving=serving)
+        return _tuned_list(first, serving) if first.choice and first.choice.tuned else \
+            replace(first, routes=RouteList.one(_entry(first, f"--mode {req.mode}"), asked=True))
+    later, left = fallbacks(req.backend, len(rig.cards), decision, verdict, known, n_remote, distrust)
+    ruled = {r.mode: r.why for r in req.ruled_out}
+    order = [d for d in (decision, *later) if d.mode not in ruled]
+    left_out = [*((str(m), why) for m, why in left), *((str(d.mode), ruled[d.mode]) for d in (decision, *later)
+                                                         if d.mode in ruled)]
+    if not order:
+        raise BadInput(f"every route this rig allows computed wrong here ({'; '.join(f'{m}: {w}' for m, w in left_out)})",
+                       "fix the cards or their driver, then `arcsplit tune --fresh MODEL`; --mode MODE runs one anyway")
+    if order[0] is not decision:  # auto's choice is ruled out: the next route runs, saying why
+        order[0] = replace(order[0], reasons=(*(f"left out {m}: {w}" for m, w in left_out), *order[0].reasons))
+    first = _prepared(req, binaries, profile, rig, order[0], rpc_ports, choice, live=here, serving=serving)
+    rest = []
+    for d in order[1:]:  # one that cannot run as asked (the user's --rpc-ports count, a plan that does not fit): out
+        try:
+            rest.append(_prepared(replace(req, measure=False), binaries, profile, rig, d, rpc_ports, None, live=here))
+        except ArcsplitError as exc:
+            left_out.append((str(d.mode), str(exc)))
+    return replace(first, routes=RouteList((_entry(first, "auto's choice"),
+                                            *(_entry(p, "the default order's next route") for p in rest)),
+                                           tuple(left_out)))
+
+
+def _entry(p: Prepared, why: str, label: str = "", key: str = "") -> Any:
+    """``p`` as a route of the list."""
+    choice = p.choice or RouteChoice.untuned(p.decision.mode, p.config.forced_mode)
+    return routes_entry(p.config, p.decision, choice, why, label or choice.label, key)
+
+
+def _tuned_list(first: Prepared, serving: bool) -> Prepared:
+    """Tune's pick and then the next-best routes it found correct here (each prepared as its own request), best
+    first; what tune found wrong, failed or pruned is left out with its reason."""
+    req = first.request
+    rest, left_out = [], [(r.label, r.why) for r in req.ruled_out]
+    for fb in req.fallbacks:
+        try:
+            rest.append(decide(replace(fb, fallbacks=(), measure=False), None, serving=serving))
+        except ArcsplitError as exc:  # its build gone, its ports or plan refused now: out, saying why
+            left_out.append((fb.choice.label if fb.choice else str(fb.mode), str(exc)))
+    entries = (_entry(first, "tune's pick", key=req.choice.key if req.choice else ""),
+               *(_entry(p, "tune's next-best correct route", key=p.choice.key if p.choice else "") for p in rest))
+    return replace(first, routes=RouteList(entries, tuple(left_out)))
 
 
 def _backend(req: ServeRequest, rig: Rig | None) -> tuple[ServeRequest, BackendChoice | None]:
@@ -462,18 +534,3 @@ def planned_specs(prepared: Prepared) -> tuple[ProcessSpec, ...]:
         port = free_port(config.rpc_host if len(ports) < n_rpc_servers(config) else LOOPBACK)
         ports += [port] if port not in ports else []
     return build_specs(config, ports[:n_rpc_servers(config)], ports[n_rpc_servers(config):])
-
-
-def hybrid_fallback(prepared: Prepared, say: Callable[[str], None] | None = None
-                    ) -> Callable[[ServeConfig, str], ServeConfig | None]:
-    """What the supervisor does when a one-context group fails in a way hybrid avoids (logs.MULTI_DEVICE_KINDS: the
-    NEO allocation failure, llama.cpp#28765's output copy): record, go hybrid."""
-
-    def fallback(cfg: ServeConfig, message: str) -> ServeConfig | None:
-        record_observed(cfg.backend, cfg.mode, False, message)
-        if say:
-            say(f"{cfg.mode} failed with a one-context error ({message[:120]}); falling back to hybrid (recorded)")
-        plan = plan_for_mode(prepared.profile, prepared.rig, prepared.request, Mode.HYBRID)
-        return replace(cfg, plan=plan, mode=Mode.HYBRID, mode_env=())
-
-    return fallback

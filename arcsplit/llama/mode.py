@@ -115,6 +115,38 @@ def _choose(backend: str, n_cards: int, forced: str | None, verdict: Verdict | N
     return ModeDecision(Mode.RPC, {}, tuple(reasons), False)
 
 
+def fallbacks(backend: str, n_cards: int, decision: ModeDecision, verdict: Verdict | None = None,
+              probe_results: Iterable[ProbeLike] | Mapping[str, bool] | None = None, n_remote: int = 0,
+              distrust_one_context: str | None = None) -> tuple[tuple[ModeDecision, ...], tuple[tuple[Mode, str], ...]]:
+    """What ``auto`` runs after ``decision`` if that route fails or turns wrong while serving: the other modes it
+    would accept here, fastest first (AUTO_ORDER; on the CPU backend all-RPC, then hybrid), each with its env and
+    why; and the modes left out, each with why (the probe, the versions, the rule against an unchecked one-context
+    route). One card, or every card on other hosts: no other route. Pure, like ``choose_mode``."""
+    be = backends.get(backend)
+    n_here = n_cards - n_remote
+    if n_here < 1 or (n_cards == 1 and not n_remote):
+        return (), ()
+    if be.on_cpu or n_remote:  # no one context to probe: down a fixed order, from the decision on
+        order = (Mode.RPC, Mode.HYBRID) if be.on_cpu else tuple(dict.fromkeys((decision.mode, Mode.HYBRID, Mode.RPC)))
+        after = order[order.index(decision.mode) + 1:] if decision.mode in order else ()
+        what = {Mode.RPC: "every card behind its own rpc-server", Mode.HYBRID: "llama-server holds the first card"}
+        return tuple(ModeDecision(m, {}, (f"{m} ({m.speed}): {what[m]}",)) for m in after), ()
+    prior = _Prior(be, verdict, _probe_map(probe_results))
+    later, out = [], []
+    for mode in AUTO_ORDER:
+        if mode is decision.mode or (mode is Mode.MULTI_WORKAROUND and not be.one_context_workaround):
+            continue
+        if distrust_one_context and mode.one_context:
+            out.append((mode, distrust_one_context))
+            continue
+        ok, why = prior.works(mode)
+        if ok and AUTO_ORDER.index(mode) > AUTO_ORDER.index(decision.mode):
+            later.append(ModeDecision(mode, prior.env_of(mode), (f"{mode} ({mode.speed}): {why}",), mode in prior.probes))
+        elif not ok:
+            out.append((mode, why))
+    return tuple(later), tuple(out)
+
+
 def _one_card(forced: Mode | None, reasons: list[str]) -> ModeDecision:
     if forced is not None and forced.needs_local_server_card:
         raise BadInput(f"--mode {forced} needs at least 2 cards", "pass --gpus with 2+ cards, or drop --mode")

@@ -23,7 +23,7 @@ from ..proc.states import Cause, GroupState, MemberState
 from ..samples import CardRow, GpuReport
 
 EventKind = Literal["state", "log", "plan", "buffers", "group", "progress", "verdict", "telemetry", "sync", "host",
-                    "failure"]
+                    "failure", "route", "canary"]
 
 
 class Payload(Mapping[str, Any]):
@@ -222,6 +222,39 @@ class FailureData(Payload):
 
 
 @dataclass(frozen=True)
+class RouteData(Payload):
+    """The group left a route of its list (decide/routes.py) for the next one, or found none left (``to`` None: the
+    run stops, or the last route keeps restarting under the cap). ``reason``: run/fallback.Leave."""
+
+    kind: ClassVar[EventKind] = "route"
+    left: str  # the route's label
+    reason: str
+    message: str  # the failure that decided it, one line
+    to: str | None
+    mode: str | None  # the mode now (None: unchanged)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _fields(self, "left", "reason", "message", "to", "mode")
+
+
+@dataclass(frozen=True)
+class CanaryData(Payload):
+    """One try of the output canary (run/canary.py): ``verdict`` pass, reference, wrong, gave_way or failed, its wall
+    ``seconds``, the prompts answered, ``reason``; a mismatch carries its ``evidence``."""
+
+    kind: ClassVar[EventKind] = "canary"
+    verdict: str
+    seconds: float
+    prompts: int
+    reason: str
+    evidence: Mapping[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = _fields(self, "verdict", "seconds", "prompts", "reason")
+        return out | {"evidence": dict(self.evidence)} if self.evidence is not None else out
+
+
+@dataclass(frozen=True)
 class PlanData(Payload):
     kind: ClassVar[EventKind] = "plan"
     plan: Mapping[str, Any]  # Plan.to_dict()
@@ -317,6 +350,8 @@ class Status(TypedDict):
     last_error_lines: list[str]  # the log lines that show last_error (one line), for multi-line surfaces
     card_faults: dict[str, dict[str, int]]  # failures by plan card and Cause this run: {"SYCL1": {"device_lost": 2}}
     resets: list[dict[str, Any]]  # cards lost often enough to need a driver reset: {"card", "device_lost", "line"}
+    routes: dict[str, Any]  # run/fallback.RouteTracker.to_dict(): the route now, the list, the moves, left out
+    canary: dict[str, Any]  # run/canary.Canary.to_dict(), or {"on": False}
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,12 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from ..decide.choice import RouteChoice
+from ..decide.routes import RouteList, entry as route_entry
 from ..decide.specs import LOOPBACK, ProcessSpec, ServeConfig, build_specs, card_of_buffer, n_links
 from ..errors import ArcsplitError, BadInput, RunError
 from ..llama import logs
 from ..llama.hostcheck import SHM_FIX, host_ram_short
-from ..modes import Mode
+from ..llama.mode import ModeDecision
 from ..proc.child import run_held
 from ..proc.ports import free_port, is_free
 from ..proc.rundir import RunDir, since_boot, supervisor_identity, sweep
@@ -41,10 +42,12 @@ from ..proc.spec import runs_remote
 from ..proc.states import GROUP_TRANSITIONS, Cause, GroupState, MemberState, advance
 from ..roles import Role
 from . import faults
-from .events import (BuffersData, CardLoad, Event, EventBus, FailureData, GroupBackoff, GroupData, GroupReady,
-                     GroupStarting,
-                     HostData, LogData, MemberStatus, Payload, PlanData, ProgressData, StateData, Status,
+from .canary import Canary, CheckResult, Verdict
+from .events import (BuffersData, CanaryData, CardLoad, Event, EventBus, FailureData, GroupBackoff, GroupData,
+                     GroupReady, GroupStarting,
+                     HostData, LogData, MemberStatus, Payload, PlanData, ProgressData, RouteData, StateData, Status,
                      VerdictData)
+from .fallback import Leave, RouteMove, RouteTracker
 from .launch import Launcher, Member
 
 # llama-server's load progress in the router's child protocol (specs.ROUTER_PORT_ENV opts in), one per 200 ms.
@@ -96,14 +99,15 @@ class _StartFailed(Exception):
         return cls(who, f.message, f.kind, cause=f.cause, lines=f.lines, card=f.card)
 
 
-Fallback = Callable[[ServeConfig, str], "ServeConfig | None"]
+OnMove = Callable[[RouteMove], None]
 
 
 class Supervisor:
     """Runs one serving group until stop(); publishes Events; status() is a plain dict snapshot."""
 
     def __init__(self, config: ServeConfig, *, run_dir: RunDir | None = None, policy: RestartPolicy = RestartPolicy(),
-                 timeouts: Timeouts = Timeouts(), fallback: Fallback | None = None, log_lines: int = 2000,
+                 timeouts: Timeouts = Timeouts(), routes: RouteList | None = None, on_move: OnMove | None = None,
+                 canary: Canary | None = None, log_lines: int = 2000,
                  sweep_leftovers: bool = True, decision: dict[str, Any] | None = None,
                  choice: RouteChoice | None = None, launcher: Launcher) -> None:
         self.config = config
@@ -114,7 +118,13 @@ class Supervisor:
         self.timeouts = timeouts
         self.events = EventBus()
         self.run_dir = run_dir
-        self._fallback = fallback
+        # the routes decided before the start (decide/routes.py), this config first; run/fallback.py walks them
+        self._routes = RouteTracker(routes or RouteList.one(route_entry(
+            config, ModeDecision(config.mode, reasons=tuple(self.decision.get("reasons") or ())), self.choice,
+            "the route given"), config.forced_mode))
+        self._on_move = on_move
+        self._canary = canary
+        self._canary_scope: anyio.CancelScope | None = None
         self._sweep = sweep_leftovers
         self._rings: dict[str, deque[str]] = {}
         self._ring_size = log_lines
@@ -205,6 +215,8 @@ class Supervisor:
             "last_error_lines": list(self._last_lines),
             "card_faults": {card: dict(per) for card, per in self._card_faults.items()},
             "resets": faults.resets(self.config, self._card_faults),
+            "routes": self._routes.to_dict(),
+            "canary": self._canary.to_dict() if self._canary is not None else {"on": False},
         }
 
     def notes(self) -> list[str]:
@@ -288,20 +300,8 @@ class Supervisor:
                 failure = reason if isinstance(reason, _StartFailed) else None
                 if failure is not None:
                     self._record_failure(failure)
-                if failure and failure.kind in logs.MULTI_DEVICE_KINDS and Mode(self.config.mode).one_context \
-                        and self._fallback and not self.config.forced_mode:
-                    new = self._fallback(self.config, failure.message)
-                    if new is not None:
-                        self._publish("group", VerdictData(failed_mode=self.config.mode, failure=failure.kind,
-                                                           message=failure.message, fallback=new.mode))
-                        self.decision = {"mode": new.mode, "reasons": [
-                            f"{self.config.mode} failed here with the multi-device allocation error "
-                            f"(recorded); fell back to {new.mode}"]}
-                        self.config = new
-                        self.choice = replace(self.choice, mode=new.mode)
-                        self._rpc_ports = list(new.rpc_ports) if new.rpc_ports else None
-                        self._failures, self._streak = 0.0, 0
-                        continue
+                if failure is not None and self._leave_route(failure):
+                    continue
                 if failure and failure.kind == "fatal":
                     raise failure.error or RunError(failure.message, f"logs: {self.run_dir.path}")
                 if failure and failure.kind == "bad_args" and not self._ready_event.is_set():
@@ -311,7 +311,10 @@ class Supervisor:
                     raise BadInput(f"{who} refused its arguments: {said}",
                                    "check the arguments after --; `llama-server --help` lists what this build accepts")
                 if self._failures > self.policy.max_failures + 1e-9:
-                    raise RunError(f"gave up after {self._gave_up_after()}: {self._last_error}",
+                    if failure is not None and self._leave_route(failure, Leave.RESTARTS):
+                        continue
+                    raise RunError(f"gave up after {self._gave_up_after()}: {self._last_error}"
+                                   + (f"; {self._routes.exhausted(self._last_error or '')}" if self._routes.moves else ""),
                                    f"logs: {self.run_dir.path}")
                 delay = self.policy.delay(self._failures)
                 self._set_group(GroupBackoff(delay=delay, failures=round(self._failures, 2), error=self._last_error))
@@ -334,6 +337,33 @@ class Supervisor:
         faults.count(self._card_faults, card, host, failure.cause)
         self._publish("group", FailureData(cause=failure.cause, who=failure.who, message=failure.message, host=host,
                                            card=card, count=n, lines=failure.lines))
+
+    def _leave_route(self, failure: _StartFailed, reason: Leave | None = None) -> bool:
+        """Whether ``failure`` moves the group to the next route of its list (run/fallback.py), and the move: one
+        line (on_move), a ``route`` event, the new config. A mismatch with no route left ends the run."""
+        why = reason or self._routes.why_leave(failure.cause, failure.kind, self._ready_at is not None, time.time())
+        if why is None or (self._routes.next is None and why is not Leave.WRONG):
+            return False  # the last route keeps restarting under the cap, as a group with one route always did
+        move = self._routes.move(why, failure.message, time.time())
+        if self._on_move is not None:
+            self._on_move(move)
+        to = move.to
+        self._publish("group", RouteData(left=move.left.label, reason=why, message=failure.message,
+                                         to=to.label if to else None, mode=to.config.mode if to else None))
+        if to is None:
+            raise RunError(f"stopped: {self._routes.exhausted(failure.message)}",
+                           f"logs: {self.run_dir.path if self.run_dir else '-'}")
+        if why is Leave.MULTI_DEVICE:  # the event subscribers of older versions know
+            self._publish("group", VerdictData(failed_mode=self.config.mode, failure=failure.kind or "",
+                                               message=failure.message, fallback=to.config.mode))
+        self.config, self.choice = to.config, to.choice
+        self.decision = {"mode": to.config.mode, "reasons": [f"left {move.left.label}: {move.line()}",
+                                                             *to.decision.reasons]}
+        self._rpc_ports = list(to.config.rpc_ports) if to.config.rpc_ports else None
+        self._failures, self._streak = 0.0, 0
+        self._publish("group", PlanData(plan=self.config.plan.to_dict(), mode=self.config.mode, choice=self.choice))
+        self._write_state()
+        return True
 
     def _count_failure(self) -> None:
         """One more failure, counted after the decay of the time this generation was ready."""
@@ -373,6 +403,8 @@ class Supervisor:
                     self._task_started()
                 watchdog = anyio.CancelScope()
                 tg.start_soon(self._watch_health, watchdog)
+                self._routes.ready()
+                self._start_canary(tg)
                 while True:
                     await self._wake.wait()
                     if self._stop_requested:
@@ -397,6 +429,7 @@ class Supervisor:
             finally:
                 if watchdog is not None:
                     watchdog.cancel()  # else the task group would wait out its remaining probes
+                self._stop_canary()
                 with anyio.CancelScope(shield=True):
                     await self._teardown()
         return reason
@@ -430,6 +463,36 @@ class Supervisor:
                                             f"in {misses * t.health_interval:.0f} s) while its process is alive",
                                             cause=Cause.UNHEALTHY))
                 return
+
+    def _start_canary(self, tg: TaskGroup) -> None:
+        """The output canary of this generation (run/canary.py), from now until the generation ends."""
+        if self._canary is None:
+            return
+        self._canary_scope = anyio.CancelScope()
+        tg.start_soon(self._watch_output, self._canary, self._canary_scope)
+
+    def _stop_canary(self) -> None:
+        if self._canary_scope is not None:
+            self._canary_scope.cancel()
+            self._canary_scope = None
+
+    async def _watch_output(self, canary: Canary, scope: anyio.CancelScope) -> None:
+        """A group that answers but computes something else than its reference has failed: Cause.WRONG, with the
+        canary's evidence in the run's state (state.json, arcsplit report)."""
+        with scope:
+            try:
+                wrong = await canary.watch(self.url, self._canary_tried)
+            except Exception as exc:  # a check that cannot run says so; it never takes the group down
+                self._publish("group", LogData(f"arcsplit: the output canary stopped for this start: "
+                                               f"{type(exc).__name__}: {exc}"))
+                return
+            self._fail_now(_StartFailed("server", f"the output canary: {wrong.reason}", cause=Cause.WRONG))
+
+    def _canary_tried(self, result: CheckResult) -> None:
+        self._publish("group", CanaryData(verdict=result.verdict, seconds=round(result.seconds, 3),
+                                          prompts=result.prompts, reason=result.reason, evidence=result.evidence))
+        if result.verdict in (Verdict.WRONG, Verdict.REFERENCE):
+            self._write_state()
 
     def _fail_now(self, failure: _StartFailed) -> None:
         """A watcher of the running group (health, progress, output) found it failed: the generation ends with
@@ -798,7 +861,10 @@ class Supervisor:
                  "plan": self.config.plan.to_dict(),
                  "last_error": self._last_error, "last_error_lines": list(self._last_lines),
                  # what `arcsplit doctor` and `report` name after the run: faults per card, cards to reset
-                 "card_faults": self._card_faults, "resets": faults.resets(self.config, self._card_faults)}
+                 "card_faults": self._card_faults, "resets": faults.resets(self.config, self._card_faults),
+                 # the routes and why each was left; the output canary, a mismatch's evidence included
+                 "routes": self._routes.to_dict(),
+                 "canary": self._canary.to_dict() if self._canary is not None else {"on": False}}
         if self.launcher.inventories:
             # what each other host said it runs (build, devices): a field report needs both sides
             state["hosts"] = {name: {"ssh": self.config.host_named(name).ssh, **inv}

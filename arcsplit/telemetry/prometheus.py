@@ -54,7 +54,8 @@ def families(status: dict[str, Any], telemetry: dict[str, Any] | None = None) ->
                                value=status.get("uptime") or 0)
     generation = CounterMetricFamily("arcsplit_group_starts", "times the group was started",
                                      value=status.get("generation") or 0)
-    out += [info, group, ready, failures, uptime, generation, *_route(status.get("choice"))]
+    out += [info, group, ready, failures, uptime, generation, *_route(status.get("choice")),
+            *_routes(status.get("routes")), *_canary(status.get("canary"))]
     if status.get("last_error"):
         out.append(InfoMetricFamily("arcsplit_last_failure", "why the group last failed",
                                     value={"error": str(status["last_error"])}))
@@ -117,6 +118,39 @@ def _route(data: dict[str, Any] | None) -> list[Metric]:
         figs.add_metric([name], getattr(choice, name) or 0.0)
     return [info, figs, GaugeMetricFamily("arcsplit_route_tuned_timestamp_seconds", "when arcsplit tune measured it",
                                           value=choice.tuned_at or 0.0)]
+
+
+# Why a route is left (run/fallback.Leave): every reason shows, 0 until it happens, so an alert can rate() it.
+LEAVE_REASONS = ("wrong", "multi_device", "load", "hang", "restarts")
+CANARY_VERDICTS = ("pass", "reference", "wrong", "gave_way", "failed")
+
+
+def _routes(data: dict[str, Any] | None) -> list[Metric]:
+    """The route now among those decided at the start (status's ``routes``), and the moves down the list by reason."""
+    if not data or not data.get("routes"):
+        return []
+    now = InfoMetricFamily("arcsplit_route_now", "the route the group runs now, of the list decided at the start",
+                           value={"label": str(data.get("now") or ""), "position": str(int(data.get("index") or 0) + 1),
+                                  "of": str(len(data["routes"]))})
+    changes = CounterMetricFamily("arcsplit_route_changes", "moves to the next route, by why the route was left",
+                                  labels=["reason"])
+    moves = [str(m.get("reason")) for m in data.get("moves") or []]
+    for reason in (*LEAVE_REASONS, *sorted(set(moves) - set(LEAVE_REASONS))):
+        changes.add_metric([reason], moves.count(reason))
+    return [now, changes]
+
+
+def _canary(data: dict[str, Any] | None) -> list[Metric]:
+    """The output canary's tries by verdict and the last one's wall time (status's ``canary``)."""
+    if not data or not data.get("on"):
+        return []
+    counts = data.get("counts") or {}
+    checks = CounterMetricFamily("arcsplit_canary_checks", "output canary tries, by verdict", labels=["verdict"])
+    for verdict in (*CANARY_VERDICTS, *sorted(set(counts) - set(CANARY_VERDICTS))):
+        checks.add_metric([verdict], counts.get(verdict, 0))
+    last = data.get("last") or {}
+    return [checks, GaugeMetricFamily("arcsplit_canary_last_seconds", "wall time of the output canary's last try",
+                                      value=float(last.get("seconds") or 0.0))]
 
 
 class _Source(Collector):

@@ -86,6 +86,18 @@ class DashState:
             self.status["last_error"] = data.get("message")
             self.status["last_error_lines"] = list(data.get("lines") or [])
             return {"plan", "header"}
+        if kind == "route":  # a move down the route list: the route now, and why the last one was left
+            routes = self.status.setdefault("routes", {})
+            routes.setdefault("moves", []).append(dict(data))
+            if data.get("to"):
+                routes["now"], routes["index"] = data["to"], int(routes.get("index") or 0) + 1
+            return {"plan", "header"}
+        if kind == "canary":
+            canary = self.status.setdefault("canary", {"on": True})
+            counts = canary.setdefault("counts", {})
+            counts[str(data.get("verdict"))] = counts.get(str(data.get("verdict")), 0) + 1
+            canary["last"] = dict(data)
+            return {"plan"}
         if kind == "telemetry":
             self.telemetry = data
             server = data.get("server") or {}

@@ -11,6 +11,7 @@ from textual.markup import escape
 
 from ..decide.choice import LEGEND, ChosenBy, RouteChoice
 from ..route import holders as route_holders
+from ..run.fallback import route_lines
 from ..samples import NO_READING, CardRow
 from ..proc.rundir import fault_lines
 from ..proc.states import GroupState, MemberState
@@ -215,6 +216,7 @@ def render_plan(state: DashState) -> str:
     for reason in decision.get("reasons") or []:
         lines.append(f"  because {escape(str(reason))}")
     lines += render_choice(st.get("choice"))
+    lines += [escape(line) for line in route_lines(st.get("routes"), st.get("canary"))]
     for v in state.verdicts:
         lines.append(f"[$warning]verdict:[/] {escape(str(v.get('failed_mode')))} failed ({escape(str(v.get('kind')))})"
                      f" -> now {escape(str(v.get('fallback')))}: {escape(str(v.get('message', ''))[:200])}")

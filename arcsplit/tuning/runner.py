@@ -29,7 +29,8 @@ from ..rig import Rig
 from ..route import NATIVE_UBATCH, Route
 from . import fingerprint as fpmod
 from . import verify
-from .candidates import OBJECTIVES, BuildFacts, Candidate, Outcome, rank, routes, settings_variants, split_modes
+from .candidates import (DEBUG_KEY, OBJECTIVES, BuildFacts, Candidate, Outcome, Settings, rank, routes,
+                         settings_variants, split_modes)
 from .measure import measure_all
 from .picks import fingerprint_of, label, measured, request_for
 from .result import TuneResult
@@ -127,7 +128,7 @@ def run_candidate(p: Prepared, c: Candidate, budget_s: float, reference: verify.
     try:
         # one retry covers a transient start failure (a port taken meanwhile); a candidate that cannot load (llama.cpp
         # refuses -sm tensor without flash attention) is then failed at once, not after serve's five restarts
-        with serve(req.model, req.gpus, bus=False, max_restarts=1, **serve_options(req)) as server, \
+        with serve(req.model, req.gpus, bus=False, max_restarts=1, **{**serve_options(req), "canary": False}) as server, \
                 httpx.Client(timeout=120.0) as client:
             out["ready_s"] = round(time.monotonic() - t0, 2)
             out["argv"] = list(server.status()["processes"]["server"].get("argv", []))
