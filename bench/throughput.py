@@ -349,23 +349,25 @@ def random_ids(client: httpx.Client, url: str, n: int, seed: int) -> list[int]:
 
 
 def lru_reps(a: argparse.Namespace, mode: str, client: httpx.Client, url: str, res: ModeResult) -> None:
-    """--pattern lru: a harness that once made all-RPC MoE prefill bimodal on a GPU. One 64-token warm-up (no
-    discarded repetition), then per repetition: the 512 random token ids as the prompt (cache_prompt false), a
-    3-token prompt, decode, then the parallel streams. With -np 4 llama-server picks slots by LRU, so successive
-    prefills land in different slots, some recently or never used; each prefill follows the streams."""
+    """--pattern lru: a harness that once made all-RPC MoE prefill bimodal on a GPU. One 64-token warm-up, then per
+    repetition: the 512 random token ids as the prompt (cache_prompt false), a 3-token prompt, decode, then the
+    parallel streams. With -np 4 llama-server picks slots by LRU, so successive prefills land in different slots,
+    some recently or never used; each prefill but the first follows the streams. The first repetition is not
+    counted: its prefill is the first of its shape in every mode, native too (3-4x slower on one H100)."""
     complete(client, url, {"prompt": random_ids(client, url, 64, 1), "n_predict": 1})
     prompt = random_ids(client, url, PROMPT_TOKENS, 2)
-    for i in range(a.reps):
+    for i in range(a.reps + 1):
         r, t = timed(client, url, {"prompt": prompt, "n_predict": 1})
         p = float(r["timings"]["prompt_per_second"])
         complete(client, url, {"prompt": random_ids(client, url, 3, 100 + i), "n_predict": 1})
         d = measure_decode(client, url, a.n_predict)
         s = measure_streams(url, a.n_predict, a.timeout)
-        res.prefill.append(p)
-        res.decode.append(d)
-        res.streams.append(s)
-        res.ttft.append(t)
-        print(f"  {mode:<7} rep {i + 1}  prefill {p:8.1f}  decode {d:7.2f}  {STREAMS} streams {s:7.2f} t/s  "
+        if i:
+            res.prefill.append(p)
+            res.decode.append(d)
+            res.streams.append(s)
+            res.ttft.append(t)
+        print(f"  {mode:<7} rep {i}{' (not counted)' if i == 0 else ''}  prefill {p:8.1f}  decode {d:7.2f}  {STREAMS} streams {s:7.2f} t/s  "
               f"TTFT {t:7.1f} ms", flush=True)
 
 
@@ -568,24 +570,27 @@ def spread_table(runs: list[list[ModeResult]]) -> list[str]:
     """The figures of several independent runs: per mode, each run's ratio to that run's native."""
     first = runs[0]
     native = native_of(first)
-    lines = ["| mode | -ub | -ngl (-ts) | prefill t/s | decode t/s | 4 streams t/s | TTFT ms | TTFT ms, cache on | "
-             "prefill / native | decode / native | 4 streams / native | TTFT / native | TTFT cache on / native | "
-             "decode us/token over native | greedy = native | ready s (min / median / max) | ready / native |",
+    lines = ["| mode | -ub | -ngl (-ts) | prefill t/s | decode t/s | 4 streams t/s | prefill / native | "
+             "decode / native | 4 streams / native | TTFT ms | TTFT ms, cache on | TTFT / native | "
+             "TTFT cache on / native | decode us/token over native | greedy = native | ready s (min / median / max) | "
+             "ready / native |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in first:
         ok = [x for results in runs for x in results if x.mode == r.mode and not x.error]
         if not ok:
             lines.append(f"| {r.mode} ({r.arcsplit_mode}) | | | failed: {r.error} | | | | | | | | | | | |")
             continue
-        tps = [fmt(statistics.median(v), 2 if k in ("decode", "streams") else 1)
-               for k in FIGURES if (v := [m for x in ok if (m := x.median(k)) is not None])] or ["-"] * len(FIGURES)
+        tps = [fmt(statistics.median(v) if (v := [m for x in ok if (m := x.median(k)) is not None]) else None,
+                   2 if k in ("decode", "streams") else 1) for k in FIGURES]
         failed = len(runs) - len(ok)
         ratios = [spread(run_ratios(runs, r.mode, k)) for k in FIGURES]
+        # throughput, its ratios, then TTFT and its ratios (the first nine columns keep their places)
+        cells = tps[:3] + ratios[:3] + tps[3:] + ratios[3:]
         ready = [x.ready for x in ok if x.ready is not None]
         ready_cell = (f"{min(ready):.1f} / **{statistics.median(ready):.1f}** / {max(ready):.1f}" if ready else "-")
         lines.append(f"| {r.mode} ({r.arcsplit_mode}){f' ({failed} runs failed)' if failed else ''} | "
-                     f"{server_flag(ok[0], '-ub') or '-'} | {layers_cell(ok[0])} | {' | '.join(tps)} | "
-                     f"{' | '.join(ratios)} | {us_cell(token_cost_us(runs, r.mode))} | {greedy_cell(r, native)} | "
+                     f"{server_flag(ok[0], '-ub') or '-'} | {layers_cell(ok[0])} | {' | '.join(cells)} | "
+                     f"{us_cell(token_cost_us(runs, r.mode))} | {greedy_cell(r, native)} | "
                      f"{ready_cell} | "
                      f"{spread(run_ratios(runs, r.mode, 'ready'))} |")
     return lines
@@ -616,8 +621,8 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "on the client's clock (cache off), and the same prompt's with cache_prompt true right after the streams "
              f"(cache on); each repetition ends with {STREAMS} unmeasured streams of {SCATTER_TOKENS} tokens, so every "
              "prefill follows parallel streams." + (
-                 " **--pattern lru**: the prompt is 512 random token ids, one 64-token request warms up (no discarded "
-                 "repetition), each repetition is prefill, a 3-token prompt, decode, streams; no cache-on TTFT."
+                 " **--pattern lru**: the prompt is 512 random token ids, one 64-token request warms up, each "
+                 "repetition is prefill, a 3-token prompt, decode, streams (the first not counted); no cache-on TTFT."
                  if a.pattern == "lru" else ""),
              f"- native = {native_label}; hybrid = llama-server holds the first card itself, one rpc-server per "
              "other card; rpc = one rpc-server per card; a `-stock` row is the same mode and build with "
@@ -660,17 +665,18 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
                       "median over the same run's native.")
         lines += spread_table(runs) + paired_table(runs, a.mode_list)
     else:
-        lines += ["| mode | -ub | -ngl (-ts) | prefill t/s | decode t/s | 4 streams t/s | TTFT ms | TTFT ms, cache on | "
-                  "prefill / native | decode / native | 4 streams / native | TTFT / native | TTFT cache on / native | "
-                  "greedy = native |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["| mode | -ub | -ngl (-ts) | prefill t/s | decode t/s | 4 streams t/s | prefill / native | "
+                  "decode / native | 4 streams / native | TTFT ms | TTFT ms, cache on | TTFT / native | "
+                  "TTFT cache on / native | greedy = native |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in results:
             if r.error:
                 lines.append(f"| {r.mode} ({r.arcsplit_mode}) | | | failed: {r.error} | | | | | | | | | | |")
                 continue
             med = {k: r.median(k) for k in FIGURES}
+            vals = [fmt(med[k], 2 if k in ("decode", "streams") else 1) for k in FIGURES]
+            rats = [ratio(med[k], nat[k]) for k in FIGURES]
             lines.append(f"| {r.mode} ({r.arcsplit_mode}) | {server_flag(r, '-ub') or '-'} | {layers_cell(r)} | "
-                         + " | ".join(fmt(med[k], 2 if k in ("decode", "streams") else 1) for k in FIGURES) + " | "
-                         + " | ".join(ratio(med[k], nat[k]) for k in FIGURES) + f" | {greedy_cell(r, native)} |")
+                         + " | ".join(vals[:3] + rats[:3] + vals[3:] + rats[3:]) + f" | {greedy_cell(r, native)} |")
     lines += ["", "Every repetition (t/s):", ""]
     for k, run in enumerate(runs, 1):
         for r in run:
