@@ -1,6 +1,7 @@
 """The plan's link costs against the bytes that really cross: each rpc-server behind a counting TCP relay.
 
     python bench/link_bytes.py [--model PATH] [--prompts 40,300,700] [--tokens 16] [--reps 3] [--out FILE]
+    python bench/link_bytes.py --after-streams 512 [--model PATH] [--reps 3] [--cpu-memory MIB]
 
 `arcsplit plan --layout` with [[hosts]] predicts, per link to another host, the bytes per decoded token and per
 prefill ubatch (activations, attention masks, logits) and the blocking round trips (planner.LinkCost). Here every
@@ -10,7 +11,10 @@ were alone on another host. The script serves the model on two CPU cards in rpc 
 dials the relay), sends prompts of several lengths and decodes --tokens tokens, and compares the bytes and the
 replies that follow a request (round trips) of each request with the plan's model for the same prompt length,
 ubatch by ubatch. Wire bytes include RPC message headers and tensor descriptors, which the model leaves out.
-Writes bench/results/link_bytes.md.
+Writes bench/results/link_bytes.md. ``--after-streams N`` measures the prompt-cache pattern instead: 4 parallel
+streams, then an N-token prompt with cache_prompt false and (after streams again) true; per request and rpc-server,
+llama-server's RPC commands parsed off the stream (SET_TENSOR, GET_TENSOR, all), replies, bytes and the request's
+wall time, with patch 0010 off (ARCSPLIT_KV_GAP_KIB=0) and on; writes bench/results/link_bytes_prompt_cache.md.
 """
 
 from __future__ import annotations
