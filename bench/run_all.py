@@ -175,6 +175,101 @@ def v_patch_ab(text: str) -> Verdict:
     return Verdict("info", "ratios to native: " + "; ".join(parts) + f"; {eq}")
 
 
+def spread_columns(text: str) -> dict[str, dict[str, str]]:
+    """mode -> {column header: cell} of bench/throughput.py's tables, read by header (column order has changed)."""
+    out: dict[str, dict[str, str]] = {}
+    header: list[str] = []
+    for r in table_rows(text):
+        if r and r[0] == "mode":
+            header = r
+        elif header and r and re.match(r"\S+ \(", r[0]):
+            out.setdefault(r[0].split(" (")[0], dict(zip(header, r)))
+    return out
+
+
+def median_of(cell: str) -> float | None:
+    """The median of a ``min / **median** / max`` cell, or a single ``1.23x`` value; None for ``-``."""
+    m = re.search(r"\*\*([-+]?\d[\d.]*)\*\*", cell) or re.fullmatch(r"([-+]?\d[\d.]*)x?", cell.strip())
+    return float(m.group(1)) if m else None
+
+
+TTFT_TARGET = 1.2  # time to first token of a 512-token prompt on an RPC route, over native's (cache on and off)
+
+
+def v_ttft(text: str) -> Verdict:
+    """TTFT / native (cache off and on) of every RPC mode, median over runs, and the card the file names."""
+    cols = spread_columns(text)
+    card = re.search(r"GPU 0: (NVIDIA [^(]+?) \(", text)
+    parts, ok, seen = [], True, False
+    for mode, c in cols.items():
+        if mode == "native":
+            continue
+        off, on = median_of(c.get("TTFT / native", "-")), median_of(c.get("TTFT cache on / native", "-"))
+        if off is None:
+            continue
+        seen = True
+        if not mode.endswith(("-nospan", "-nocram")):
+            ok &= off <= TTFT_TARGET and (on is None or on <= TTFT_TARGET)
+        parts.append(f"{mode} {off:.2f}" + (f" / {on:.2f}" if on is not None else "") +
+                     f" ({c.get('TTFT ms', '-')}" + (f" / {c.get('TTFT ms, cache on')}" if on is not None else "")
+                     + " ms)")
+    if not seen:
+        return Verdict("info", "no TTFT columns in the file")
+    where = card.group(1).strip() if card else "CPU"
+    return Verdict("pass" if ok else "FAIL", f"{where}, TTFT over native's, cache off / on (medians over runs; "
+                   f"-nospan: patch 0010 off; -nocram: no prompt cache): " + "; ".join(parts))
+
+
+def v_token_us(text: str) -> Verdict:
+    """Decode microseconds per token over native per RPC mode (min / median / max over runs), with the card."""
+    cols = spread_columns(text)
+    card = re.search(r"GPU 0: (NVIDIA [^(]+?) \(", text)
+    mps = "under MPS" if re.search(r"_mps", text) else "time-sliced"
+    us = {m: c["decode us/token over native"] for m, c in cols.items() if "decode us/token over native" in c}
+    if not us and "native" in cols:  # a one-run table: from its decode t/s
+        base = median_of(cols["native"].get("decode t/s", "-"))
+        us = {m: f"{1e6 / d - 1e6 / base:+.0f}" for m, c in cols.items()
+              if base and (d := median_of(c.get("decode t/s", "-")))}
+    parts = [f"{m} {v}" for m, v in us.items() if m != "native"]
+    if not parts:
+        return Verdict("info", "no us/token column in the file")
+    meds = [median_of(v) for m, v in us.items() if m in ("hybrid", "rpc")]
+    ok = all(x is not None and x <= 100 for x in meds)
+    runs = re.search(r"(\d+) independent runs", text)
+    return Verdict("pass" if ok and mps == "under MPS" else ("FAIL" if mps == "under MPS" else "info"),
+                   f"{card.group(1).strip() if card else '?'}, {mps}, {runs.group(1) if runs else 1} runs, us/token "
+                   "over native (min / median / max): " + "; ".join(parts).replace("**", ""))
+
+
+def v_link_calls(text: str) -> Verdict:
+    """bench/link_bytes.py --after-streams: calls and bytes per request on rpc0, KV state per run of cells vs spans."""
+    rows = [r for r in table_rows(text) if len(r) >= 9 and r[2] == "rpc0"]
+    if not rows:
+        return Verdict("info", "no rows")
+    parts = [f"{'spans' if 'spans' in r[0] else 'per run'}, cache_prompt {r[1]}: {r[3].split(' / ')[1]} calls, "
+             f"{r[7].split(' / ')[1]} bytes" for r in rows]
+    return Verdict("info", "rpc0 per request (medians): " + "; ".join(parts))
+
+
+def v_lru(text: str) -> Verdict:
+    """--pattern lru: no mode's repetitions more than 2x apart (the bimodal prefill), and TTFT over native."""
+    spread_ok = bool(re.search(r"within 2x of each other[^:]*: yes", text))
+    ttft = v_ttft(text)
+    return Verdict("pass" if spread_ok and ttft.status == "pass" else "FAIL",
+                   ("no mode's repetitions more than 2x apart" if spread_ok else "repetitions more than 2x apart") +
+                   "; " + ttft.detail)
+
+
+def v_offload_gpu(text: str) -> Verdict:
+    """bench/moe_offload.py --by-hand on a GPU: every row's greedy tokens equal, and its decode / prefill medians."""
+    rows = [r for r in table_rows(text) if len(r) >= 5 and re.match(r"(arcsplit|llama\.cpp)", r[0])]
+    if not rows:
+        return Verdict("info", "no rows")
+    ok = not re.search(r"\| NO", text)
+    return Verdict("pass" if ok else "FAIL", "greedy tokens " + ("equal in every row" if ok else "DIFFER") + "; " +
+                   "; ".join(" ".join(r[:2]) for r in rows)[:400])
+
+
 ONE_GPU_TARGETS = {"hybrid": {"prefill": 0.85, "decode": 0.93, "4 streams": 0.93},
                    "rpc": {"prefill": 0.75, "decode": 0.85}}
 
@@ -449,6 +544,29 @@ FIGURES = [
     Figure("5k. Gated sets' device-side wait alone (patch 0009's primitive, bench/gpu/wait_host_word.cu, one H200; not "
            "started by run_all)", "the stream holds the copy and a captured CUDA graph until the host stores the word, "
            "every round", ("gpu/wait_host_word.md",), lambda t, f: v_wait_word(t)),
+    Figure("5m. Time to first token, 512-token prompt right after parallel streams, cache off and on (one H100, "
+           "time-sliced, MoE; patch 0010 on and off; not started by run_all)",
+           "at most 1.2x native on every RPC route, cache on and off",
+           ("gpu/ttft/throughput_cuda_onecard_moe16x32.md",), lambda t, f: v_ttft(t)),
+    Figure("5n. Time to first token under NVIDIA MPS (one H100, MoE; not started by run_all)",
+           "at most 1.2x native on every RPC route, cache on and off",
+           ("gpu/ttft/throughput_cuda_onecard_moe16x32_mps.md",), lambda t, f: v_ttft(t)),
+    Figure("5o. The request pattern that made all-RPC MoE prefill bimodal (random ids, 64-token warm-up, 3-token "
+           "prompts between prefills, -np 4 LRU; one H100, time-sliced; --pattern lru; not started by run_all)",
+           "no mode's repetitions more than 2x apart (--max-rep-spread), TTFT at most 1.2x native",
+           ("gpu/ttft/throughput_cuda_onecard_moe16x32_lru_recount.md",), lambda t, f: v_lru(t)),
+    Figure("5p. Link calls and bytes of a prompt after parallel streams (prompt cache save and restore; CPU, "
+           "hardware-independent; bench/link_bytes.py --after-streams)", "fewer calls with patch 0010 (its mechanism)",
+           ("link_bytes_prompt_cache.md",), lambda t, f: v_link_calls(t)),
+    Figure("5q. Time to first token on CPU cards (demo model; patch 0010 on and off, paired; not started by run_all)",
+           "at most 1.2x native (targets are for GPUs: 2 shared cores)", ("throughput_cpu_ttft.md",),
+           lambda t, f: Verdict("info", v_ttft(t).detail)),
+    Figure("5r. Decode cost per token over native, time-sliced (one H100, MoE; not started by run_all)",
+           "measured beside the MPS row", ("gpu/ttft/throughput_cuda_onecard_moe16x32.md",),
+           lambda t, f: v_token_us(t)),
+    Figure("5s. Decode cost per token over native under NVIDIA MPS (one H100, MoE; not started by run_all)",
+           "at most 100 us per token over native, hybrid and all-RPC, 3+ runs",
+           ("gpu/ttft/throughput_cuda_onecard_moe16x32_mps.md",), lambda t, f: v_token_us(t)),
     Figure("5e. CPU cost of the RPC link's polling (patch 0005)", "measured (cores busy per token and idle)",
            ("poll_cost.md", "poll_cost_shm.md", "gpu/poll_cost_cuda_onecard_mps.md"), lambda t, f: v_generic(t)),
     Figure("5f. Where a decoded token's time goes on one GPU (CUPTI timeline of every process, H200)",

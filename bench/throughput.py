@@ -8,8 +8,13 @@ Each mode is started with ``arcsplit.serve`` (the public API: plan, specs, super
 ``-np 4`` and the planner's flags (``-fa on``), then measured against llama-server's
 /completion: prefill t/s (a 512-token prompt, n_predict 1, no prompt cache: ``timings.prompt_per_second``),
 decode t/s (a short prompt, n_predict N, eos ignored: ``timings.predicted_per_second``) and 4 parallel streams
-(4 concurrent decode requests: sum of predicted tokens / wall time). Each figure is the median of N repetitions
-after one discarded warm-up. Ratios are to "native". -ub is arcsplit's choice per route (llama.cpp's 512 for
+(4 concurrent decode requests: sum of predicted tokens / wall time), and time to first token on the client's clock
+(TTFT, ms: the wall time of the prefill request, cache_prompt false; and of the same prompt again with cache_prompt
+true, right after parallel streams: what llama-server's host prompt cache does before a prompt, restoring the KV of
+a cached prompt into a unified KV cache that the streams left scattered, is in both; with the cache on it is what
+the cache buys on a repeated prefix). Each repetition runs prefill, decode, streams, the cache-on request and then
+short unmeasured parallel streams, so every prefill follows parallel streams. Each figure is the median of N
+repetitions after one discarded warm-up. Ratios are to "native". -ub is arcsplit's choice per route (llama.cpp's 512 for
 native routes, 256 over RPC) unless --ubatch sets one for all; the table shows what each mode ran with.
 
 native: CUDA = mode multi (one llama-server holding both GPUs, llama.cpp's own multi-device split); CPU = mode
@@ -23,7 +28,8 @@ rpc-nospin = patches on, but the RPC link's threads sleep at once instead of pol
 (ARCSPLIT_RPC_SPIN_US=0; arcsplit sets it on GPU groups, patch 0005). rpc-norelay = patches on, but an
 activation between two rpc-servers crosses whole (ARCSPLIT_RPC_RELAY_KIB=0, patch 0007). hybrid-noshm /
 rpc-noshm = patches on, but the link to the rpc-servers runs over loopback TCP instead of shared memory
-(ARCSPLIT_RPC_SHM=0, patch 0008). -nocram (native-nocram, hybrid-nocram, rpc-nocram) runs llama-server
+(ARCSPLIT_RPC_SHM=0, patch 0008). hybrid-nospan / rpc-nospan = patches on, but a KV sequence saved or restored by
+the prompt cache moves one run of cells at a time (ARCSPLIT_KV_GAP_KIB=0, patch 0010). -nocram (native-nocram, hybrid-nocram, rpc-nocram) runs llama-server
 with --cache-ram 0: its host-memory prompt cache copies a slot's KV out and back at slot selection, over the link
 on an RPC route. -nokvu (--no-kv-unified), -lv3 (llama.cpp's
 default verbosity instead of arcsplit's -lv 4) and rpc-card (an all-RPC llama-server sees the rpc-servers' card) each
@@ -51,6 +57,7 @@ import contextlib
 import dataclasses
 import os
 import platform
+import random
 import re
 import shlex
 import statistics
@@ -72,8 +79,9 @@ import arcsplit  # noqa: E402
 from arcsplit.backends import REGISTRY  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama, server_build_info  # noqa: E402
-from arcsplit.llama.patches import (rpc_async_reads, rpc_gated_sets, rpc_link_polling,  # noqa: E402
-                                    rpc_patches_switched, rpc_pinned_reads, rpc_relay_chunks, rpc_shm_link)
+from arcsplit.llama.patches import (kv_state_spans, rpc_async_reads, rpc_gated_sets,  # noqa: E402
+                                    rpc_link_polling, rpc_patches_switched, rpc_pinned_reads, rpc_relay_chunks,
+                                    rpc_shm_link)
 from arcsplit.route import Route  # noqa: E402
 from arcsplit.decide.prepare import rpc_spin_us  # noqa: E402
 from arcsplit.proc.ports import free_port  # noqa: E402
@@ -84,6 +92,9 @@ from arcsplit.tuning.measure import (DECODE_PROMPT, complete, long_prompt, measu
 
 PROMPT_TOKENS = 512
 STREAMS = 4
+SCATTER_TOKENS = 8  # the unmeasured parallel streams that end each repetition
+FIGURES = ("prefill", "decode", "streams", "ttft", "ttft_cache")  # the table's columns, in order
+UNIT = {"prefill": "t/s", "decode": "t/s", "streams": "t/s", "ttft": "ms", "ttft_cache": "ms"}
 EQUALITY_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,")
 
 @dataclass
@@ -93,6 +104,8 @@ class ModeResult:
     prefill: list[float] = field(default_factory=list)
     decode: list[float] = field(default_factory=list)
     streams: list[float] = field(default_factory=list)
+    ttft: list[float] = field(default_factory=list)  # ms, client clock: the prefill request (cache_prompt false)
+    ttft_cache: list[float] = field(default_factory=list)  # ms: the same prompt with cache_prompt true, after streams
     ready: float | None = None  # seconds from arcsplit.serve() to a group answering /health (weights loaded)
     argv: dict[str, list[str]] = field(default_factory=dict)
     greedy: list[list[int]] = field(default_factory=list)
@@ -127,6 +140,8 @@ class Variant:
     can wait on a host word (CUDA) launches the graph that reads it before the data comes;
     -gatenohost: -gate, but a graph input from llama-server's host memory (a prompt's embeddings on all-RPC's first
     rpc-server) is never gated (ARCSPLIT_RPC_GATE_HOST_KIB at 4 GiB), as before that change: its A/B with -gate;
+    -nospan: patches on, but a KV sequence saved or restored by llama-server's prompt cache moves one run of cells
+    per call (ARCSPLIT_KV_GAP_KIB=0, 0010), not in spans;
     -nocram: llama-server's host-memory prompt cache off (--cache-ram 0; native-nocram too): no KV copied out and
     back at slot selection, which on an RPC route crosses the link;
     -alt: the same mode on the build --alt-llama-dir names (native-alt too): two builds in the same runs, e.g. one
@@ -229,6 +244,7 @@ _TAG_ENV: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "syncread": lambda: rpc_async_reads(False),
     "gate": lambda: rpc_gated_sets(True),
     "gatenohost": lambda: rpc_gated_sets(True, host_kib=4 << 20),
+    "nospan": lambda: kv_state_spans(0),
 }
 
 
@@ -316,6 +332,45 @@ def server_flag(r: "ModeResult", name: str) -> str | None:
     return flag(r.argv.get("server", []), name)
 
 
+def timed(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    """A /completion answer and its wall time on the client's clock, in ms: with n_predict 1, the time to first token
+    a user sees (the host prompt cache's work before the prompt included, which the server's timings leave out)."""
+    t0 = time.perf_counter()
+    r = complete(client, url, body)
+    return r, (time.perf_counter() - t0) * 1000
+
+
+def random_ids(client: httpx.Client, url: str, n: int, seed: int) -> list[int]:
+    """``n`` random token ids of the served model's vocabulary (the --pattern lru prompts: ids, not text)."""
+    models = client.get(f"{url}/v1/models").json()
+    n_vocab = int(next((m.get("meta", {}).get("n_vocab") for m in models.get("data", [])), None) or 32000)
+    rng = random.Random(seed)
+    return [rng.randrange(10, n_vocab - 1) for _ in range(n)]
+
+
+def lru_reps(a: argparse.Namespace, mode: str, client: httpx.Client, url: str, res: ModeResult) -> None:
+    """--pattern lru: a harness that once made all-RPC MoE prefill bimodal on a GPU. One 64-token warm-up, then per
+    repetition: the 512 random token ids as the prompt (cache_prompt false), a 3-token prompt, decode, then the
+    parallel streams. With -np 4 llama-server picks slots by LRU, so successive prefills land in different slots,
+    some recently or never used; each prefill but the first follows the streams. The first repetition is not
+    counted: its prefill is the first of its shape in every mode, native too (3-4x slower on one H100)."""
+    complete(client, url, {"prompt": random_ids(client, url, 64, 1), "n_predict": 1})
+    prompt = random_ids(client, url, PROMPT_TOKENS, 2)
+    for i in range(a.reps + 1):
+        r, t = timed(client, url, {"prompt": prompt, "n_predict": 1})
+        p = float(r["timings"]["prompt_per_second"])
+        complete(client, url, {"prompt": random_ids(client, url, 3, 100 + i), "n_predict": 1})
+        d = measure_decode(client, url, a.n_predict)
+        s = measure_streams(url, a.n_predict, a.timeout)
+        if i:
+            res.prefill.append(p)
+            res.decode.append(d)
+            res.streams.append(s)
+            res.ttft.append(t)
+        print(f"  {mode:<7} rep {i}{' (not counted)' if i == 0 else ''}  prefill {p:8.1f}  decode {d:7.2f}  {STREAMS} streams {s:7.2f} t/s  "
+              f"TTFT {t:7.1f} ms", flush=True)
+
+
 def run_mode(a: argparse.Namespace, mode: str) -> ModeResult:
     amode, _ = serve_mode(mode, a.backend, a.same_card)
     res = ModeResult(mode, amode)
@@ -327,17 +382,26 @@ def run_mode(a: argparse.Namespace, mode: str) -> ModeResult:
         print(f"  {mode:<7} ready after {res.ready:.2f} s", flush=True)
         url = server.url
         res.argv = argv_of(server)
+        if a.pattern == "lru":
+            lru_reps(a, mode, client, url, res)
+            return res
         prompt = long_prompt(client, url, PROMPT_TOKENS)
         for i in range(a.reps + 1):  # repetition 0 is the warm-up
-            p = measure_prefill(client, url, prompt)
+            r, t = timed(client, url, {"prompt": prompt, "n_predict": 1})
+            p = float(r["timings"]["prompt_per_second"])
             d = measure_decode(client, url, a.n_predict)
             s = measure_streams(url, a.n_predict, a.timeout)
+            _, tc = timed(client, url, {"prompt": prompt, "n_predict": 1, "cache_prompt": True})
+            measure_streams(url, SCATTER_TOKENS, a.timeout)  # so the next prefill follows parallel streams too
             if i:
                 res.prefill.append(p)
                 res.decode.append(d)
                 res.streams.append(s)
+                res.ttft.append(t)
+                res.ttft_cache.append(tc)
             print(f"  {mode:<7} rep {i}{' (warm-up)' if i == 0 else '          '}  prefill {p:8.1f}  "
-                  f"decode {d:7.2f}  {STREAMS} streams {s:7.2f} t/s", flush=True)
+                  f"decode {d:7.2f}  {STREAMS} streams {s:7.2f} t/s  TTFT {t:7.1f} ms, cache on {tc:7.1f} ms",
+                  flush=True)
     return res
 
 
@@ -435,6 +499,24 @@ def run_ratios(runs: list[list[ModeResult]], mode: str, name: str) -> list[float
     return out
 
 
+def token_cost_us(runs: list[list[ModeResult]], mode: str) -> list[float]:
+    """What a decoded token costs this mode over native, in microseconds (1e6 / its decode t/s minus native's), one
+    value per run where both ran: the route's per-token crossing, comparable across models and cards."""
+    out = []
+    for results in runs:
+        native, r = native_of(results), finished(results, mode)
+        if native and r and (d := r.median("decode")) and (n := native.median("decode")):
+            out.append(1e6 / d - 1e6 / n)
+    return out
+
+
+def us_cell(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    return f"{xs[0]:+.0f}" if len(xs) == 1 else \
+        f"{min(xs):+.0f} / **{statistics.median(xs):+.0f}** / {max(xs):+.0f}"
+
+
 def twins(modes: list[str]) -> list[tuple[str, str]]:
     """(mode, its variant) pairs of one list: `rpc-noshm` is `rpc` with one thing changed, run beside it; and
     `rpc-gatenohost` is `rpc-gate` with one thing changed (a switch tag that extends another's)."""
@@ -453,17 +535,18 @@ def paired_table(runs: list[list[ModeResult]], modes: list[str]) -> list[str]:
     pairs = twins(modes)
     if not pairs:
         return []
-    lines = ["", "Paired within each run: t/s of the mode over its variant's in the same run (above 1: the mode is "
-             "faster), min / **median** / max over runs, and the runs where the mode was faster:", "",
-             "| mode / variant | prefill | decode | 4 streams |", "|---|---|---|---|"]
+    lines = ["", "Paired within each run: t/s of the mode over its variant's in the same run, and for TTFT the "
+             "variant's ms over the mode's (above 1: the mode is faster), min / **median** / max over runs, and the "
+             "runs where the mode was faster:", "",
+             "| mode / variant | prefill | decode | 4 streams | TTFT | TTFT, cache on |", "|---|---|---|---|---|---|"]
     for a, b in pairs:
         cells = []
-        for k in ("prefill", "decode", "streams"):
+        for k in FIGURES:
             xs = []
             for results in runs:
                 ra, rb = finished(results, a), finished(results, b)
-                if ra and rb and ra.median(k) and rb.median(k):
-                    xs.append(ra.median(k) / rb.median(k))
+                if ra and rb and (x := ra.median(k)) and (y := rb.median(k)):
+                    xs.append(y / x if UNIT[k] == "ms" else x / y)
             cells.append(f"{spread(xs)} ({sum(x > 1 for x in xs)} of {len(xs)})" if xs else "-")
         lines.append(f"| {a} / {b} | {' | '.join(cells)} |")
     return lines
@@ -475,10 +558,10 @@ def uneven_reps(runs: list[list[ModeResult]], limit: float) -> list[str]:
     out = []
     for k, results in enumerate(runs, 1):
         for r in results:
-            for name in ("prefill", "decode", "streams"):
+            for name in ("prefill", "decode", "streams", "ttft"):
                 xs = [x for x in getattr(r, name) if x > 0]
                 if len(xs) > 1 and max(xs) > limit * min(xs):
-                    out.append(f"run {k}, {r.mode}, {name}: {min(xs):.1f} to {max(xs):.1f} t/s "
+                    out.append(f"run {k}, {r.mode}, {name}: {min(xs):.1f} to {max(xs):.1f} {UNIT[name]} "
                                f"({max(xs) / min(xs):.1f}x)")
     return out
 
@@ -488,22 +571,27 @@ def spread_table(runs: list[list[ModeResult]]) -> list[str]:
     first = runs[0]
     native = native_of(first)
     lines = ["| mode | -ub | -ngl (-ts) | prefill t/s | decode t/s | 4 streams t/s | prefill / native | "
-             "decode / native | 4 streams / native | greedy = native | ready s (min / median / max) | "
-             "ready / native |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "decode / native | 4 streams / native | TTFT ms | TTFT ms, cache on | TTFT / native | "
+             "TTFT cache on / native | decode us/token over native | greedy = native | ready s (min / median / max) | "
+             "ready / native |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in first:
         ok = [x for results in runs for x in results if x.mode == r.mode and not x.error]
         if not ok:
-            lines.append(f"| {r.mode} ({r.arcsplit_mode}) | | | failed: {r.error} | | | | | | |")
+            lines.append(f"| {r.mode} ({r.arcsplit_mode}) | | | failed: {r.error} | | | | | | | | | | | |")
             continue
-        tps = [fmt(statistics.median([x.median(k) for x in ok]), 1 if k == "prefill" else 2)
-               for k in ("prefill", "decode", "streams")]
+        tps = [fmt(statistics.median(v) if (v := [m for x in ok if (m := x.median(k)) is not None]) else None,
+                   2 if k in ("decode", "streams") else 1) for k in FIGURES]
         failed = len(runs) - len(ok)
-        ratios = [spread(run_ratios(runs, r.mode, k)) for k in ("prefill", "decode", "streams")]
+        ratios = [spread(run_ratios(runs, r.mode, k)) for k in FIGURES]
+        # throughput, its ratios, then TTFT and its ratios (the first nine columns keep their places)
+        cells = tps[:3] + ratios[:3] + tps[3:] + ratios[3:]
         ready = [x.ready for x in ok if x.ready is not None]
         ready_cell = (f"{min(ready):.1f} / **{statistics.median(ready):.1f}** / {max(ready):.1f}" if ready else "-")
         lines.append(f"| {r.mode} ({r.arcsplit_mode}){f' ({failed} runs failed)' if failed else ''} | "
-                     f"{server_flag(ok[0], '-ub') or '-'} | {layers_cell(ok[0])} | {' | '.join(tps)} | "
-                     f"{' | '.join(ratios)} | {greedy_cell(r, native)} | {ready_cell} | "
+                     f"{server_flag(ok[0], '-ub') or '-'} | {layers_cell(ok[0])} | {' | '.join(cells)} | "
+                     f"{us_cell(token_cost_us(runs, r.mode))} | {greedy_cell(r, native)} | "
+                     f"{ready_cell} | "
                      f"{spread(run_ratios(runs, r.mode, 'ready'))} |")
     return lines
 
@@ -512,7 +600,7 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
            eq_ub: int) -> str:
     results = runs[0]
     native = native_of(results)
-    nat = {k: native.median(k) if native else None for k in ("prefill", "decode", "streams")}
+    nat = {k: native.median(k) if native else None for k in FIGURES}
     native_label = ("mode single, one card: one llama-server runs the whole model on its own CPU (the CPU build "
                     "has no multi-device mode)" if a.backend == "cpu"
                     else "mode single on that GPU: one llama-server holding the whole model" if a.same_card
@@ -529,7 +617,13 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              f"- Settings: --gpus {a.gpus}, ctx {a.ctx}, -np {STREAMS} (unified KV), `-fa on` (the plan's), -ub {ub}, "
              f"threads {threads}; {a.reps} repetitions after 1 warm-up, medians; prefill = {PROMPT_TOKENS}-token "
              f"prompt, n_predict 1, no prompt cache; decode = n_predict {a.n_predict}, eos ignored; {STREAMS} streams "
-             f"= {STREAMS} concurrent decode requests, total tokens / wall time.",
+             f"= {STREAMS} concurrent decode requests, total tokens / wall time; TTFT = the prefill request's wall time "
+             "on the client's clock (cache off), and the same prompt's with cache_prompt true right after the streams "
+             f"(cache on); each repetition ends with {STREAMS} unmeasured streams of {SCATTER_TOKENS} tokens, so every "
+             "prefill follows parallel streams." + (
+                 " **--pattern lru**: the prompt is 512 random token ids, one 64-token request warms up, each "
+                 "repetition is prefill, a 3-token prompt, decode, streams (the first not counted); no cache-on TTFT."
+                 if a.pattern == "lru" else ""),
              f"- native = {native_label}; hybrid = llama-server holds the first card itself, one rpc-server per "
              "other card; rpc = one rpc-server per card; a `-stock` row is the same mode and build with "
              "arcsplit's llama.cpp patches switched off (ARCSPLIT_RPC_STOCK=1); `-last` keeps the output layer on "
@@ -539,7 +633,9 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "arcsplit's choice "
              "here); `-norelay` sends an activation between two rpc-servers whole instead of in chunks "
              "(ARCSPLIT_RPC_RELAY_KIB=0, patch 0007); `-noshm` links llama-server and the rpc-servers over "
-             "loopback TCP instead of shared memory (ARCSPLIT_RPC_SHM=0, patch 0008); `-nopin` reads llama-server's "
+             "loopback TCP instead of shared memory (ARCSPLIT_RPC_SHM=0, patch 0008); `-nospan` moves a KV sequence "
+             "the prompt cache saves or restores one run of cells per call instead of in spans (ARCSPLIT_KV_GAP_KIB=0, "
+             "patch 0010); `-nopin` reads llama-server's "
              "card into ordinary memory instead of page-locked blocks before it goes to an rpc-server "
              "(ARCSPLIT_RPC_PINNED=0, patch 0001); `-syncread` makes llama-server wait for an activation's source "
              "(its own card in hybrid, the first rpc-server in all-RPC's relay) before it goes to an rpc-server "
@@ -570,16 +666,17 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
         lines += spread_table(runs) + paired_table(runs, a.mode_list)
     else:
         lines += ["| mode | -ub | -ngl (-ts) | prefill t/s | decode t/s | 4 streams t/s | prefill / native | "
-                  "decode / native | 4 streams / native | greedy = native |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "decode / native | 4 streams / native | TTFT ms | TTFT ms, cache on | TTFT / native | "
+                  "TTFT cache on / native | greedy = native |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in results:
             if r.error:
-                lines.append(f"| {r.mode} ({r.arcsplit_mode}) | | | failed: {r.error} | | | | | | |")
+                lines.append(f"| {r.mode} ({r.arcsplit_mode}) | | | failed: {r.error} | | | | | | | | | | |")
                 continue
-            p, d, s = r.median("prefill"), r.median("decode"), r.median("streams")
+            med = {k: r.median(k) for k in FIGURES}
+            vals = [fmt(med[k], 2 if k in ("decode", "streams") else 1) for k in FIGURES]
+            rats = [ratio(med[k], nat[k]) for k in FIGURES]
             lines.append(f"| {r.mode} ({r.arcsplit_mode}) | {server_flag(r, '-ub') or '-'} | {layers_cell(r)} | "
-                         f"{fmt(p)} | {fmt(d, 2)} | {fmt(s, 2)} | {ratio(p, nat['prefill'])} | "
-                         f"{ratio(d, nat['decode'])} | {ratio(s, nat['streams'])} | {greedy_cell(r, native)} |")
+                         + " | ".join(vals[:3] + rats[:3] + vals[3:] + rats[3:]) + f" | {greedy_cell(r, native)} |")
     lines += ["", "Every repetition (t/s):", ""]
     for k, run in enumerate(runs, 1):
         for r in run:
@@ -588,7 +685,9 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
                              f"{fmt(r.ready, 2)} s; prefill "
                              f"{', '.join(f'{x:.1f}' for x in r.prefill)}; decode "
                              f"{', '.join(f'{x:.2f}' for x in r.decode)}; 4 streams "
-                             f"{', '.join(f'{x:.2f}' for x in r.streams)}")
+                             f"{', '.join(f'{x:.2f}' for x in r.streams)}; TTFT ms "
+                             f"{', '.join(f'{x:.1f}' for x in r.ttft)}; cache on "
+                             f"{', '.join(f'{x:.1f}' for x in r.ttft_cache)}")
             else:
                 lines.append(f"- {f'run {k}, ' if len(runs) > 1 else ''}{r.mode}: failed: {r.error}")
     uneven = uneven_reps(runs, a.max_rep_spread) if a.max_rep_spread else []
@@ -645,6 +744,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--alt-llama-dir", default=None, help="the build the modes ending -alt run on")
     ap.add_argument("--max-rep-spread", type=float, default=2.0,
                     help="exit 3 when one mode's repetitions in a run differ by more than this factor (0: no check)")
+    ap.add_argument("--pattern", choices=("bench", "lru"), default="bench",
+                    help="bench: text prompt, a discarded warm-up repetition, TTFT with the cache off and on; lru: "
+                         "random token ids, a 64-token warm-up and a 3-token prompt between prefills (no cache-on "
+                         "TTFT), the request pattern that once made all-RPC MoE prefill bimodal")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--out", default=None, help="default bench/results/throughput_<backend>.md")
     a = ap.parse_args(argv)

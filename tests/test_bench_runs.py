@@ -231,3 +231,18 @@ def test_repetitions_of_one_mode_apart_by_more_than_the_limit_are_named():
     steady = throughput.ModeResult("native", "single", prefill=[22685.0, 22601.9, 22856.1], decode=[205.9, 208.1])
     assert throughput.uneven_reps([[steady, bimodal]], 2.0) == ["run 1, rpc, prefill: 3070.0 to 16412.0 t/s (5.3x)"]
     assert throughput.uneven_reps([[steady], [steady, bimodal]], 6.0) == []
+
+
+def test_a_token_costs_the_difference_of_the_inverse_speeds_and_ttft_pairs_invert():
+    """decode us/token over native is 1e6 / mode's t/s minus 1e6 / native's, per run; in the paired table a TTFT
+    reads variant over mode (ms: lower is faster), so above 1 still means the mode is faster."""
+    def run(native_d: float, rpc_d: float, rpc_ttft: float, nospan_ttft: float) -> list:
+        return [throughput.ModeResult("native", "single", decode=[native_d], ttft=[10.0]),
+                throughput.ModeResult("rpc", "rpc", decode=[rpc_d], ttft=[rpc_ttft]),
+                throughput.ModeResult("rpc-nospan", "rpc", decode=[rpc_d], ttft=[nospan_ttft])]
+    runs = [run(1000.0, 500.0, 20.0, 200.0), run(1000.0, 800.0, 25.0, 100.0)]
+    assert [round(x) for x in throughput.token_cost_us(runs, "rpc")] == [1000, 250]
+    assert throughput.us_cell(throughput.token_cost_us(runs, "rpc")) == "+250 / **+625** / +1000"
+    paired = throughput.paired_table(runs, ["native", "rpc", "rpc-nospan"])
+    row = next(line for line in paired if line.startswith("| rpc / rpc-nospan"))
+    assert row.split(" | ")[4].startswith("4.00 / **7.00** / 10.00 (2 of 2)"), row

@@ -31,7 +31,8 @@ def test_throughput_bench_prints_table_and_ratios(llama_bins, demo_model, tmp_pa
     rows = {}
     for line in out.read_text().splitlines():
         m = re.match(r"\| (native|hybrid|rpc) \((\w+)\) \| (\d+) \| .*? \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| "
-                     r"([\d.]+)x \| ([\d.]+)x \| ([\d.]+)x \| (.*) \|$", line)
+                     r"([\d.]+)x \| ([\d.]+)x \| ([\d.]+)x \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)x \| ([\d.]+)x \| (.*) \|$",
+                     line)
         if m:
             rows[m.group(1)] = m.groups()
     assert set(rows) == {"native", "hybrid", "rpc"}, out.read_text()
@@ -42,9 +43,14 @@ def test_throughput_bench_prints_table_and_ratios(llama_bins, demo_model, tmp_pa
         # ratio columns are the mode's medians over native's, as printed (2 decimals)
         for value, native, r in zip((prefill, decode, streams), (float(x) for x in rows["native"][3:6]), g[6:9]):
             assert abs(value / native - float(r)) < 0.006, (mode, value, native, r)
-    assert rows["native"][9] == "(reference)"
+    # time to first token on the client's clock, cache off and on, and its ratio to native's
+    for mode, g in rows.items():
+        ttft, ttft_cache = float(g[9]), float(g[10])
+        assert ttft > 0 and ttft_cache > 0, g
+        assert abs(ttft / float(rows["native"][9]) - float(g[11])) < 0.006, (mode, g)
+    assert rows["native"][13] == "(reference)"
     # greedy output through the RPC routes equals the one-process run (same -fa/-ub, repack off)
-    assert rows["hybrid"][9].startswith("yes") and rows["rpc"][9].startswith("yes"), rows
+    assert rows["hybrid"][13].startswith("yes") and rows["rpc"][13].startswith("yes"), rows
     # the recorded commands are the ones arcsplit ran: rpc-servers on loopback, llama-server pointed at them
     text = out.read_text()
     assert re.search(r"rpc / rpc1: `\S*rpc-server -H 127\.0\.0\.1 -p \d+ -t \d+( -c --seed-cache \S+)?`", text)

@@ -668,3 +668,61 @@ def test_a_full_dev_shm_leaves_the_link_on_tcp_and_says_why(llama_bins, tmp_path
     assert out["left"] == []
     assert len(out["notes"]) == 1 and "loopback TCP" in out["notes"][0] and "No space left on device" in out["notes"][0]
     assert "--shm-size" in out["notes"][0]
+
+
+def _restore_after_streams(model: Path, llama_bins, fa: str) -> tuple[list, int, str]:
+    """All-RPC on two CPU cards (-np 4, unified KV, llama.cpp's host prompt cache): a prompt, 4 parallel streams
+    (they take every slot, so the prompt's KV goes to the prompt cache, and interleave their cells), then the prompt
+    again with cache_prompt true, which llama-server restores from its cache into the scattered KV. Its tokens with
+    their top-4 probabilities (which move with any byte of the restored KV, where a random model's argmax may not),
+    the cached tokens it reused, and the second rpc-server's log (GGML_RPC_DEBUG=1)."""
+    prompt = "Once upon a time, in a land far away, there lived a keeper of lighthouses " * 6
+    with serve_group(str(model), gpus=[0, 1], backend="cpu", mode="rpc", ctx=2048, parallel=4, threads=1,
+                     port=free_port(), bus=False, llama_dir=str(llama_bins.bin_dir), extra_args=("-fa", fa)) as server:
+        def post(body: dict) -> dict:
+            r = httpx.post(f"{server.url}/completion", json={"temperature": 0, "ignore_eos": True, **body}, timeout=300)
+            r.raise_for_status()
+            return r.json()
+
+        post({"prompt": prompt, "n_predict": 1, "cache_prompt": False})
+        # one request of four prompts: four slots at once, batched the same way every time (threads would not be)
+        post({"prompt": [f"Stream {k} tells a story about the sea" for k in range(4)], "n_predict": 24})
+        got = post({"prompt": prompt, "n_predict": 8, "cache_prompt": True, "n_probs": 4})
+        run_dir = Path(server.status()["run_dir"])
+    return (got["completion_probabilities"], int(got["timings"]["cache_n"]),
+            (run_dir / "rpc1.log").read_text(errors="replace"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fa", ["on", "off"])  # off: V is transposed, one piece per row and run of cells
+def test_a_prompt_restored_after_parallel_streams_moves_in_spans(llama_bins, tmp_path, monkeypatch, fa):
+    """Patch 0010: the prompt cache's save and restore of a sequence whose cells parallel streams scattered reach
+    an rpc-server as far fewer SET_TENSOR and GET_TENSOR commands than one per run of cells (ARCSPLIT_KV_GAP_KIB=0,
+    llama.cpp's way), and the tokens decoded on the restored KV are the same: the spans carry the same bytes, the
+    cells between the pieces (other sequences') keep theirs."""
+    model = write_llama(tmp_path / "llama.gguf", n_layer=8, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=512)
+    monkeypatch.setenv("GGML_RPC_DEBUG", "1")
+    seen = {}
+    for gap in ("0", "64"):
+        monkeypatch.setenv("ARCSPLIT_KV_GAP_KIB", gap)
+        tokens, cached, log = _restore_after_streams(model, llama_bins, fa)
+        seen[gap] = tokens, cached, log.count("[set_tensor]"), log.count("[get_tensor]")
+    (tokens_off, cached_off, sets_off, gets_off), (tokens_on, cached_on, sets_on, gets_on) = seen["0"], seen["64"]
+    assert len(tokens_on) == 8 and tokens_on == tokens_off  # ids, top-4 candidates and their probabilities
+    assert cached_on > 100 and cached_on == cached_off, "the prompt was not restored from the prompt cache"
+    assert gets_on < gets_off and sets_on <= sets_off
+    assert (sets_off + gets_off) - (sets_on + gets_on) > 100, seen
+
+
+def test_the_kv_gap_switch_is_a_number_of_kib_or_one_clear_line():
+    """Patch 0010 reads ARCSPLIT_KV_GAP_KIB in llama-server and takes a word it cannot parse as 0 (one call per run
+    of cells); arcsplit refuses one before any process starts and names the fix."""
+    from arcsplit.errors import BadInput
+
+    assert patches.kv_gap_kib({"ARCSPLIT_KV_GAP_KIB": "64"}) == 64
+    assert patches.kv_gap_kib({"ARCSPLIT_KV_GAP_KIB": "0"}) == 0
+    assert patches.kv_gap_kib({}) is None
+    for check in (patches.kv_gap_kib, patches.check_switches):
+        with pytest.raises(BadInput, match="ARCSPLIT_KV_GAP_KIB") as err:
+            check({"ARCSPLIT_KV_GAP_KIB": "64k"})
+        assert "whole number of KiB" in (err.value.fix or "")

@@ -42,6 +42,9 @@ RELAY_ENV = "ARCSPLIT_RPC_RELAY_KIB"  # patch 0007: chunk (KiB) of an activation
 # patches 0001 and 0003, with GATE_ENV: a graph input set from llama-server's host memory goes gated from this many KiB
 # up (a prompt's embeddings on all-RPC's first rpc-server; default 256, 0: every one)
 GATE_HOST_ENV = "ARCSPLIT_RPC_GATE_HOST_KIB"
+# patch 0010: pieces of one KV tensor closer than this many KiB move as one span when llama-server saves or restores a
+# sequence (its host prompt cache); 0: one call per piece, as stock does (default 64)
+KV_GAP_ENV = "ARCSPLIT_KV_GAP_KIB"
 SHM_ENV = "ARCSPLIT_RPC_SHM"  # patch 0008: 1 in llama-server and an rpc-server on one host: shared-memory link
 # patch 0008: what one such link holds in /dev/shm while it is open (a header page, then a 4 MiB ring each way)
 SHM_LINK_BYTES = 4096 + 2 * (4 << 20)
@@ -191,6 +194,11 @@ def rpc_gate_host_kib(environ: Mapping[str, str] = os.environ) -> int | None:
     return _kib(environ, GATE_HOST_ENV, "256 is the default; 0 gates every graph input from host memory")
 
 
+def kv_gap_kib(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The user's ARCSPLIT_KV_GAP_KIB (patch 0010), None when unset (the patch's default)."""
+    return _kib(environ, KV_GAP_ENV, "64 is the default; 0 moves every run of KV cells on its own")
+
+
 def _switch(environ: Mapping[str, str], name: str, default: bool, other: str) -> bool:
     """A patch's on/off switch as the user set it: `default` when unset or empty, else 0 or 1. Refused when it is
     neither: the patched processes would read a word they cannot parse as their own yes or no. `other` says what
@@ -234,10 +242,17 @@ def check_switches(environ: Mapping[str, str] = os.environ) -> None:
     parse is refused here (BadInput), not taken silently as on or off. A new switch is added here only."""
     rpc_relay_kib(environ)
     rpc_gate_host_kib(environ)
+    kv_gap_kib(environ)
     shm_link_on(environ)
     pinned_reads_on(environ)
     async_reads_on(environ)
     gated_sets_on(environ)
+
+
+def kv_state_spans(kib: int) -> contextlib.AbstractContextManager[None]:
+    """Groups started inside move a KV sequence saved or restored by llama-server's host prompt cache in spans that
+    bridge gaps up to ``kib`` KiB (0: one call per run of cells, as stock; patch 0010): for A/B runs."""
+    return _environ_set(KV_GAP_ENV, str(max(0, kib)))
 
 
 def rpc_async_reads(on: bool) -> contextlib.AbstractContextManager[None]:

@@ -39,6 +39,8 @@
 #        prefill bimodal (issue 45); the bench exits 3 when a mode's repetitions differ by more than 2x in a run
 #   phase tune: issue 44, bench/tune.py on the one-GPU rig (native, hybrid, all-RPC), a MoE that does not fit
 #        (--n-cpu-moe varied), and arcsplit tune + plan on --gpus 0
+#   phase lru / lru-mps: MoE, all-RPC with patch 0010 on and off (LRU_MODES), bench/throughput.py --pattern lru: random
+#        token ids, a 64-token warm-up, a 3-token prompt between prefills (the pattern that made all-RPC prefill bimodal)
 #   phase offload: bench/moe_offload.py on the card, arcsplit --moe-offload against llama.cpp's --n-cpu-moe by hand
 #   phase poll-mps: bench/poll_cost.py on ONE GPU under MPS (host cores the link's polling costs, off and on)
 #   phase waitword: bench/gpu/wait_host_word.cu, the gated sets' device-side wait alone (patch 0009's primitive)
@@ -178,6 +180,7 @@ onecard() {
   python3 bench/throughput.py --backend cuda --gpus 0 --same-card --model "$MODEL" \
     --modes "${MODES:-native,hybrid,hybrid-stock,rpc,rpc-stock}" --runs "${RUNS:-3}" --reps "${REPS:-5}" \
     --n-predict "${NPREDICT:-128}" --greedy-tokens 32 --ctx 8192 --rpc-cache ${UBATCH:+--ubatch $UBATCH} \
+    ${PATTERN:+--pattern $PATTERN} \
     ${ALT_LLAMA_DIR:+--alt-llama-dir "$ALT_LLAMA_DIR"} \
     --out "$OUT/throughput_cuda_onecard_$name${TAG:-}.md"
   echo "throughput rc=$? (3: one mode's repetitions more than 2x apart in a run)"
@@ -342,6 +345,8 @@ case "${1:-all}" in
         moe) MODEL=$MOE onecard ;;
         bimodal) MODEL=$MOE TAG=_bimodal RUNS=${BIMODAL_RUNS:-${RUNS:-3}} \
                  MODES=${BIMODAL_MODES:-native,hybrid,rpc,rpc-noshm,rpc-nokvu,rpc-card,rpc-lv3,rpc-nocram} onecard ;;
+        lru) MODEL=$MOE TAG=_lru PATTERN=lru RUNS=${LRU_RUNS:-${RUNS:-3}} MODES=${LRU_MODES:-native,rpc,rpc-nospan} onecard ;;
+        lru-mps) MODEL=$MOE TAG=_lru PATTERN=lru RUNS=${LRU_RUNS:-${RUNS:-3}} MPS_MODES=${LRU_MODES:-native,rpc,rpc-nospan} mps ;;
         offload) offload ;;
         tune) tune ;;
         dense) MODEL=$DENSE REPS=${DENSE_REPS:-3} RUNS=${DENSE_RUNS:-${RUNS:-3}} onecard ;;
