@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-from .._api import RouteChoice, attach, runs
+from .._api import RouteChoice, attach, failure_line, runs
 from ..llama.logs import trace_filter
 from ..roles import Role
 from . import print_json
@@ -21,6 +21,7 @@ def _ps(args: argparse.Namespace) -> int:
             with attach(info.run_id, timeout=2.0) as client:
                 status = client.status()
             row["state"], row["mode"], row["choice"] = status.get("state"), status.get("mode"), status.get("choice")
+            row["last_failure"], row["causes"] = status.get("last_failure"), status.get("causes") or {}
             held = {q.get("name"): q for q in (status.get("route") or {}).get("processes") or []}  # Route's
             row["processes"] = {name: {"state": p.get("state"), "pid": p.get("pid"), "restarts": p.get("restarts"),
                                         "paused": p.get("paused", False), "host": p.get("host", ""),
@@ -43,6 +44,8 @@ def _ps(args: argparse.Namespace) -> int:
               f"{r['url']}  {r['model']}")
         if r.get("choice"):  # how the route was chosen: tuned (its figures), asked, the default order
             print(f"  {RouteChoice.from_dict(r['choice']).line()}")  # type: ignore[arg-type]
+        if r.get("last_failure"):  # why the group last restarted: its cause, the member and where it runs
+            print(f"  last failure: {failure_line(r['last_failure'], r.get('causes'))}")  # type: ignore[arg-type]
         procs: dict[str, dict[str, Any]] = r.get("processes") or {}  # type: ignore[assignment]
         for name, p in procs.items():  # members on other hosts (pids there), and their links
             if p.get("host"):

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .. import durations
 from ..errors import BadInput
 from ..modes import AUTO, CHOICES as MODE_CHOICES
 from ..netaddr import LOOPBACK, SERVER_PORT, bus_address
@@ -34,6 +35,13 @@ def alias_arg(value: str | None) -> str | None:
         raise BadInput(f"--alias {value!r} is empty or holds control characters",
                        "give a name like --alias my-model (default: the model's general.name, else its file name)")
     return name
+
+
+def hang_after_arg(text: str) -> float:
+    """--hang-after: a duration of at least 5 s (the watchdog reads progress every 2 s while busy), 0 or off."""
+    if text.strip().lower() == "off":
+        return 0.0
+    return durations.argtype("--hang-after", allow_zero=True, minimum=5.0, maximum=86400.0)(text)
 
 
 def check_serve_flags(args: argparse.Namespace) -> None:
@@ -184,6 +192,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="failures counted before giving up; each 30 s ready halves the count (default: 5)")
     p.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",
                    help="give up a load after this long without any progress (default: 120)")
+    p.add_argument("--hang-after", type=hang_after_arg, default=None, metavar="DURATION",
+                   help="restart the group when its compute makes no progress this long while every process is "
+                        "alive (a card hung in its driver); longer where the route has shown longer pauses or its "
+                        "processes compute; 0 or off: never (default: 20s; docs/watchdog.md)")
     p.add_argument("--stop-grace", type=float, default=None, metavar="S",
                    help="seconds between SIGTERM and SIGKILL when stopping or restarting (default: per backend, "
                         "30 on sycl, 10 elsewhere; docs/runtime.md)")

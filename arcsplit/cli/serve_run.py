@@ -155,6 +155,7 @@ def _instance(prepared: Any, args: argparse.Namespace, say: Any, launcher: Any =
     """The instance, telling systemd about itself when run by it, and watched by the metrics endpoint if any."""
     metrics = getattr(args, "metrics", None)
     return _api.instance(prepared, max_restarts=args.max_restarts, stall_timeout=args.stall_timeout,
+                    hang_after=getattr(args, "hang_after", None),
                     bus=not args.no_bus or args.tui, bus_tcp=args.bus, systemd=True,
                     watchers=(metrics.run,) if metrics else (), say=say, launcher=launcher)
 
@@ -259,6 +260,8 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
             elif state == GroupState.BACKOFF:
                 _say(f"group failed ({ev.data.get('error')}); restart {ev.data.get('failures')} in "
                      f"{ev.data.get('delay'):.1f} s")
+        elif ev.kind == "log" and str(ev.data.get("line", "")).startswith("arcsplit: "):
+            _say(str(ev.data["line"]).removeprefix("arcsplit: "))  # the supervisor's own word: a hang, a stuck member
         elif ev.kind == "verdict":
             _say(f"recorded: {ev.data.get('failed_mode')} fails here; now {ev.data.get('fallback')}")
         elif ev.kind == "host":

@@ -78,6 +78,11 @@ class DashState:
         if kind == "verdict":
             self.verdicts.append(data)
             return {"plan", "header"}
+        if kind == "failure":  # a generation failed: why and which member (status's last_failure and causes)
+            self.status["last_failure"] = {**data, "time": msg.get("time")}
+            causes = self.status.setdefault("causes", {})
+            causes[str(data.get("cause"))] = data.get("count", causes.get(str(data.get("cause")), 0) + 1)
+            return {"plan", "header"}
         if kind == "telemetry":
             self.telemetry = data
             server = data.get("server") or {}

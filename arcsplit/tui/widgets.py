@@ -12,6 +12,7 @@ from ..decide.choice import ChosenBy, RouteChoice
 from ..route import holders as route_holders
 from ..samples import NO_READING, CardRow
 from ..proc.states import GroupState, MemberState
+from ..run.events import failure_line
 from .state import DashState
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -225,6 +226,8 @@ def render_plan(state: DashState) -> str:
         lines.append(f"[$warning]warning:[/] {escape(str(w))}")
     if st.get("last_error"):
         lines.append(f"[$error]last error:[/] {escape(str(st['last_error']))}")
+    if st.get("last_failure"):
+        lines.append(f"[$error]last failure:[/] {escape(failure_line(st['last_failure'], st.get('causes')))}")
     if st.get("run_dir"):
         lines.append(f"logs in {escape(str(st['run_dir']))}")
     return "\n".join(lines)
