@@ -160,37 +160,51 @@ def test_off_never_decides():
 
 def frozen_stuck(pid: int, threads: int = 4, frozen: int = 4) -> stuck.Stuck:
     return stuck.Stuck(pid=pid, state="S", frozen="the cgroup v2 freezer (/sys/fs/cgroup/x)", frozen_threads=frozen,
-                       threads=threads, blocked=(), waits_on=None, io=None)
+                       threads=threads, blocked=(), waits_on=(), io=None)
 
 
-def waiting(pid: int, peer: tuple[str, int]) -> stuck.Stuck:
-    return stuck.Stuck(pid=pid, state="S", frozen=None, frozen_threads=0, threads=8, blocked=(), waits_on=peer,
+def waiting(pid: int, *peers: tuple[str, int]) -> stuck.Stuck:
+    """llama-server with a thread (its RPC dispatcher for that rpc-server) blocked reading from each of ``peers``."""
+    return stuck.Stuck(pid=pid, state="S", frozen=None, frozen_threads=0, threads=8, blocked=(), waits_on=peers,
                        io="recvfrom")
 
 
+def idle(pid: int) -> stuck.Stuck:
+    return stuck.Stuck(pid, "S", None, 0, 3, (), (), None)
+
+
 def test_the_rpc_server_llama_server_waits_on_is_named_with_its_card_and_host():
-    seen = [Seen("rpc0", Role.RPC, "card CPU0", "127.0.0.1:5000", stuck.Stuck(11, "S", None, 0, 3, (), None, None)),
+    seen = [Seen("rpc0", Role.RPC, "card CPU0", "127.0.0.1:5000", idle(11)),
             Seen("rpc1", Role.RPC, "card CPU1, host b", "127.0.0.1:5001", None, cpu=0.0),
             Seen("server", Role.SERVER, "", stuck=waiting(10, ("127.0.0.1", 5001)))]
-    hang = name_stalled(seen, 24.2, "the requests in flight")
+    hang = name_stalled(seen, 24.2, "on the requests in flight")
     assert hang.who == "rpc1"
     assert hang.message.startswith("rpc1 (card CPU1, host b) stopped computing: no progress for 24 s on the "
-                                   "requests in flight while every process is alive")
+                                   "requests in flight, with every process alive")
     assert "llama-server waits on its answer (recvfrom on 127.0.0.1:5001)" in hang.message
     assert "0.0 s CPU" in hang.message
 
 
+def test_of_several_awaited_rpc_servers_the_one_that_shows_why_is_named():
+    seen = [Seen("rpc0", Role.RPC, "card RPC0", "127.0.0.1:5000", idle(11)),
+            Seen("rpc1", Role.RPC, "card RPC1", "127.0.0.1:5001", frozen_stuck(12)),
+            Seen("server", Role.SERVER, "", stuck=waiting(10, ("127.0.0.1", 5000), ("127.0.0.1", 5001)))]
+    hang = name_stalled(seen, 21, "on the requests in flight")
+    assert hang.who == "rpc1" and "frozen by" in hang.message and "it waits on rpc0 too" in hang.message
+
+
 def test_a_frozen_member_is_named_with_how_it_is_frozen():
     seen = [Seen("rpc0", Role.RPC, "card CPU0", "127.0.0.1:5000", frozen_stuck(11)),
-            Seen("rpc1", Role.RPC, "card CPU1", "127.0.0.1:5001", stuck.Stuck(12, "S", None, 0, 3, (), None, None)),
+            Seen("rpc1", Role.RPC, "card CPU1", "127.0.0.1:5001", idle(12)),
             Seen("server", Role.SERVER, "", stuck=waiting(10, ("127.0.0.1", 5000)))]
-    hang = name_stalled(seen, 21, "the requests in flight")
-    assert hang.who == "rpc0" and "all its threads frozen by the cgroup v2 freezer" in hang.message
+    hang = name_stalled(seen, 21, "on the requests in flight")
+    assert hang.who == "rpc0" and "(llama-server waits on its answer (recvfrom on 127.0.0.1:5000); frozen by the " \
+        "cgroup v2 freezer" in hang.message
 
 
 def test_llama_servers_own_frozen_main_thread_is_named():
     seen = [Seen("server", Role.SERVER, "card CPU0", stuck=frozen_stuck(10, threads=9, frozen=1))]
-    hang = name_stalled(seen, 22, "the idle check (a one-token request), its task loop not answering /slots")
+    hang = name_stalled(seen, 22, "while idle (llama-server's task loop does not answer /slots)")
     assert hang.who == "server"
     assert hang.message.startswith("llama-server (card CPU0) stopped computing")
     assert "its main thread frozen by the cgroup v2 freezer" in hang.message
@@ -198,17 +212,17 @@ def test_llama_servers_own_frozen_main_thread_is_named():
 
 def test_a_thread_in_uninterruptible_sleep_is_named_with_where_it_waits():
     d = stuck.Stuck(pid=11, state="D", frozen=None, frozen_threads=0, threads=5, blocked=((11, "xe_wait_user_fence"),),
-                    waits_on=None, io=None)
+                    waits_on=(), io=None)
     seen = [Seen("server", Role.SERVER, "card SYCL0", stuck=d)]
-    hang = name_stalled(seen, 30, "the requests in flight")
+    hang = name_stalled(seen, 30, "on the requests in flight")
     assert hang.who == "server" and "state D, in xe_wait_user_fence" in hang.message
 
 
 def test_when_no_member_can_be_told_the_line_says_what_is_known():
-    seen = [Seen("rpc0", Role.RPC, "card CPU0", "127.0.0.1:5000", stuck.Stuck(11, "S", None, 0, 3, (), None, None),
+    seen = [Seen("rpc0", Role.RPC, "card CPU0", "127.0.0.1:5000", idle(11),
                  cpu=0.0),
-            Seen("server", Role.SERVER, "", stuck=stuck.Stuck(10, "S", None, 0, 8, (), None, None), cpu=0.01)]
-    hang = name_stalled(seen, 20, "the requests in flight")
+            Seen("server", Role.SERVER, "", stuck=idle(10), cpu=0.01)]
+    hang = name_stalled(seen, 20, "on the requests in flight")
     assert hang.who == "group"
     assert "which member stopped cannot be told" in hang.message and "rpc0 main thread S" in hang.message
 
@@ -226,10 +240,10 @@ def test_a_process_blocked_reading_a_socket_names_that_socket_s_peer():
         conn, _ = srv.accept()
         deadline = time.monotonic() + 10
         seen = stuck.inspect(child.pid)
-        while (seen is None or seen.waits_on is None) and time.monotonic() < deadline:
+        while (seen is None or not seen.waits_on) and time.monotonic() < deadline:
             time.sleep(0.05)
             seen = stuck.inspect(child.pid)
-        assert seen is not None and seen.waits_on == ("127.0.0.1", port) and seen.io in ("recvfrom", "read")
+        assert seen is not None and seen.waits_on == (("127.0.0.1", port),) and seen.io in ("recvfrom", "read")
         assert seen.frozen is None and seen.state == "S"
         conn.close()
     finally:

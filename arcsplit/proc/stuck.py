@@ -3,9 +3,9 @@
 The progress watchdog (run/watchdog.py) reads this once it has found a group stalled, to name the member that
 stopped: a process or thread frozen by a cgroup freezer (v1 ``freezer.state``, v2 ``cgroup.events``: what a
 ``systemctl freeze`` or a test does), threads in uninterruptible sleep (state D, with the kernel function they wait
-in, ``wchan``: a driver call that does not return), and the peer a process's main thread is blocked on (its
+in, ``wchan``: a driver call that does not return), and the peers its threads are blocked on (each thread's
 system call, ``/proc/PID/task/TID/syscall``, reading or writing a socket whose other end ``/proc/PID/net/tcp``
-names: llama-server waiting on the rpc-server that does not answer). ``main_cpu`` is the CPU time of a process's
+names: llama-server's RPC dispatcher thread for one rpc-server waiting on the answer that does not come). ``main_cpu`` is the CPU time of a process's
 main thread, which computes in llama-server and rpc-server alike: the watchdog's evidence of work, which the other
 threads' busy-waiting does not fake. Each read is a few small files; all of it only as the same user (or root).
 """
@@ -41,22 +41,22 @@ class Stuck:
     frozen_threads: int  # how many of its threads are in a frozen cgroup
     threads: int
     blocked: tuple[tuple[int, str], ...]  # (tid, wchan) of its threads in state D
-    waits_on: tuple[str, int] | None  # (address, port) of the socket peer its main thread is blocked on
-    io: str | None  # that system call ("recvfrom")
+    waits_on: tuple[tuple[str, int], ...]  # (address, port) of each socket peer one of its threads is blocked on
+    io: str | None  # the system call of the first ("recvfrom")
 
     def summary(self) -> str:
         """What it does, in a few words: "frozen by the cgroup v2 freezer (...)", "in state D (in xe_wait)"."""
         if self.frozen:
-            part = "its main thread" if self.frozen_threads < self.threads and self.frozen_threads <= 1 else \
-                f"{self.frozen_threads} of its {self.threads} threads" if self.frozen_threads < self.threads else \
-                "all its threads"
-            return f"{part} frozen by {self.frozen}"
+            n, of = self.frozen_threads, self.threads
+            if n >= of:
+                return f"frozen by {self.frozen}"
+            return f"{'its main thread' if n <= 1 else f'{n} of its {of} threads'} frozen by {self.frozen}"
         if self.state == "T":
             return "stopped (SIGSTOP or a debugger)"
         if self.blocked:
             where = ", ".join(sorted({w for _, w in self.blocked if w}))
             return f"{len(self.blocked)} thread(s) in uninterruptible sleep (state D{', in ' + where if where else ''})"
-        return f"main thread in state {self.state}" + (f" ({self.io} on a socket)" if self.io else "")
+        return f"main thread in state {self.state}"
 
 
 def main_cpu(pid: int) -> float | None:
@@ -98,9 +98,10 @@ def inspect(pid: int) -> Stuck | None:
             n_frozen += 1
             if frozen_by is None or tid == pid:
                 frozen_by = by
-    io, peer = _waits_on(pid)
+    waits = [w for w in (_waits_on(pid, tid) for tid in tids) if w[1] is not None]
     return Stuck(pid=pid, state=_state(task_dir / str(pid)), frozen=frozen_by, frozen_threads=n_frozen,
-                 threads=len(tids), blocked=tuple(blocked), waits_on=peer, io=io)
+                 threads=len(tids), blocked=tuple(blocked), waits_on=tuple(dict.fromkeys(p for _, p in waits if p)),
+                 io=waits[0][0] if waits else None)
 
 
 def _read(path: Path) -> str:
@@ -141,10 +142,11 @@ def frozen_cgroup(task: Path) -> str | None:
     return None
 
 
-def _waits_on(pid: int) -> tuple[str | None, tuple[str, int] | None]:
-    """The system call ``pid``'s main thread is blocked in, when it moves data on a socket, and that socket's peer."""
+def _waits_on(pid: int, tid: int) -> tuple[str | None, tuple[str, int] | None]:
+    """The system call thread ``tid`` of ``pid`` is blocked in, when it moves data on a socket, and that socket's
+    peer."""
     table = _IO_SYSCALLS.get(platform.machine())
-    words = _read(PROC / str(pid) / "task" / str(pid) / "syscall").split()
+    words = _read(PROC / str(pid) / "task" / str(tid) / "syscall").split()
     if table is None or len(words) < 2 or not words[0].isdigit() or int(words[0]) not in table:
         return None, None
     try:

@@ -330,6 +330,7 @@ class Status(TypedDict):
     events_dropped: int
     causes: dict[str, int]  # failures by Cause this run: {"hang": 1, "exit": 2}
     last_failure: dict[str, Any] | None  # the last FailureData.to_dict() with its "time" (time.time()); None: none
+    watchdog: dict[str, Any]  # the progress watchdog: {"hang_after", "bound", "longest_pause", "idle_checks"}
 
 
 @dataclass(frozen=True)

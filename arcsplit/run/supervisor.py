@@ -212,6 +212,7 @@ class Supervisor:
             "events_dropped": self.events.dropped,
             "causes": {str(c): n for c, n in self._causes.items()},
             "last_failure": self._last_failure,
+            "watchdog": self._watchdog.to_dict(),
         }
 
     def notes(self) -> list[str]:

@@ -12,6 +12,9 @@ loopback) every ``busy_every`` s while requests are in flight and every ``idle_e
   llama-server and in rpc-server, where other threads may busy-wait at a barrier and fake it), a stall is given up
   to ``cap`` s: one ubatch of a big model on a CPU card blocks the counters for minutes. Members on other hosts
   count with their agents' reports of their whole process's CPU.
+- **stopped on purpose**: a member stopped with SIGSTOP (^Z, a debugger) is left alone, as before the watchdog:
+  the supervisor says so and requests wait until SIGCONT. A frozen cgroup is not that (it is what a hung driver
+  call looks like from outside, and what the tests use), nor is state D.
 - **idle**: nothing moves the counters, so a hung rpc-server would go unseen until a user's request hangs. After
   ``probe_every`` s without a computed token the watchdog sends one request of one token (``n_predict`` 1, a
   prompt of one word, only when every slot is idle), which crosses every member; the busy rule above then times it.
@@ -199,36 +202,41 @@ class Hang:
 
 
 def name_stalled(seen: Sequence[Seen], stalled: float, what: str) -> Hang:
-    """Which member stopped, from what each one shows: stopped (SIGSTOP) or frozen by a cgroup freezer; else the
-    rpc-server llama-server's main thread is blocked reading from (its socket's peer); else threads in state D.
-    ``what``: what was due ("a request", "the idle check"). When none of these tells, the line says what is known."""
-    head = f"no progress for {stalled:.0f} s on {what} while every process is alive"
-    by_dial = {s.dial: s for s in seen if s.dial}
+    """Which member stopped, from what each one shows: the rpc-server llama-server waits on (one of its threads
+    blocked reading from, or writing to, that rpc-server's connection), with that member's own state; else one that
+    is stopped (SIGSTOP) or frozen by a cgroup freezer; else one with threads in state D. ``what``: what was due
+    ("on the requests in flight", "on the idle check"). When none of these tells, the line says what is known."""
+    head = f"no progress for {stalled:.0f} s {what}, with every process alive"
     server = next((s for s in seen if s.role == Role.SERVER), None)
-    peer = server.stuck.waits_on if server and server.stuck else None
-    awaited = by_dial.get(f"{peer[0]}:{peer[1]}") if peer else None
-
-    def own(s: Seen) -> str | None:
-        if s.paused:
-            return "stopped (SIGSTOP or a debugger)"
-        if s.stuck is not None and (s.stuck.frozen or s.stuck.blocked or s.stuck.state == "T"):
-            return s.stuck.summary()
-        return None
-
-    marked = [s for s in seen if own(s)]
-    if awaited is not None:
-        why = [f"llama-server waits on its answer ({server.stuck.io if server and server.stuck else 'read'} on "
-               f"{awaited.dial})"]
-        why += [x for x in [own(awaited)] if x]
-        if own(awaited) is None and awaited.stuck is None and awaited.cpu is not None:
-            why.append(f"its host reports {awaited.cpu:.1f} s CPU in that time")
-        return _line(awaited, head, why)
-    frozen = [s for s in marked if s.paused or (s.stuck and (s.stuck.frozen or s.stuck.state == "T"))]
-    if frozen or marked:
-        pick = (frozen or marked)[0]
-        return _line(pick, head, [x for x in [own(pick)] if x])
+    peers = {f"{a}:{p}" for a, p in server.stuck.waits_on} if server and server.stuck else set()
+    awaited = [s for s in seen if s.dial and s.dial in peers]
+    marked = [s for s in seen if _own(s)]
+    if awaited:
+        pick = next((s for s in awaited if _own(s)), awaited[0])
+        io = server.stuck.io if server and server.stuck else None
+        why = [f"llama-server waits on its answer ({io or 'a read'} on {pick.dial})"]
+        why += [x for x in [_own(pick)] if x]
+        if _own(pick) is None and pick.stuck is None and pick.cpu is not None:
+            why.append(f"its host reports {pick.cpu:.1f} s CPU in that time")
+        others = [s.name for s in awaited if s is not pick]
+        if others:
+            why.append(f"it waits on {', '.join(others)} too")
+        return _line(pick, head, why)
+    if marked:
+        pick = next((s for s in marked if s.paused or (s.stuck and (s.stuck.frozen or s.stuck.state == "T"))),
+                    marked[0])
+        return _line(pick, head, [x for x in [_own(pick)] if x])
     known = "; ".join(_known(s) for s in seen)
     return Hang("group", f"the group stopped computing: {head}, and which member stopped cannot be told ({known})")
+
+
+def _own(s: Seen) -> str | None:
+    """What a member shows by itself: stopped, frozen, or threads in state D (None: none of these)."""
+    if s.paused:
+        return "stopped (SIGSTOP or a debugger)"
+    if s.stuck is not None and (s.stuck.frozen or s.stuck.blocked or s.stuck.state == "T"):
+        return s.stuck.summary()
+    return None
 
 
 def _line(s: Seen, head: str, why: list[str]) -> Hang:
@@ -240,7 +248,7 @@ def _line(s: Seen, head: str, why: list[str]) -> Hang:
 def _known(s: Seen) -> str:
     parts = [s.name]
     if s.stuck is not None:
-        parts.append(f"main thread {s.stuck.state}" + (f", {s.stuck.io} on a socket" if s.stuck.io else ""))
+        parts.append(f"main thread {s.stuck.state}")
     if s.cpu is not None:
         parts.append(f"{s.cpu:.1f} s CPU")
     return " ".join(parts)
@@ -324,6 +332,7 @@ class Watchdog:
     def __init__(self, policy: HangPolicy) -> None:
         self.policy = policy
         self.longest = 0.0
+        self.bound = policy.after  # the bound now: --hang-after, or longer where the route showed longer pauses
         self._route = ""
         self.probes = 0  # sent this run (docs, bench)
         self._refused = False  # an idle check was answered with an error (said once)
@@ -334,7 +343,7 @@ class Watchdog:
         ``members``: the generation's members by name (read live), ``label``: where one runs ("card CPU1, host
         b"), ``say``: a line for the log, ``route``: what the route is (a new one forgets the pauses learned)."""
         if route != self._route:
-            self.longest, self._route = 0.0, route
+            self.longest, self.bound, self._route = 0.0, self.policy.after, route
         asleep = sleeps_when_idle(server.argv)
         policy = self.policy if not asleep else _no_probe(self.policy)
         if not policy.on:
@@ -353,21 +362,26 @@ class Watchdog:
     async def _loop(self, core: ProgressCore, reader: _Reader, tg: TaskGroup, members: Mapping[str, Any],
                     label: Callable[[ProcessSpec], str], say: Callable[[str], None]) -> Hang:
         cpu0: dict[str, float | None] = {}  # each member's CPU when work became due
+        requests = False  # the task loop's last answer held requests
         while True:
             work = await reader.work()
+            requests = work.busy > 0 if work is not None else requests
             if reader.refused:
                 say(f"progress watchdog off: {reader.refused}")
                 await anyio.sleep_forever()
             d = core.observe(Look(time.monotonic(), work, work_cpu(members)))
-            self.longest = core.longest
+            self.longest, self.bound = core.longest, core.bound
             if not core.due:
                 cpu0 = {}
             elif not cpu0:
                 cpu0 = {n: _cpu_of(m) for n, m in list(members.items())}
-            if d.verdict is Verdict.HANG:
-                what = "the idle check (a one-token request)" if core.probing else "the requests in flight"
+            if d.verdict is Verdict.HANG and any(m.paused for m in list(members.values())):
+                pass  # stopped by the user or a debugger (SIGSTOP): said already, left alone until SIGCONT
+            elif d.verdict is Verdict.HANG:
+                what = "on the idle check, a one-token request" if core.probing else \
+                    "on the requests in flight" if requests else "while idle"
                 if work is None:
-                    what += f", its task loop not answering {reader.path}"
+                    what += f" (llama-server's task loop does not answer {reader.path})"
                 return name_stalled(_seen(members, label, cpu0), d.stalled, what)
             if d.verdict is Verdict.PROBE:
                 core.probe_sent(time.monotonic())
@@ -388,6 +402,12 @@ class Watchdog:
             self._refused = True
             say(f"progress watchdog: llama-server answers its idle check with HTTP {r.status} "
                 f"({r.text[:120]!r}); a hang while idle shows at the next request")
+
+
+    def to_dict(self) -> dict[str, Any]:
+        """What status() says of it: the bound now and why, and how many idle checks it sent."""
+        return {"hang_after": self.policy.after, "bound": round(self.bound, 1),
+                "longest_pause": round(self.longest, 1), "idle_checks": self.probes}
 
 
 def _no_probe(policy: HangPolicy) -> HangPolicy:
