@@ -11,8 +11,9 @@ alive, /health stays 200, as a card hung in its driver leaves them), idle or wit
 - "rpc-server on host b, busy": host b is a network namespace with its own sshd (tests/_netns.py), its rpc-server
   frozen (skipped where namespaces cannot run).
 
-Per run: detection = from the freeze to the watchdog's verdict (status()'s last_failure); recovery = to the first
-correct greedy answer after it; the request in flight: how it ended and when; and from the verdict until serving
+Per run: detection = from the freeze to the watchdog's verdict (status()'s last_failure); idle, the freeze comes
+right after an idle check has computed its token, so this is the time since the last progress, at its longest;
+recovery = to the first correct greedy answer after it; the request in flight: how it ended and when; and from the verdict until serving
 again, one one-token request every 0.5 s: what each got (connection refused, HTTP 503 while loading, an answer).
 The group runs in this process (the supervisor and its members, no bus, no telemetry), with the watchdog's default
 policy (run/watchdog.py HangPolicy). Writes bench/results/hangs.md.
@@ -102,12 +103,20 @@ def meanwhile(url: str, stop: threading.Event, seen: Counter[str]) -> None:
         while not stop.is_set():
             try:
                 r = c.post(f"{url}/completion", json={"prompt": "1", "n_predict": 1})
-                seen["200" if r.status_code == 200 else f"HTTP {r.status_code} {r.text[:40]!r}"] += 1
+                seen["200" if r.status_code == 200 else f"HTTP {r.status_code} {error_message(r)}"] += 1
             except httpx.ConnectError:
                 seen["connection refused"] += 1
             except httpx.HTTPError as exc:
                 seen[type(exc).__name__] += 1
             stop.wait(0.5)
+
+
+def error_message(r: httpx.Response) -> str:
+    """llama-server's error message ("Loading model"), else the start of the body."""
+    try:
+        return str(r.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return repr(r.text[:40])
 
 
 def one(sup: Supervisor, freeze: Callable[[], ContextManager[Any]], busy: bool, reference: list[int]) -> dict[str, Any]:
@@ -155,6 +164,11 @@ def run_kind(kind: str, runs: int, net: Any, tmp: Path) -> list[dict[str, Any]]:
         reference = greedy(sup.url)
         for i in range(runs):
             time.sleep(35)  # past an idle check and the failure count's decay (RestartPolicy.half_life)
+            if kind.endswith("idle"):  # the worst phase: the last progress is the idle check that just ran
+                checks = sup.status()["watchdog"]["idle_checks"]
+                while sup.status()["watchdog"]["idle_checks"] == checks:
+                    time.sleep(0.05)
+                time.sleep(0.5)  # its one token
             pid = sup.status()["processes"][victim]["pid"]
             freeze = (lambda: frozen(pid, thread=pid)) if victim == "server" else (lambda: frozen(pid))
             got = one(sup, freeze, kind.endswith("busy"), reference)

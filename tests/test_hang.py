@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator
 
 import anyio
@@ -21,6 +24,8 @@ import httpx
 import pytest
 
 from _freeze import frozen, unavailable
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from loadgen import Served  # noqa: E402
 from _procs import dead, wait_until
 from test_serve import config_for, greedy_tokens, isolated_dirs, running, serve_args  # noqa: F401 (dirs fixture)
 
@@ -257,8 +262,9 @@ def test_a_member_that_cannot_die_is_said_and_the_group_waits_for_its_port(demo_
         wait_until(lambda: dead(pid), 30, "llama-server to go once thawed")
         wait_until(lambda: (s := sup.status())["generation"] > gen and s["state"] == "ready", 120, "the restart")
         assert greedy_tokens(sup.url) == reference
-    assert lines[0].startswith(f"arcsplit: llama-server (pid {pid}) did not exit after SIGKILL: its main thread "
-                               "frozen by the cgroup v1 freezer"), lines
+    # SIGKILL took every thread but the frozen one
+    assert lines[0].startswith(f"arcsplit: llama-server (pid {pid}) did not exit after SIGKILL: frozen by the cgroup "
+                               "v1 freezer"), lines
     assert "cannot start again on port" in lines[0] and "reset the card's driver" in lines[0], lines
 
 
@@ -274,3 +280,38 @@ def said(sup: Supervisor, rx: Any) -> list[str]:
             return list(_said)
         if ev.kind == "log" and str(ev.data["line"]).startswith("arcsplit: "):
             _said.append(str(ev.data["line"]))
+
+
+def test_what_a_user_of_the_cli_sees(demo_model, llama_bins, monkeypatch):
+    """`arcsplit serve --hang-after 6`: its own line on stderr, then `arcsplit ps` and the metrics endpoint name the
+    cause and the member; nothing left after the stop."""
+    monkeypatch.setenv("ARCSPLIT_LLAMA_DIR", str(llama_bins.bin_dir))
+    mport = free_port()
+    served = Served(demo_model, ctx=1024, parallel=1, extra_serve=("--mode", "rpc", "--threads", "1", "--hang-after",
+                                                                   "6", "--metrics-port", str(mport)))
+    served.start()
+    try:
+        served.wait_ready(120)
+        rpc1 = served.children()["rpc1"].pid
+        request = InFlight(served.url)
+        assert request.started.wait(60)
+        with frozen(rpc1):
+            wait_until(lambda: "stopped computing" in served.output(), 60, "serve's line")
+            request.thread.join(60)
+        wait_until(lambda: "serving" in served.output().split("stopped computing")[-1], 90, "serving again")
+        ps = subprocess.run([sys.executable, "-m", "arcsplit", "ps"], env=served.env(), capture_output=True,
+                            text=True, timeout=60)
+        metrics = httpx.get(f"http://127.0.0.1:{mport}/metrics", timeout=10).text
+    finally:
+        served.stop()
+    try:
+        line = next(ln for ln in served.output().splitlines() if "stopped computing" in ln)
+        assert line.startswith("arcsplit: rpc1 (card RPC1) stopped computing: no progress for ") and \
+            line.endswith("; restarting"), line
+        assert "  last failure: hang: rpc1 (card RPC1), " in ps.stdout and "this run: hang 1" in ps.stdout, ps.stdout
+        assert 'arcsplit_failures_total{cause="hang"} 1.0' in metrics
+        assert 'cause="hang"' in metrics and 'member="rpc1"' in metrics
+        assert request.outcome.startswith("error"), request.outcome
+        assert served.leftovers() == {"processes": [], "ports": [], "temp_files": [], "state_files": []}
+    finally:
+        served.cleanup()

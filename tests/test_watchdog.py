@@ -91,6 +91,19 @@ def test_idle_is_checked_with_a_probe_whose_stall_counts_from_its_start():
     assert run(core, [Look(26, IDLE), Look(28, busy(1)), Look(44, busy(1))]) == [Verdict.OK] * 3
     d = core.observe(Look(45.5, busy(1)))
     assert d.verdict is Verdict.HANG and d.stalled == pytest.approx(20.5)
+    assert core.probing  # the verdict says it was the idle check that stopped
+
+
+def test_a_probe_the_loop_took_is_still_the_idle_check():
+    core = ProgressCore(POLICY, 0.0)
+    core.observe(Look(0, IDLE))
+    assert core.observe(Look(25, IDLE)).verdict is Verdict.PROBE
+    core.probe_sent(25)
+    core.observe(Look(26, Work(busy=1, done=(5.0,))))  # the slot took it (a new task): the counters moved once
+    assert core.probing
+    assert core.observe(Look(47, Work(busy=1, done=(5.0,)))).verdict is Verdict.HANG and core.probing
+    core.probe_answered(48)
+    assert not core.probing
 
 
 def test_an_answered_probe_is_the_proof_and_the_next_comes_an_interval_later():

@@ -105,7 +105,8 @@ class ProgressCore:
         self._done: tuple[float, ...] | None = None
         self._since: float | None = None  # work due without progress since
         self._verified = start  # when the route last proved it computes
-        self._probe_at: float | None = None  # a probe in flight since
+        self._probe_at: float | None = None  # a probe in flight since, until the loop shows it took it
+        self._probe_in_slot = False  # the loop took the probe: what is busy now is (also) the idle check
         self._cpu: deque[tuple[float, float]] = deque()
 
     @property
@@ -135,11 +136,13 @@ class ProgressCore:
             assert work is not None
             if self._since is not None:
                 self.longest = max(self.longest, look.at - self._since)
+            self._probe_in_slot = self._probe_at is not None or self._probe_in_slot
             self._verified, self._probe_at = look.at, None
             self._since = look.at if work.busy else None
+            self._probe_in_slot = self._probe_in_slot and work.busy > 0
             return Decision(Verdict.OK, bound=self.bound)
         if work is not None and not work.busy and self._probe_at is None:
-            self._since = None
+            self._since, self._probe_in_slot = None, False
             p = self.policy
             if p.probe_every > 0 and look.at - self._verified >= p.probe_every:
                 return Decision(Verdict.PROBE, bound=self.bound)
@@ -165,11 +168,12 @@ class ProgressCore:
 
     @property
     def probing(self) -> bool:
-        return self._probe_at is not None
+        """Whether the idle check is what is due (sent, or in a slot)."""
+        return self._probe_at is not None or self._probe_in_slot
 
     def probe_answered(self, at: float) -> None:
         """The probe came back (its token, or an error answer): the next is due ``probe_every`` s from now."""
-        self._verified, self._probe_at = at, None
+        self._verified, self._probe_at, self._probe_in_slot = at, None, False
 
     def next_look(self) -> float:
         return self.policy.busy_every if self.due else self.policy.idle_every
@@ -307,10 +311,12 @@ class _Reader:
         self.client, self.base = client, base
         self.path = "/metrics" if metrics else "/slots"
         self.refused: str | None = None
+        self.listening = True  # False: the last read found nothing listening (the /health watch's business)
 
     async def work(self) -> Work | None:
         r = await self.client.get(self.base + self.path)
-        if r is None:
+        self.listening = r is None or r.status != 0
+        if r is None or not self.listening:
             return None
         if r.status in (404, 501) and self.path == "/slots":
             self.path = "/metrics"
@@ -369,6 +375,9 @@ class Watchdog:
             if reader.refused:
                 say(f"progress watchdog off: {reader.refused}")
                 await anyio.sleep_forever()
+            if not reader.listening:  # llama-server gone: its exit, or the /health watch, ends the generation
+                await anyio.sleep(core.next_look())
+                continue
             d = core.observe(Look(time.monotonic(), work, work_cpu(members)))
             self.longest, self.bound = core.longest, core.bound
             if not core.due:
