@@ -32,7 +32,7 @@ import json
 import os
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Callable, Mapping, Sequence
 
@@ -412,7 +412,6 @@ class Watchdog:
             say(f"progress watchdog: llama-server answers its idle check with HTTP {r.status} "
                 f"({r.text[:120]!r}); a hang while idle shows at the next request")
 
-
     def to_dict(self) -> dict[str, Any]:
         """What status() says of it: the bound now and why, and how many idle checks it sent."""
         return {"hang_after": self.policy.after, "bound": round(self.bound, 1),
@@ -420,7 +419,7 @@ class Watchdog:
 
 
 def _no_probe(policy: HangPolicy) -> HangPolicy:
-    return HangPolicy(**{**policy.__dict__, "probe_every": 0.0})
+    return replace(policy, probe_every=0.0)
 
 
 def _cpu_of(member: Any) -> float | None:
