@@ -79,8 +79,9 @@ that pyproject allows (from 4.7) import asyncio with it.
         anyio, once every early ssh session is spawned
     run/early.py:end                   anyio                          2/2/3
         serve's early sessions: this module is imported before anyio
-    run/launch.py:health               httpx                          80/83/148
-        only once a server's health is checked: `arcsplit --help` and `plan` import this module (through the API)
+    run/launch.py:http_client          httpx                          80/83/148
+        only once a server's health is checked, or the progress watchdog reads: `arcsplit --help` and `plan`
+        import this module (through the API)
     run/canary.py:_client              httpx                          90/134/166
         only once a group is ready with its output canary on: `arcsplit --help` and `plan` import this module
     telemetry/nvidia.py:__init__       pynvml                         optional

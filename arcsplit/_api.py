@@ -11,18 +11,20 @@ from __future__ import annotations
 import os
 import warnings
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 from typing import Any, AsyncIterator, Callable, Iterator, Mapping, Sequence
 
 import anyio
 from anyio.from_thread import start_blocking_portal
 
 from .decide.choice import RouteChoice
+from . import durations
 from .errors import ArcsplitError, RunError, python_spelling
 from .planner import Plan
 from .rig import Rig, load_layout
 from .proc.states import GroupState
 from .run.bus import BusInfo, Client, attach, list_runs
-from .run.events import Event, Status
+from .run.events import Event, Status, failure_line
 from .decide.routes import RouteEntry
 from .run.fallback import route_lines
 from .run.instance import Instance, MarkWrong, Watcher
@@ -30,6 +32,7 @@ from .run.launch import Launcher
 from .decide.prepare import (MODE_CHOICES, OUTPUT_LAYER_CHOICES, Prepared, ServeRequest, planned_specs, prepare,
                           preview)
 from .run.supervisor import RestartPolicy, Timeouts
+from .run.watchdog import HangPolicy
 from .run.systemd import run_notify
 from .modes import AUTO
 from .tuning import picks
@@ -37,7 +40,7 @@ from .tuning.fingerprint import anything_kept
 
 __all__ = ["AsyncServer", "BusInfo", "Client", "Instance", "MODE_CHOICES", "OUTPUT_LAYER_CHOICES", "Prepared",
            "RouteChoice", "Server", "ServeRequest", "aserve", "attach", "instance", "plan", "planned_specs", "prepare", "preview",
-           "route_lines", "runs", "serve", "wrong_marker"]
+           "failure_line", "route_lines", "runs", "serve", "wrong_marker"]
 
 
 def plan(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None, *, backend: str = "auto",
@@ -137,11 +140,14 @@ def runs() -> list[BusInfo]:
 def instance(prepared: Prepared, *, max_restarts: int = 5, stall_timeout: float = 120.0, bus: bool = True,
              bus_tcp: str | None = None, telemetry: bool = True, systemd: bool = False,
              watchers: Sequence[Watcher] = (), say: Callable[[str], None] | None = None,
-             launcher: Launcher | None = None, mark_wrong: MarkWrong | None = None) -> Instance:
+             launcher: Launcher | None = None, mark_wrong: MarkWrong | None = None, hang_after: float | None = None,
+             hang: HangPolicy | None = None) -> Instance:
     """A checked request ready to run (``await inst.run()``); telemetry, when asked, and ``watchers`` watch it.
     ``systemd``: tell systemd about the run (Type=notify, watchdog) when started by it (``arcsplit serve`` is).
     ``launcher``: how members start (default: run/remote.launcher_for, local or with the layout's hosts).
-    ``mark_wrong``: what a route the output canary finds computing wrong is marked in (``wrong_marker``)."""
+    ``mark_wrong``: what a route the output canary finds computing wrong is marked in (``wrong_marker``).
+    ``hang_after``: the progress watchdog's bound in seconds (0: off; None: its default, docs/watchdog.md);
+    ``hang``: all of its settings (tests and bench tune its timings)."""
     if systemd:
         watchers = (run_notify, *watchers)
     if telemetry:
@@ -149,14 +155,24 @@ def instance(prepared: Prepared, *, max_restarts: int = 5, stall_timeout: float 
 
         watchers = (run_telemetry, *watchers)
     return Instance(prepared, policy=RestartPolicy(max_failures=max_restarts),
-                    timeouts=Timeouts(stall=stall_timeout, stop_grace=prepared.stop_grace),
+                    timeouts=Timeouts(stall=stall_timeout, stop_grace=prepared.stop_grace,
+                                      hang=_hang_policy(hang, hang_after)),
                     bus=bus, bus_tcp=bus_tcp, watchers=watchers, say=say, launcher=launcher, mark_wrong=mark_wrong)
+
+
+def _hang_policy(hang: HangPolicy | None, hang_after: float | None) -> HangPolicy:
+    """The watchdog's settings: ``hang`` (or the defaults) with ``hang_after`` as its bound, checked as the flag is."""
+    policy = hang or HangPolicy()
+    if hang_after is None:
+        return policy
+    after = durations.parse(hang_after, flag="hang_after", allow_zero=True, minimum=5.0, maximum=86400.0)
+    return replace(policy, after=after)
 
 
 @asynccontextmanager
 async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = (0, 1), *,
                  bus: bool = True, bus_tcp: str | None = None, max_restarts: int = 5, stall_timeout: float = 120.0,
-                 tuned: bool = True, **options: Any) -> AsyncIterator[AsyncServer]:
+                 tuned: bool = True, hang_after: float | None = None, **options: Any) -> AsyncIterator[AsyncServer]:
     """Serve ``model`` across ``gpus`` until the block ends; entered once llama-server answers /health 200.
 
     ``options`` are ServeRequest's fields: backend, mode, ctx, parallel, host, port, rpc_host, rpc_ports, threads,
@@ -164,7 +180,8 @@ async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None
     (False: no output canary), canary_every (seconds between its checks while idle; docs/usage.md); and
     ``layout``: a layout TOML whose cards (other hosts' included) are served instead of ``gpus``. With mode auto
     (the default), ``arcsplit tune``'s pick for this rig runs where one is kept, as ``arcsplit serve`` does
-    (``status()["choice"]`` says so); ``tuned=False`` or a ``mode`` leaves it out.
+    (``status()["choice"]`` says so); ``tuned=False`` or a ``mode`` leaves it out. ``hang_after``: seconds without
+    progress, every process alive, before the group is restarted (0: never; None: the default, docs/watchdog.md).
     """
     layout = options.pop("layout", None)
     if layout is not None:
@@ -178,7 +195,7 @@ async def aserve(model: str | os.PathLike[str], gpus: Sequence[int] | str | None
     for text in prepared.warnings:
         warnings.warn(text, stacklevel=3)
     inst = instance(prepared, max_restarts=max_restarts, stall_timeout=stall_timeout, bus=bus, bus_tcp=bus_tcp,
-                    mark_wrong=wrong_marker(asked, rig))
+                    mark_wrong=wrong_marker(asked, rig), hang_after=hang_after)
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(inst.run)

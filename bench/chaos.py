@@ -17,7 +17,9 @@ cards) and `agent = "standing"` (b keeps `arcsplit node --listen` running; ssh r
 - 30 % packet loss on b for 10 s: `tc netem` where the kernel has sch_netem, else an nftables `numgen random`
   drop rule in b's namespace (said so in the table);
 - b's weight-cache disk full (LLAMA_CACHE on a 4 MiB tmpfs, filled), then SIGKILL of b's rpc-server: the restart
-  must serve with a cache it cannot write.
+  must serve with a cache it cannot write;
+- b's rpc-server frozen (the cgroup freezer, tests/_freeze.py: alive, /health 200, as a hung card leaves it) until
+  the progress watchdog restarts the group (docs/watchdog.md, its default --hang-after).
 
 Per fault: recovery = from the fault to the end of the first request started after it that completes; requests
 failed in the window (running at the fault or started before the recovery); requests lost after it (started after
@@ -52,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from _freeze import frozen, unavailable as no_freezer  # noqa: E402
 from _netns import NetHarness, unavailable  # noqa: E402
 from _report import write_report  # noqa: E402
 from loadgen import LoadGen, Served, demo_model  # noqa: E402
@@ -60,11 +63,12 @@ from multihost import mmm  # noqa: E402
 CONFIGS = {"default": {}, "forwards own": {"forwards": "own"}, "per-host": {"rpc_servers": "per-host"},
            "standing agent": {"agent": "standing"}}
 FAULTS = ("kill rpc-server on b", "kill node agent on b", "kill attach on b", "kill sshd session on b",
-          "kill ssh client here", "kill link ssh here", "link down 10 s", "30% loss 10 s", "cache disk full on b")
+          "kill ssh client here", "kill link ssh here", "link down 10 s", "30% loss 10 s", "cache disk full on b",
+          "freeze rpc-server on b")
 CACHE_MIB = 4
 # --focused: the default configuration takes every fault, the others the faults where they differ from it
 FOCUS = {"forwards own": ("kill ssh client here", "kill link ssh here", "link down 10 s"),
-         "per-host": ("kill rpc-server on b", "cache disk full on b"),
+         "per-host": ("kill rpc-server on b", "cache disk full on b", "freeze rpc-server on b"),
          "standing agent": ("kill node agent on b", "kill attach on b", "kill sshd session on b")}
 
 
@@ -144,6 +148,7 @@ class Chaos:
         self.a, self.net, self.served, self.netem = a, net, served, netem
         self.gen = LoadGen(served.url, concurrency=2, max_requests=1_000_000, max_seconds=24 * 3600, timeout=60,
                            max_tokens=8)
+        self.held = contextlib.ExitStack()  # a fault that lasts until the group recovers (a freeze), ended after it
 
     def inject(self, fault: str) -> tuple[str, Callable[[], None] | None]:
         """Start ``fault``: (why it cannot run here or "", how to end it after its 10 s, if it lasts)."""
@@ -168,6 +173,11 @@ class Chaos:
         if fault == "cache disk full on b":
             fill(self.net.host("b").dir / "llama-cache")
             return kill_first(b["rpc"]), None
+        if fault == "freeze rpc-server on b":
+            if (why := no_freezer()) or not b["rpc"]:
+                return why or "no such process", None
+            self.held.enter_context(frozen(b["rpc"][0].pid))  # b's pid space is this machine's
+            return "", None
         raise ValueError(fault)
 
     def loss(self) -> tuple[str, Callable[[], None] | None]:
@@ -205,6 +215,7 @@ class Chaos:
         if fault == "cache disk full on b":
             empty(self.net.host("b").dir / "llama-cache")  # after the restart that met it full
         done = await self.steady(t0)
+        self.held.close()  # thawed (the restart killed it) and the cgroup removed
         if done is None:
             return Outcome(None, 0, 0, False, "not serving again within 180 s")
         await anyio.sleep(max(3.0, self.a.settle))  # ready time before the next fault; lost requests count below

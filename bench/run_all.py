@@ -420,6 +420,21 @@ def v_chaos(text: str) -> Verdict:
                    f"{max(medians):.1f} s; {lost} requests lost after recovery, {stray} processes left")
 
 
+def v_hangs(text: str) -> Verdict:
+    """hangs.md: each hang kind noticed within 30 s of a request's last progress (busy) or 60 s (idle), and serving
+    the same tokens again within 60 s of the freeze, every run."""
+    rows = [r for r in table_rows(text) if len(r) >= 7 and r[1].isdigit() and int(r[1]) > 0]
+    if not rows:
+        return Verdict("missing", "no hang rows found")
+
+    def worst(cell: str) -> float:
+        return float(cell.split("/")[2].strip(" *"))
+
+    ok = all(worst(r[2]) <= (60.0 if "idle" in r[0] else 30.0) and worst(r[3]) <= 60.0 for r in rows)
+    return Verdict("pass" if ok else "FAIL", "; ".join(f"{r[0]}: noticed {r[2]} s, serving again {r[3]} s"
+                                                       for r in rows) + " (min / median / max)")
+
+
 def v_tune(text: str) -> Verdict:
     """tune.md's first table: tune's pick re-measured against the default order's route, and no wrong route."""
     rows = []
@@ -600,6 +615,10 @@ FIGURES = [
     Figure("Faults across two hosts under load (bench/chaos.py; network namespaces, not started by run_all)",
            "no request lost after a recovery, no process left on either host", ("chaos.md",),
            lambda t, f: v_chaos(t)),
+    Figure("Hangs with every process alive, the progress watchdog at its defaults (bench/hangs.py; root for the "
+           "cgroup freezer, not started by run_all)",
+           "noticed within 30 s of a request's last progress, 60 s when idle; serving again within 60 s",
+           ("hangs.md",), lambda t, f: v_hangs(t)),
     Figure("arcsplit tune's pick against the fixed default order (CPU cards; not started by run_all)",
            "at least as fast as the default order's route, never a wrong route", ("tune.md",),
            lambda t, f: v_tune(t)),

@@ -62,6 +62,11 @@ CASES = [
     ("node-allow-bind-mapped-any", ["node", "--stdio", "--allow-bind", "::ffff:0.0.0.0"], ["every interface"]),
     ("node-allow-bind-no-address", ["node", "--stdio", "--allow-bind", "no-such-host.invalid"],
      ["no-such-host.invalid", "no IP address"]),
+    # the progress watchdog's bound: a duration of 5 s or more, 0 or off
+    ("serve-hang-after-nan", ["serve", "{model}", "--hang-after", "nan", "--port", "{free}"], ["--hang-after"]),
+    ("serve-hang-after-short", ["serve", "{model}", "--hang-after", "2s", "--port", "{free}"],
+     ["--hang-after", "at least 5 s"]),
+    ("serve-hang-after-junk", ["serve", "{model}", "--hang-after=-1m", "--port", "{free}"], ["--hang-after"]),
     ("node-heartbeat-nan", ["node", "--stdio", "--heartbeat", "nan"], ["--heartbeat"]),
     ("node-heartbeat-inf", ["node", "--stdio", "--heartbeat", "inf"], ["--heartbeat"]),
     ("node-heartbeat-zero", ["node", "--stdio", "--heartbeat", "0"], ["--heartbeat"]),

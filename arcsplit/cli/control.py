@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from .._api import RouteChoice, attach, route_lines, runs
+from .._api import RouteChoice, attach, failure_line, route_lines, runs
 from .. import durations
 from ..errors import NotRunning
 from ..llama.logs import QuietFilter, pick_lines
@@ -27,6 +27,7 @@ def _ps(args: argparse.Namespace) -> int:
                 status = client.status()
             row["state"], row["mode"], row["choice"] = status.get("state"), status.get("mode"), status.get("choice")
             row["routes"], row["canary"] = status.get("routes"), status.get("canary")
+            row["last_failure"], row["causes"] = status.get("last_failure"), status.get("causes") or {}
             held = {q.get("name"): q for q in (status.get("route") or {}).get("processes") or []}  # Route's
             row["processes"] = {name: {"state": p.get("state"), "pid": p.get("pid"), "restarts": p.get("restarts"),
                                         "paused": p.get("paused", False), "host": p.get("host", ""),
@@ -76,6 +77,8 @@ def _print_running(rows: list[dict[str, Any]]) -> None:
             print(f"  {RouteChoice.from_dict(r['choice']).line()}")  # type: ignore[arg-type]
         for line in route_lines(r.get("routes"), r.get("canary")):  # type: ignore[arg-type]
             print(f"  {line}")
+        if r.get("last_failure"):  # why the group last restarted: its cause, the member and where it runs
+            print(f"  last failure: {failure_line(r['last_failure'], r.get('causes'))}")  # type: ignore[arg-type]
         procs: dict[str, dict[str, Any]] = r.get("processes") or {}  # type: ignore[assignment]
         for name, p in procs.items():  # members on other hosts (pids there), and their links
             if p.get("host"):

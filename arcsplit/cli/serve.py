@@ -26,6 +26,13 @@ from ..route import NATIVE_UBATCH, OUTPUT_LAYER_CHOICES, RPC_UBATCH
 from .options import add_card_options, add_llama_dir
 
 
+def hang_after_arg(text: str) -> float:
+    """--hang-after: a duration of at least 5 s (the watchdog reads progress every 2 s while busy), 0 or off."""
+    if text.strip().lower() == "off":
+        return 0.0
+    return durations.argtype("--hang-after", allow_zero=True, minimum=5.0, maximum=86400.0)(text)
+
+
 def check_serve_flags(args: argparse.Namespace) -> None:
     """serve's own flags that no plan reads (``arcsplit unit serve`` checks them too)."""
     if args.max_restarts < 0:
@@ -213,6 +220,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "while every slot is idle, and after each start; a mismatch moves to the next route "
                         f"({durations.HELP}; default: 10m; 1s to 7d; docs/usage.md)")
     p.add_argument("--no-canary", action="store_true", help="no output canary")
+    p.add_argument("--hang-after", type=hang_after_arg, default=None, metavar="TIME",
+                   help="restart the group when its compute makes no progress this long while every process is "
+                        "alive (a card hung in its driver); longer where the route has shown longer pauses or its "
+                        f"processes compute; 0 or off: never (default: 20s; {durations.HELP}; docs/watchdog.md)")
     p.add_argument("--json-events", action="store_true", help="print every event but log lines as JSON on stdout")
     p.add_argument("--bus", metavar="tcp://HOST:PORT",
                    help="serve the bus over TCP with CURVE keys: events on PORT, control on PORT+1 "

@@ -170,6 +170,7 @@ def _instance(prepared: Any, args: argparse.Namespace, say: Any, launcher: Any =
     metrics = getattr(args, "metrics", None)
     marker = None if getattr(args, "layout", None) else _api.wrong_marker(request_from_args(args))
     return _api.instance(prepared, max_restarts=args.max_restarts, stall_timeout=args.stall_timeout,
+                    hang_after=getattr(args, "hang_after", None),
                     bus=not args.no_bus or args.tui, bus_tcp=args.bus, systemd=True,
                     watchers=(metrics.run,) if metrics else (), say=say, launcher=launcher, mark_wrong=marker)
 
@@ -267,6 +268,8 @@ async def _report(events: Any, sup: Any, metrics_url: str | None, as_json: bool,
                         _say(f"note: {reset['line']}")
         elif ev.kind == "failure":  # comes before the backoff it explains
             shown = [str(line) for line in ev.data.get("lines") or []]
+        elif ev.kind == "log" and str(ev.data.get("line", "")).startswith("arcsplit: "):
+            _say(str(ev.data["line"]).removeprefix("arcsplit: "))  # the supervisor's own word: a hang, a stuck member
         elif ev.kind == "verdict":
             _say(f"recorded: {ev.data.get('failed_mode')} fails here; now {ev.data.get('fallback')}")
         elif ev.kind == "canary" and ev.data.get("verdict") == "reference":

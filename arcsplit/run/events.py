@@ -19,6 +19,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ..decide.choice import RouteChoice
+from ..durations import format_s
 from ..proc.states import Cause, GroupState, MemberState
 from ..samples import CardRow, GpuReport
 
@@ -254,6 +255,21 @@ class CanaryData(Payload):
         return out | {"evidence": dict(self.evidence)} if self.evidence is not None else out
 
 
+def failure_line(last: Mapping[str, Any], causes: Mapping[str, int] | None = None, now: float | None = None) -> str:
+    """status's ``last_failure`` in one line for ``arcsplit ps`` and the dashboard: its cause, the member and where
+    it runs, how long ago, and the counts by cause this run ("hang: rpc1 (card CPU1, host b), 2 min ago; this run:
+    exit 2, hang 1")."""
+    where = ", ".join(x for x in (f"card {last['card']}" if last.get("card") else "",
+                                  f"host {last['host']}" if last.get("host") else "") if x)
+    who = str(last.get("who") or "group") + (f" ({where})" if where else "")
+    ago = ""
+    if isinstance(last.get("time"), (int, float)):
+        secs = max(0, round((now or time.time()) - float(last["time"])))
+        ago = f", {format_s(secs if secs < 120 else 60 * round(secs / 60))} ago"  # whole minutes past two
+    counts = ", ".join(f"{c} {n}" for c, n in sorted((causes or {}).items()))
+    return f"{last.get('cause')}: {who}{ago}" + (f"; this run: {counts}" if counts else "")
+
+
 @dataclass(frozen=True)
 class PlanData(Payload):
     kind: ClassVar[EventKind] = "plan"
@@ -352,6 +368,8 @@ class Status(TypedDict):
     resets: list[dict[str, Any]]  # cards lost often enough to need a driver reset: {"card", "device_lost", "line"}
     routes: dict[str, Any]  # run/fallback.RouteTracker.to_dict(): the route now, the list, the moves, left out
     canary: dict[str, Any]  # run/canary.Canary.to_dict(), or {"on": False}
+    last_failure: dict[str, Any] | None  # the last FailureData.to_dict() with its "time" (time.time()); None: none
+    watchdog: dict[str, Any]  # the progress watchdog: {"hang_after", "bound", "longest_pause", "idle_checks"}
 
 
 @dataclass(frozen=True)

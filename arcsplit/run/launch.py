@@ -180,14 +180,51 @@ class LocalLauncher(OneHost):
 
     @asynccontextmanager
     async def health(self, spec: ProcessSpec, timeout: float) -> AsyncIterator[Health]:
-        import httpx  # start-up: `arcsplit --help` and `plan` import this module (through the API)
-
         url = f"{local_url(spec.host, spec.port)}/health"
-        async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client:
+        async with http_client(timeout) as client:
             async def check() -> int | None:
-                try:
-                    return (await client.get(url)).status_code
-                except httpx.HTTPError:
-                    return None
+                reply = await client.get(url)
+                return reply.status if reply is not None and reply.status else None
 
             yield check
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One HTTP answer: its status and body; status 0: the connection was refused (nothing listens there)."""
+
+    status: int
+    text: str
+
+
+class Http:
+    """The supervisor's own requests to llama-server (/health, the watchdog's reads and probe): an answer, or None
+    when none came (refused, reset, timed out)."""
+
+    def __init__(self, client: Any, errors: type[Exception], refused: type[Exception]) -> None:
+        self._client, self._errors, self._refused = client, errors, refused
+
+    async def get(self, url: str) -> Reply | None:
+        try:
+            r = await self._client.get(url)
+        except self._refused:
+            return Reply(0, "")
+        except self._errors:
+            return None
+        return Reply(r.status_code, r.text)
+
+    async def post(self, url: str, body: Mapping[str, Any], timeout: float) -> Reply | None:
+        try:
+            r = await self._client.post(url, json=dict(body), timeout=timeout)
+        except self._errors:
+            return None
+        return Reply(r.status_code, r.text)
+
+
+@asynccontextmanager
+async def http_client(timeout: float, headers: Mapping[str, str] | None = None) -> AsyncIterator[Http]:
+    """An HTTP client for loopback requests (no proxy from the environment), open for the block."""
+    import httpx  # start-up: `arcsplit --help` and `plan` import this module (through the API)
+
+    async with httpx.AsyncClient(timeout=timeout, trust_env=False, headers=dict(headers or {})) as client:
+        yield Http(client, httpx.HTTPError, httpx.ConnectError)

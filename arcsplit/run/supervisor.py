@@ -39,6 +39,7 @@ from ..proc.child import run_held
 from ..proc.ports import free_port, is_free
 from ..proc.rundir import RunDir, since_boot, supervisor_identity, sweep
 from ..proc.spec import runs_remote
+from ..proc.stuck import inspect
 from ..proc.states import GROUP_TRANSITIONS, Cause, GroupState, MemberState, advance
 from ..roles import Role
 from . import faults
@@ -49,6 +50,7 @@ from .events import (BuffersData, CanaryData, CardLoad, Event, EventBus, Failure
                      VerdictData)
 from .fallback import Leave, RouteMove, RouteTracker
 from .launch import Launcher, Member
+from .watchdog import HangPolicy, Watchdog
 
 # llama-server's load progress in the router's child protocol (specs.ROUTER_PORT_ENV opts in), one per 200 ms.
 _ROUTER_STATE = "cmd_child_to_router:state:"
@@ -81,6 +83,7 @@ class Timeouts:
     failed_grace: float = 2.0  # the same when a member died: a group missing a member has nothing to finish
     health_interval: float = 3.0  # once ready, /health is asked this often (one cheap GET)
     health_failures: int = 3  # this many misses in a row: the group is restarted even if no process exited
+    hang: HangPolicy = HangPolicy()  # the progress watchdog (run/watchdog.py): compute stopped, processes alive
 
 
 class _StartFailed(Exception):
@@ -155,6 +158,8 @@ class Supervisor:
         self._last_lines: tuple[str, ...] = ()  # the log lines that show it (faults.Failure.lines)
         self._trouble: _StartFailed | None = None  # what a watcher found wrong with a running group (_fail_now)
         self._held: set[anyio.CancelScope] = set()  # the members' runs, which only _teardown ends (_hold)
+        self._watchdog = Watchdog(timeouts.hang)
+        self._last_failure: dict[str, Any] | None = None  # the last FailureData, with its time (status, ps)
 
     # -- public surface -------------------------------------------------------------------------------------
 
@@ -217,6 +222,8 @@ class Supervisor:
             "resets": faults.resets(self.config, self._card_faults),
             "routes": self._routes.to_dict(),
             "canary": self._canary.to_dict() if self._canary is not None else {"on": False},
+            "last_failure": self._last_failure,
+            "watchdog": self._watchdog.to_dict(),
         }
 
     def notes(self) -> list[str]:
@@ -335,8 +342,10 @@ class Supervisor:
         host = spec.node if spec is not None and runs_remote(spec) else None
         card = failure.card or _card_label(self.config, spec)
         faults.count(self._card_faults, card, host, failure.cause)
-        self._publish("group", FailureData(cause=failure.cause, who=failure.who, message=failure.message, host=host,
-                                           card=card, count=n, lines=failure.lines))
+        data = FailureData(cause=failure.cause, who=failure.who, message=failure.message, host=host, card=card, count=n,
+                           lines=failure.lines)
+        self._last_failure = {**data.to_dict(), "time": time.time()}
+        self._publish("group", data)
 
     def _leave_route(self, failure: _StartFailed, reason: Leave | None = None) -> bool:
         """Whether ``failure`` moves the group to the next route of its list (run/fallback.py), and the move: one
@@ -391,6 +400,7 @@ class Supervisor:
         self._trouble = None
         reason: str | _StartFailed = "exit"
         watchdog: anyio.CancelScope | None = None
+        progress = anyio.CancelScope()
         async with anyio.create_task_group() as tg:
             try:
                 await self._start_group(tg)
@@ -405,6 +415,7 @@ class Supervisor:
                 tg.start_soon(self._watch_health, watchdog)
                 self._routes.ready()
                 self._start_canary(tg)
+                tg.start_soon(self._watch_progress, progress)
                 while True:
                     await self._wake.wait()
                     if self._stop_requested:
@@ -430,6 +441,7 @@ class Supervisor:
                 if watchdog is not None:
                     watchdog.cancel()  # else the task group would wait out its remaining probes
                 self._stop_canary()
+                progress.cancel()
                 with anyio.CancelScope(shield=True):
                     await self._teardown()
         return reason
@@ -493,6 +505,42 @@ class Supervisor:
                                           prompts=result.prompts, reason=result.reason, evidence=result.evidence))
         if result.verdict in (Verdict.WRONG, Verdict.REFERENCE):
             self._write_state()
+
+    async def _watch_progress(self, scope: anyio.CancelScope) -> None:
+        """A group whose compute stopped while every process lives and /health answers (a card hung in its driver)
+        fails with cause ``hang``, naming the member that stopped (run/watchdog.py)."""
+        server = next(s for s in self._specs if s.role == Role.SERVER)
+        with scope:
+            hang = await self._watchdog.watch(server, self._children, self._label,
+                                              lambda line: self._publish("server", LogData(f"arcsplit: {line}")),
+                                              json.dumps(self.config.route.to_dict(), sort_keys=True))
+            self._publish(hang.who if hang.who in self._children else "group",
+                          LogData(f"arcsplit: {hang.message}; restarting"))
+            self._fail_now(_StartFailed(hang.who, hang.message, cause=Cause.HANG))
+
+    def _label(self, spec: ProcessSpec) -> str:
+        """Where a member runs, for a line that names it: "card CPU1, host b"."""
+        card = _card_label(self.config, spec)
+        parts = [f"card {card}" if card else "", f"host {spec.node}" if runs_remote(spec) else ""]
+        return ", ".join(p for p in parts if p)
+
+    def _left_behind(self) -> None:
+        """Members of this machine still alive after SIGKILL: stuck in the kernel (a driver call that does not
+        return, a frozen cgroup v1), they keep their memory, and their port until they exit. Said in one line each,
+        with what to do; the group starts again meanwhile (an rpc-server on another port; llama-server's own port
+        stays taken, so its starts fail until then)."""
+        for c in self._children.values():
+            if not c.alive or c.pid is None or runs_remote(c.spec) or c.spec.role == Role.LINK:
+                continue
+            seen = inspect(c.pid)
+            shown = "llama-server" if c.spec.role == Role.SERVER else c.spec.name
+            port = (f"; llama-server cannot start again on port {c.spec.port} until it exits"
+                    if c.spec.role == Role.SERVER else f", and its port {c.spec.port}")
+            self._publish(c.spec.name, LogData(
+                f"arcsplit: {shown} (pid {c.pid}) did not exit after SIGKILL: "
+                f"{seen.summary() if seen else 'its state cannot be read'}; it is stuck in the kernel and keeps its "
+                f"memory{port}: thaw its cgroup if one is frozen, else reset the card's driver (on xe: "
+                f"docs/watchdog.md) or reboot"))
 
     def _fail_now(self, failure: _StartFailed) -> None:
         """A watcher of the running group (health, progress, output) found it failed: the generation ends with
@@ -818,6 +866,7 @@ class Supervisor:
                 for c in self._children.values():
                     if c.spec.role != Role.SERVER:
                         tg.start_soon(c.stop, grace)
+            self._left_behind()
             await self.launcher.close()
             # Pumps drain to EOF after the exit; bound it in case a grandchild holds the pipe.
             with anyio.move_on_after(5):

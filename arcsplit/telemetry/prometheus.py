@@ -55,10 +55,7 @@ def families(status: dict[str, Any], telemetry: dict[str, Any] | None = None) ->
     generation = CounterMetricFamily("arcsplit_group_starts", "times the group was started",
                                      value=status.get("generation") or 0)
     out += [info, group, ready, failures, uptime, generation, *_route(status.get("choice")),
-            *_routes(status.get("routes")), *_canary(status.get("canary"))]
-    if status.get("last_error"):
-        out.append(InfoMetricFamily("arcsplit_last_failure", "why the group last failed",
-                                    value={"error": str(status["last_error"])}))
+            *_routes(status.get("routes")), *_canary(status.get("canary")), *_failures(status)]
 
     procs: dict[str, dict[str, Any]] = status.get("processes") or {}
     pstate = StateSetMetricFamily("arcsplit_process_state", "state of each process", labels=["process", "role"])
@@ -99,6 +96,27 @@ def families(status: dict[str, Any], telemetry: dict[str, Any] | None = None) ->
                 fam.add_metric([str(row.pos), str(row.device or "")], value)
         out.append(fam)
     return [m for m in out if m.samples]
+
+
+def _failures(status: dict[str, Any]) -> list[Metric]:
+    """Failed generations by cause this run (status's ``causes``: exit, hang, ...), and the last one: its cause, the
+    member, card and host it names, and its line."""
+    out: list[Metric] = []
+    causes = status.get("causes") or {}
+    if causes:
+        by_cause = CounterMetricFamily("arcsplit_failures", "failed generations of the group by cause this run "
+                                       "(a member exited, a hang, ...)", labels=["cause"])
+        for cause, n in sorted(causes.items()):
+            by_cause.add_metric([str(cause)], n)
+        out.append(by_cause)
+    last = status.get("last_failure") or {}
+    if status.get("last_error") or last:
+        value = {"error": str(status.get("last_error") or last.get("message") or "")}
+        if last:
+            value.update(cause=str(last.get("cause") or ""), member=str(last.get("who") or ""),
+                         card=str(last.get("card") or ""), host=str(last.get("host") or ""))
+        out.append(InfoMetricFamily("arcsplit_last_failure", "why the group last failed", value=value))
+    return out
 
 
 def _route(data: dict[str, Any] | None) -> list[Metric]:

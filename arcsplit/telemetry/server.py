@@ -7,31 +7,12 @@ and the same for the prompt. The gauges llama-server exports are averages since 
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
 import httpx
 
-PREFIX = "llamacpp:"
-
-
-def parse_prometheus(text: str) -> dict[str, float]:
-    """``name value`` lines of a Prometheus text exposition (no labels in llama-server's), prefix removed."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        parts = line.split()
-        if len(parts) < 2 or "{" in parts[0]:
-            continue
-        try:
-            value = float(parts[1])
-        except ValueError:
-            continue
-        if math.isfinite(value):
-            out[parts[0].removeprefix(PREFIX)] = value
-    return out
+from ..llama.work import parse_prometheus  # the parser's owner: the watchdog reads /metrics too
 
 
 def rates(prev: dict[str, float] | None, cur: dict[str, float]) -> dict[str, float | None]:

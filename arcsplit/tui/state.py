@@ -85,6 +85,9 @@ class DashState:
         if kind == "failure":  # why a generation ended, with its log lines (run/faults.py); status() has the counts
             self.status["last_error"] = data.get("message")
             self.status["last_error_lines"] = list(data.get("lines") or [])
+            self.status["last_failure"] = {**data, "time": msg.get("time")}
+            causes = self.status.setdefault("causes", {})
+            causes[str(data.get("cause"))] = data.get("count", causes.get(str(data.get("cause")), 0) + 1)
             return {"plan", "header"}
         if kind == "route":  # a move down the route list: the route now, and why the last one was left
             routes = self.status.setdefault("routes", {})

@@ -15,6 +15,7 @@ from ..run.fallback import route_lines
 from ..samples import NO_READING, CardRow
 from ..proc.rundir import fault_lines
 from ..proc.states import GroupState, MemberState
+from ..run.events import failure_line
 from .state import DashState
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -230,6 +231,8 @@ def render_plan(state: DashState) -> str:
     for line in fault_lines(st):  # the last error, its log lines below, failures by card, cards to reset
         head, sep, rest = line.partition(": ")
         lines.append(f"[$error]{escape(head)}:[/] {escape(rest)}" if sep and head == "last error" else escape(line))
+    if st.get("last_failure"):
+        lines.append(f"[$error]last failure:[/] {escape(failure_line(st['last_failure'], st.get('causes')))}")
     if st.get("run_dir"):
         lines.append(f"logs in {escape(str(st['run_dir']))}")
     return "\n".join(lines)
