@@ -130,7 +130,7 @@ def test_a_frozen_rpc_server_is_named_restarted_and_the_request_in_flight_errors
     pid = rpc_hung.status()["processes"]["rpc1"]["pid"]
     got = hang_of(rpc_hung, lambda: frozen(pid), reference, busy=True)
     f = got["failure"]
-    card = rpc_hung.config.plan.cards[1].device  # the plan's name for the card rpc1 holds
+    card = rpc_hung.config.plan.cards[1].card.device  # the card rpc1 holds, by its own name
     assert f["cause"] == "hang" and f["who"] == "rpc1" and f["card"] == card and f["host"] is None
     assert f["message"].startswith(f"rpc1 (card {card}) stopped computing: no progress for ")
     assert "llama-server waits on its answer" in f["message"] and "frozen by the cgroup" in f["message"]
@@ -165,7 +165,7 @@ def test_llama_servers_frozen_main_thread_on_one_card(demo_model):
         time.sleep(FAST.idle_every)
         pid2 = sup.status()["processes"]["server"]["pid"]
         idle = hang_of(sup, lambda: frozen(pid2, thread=pid2), reference, busy=False)
-        card = sup.config.plan.cards[0].device
+        card = sup.config.plan.cards[0].card.device
     for got in (busy, idle):
         f = got["failure"]
         assert f["who"] == "server" and f["card"] == card, f
@@ -306,9 +306,9 @@ def test_what_a_user_of_the_cli_sees(demo_model, llama_bins, monkeypatch):
         served.stop()
     try:
         line = next(ln for ln in served.output().splitlines() if "stopped computing" in ln)
-        assert line.startswith("arcsplit: rpc1 (card RPC1) stopped computing: no progress for ") and \
+        assert line.startswith("arcsplit: rpc1 (card CPU1) stopped computing: no progress for ") and \
             line.endswith("; restarting"), line
-        assert "  last failure: hang: rpc1 (card RPC1), " in ps.stdout and "this run: hang 1" in ps.stdout, ps.stdout
+        assert "  last failure: hang: rpc1 (card CPU1), " in ps.stdout and "this run: hang 1" in ps.stdout, ps.stdout
         assert 'arcsplit_failures_total{cause="hang"} 1.0' in metrics
         assert 'cause="hang"' in metrics and 'member="rpc1"' in metrics
         assert request.outcome.startswith("error"), request.outcome
