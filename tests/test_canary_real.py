@@ -12,6 +12,7 @@ import os
 import signal
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -165,3 +166,38 @@ def test_a_request_during_a_canary_check_waits_about_one_token(demo_model: Path,
         print(f"\nrequest alone {statistics.median(idle):.3f} s, during a canary check {statistics.median(during):.3f} s "
               f"(median of 5; max {max(during):.3f} s)")
         assert waited < 0.5, (idle, during)  # one token of the canary's answer and its cancel, not its whole check
+
+
+def test_a_route_that_turns_wrong_under_steady_load_is_still_caught(
+        demo_model: Path, llama_bins: LlamaBinaries, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that is never idle for a whole check (a request every 0.3 s) still gets one: what its answer
+    streamed before it gave way is judged, and a route that computes wrong parts from the reference at once."""
+    monkeypatch.setenv("ARCSPLIT_TUNE_DIR", str(tmp_path / "tune"))
+    monkeypatch.setenv("ARCSPLIT_RPC_SHM", "0")
+    build = _live_corrupting_build(tmp_path, llama_bins)
+    stop = threading.Event()
+
+    def load(url: str) -> None:
+        with httpx.Client(timeout=60) as c:
+            while not stop.is_set():
+                try:
+                    c.post(f"{url}/completion", json={"prompt": "1 2 3", "n_predict": 8, "cache_prompt": False})
+                except httpx.HTTPError:
+                    pass
+                stop.wait(0.3)
+
+    with arcsplit.serve(demo_model, [0, 1], backend="cpu", ctx=1024, port=free_port(), llama_dir=str(build),
+                        bus=False, canary_every=EVERY) as server:
+        _until(lambda: _canary(server, "reference"), 60, "the canary's first answer, kept as the reference")
+        worker = threading.Thread(target=load, args=(server.url,), daemon=True)
+        worker.start()
+        try:
+            t0 = time.time()
+            for pid in _rpc_pids(server):
+                os.kill(pid, signal.SIGUSR1)
+            moves = _until(lambda: server.status()["routes"]["moves"], 60, "the canary catching the wrong route")
+            assert moves[0]["reason"] == "wrong" and moves[0]["to"] == "hybrid", moves
+            print(f"\nunder steady load: caught {moves[0]['at'] - t0:.1f} s after the corruption began")
+        finally:
+            stop.set()
+            worker.join(70)

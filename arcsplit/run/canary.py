@@ -62,7 +62,12 @@ class CheckResult:
 
 
 class _GaveWay(Exception):
-    """A user's request came while a prompt streamed, or the slots were busy before it."""
+    """A user's request came while a prompt streamed (``partial``: the steps streamed before it), or the slots were
+    busy before it."""
+
+    def __init__(self, partial: tuple[verify.Step, ...] = (), text: str = "") -> None:
+        super().__init__("a request came")
+        self.partial, self.text = partial, text
 
 
 class Canary:
@@ -122,7 +127,18 @@ class Canary:
                     ev = await _evidence(client, url, self.reference[:k + 1], answers, text, check)
                     return CheckResult(Verdict.WRONG, time.monotonic() - t0, check.reason, ev, prompts=done)
                 self._round.append(got)
-        except _GaveWay:
+        except _GaveWay as gave:
+            # What streamed before the request came is judged too: on a server that is never idle for a whole
+            # answer, a route that computes wrong parts from the reference within its first tokens.
+            k = len(self._round)
+            if gave.partial and self.reference is not None and k < len(self.reference):
+                ref = (*self.reference[:k], self.reference[k][:len(gave.partial)])
+                answers = (*self._round, gave.partial)
+                check = verify.compare(ref, answers)
+                if not check.ok:
+                    self._round = []
+                    ev = await _evidence(client, url, ref, answers, gave.text, check)
+                    return CheckResult(Verdict.WRONG, time.monotonic() - t0, check.reason, ev, prompts=done)
             return CheckResult(Verdict.GAVE_WAY, time.monotonic() - t0, "a request came", prompts=done)
         except errors as exc:
             return CheckResult(Verdict.FAILED, time.monotonic() - t0, f"{type(exc).__name__}: {exc}"[:200], prompts=done)
@@ -164,6 +180,8 @@ class Canary:
             await anyio.sleep(self.policy.poll)  # the stream holds its slot before the first look at the queue
             tg.start_soon(watch, tg.cancel_scope)
         if failed:
+            if isinstance(failed[0], _GaveWay):
+                raise _GaveWay(verify.steps_of({"completion_probabilities": probs}), "".join(text))
             raise failed[0]
         return verify.steps_of({"completion_probabilities": probs}), "".join(text)
 
