@@ -97,13 +97,14 @@ def hang_of(sup: Supervisor, freeze: Callable[[], ContextManager[Any]], referenc
         failure = wait_until(lambda: (f := sup.status()["last_failure"]) and f["time"] > t0 and f, 60,
                              "the watchdog's verdict")
         t_detect = failure["time"]
+        bound = sup.status()["watchdog"]["bound"]  # as the verdict saw it (the request in flight may have taught it)
         if request is not None:
             request.thread.join(60)
     wait_until(lambda: (s := sup.status())["generation"] > gen and s["state"] == "ready", 90, "the restart")
     assert greedy_tokens(sup.url) == reference
     t_served = time.time()
     out = {"failure": failure, "detect_s": t_detect - t0, "recover_s": t_served - t0, "before": before,
-           "bound": before["watchdog"]["bound"]}
+           "bound": max(bound, before["watchdog"]["bound"])}
     if request is not None:
         out.update(outcome=request.outcome, error_after_s=request.end - t0, last_token_s=request.last_token - t0)
     print(f"\nhang ({'busy' if busy else 'idle'}): {failure['message']}\n  detected {out['detect_s']:.1f} s, "
