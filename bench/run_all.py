@@ -435,6 +435,21 @@ def v_hangs(text: str) -> Verdict:
                                                        for r in rows) + " (min / median / max)")
 
 
+def v_corrupt(text: str) -> Verdict:
+    """corrupt.md: the route that turned wrong left for the next one within one canary interval and one check (10 s),
+    every run, and no wrong answer after the recovery."""
+    rows = [r for r in table_rows(text) if len(r) >= 6 and r[1].isdigit() and int(r[1]) > 0]
+    m = re.search(r"--canary-every (\d+(?:\.\d+)?)", text)
+    if not rows or m is None or "/" not in rows[0][2]:
+        return Verdict("missing", "no corruption row found")
+    r = rows[0]
+    worst = float(r[2].split("/")[2].strip(" *"))
+    ok = worst <= float(m.group(1)) + 10.0 and r[5].strip() == "0"
+    return Verdict("pass" if ok else "FAIL", f"{r[0]}: caught {r[2]} s, correct again {r[3]} s (min / median / max, "
+                   f"{r[1]} runs, canary every {m.group(1)} s); requests in the window errored / wrong / all: {r[4]}; "
+                   f"wrong after: {r[5]}")
+
+
 def v_tune(text: str) -> Verdict:
     """tune.md's first table: tune's pick re-measured against the default order's route, and no wrong route."""
     rows = []
@@ -619,6 +634,12 @@ FIGURES = [
            "cgroup freezer, not started by run_all)",
            "noticed within 30 s of a request's last progress, 60 s when idle; serving again within 60 s",
            ("hangs.md",), lambda t, f: v_hangs(t)),
+    Figure("A hang across two hosts under load: host b's rpc-server frozen (bench/chaos.py --faults 'freeze rpc-server "
+           "on b'; not started by run_all)", "no request lost after a recovery, no process left on either host",
+           ("chaos_hang.md",), lambda t, f: v_chaos(t)),
+    Figure("A route that turns wrong mid-serve under load, the output canary's catch (bench/corrupt.py; not started "
+           "by run_all)", "left for the next correct route within one canary interval and a check; no wrong answer "
+           "after", ("corrupt.md",), lambda t, f: v_corrupt(t)),
     Figure("arcsplit tune's pick against the fixed default order (CPU cards; not started by run_all)",
            "at least as fast as the default order's route, never a wrong route", ("tune.md",),
            lambda t, f: v_tune(t)),
