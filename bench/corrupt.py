@@ -35,7 +35,9 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests"))
 
+from _corrupt_rpc import live_build  # noqa: E402
 from _report import write_report  # noqa: E402
 from loadgen import demo_model  # noqa: E402
 
@@ -78,14 +80,7 @@ class Load:
 def live_corrupting_build(tmp: Path) -> Path:
     """A llama.cpp dir whose ggml-rpc-server is the real one behind the forwarder, clean until SIGUSR1."""
     bins = find_llama(backend="cpu")
-    d = tmp / "live-corrupt-build"
-    d.mkdir()
-    (d / "llama-server").symlink_to(bins.server)
-    rpc = d / "ggml-rpc-server"
-    rpc.write_text(f"#!/bin/sh\nCORRUPT_RPC_LIVE=1 exec {sys.executable} {ROOT / 'tests' / '_corrupt_rpc.py'} "
-                   f"{bins.rpc_server} \"$@\"\n")
-    rpc.chmod(0o755)
-    return d
+    return Path(live_build(tmp, str(bins.server), str(bins.rpc_server)))
 
 
 def until(what: Any, timeout: float) -> Any:

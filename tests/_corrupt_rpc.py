@@ -123,6 +123,19 @@ def start_inner(real: str, rest: list[str]) -> subprocess.Popen[bytes]:
     raise SystemExit("the real rpc-server did not start")
 
 
+def live_build(tmp: "os.PathLike[str] | str", server: str, rpc_server: str) -> str:
+    """A llama.cpp dir (made in ``tmp``) whose ggml-rpc-server is ``rpc_server`` behind this forwarder, clean until
+    SIGUSR1 (CORRUPT_RPC_LIVE=1), beside a link to ``server``: what a test or bench serves with ``llama_dir``."""
+    d = os.path.join(os.fspath(tmp), "live-corrupt-build")
+    os.makedirs(d)
+    os.symlink(server, os.path.join(d, "llama-server"))
+    rpc = os.path.join(d, "ggml-rpc-server")
+    with open(rpc, "w") as f:
+        f.write(f"#!/bin/sh\nCORRUPT_RPC_LIVE=1 exec {sys.executable} {os.path.abspath(__file__)} {rpc_server} \"$@\"\n")
+    os.chmod(rpc, 0o755)
+    return d
+
+
 def main(argv: list[str]) -> int:
     real, args = argv[0], argv[1:]
     if "--help" in args or "-h" in args:

@@ -27,6 +27,9 @@ from arcsplit.llama.locate import LlamaBinaries
 from arcsplit.proc.ports import free_port
 from arcsplit.report import collect
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _corrupt_rpc import live_build  # noqa: E402
+
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 EVERY = 2.0  # the canary's interval here: a check then runs about every 2 s while idle
@@ -34,14 +37,7 @@ EVERY = 2.0  # the canary's interval here: a check then runs about every 2 s whi
 
 def _live_corrupting_build(tmp: Path, bins: LlamaBinaries) -> Path:
     """A llama.cpp dir whose ggml-rpc-server is the real one behind the forwarder, clean until SIGUSR1."""
-    d = tmp / "live-corrupt-build"
-    d.mkdir()
-    (d / "llama-server").symlink_to(bins.server)
-    rpc = d / "ggml-rpc-server"
-    rpc.write_text(f"#!/bin/sh\nCORRUPT_RPC_LIVE=1 exec {sys.executable} {ROOT / 'tests' / '_corrupt_rpc.py'} "
-                   f"{bins.rpc_server} \"$@\"\n")
-    rpc.chmod(0o755)
-    return d
+    return Path(live_build(tmp, str(bins.server), str(bins.rpc_server)))
 
 
 def _until(what: Callable[[], Any], timeout: float, why: str) -> Any:
