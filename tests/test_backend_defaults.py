@@ -49,7 +49,10 @@ def test_stop_grace_from_the_request_or_the_backend(llama_bins, demo_model):
 def test_serve_stop_grace_out_of_range_is_one_line_exit_2(llama_bins, demo_model, capsys):
     from arcsplit.cli import main
 
-    assert main(["serve", str(demo_model), "--gpus", "0,1", "--backend", "cpu", "--port", "18934",
-                 "--stop-grace", "-5"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--stop-grace -5.0 is out of range" in err[0]
+    for bad, said in (("--stop-grace=-5", "--stop-grace: '-5' is not a duration"),
+                      ("--stop-grace=2h", "--stop-grace: '2h' is too long")):
+        with pytest.raises(SystemExit) as ended:  # the flag's parser: one usage line, exit 2, nothing started
+            main(["serve", str(demo_model), "--gpus", "0,1", "--backend", "cpu", "--port", "18934", bad])
+        assert ended.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], err

@@ -121,7 +121,7 @@ def test_serve_reports_the_load_per_card(demo_model, llama_bins, monkeypatch):
                 assert [c["card"] for c in progress[-1]["cards"]] == [0, 1, None]
                 _monotone_cards(progress)
             else:
-                said = [m for m in re.finditer(r"arcsplit: loading \S+: (\d+)% \((.*)\)", served.output())]
+                said = [m for m in re.finditer(r"arcsplit: loading the weights of \S+: (\d+)% \((.*)\)", served.output())]
                 assert said, served.output()[-2000:]
                 reports = []
                 for m in said:
