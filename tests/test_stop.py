@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -112,6 +113,7 @@ def test_stop_over_the_bus_reaches_subscribers_and_ps_until_the_processes_are_go
     said = proc.stdout.read() if proc.stdout else ""
     assert f"arcsplit: stop asked by `arcsplit stop` (pid {stop.pid})" in said, said[-2000:]  # who, on its terminal
     assert "arcsplit: loading the weights of " in said and "text_model" not in said, said[:2000]  # what loads
+    assert "did not exit after SIGKILL" not in said, said[-2000:]  # a member that exited is not called stuck
     assert not _alive(pids)
 
     listener.join(10)
@@ -185,3 +187,14 @@ def test_a_stopped_run_stays_listed_and_its_logs_readable(serving, capsys):
     assert "[rpc0] " in out and "[server] " in out
     assert main(["logs", "no-such-run"]) == 2
     assert "ps --all" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_in_order_and_calls_no_member_stuck(serving):
+    """Ctrl-C at the serve terminal (SIGINT to its process group: every member gets it too): the group stops, and a
+    member whose exit was not yet observed when its stop returned is not called stuck in the kernel."""
+    proc, info = serving
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(60) == 0
+    said = proc.stdout.read() if proc.stdout else ""
+    assert "did not exit after SIGKILL" not in said, said[-2000:]

@@ -79,6 +79,11 @@ def _state(task: Path) -> str:
         return "?"
 
 
+def gone(pid: int) -> bool:
+    """Whether ``pid`` has exited: no longer in /proc, or a zombie (or dead) whose exit only waits to be reaped."""
+    return _state(PROC / str(pid)) in ("?", "Z", "X")
+
+
 def inspect(pid: int) -> Stuck | None:
     """``pid`` as /proc shows it now; None when it is gone or not readable."""
     task_dir = PROC / str(pid) / "task"

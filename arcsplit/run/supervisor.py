@@ -39,7 +39,7 @@ from ..proc.child import run_held
 from ..proc.ports import free_port, is_free
 from ..proc.rundir import RunDir, since_boot, supervisor_identity, sweep
 from ..proc.spec import runs_remote
-from ..proc.stuck import inspect
+from ..proc.stuck import gone, inspect
 from ..proc.states import GROUP_TRANSITIONS, Cause, GroupState, MemberState, advance
 from ..roles import Role
 from . import faults
@@ -531,6 +531,8 @@ class Supervisor:
         stays taken, so its starts fail until then)."""
         for c in self._children.values():
             if not c.alive or c.pid is None or runs_remote(c.spec) or c.spec.role == Role.LINK:
+                continue
+            if gone(c.pid):  # exited a moment ago; its exit is not observed yet (the pumps drain below)
                 continue
             seen = inspect(c.pid)
             shown = "llama-server" if c.spec.role == Role.SERVER else c.spec.name
