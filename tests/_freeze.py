@@ -20,16 +20,16 @@ cgroups whose creating process is gone (a SIGKILLed test session). ``unavailable
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import itertools
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
+
+from _on_exit import on_exit
 
 PREFIX = "arcs-freeze-"
 _seq = itertools.count()
@@ -240,7 +240,7 @@ def frozen(pid: int, *, thread: int | None = None, kind: str | None = None) -> I
     kind = kind or ("v2" if kinds["v2"] is None else "v1")
     if kinds[kind] is not None:
         raise RuntimeError(f"cgroup {kind} freezer: {kinds[kind]}")
-    _install_handlers()
+    on_exit(_cleanup_all)
     sweep()
     f = _make(pid, thread, kind)
     try:
@@ -301,27 +301,3 @@ def _cleanup_all() -> None:
             f.thaw()
 
 
-_handlers_installed = False
-
-
-def _install_handlers() -> None:
-    """atexit plus SIGTERM/SIGHUP: thaw and remove our cgroups, then die of the signal as before (chained, as
-    tests/_netns.py does)."""
-    global _handlers_installed
-    if _handlers_installed:
-        return
-    _handlers_installed = True
-    atexit.register(_cleanup_all)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        previous = signal.getsignal(sig)
-
-        def handler(signum: int, frame: object, previous: object = previous) -> None:
-            _cleanup_all()
-            if callable(previous):
-                previous(signum, frame)
-            else:
-                signal.signal(signum, signal.SIG_DFL)
-                os.kill(os.getpid(), signum)
-
-        with contextlib.suppress(ValueError):  # not the main thread
-            signal.signal(sig, handler)

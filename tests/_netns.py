@@ -15,7 +15,6 @@ process left in the namespace (``ip netns pids``), then deletes the namespace, w
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
 import itertools
@@ -33,6 +32,8 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 import psutil
+
+from _on_exit import on_exit
 
 SSHD = "/usr/sbin/sshd"  # sshd must be started by its absolute path (it re-executes itself)
 PREFIX = "arcs-"
@@ -181,7 +182,7 @@ class NetHarness:
             raise RuntimeError(why)
         sweep_stale()
         _live.append(self)
-        _install_handlers()
+        on_exit(_cleanup_all)
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)
         keygen(self.client_key, "arcsplit-test-client")
@@ -451,26 +452,3 @@ def _cleanup_all() -> None:
         h.close()
 
 
-_handlers_installed = False
-
-
-def _install_handlers() -> None:
-    """atexit plus SIGTERM/SIGHUP: remove our namespaces, then die of the signal as before."""
-    global _handlers_installed
-    if _handlers_installed:
-        return
-    _handlers_installed = True
-    atexit.register(_cleanup_all)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        previous = signal.getsignal(sig)
-
-        def handler(signum: int, frame: object, previous: object = previous) -> None:
-            _cleanup_all()
-            if callable(previous):
-                previous(signum, frame)
-            else:
-                signal.signal(signum, signal.SIG_DFL)
-                os.kill(os.getpid(), signum)
-
-        with contextlib.suppress(ValueError):  # not the main thread
-            signal.signal(sig, handler)
