@@ -14,7 +14,8 @@ ubatch by ubatch. Wire bytes include RPC message headers and tensor descriptors,
 Writes bench/results/link_bytes.md. ``--after-streams N`` measures the prompt-cache pattern instead: 4 parallel
 streams, then an N-token prompt with cache_prompt false and (after streams again) true; per request and rpc-server,
 llama-server's RPC commands parsed off the stream (SET_TENSOR, GET_TENSOR, all), replies, bytes and the request's
-wall time, with patch 0010 off (ARCSPLIT_KV_GAP_KIB=0) and on; writes bench/results/link_bytes_prompt_cache.md.
+wall time, with patches 0010 and 0011 off (ARCSPLIT_KV_GAP_KIB=0, ARCSPLIT_SKIP_UNUSED_LOAD=0), 0010 alone on, and
+both on (arcsplit's default); writes bench/results/link_bytes_prompt_cache.md.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from arcsplit._api import planned_specs, preview  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
-from arcsplit.llama.patches import kv_state_spans, rpc_shm_link  # noqa: E402
+from arcsplit.llama.patches import kv_state_spans, rpc_shm_link, unused_prompt_loads  # noqa: E402
 from arcsplit.planner import MASK_START, LinkCost, link_costs  # noqa: E402
 from arcsplit.proc.ports import free_port  # noqa: E402
 from arcsplit.decide.prepare import ServeRequest  # noqa: E402
@@ -266,14 +267,21 @@ def run(model: str, prompts: list[int], tokens: int, reps: int, cpu_memory: int,
     return plan, rows
 
 
-def after_streams(model: str, prompt_n: int, reps: int, cpu_memory: int, spans: bool,
+# the --after-streams configurations, in the table's order: (KV state in spans (0010), no unused load (0011), label)
+CONFIGS = ((False, False, "one call per run of cells, stock load"), (True, False, "in spans (0010), stock load"),
+           (True, True, "in spans, no unused load (0010 + 0011)"))
+
+
+def after_streams(model: str, prompt_n: int, reps: int, cpu_memory: int, spans: bool, skip_load: bool = True,
                   log_path: Path | None = None) -> list[dict[str, Any]]:
     """The prompt-cache pattern: 4 parallel streams (they scatter the unified KV), then a ``prompt_n``-token prompt
     with cache_prompt false and, after streams again, true. Per such request and card: llama-server's commands,
     bytes both ways, replies, and its wall time on the client's clock. ``spans`` False runs patch 0010 off
-    (ARCSPLIT_KV_GAP_KIB=0: one call per run of KV cells)."""
+    (ARCSPLIT_KV_GAP_KIB=0: one call per run of KV cells); ``skip_load`` False runs 0011 off (a cached prompt loaded
+    into the slot of a cache_prompt false request, as stock llama-server does)."""
     rows: list[dict[str, Any]] = []
-    with kv_state_spans(64 if spans else 0), group(model, cpu_memory, log_path, parallel=STREAMS) as g:
+    with kv_state_spans(64 if spans else 0), unused_prompt_loads(skip_load), \
+            group(model, cpu_memory, log_path, parallel=STREAMS) as g:
         _, _, relays, client, url = g
         prompt = long_prompt(client, url, prompt_n)
         complete(client, url, {"prompt": prompt, "n_predict": 1})  # unmeasured: a new shape reserves buffers
@@ -289,7 +297,7 @@ def after_streams(model: str, prompt_n: int, reps: int, cpu_memory: int, spans: 
                 for j, (r, (b, bc)) in enumerate(zip(relays, before)):
                     a, ac = r.counts(), r.command_counts()
                     calls = {k: ac.get(k, 0) - bc.get(k, 0) for k in ac}
-                    rows.append({"spans": spans, "cache": cache, "rep": rep, "card": j, "ms": ms,
+                    rows.append({"spans": spans, "skip": skip_load, "cache": cache, "rep": rep, "card": j, "ms": ms,
                                  "bytes": (a[0] - b[0]) + (a[1] - b[1]), "replies": a[2] - b[2],
                                  "calls": sum(calls.values()), "sets": calls.get("SET_TENSOR", 0),
                                  "gets": calls.get("GET_TENSOR", 0), "lost": r.commands.lost})
@@ -303,14 +311,15 @@ def after_streams_table(rows: list[dict[str, Any]]) -> list[str]:
 
     lines = ["| KV state moves | cache_prompt | card | calls | SET_TENSOR | GET_TENSOR | replies | bytes | "
              "request ms (client) |", "|---|---|---|---|---|---|---|---|---|"]
-    for spans in (False, True):
+    for spans, skip, label in CONFIGS:
         for cache in (False, True):
             for j in sorted({r["card"] for r in rows}):
-                got = [r for r in rows if r["spans"] == spans and r["cache"] == cache and r["card"] == j]
+                got = [r for r in rows if r["spans"] == spans and r.get("skip", False) == skip and r["cache"] == cache
+                       and r["card"] == j]
                 if not got:
                     continue
                 lost = " (commands not parsed)" if any(r["lost"] for r in got) else ""
-                lines.append(f"| {'in spans (0010)' if spans else 'one call per run of cells'} | "
+                lines.append(f"| {label} | "
                              f"{str(cache).lower()} | rpc{j} | {mmm([r['calls'] for r in got])}{lost} | "
                              f"{mmm([r['sets'] for r in got])} | {mmm([r['gets'] for r in got])} | "
                              f"{mmm([r['replies'] for r in got])} | {mmm([r['bytes'] for r in got])} | "
@@ -378,10 +387,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def main_after_streams(a: argparse.Namespace, argv: list[str] | None) -> int:
     """--after-streams: what a prompt after parallel streams costs on each link, KV state moved per run of cells
-    (patch 0010 off) and in spans (on), in the same invocation."""
+    (patch 0010 off) and in spans (on), and without the load a cache_prompt false request does not use (0011), in
+    the same invocation."""
     rows = []
-    for spans in (False, True):
-        rows += after_streams(a.model, a.after_streams, a.reps, a.cpu_memory, spans)
+    for spans, skip, _ in CONFIGS:
+        rows += after_streams(a.model, a.after_streams, a.reps, a.cpu_memory, spans, skip)
     lines = ["# Link calls and bytes of a prompt after parallel streams (llama-server's host prompt cache)", "",
              f"- Build: {build_line(None, 'cpu')}",
              f"- Machine: {cpu_model()} ({os.cpu_count()} cores)",
@@ -396,7 +406,9 @@ def main_after_streams(a: argparse.Namespace, argv: list[str] | None) -> int:
              "- At slot selection llama-server saves the slot's previous prompt and restores a cached prompt that "
              "matches the new one into the unified KV cache, which the streams left scattered (also with "
              "cache_prompt false, which then recomputes it). One call per run of cells is llama.cpp's way "
-             "(ARCSPLIT_KV_GAP_KIB=0); in spans is patch 0010's.", ""]
+             "(ARCSPLIT_KV_GAP_KIB=0); in spans is patch 0010's. Stock load: a cache_prompt false request still gets "
+             "the cached prompt loaded into its slot (ARCSPLIT_SKIP_UNUSED_LOAD=0); patch 0011 leaves it in the cache "
+             "and starts the slot empty.", ""]
     lines += after_streams_table(rows) + [""]
     write_report(a.out or str(ROOT / "bench" / "results" / "link_bytes_prompt_cache.md"), "\n".join(lines))
     return 0

@@ -29,7 +29,9 @@ rpc-nospin = patches on, but the RPC link's threads sleep at once instead of pol
 activation between two rpc-servers crosses whole (ARCSPLIT_RPC_RELAY_KIB=0, patch 0007). hybrid-noshm /
 rpc-noshm = patches on, but the link to the rpc-servers runs over loopback TCP instead of shared memory
 (ARCSPLIT_RPC_SHM=0, patch 0008). hybrid-nospan / rpc-nospan = patches on, but a KV sequence saved or restored by
-the prompt cache moves one run of cells at a time (ARCSPLIT_KV_GAP_KIB=0, patch 0010). -nocram (native-nocram, hybrid-nocram, rpc-nocram) runs llama-server
+the prompt cache moves one run of cells at a time (ARCSPLIT_KV_GAP_KIB=0, patch 0010). -load (native-load,
+hybrid-load, rpc-load) = patches on, but a request with cache_prompt false gets a cached prompt loaded into its slot
+and dropped, as stock llama-server does (ARCSPLIT_SKIP_UNUSED_LOAD=0, patch 0011). -nocram (native-nocram, hybrid-nocram, rpc-nocram) runs llama-server
 with --cache-ram 0: its host-memory prompt cache copies a slot's KV out and back at slot selection, over the link
 on an RPC route. -nokvu (--no-kv-unified), -lv3 (llama.cpp's
 default verbosity instead of arcsplit's -lv 4) and rpc-card (an all-RPC llama-server sees the rpc-servers' card) each
@@ -79,7 +81,7 @@ import arcsplit  # noqa: E402
 from arcsplit.backends import REGISTRY  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama, server_build_info  # noqa: E402
-from arcsplit.llama.patches import (kv_state_spans, rpc_async_reads, rpc_gated_sets,  # noqa: E402
+from arcsplit.llama.patches import (kv_state_spans, rpc_async_reads, rpc_gated_sets, unused_prompt_loads,  # noqa: E402
                                     rpc_link_polling, rpc_patches_switched, rpc_pinned_reads, rpc_relay_chunks,
                                     rpc_shm_link)
 from arcsplit.route import Route  # noqa: E402
@@ -142,6 +144,8 @@ class Variant:
     rpc-server) is never gated (ARCSPLIT_RPC_GATE_HOST_KIB at 4 GiB), as before that change: its A/B with -gate;
     -nospan: patches on, but a KV sequence saved or restored by llama-server's prompt cache moves one run of cells
     per call (ARCSPLIT_KV_GAP_KIB=0, 0010), not in spans;
+    -load: a request with cache_prompt false gets a cached prompt loaded into its slot (and dropped), as stock
+    llama-server does (ARCSPLIT_SKIP_UNUSED_LOAD=0, 0011; native-load too);
     -nocram: llama-server's host-memory prompt cache off (--cache-ram 0; native-nocram too): no KV copied out and
     back at slot selection, which on an RPC route crosses the link;
     -alt: the same mode on the build --alt-llama-dir names (native-alt too): two builds in the same runs, e.g. one
@@ -160,14 +164,15 @@ def parse_mode(mode: str) -> Variant:
     ub = int(tags.pop()[2:]) if tags and re.fullmatch(r"ub[1-9][0-9]*", tags[-1]) else None
     rpc_tags = route in ("hybrid", "rpc")
     # native takes its own flag only
-    offs = (*_TAG_ENV, *_TAG_ARGS, *(("card",) if route == "rpc" else ()), "alt") if rpc_tags else (*_TAG_ARGS, "alt")
+    offs = ((*_TAG_ENV, *_TAG_ARGS, *(("card",) if route == "rpc" else ()), "alt") if rpc_tags
+            else ("load", *_TAG_ARGS, "alt"))
     output = tags.pop(0) if rpc_tags and tags and tags[0] in ("last", "local") else "auto"
     off = tags.pop(0) if tags and tags[0] in offs else ""
     if route not in ("native", "hybrid", "rpc") or tags:
         raise SystemExit(f"unknown mode {mode!r}: use native, or hybrid/rpc with -last or -local (where the "
                          "output layer goes) and then " + ", ".join(f"-{o}" for o in _TAG_ENV) + ", -card, "
-                         + ", ".join(f"-{o}" for o in _TAG_ARGS) + " or -alt (native-nocram, native-nokvu, native-lv3, "
-                         "native-alt too); any of them may end in -ubN")
+                         + ", ".join(f"-{o}" for o in _TAG_ARGS) + " or -alt (native-load, native-nocram, native-nokvu, "
+                         "native-lv3, native-alt too); any of them may end in -ubN")
     return Variant(route, output, off, ub)
 
 
@@ -245,6 +250,7 @@ _TAG_ENV: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "gate": lambda: rpc_gated_sets(True),
     "gatenohost": lambda: rpc_gated_sets(True, host_kib=4 << 20),
     "nospan": lambda: kv_state_spans(0),
+    "load": lambda: unused_prompt_loads(skip=False),
 }
 
 
@@ -635,7 +641,8 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "(ARCSPLIT_RPC_RELAY_KIB=0, patch 0007); `-noshm` links llama-server and the rpc-servers over "
              "loopback TCP instead of shared memory (ARCSPLIT_RPC_SHM=0, patch 0008); `-nospan` moves a KV sequence "
              "the prompt cache saves or restores one run of cells per call instead of in spans (ARCSPLIT_KV_GAP_KIB=0, "
-             "patch 0010); `-nopin` reads llama-server's "
+             "patch 0010); `-load` loads a cached prompt into the slot of a request with cache_prompt false and drops "
+             "it, as stock llama-server does (ARCSPLIT_SKIP_UNUSED_LOAD=0, patch 0011); `-nopin` reads llama-server's "
              "card into ordinary memory instead of page-locked blocks before it goes to an rpc-server "
              "(ARCSPLIT_RPC_PINNED=0, patch 0001); `-syncread` makes llama-server wait for an activation's source "
              "(its own card in hybrid, the first rpc-server in all-RPC's relay) before it goes to an rpc-server "

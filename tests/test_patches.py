@@ -714,6 +714,59 @@ def test_a_prompt_restored_after_parallel_streams_moves_in_spans(llama_bins, tmp
     assert (sets_off + gets_off) - (sets_on + gets_on) > 100, seen
 
 
+def _unused_load(model: Path, llama_bins) -> tuple[int, list[int], int]:
+    """All-RPC on two CPU cards (-np 4, unified KV, llama.cpp's host prompt cache): a prompt P with the cache on, 4
+    parallel streams (they take every slot, so P's KV goes to the prompt cache), a request Q with cache_prompt false
+    whose first 40 % is P's, then P again with the cache on. Returns P's reused tokens (cache_n) at the end, Q's
+    tokens, and the count of P's tokens."""
+    words = [f"w{i}" for i in range(120)]
+    p_text = "The keeper wrote " + " ".join(words)
+    q_text = "The keeper wrote " + " ".join(words[:44]) + " " + " ".join(f"z{i}" for i in range(90))
+    with serve_group(str(model), gpus=[0, 1], backend="cpu", mode="rpc", ctx=2048, parallel=4, threads=1,
+                     port=free_port(), bus=False, llama_dir=str(llama_bins.bin_dir)) as server:
+        def post(body: dict) -> dict:
+            r = httpx.post(f"{server.url}/completion", json={"temperature": 0, "ignore_eos": True, **body}, timeout=300)
+            r.raise_for_status()
+            return r.json()
+
+        n_p = len(httpx.post(f"{server.url}/tokenize", json={"content": p_text}, timeout=60).json()["tokens"])
+        post({"prompt": p_text, "n_predict": 1, "cache_prompt": True})
+        post({"prompt": [f"Stream {k} tells a story about the sea" for k in range(4)], "n_predict": 8})
+        q = post({"prompt": q_text, "n_predict": 4, "cache_prompt": False, "return_tokens": True})
+        again = post({"prompt": p_text, "n_predict": 1, "cache_prompt": True})
+    return int(again["timings"]["cache_n"]), q["tokens"], n_p
+
+
+@pytest.mark.slow
+def test_a_request_without_the_prompt_cache_leaves_the_cached_prompt_alone(llama_bins, tmp_path, monkeypatch):
+    """Patch 0011: a request with cache_prompt false reuses none of its slot's tokens, so llama-server no longer
+    loads a cached prompt into that slot at selection (across the link, to drop it at once). The user sees two
+    first: the cached prompt is still there for the next request that asks for it (stock's load takes it out of
+    the cache: that request recomputes most of it). The tokens of the request itself are the same either way. (The
+    link traffic it saves is counted by bench/link_bytes.py --after-streams: an rpc-server's debug log, read while
+    it runs, is not a reliable count.)"""
+    model = write_llama(tmp_path / "llama.gguf", n_layer=4, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_vocab=512)
+    seen = {}
+    for skip in ("1", "0"):
+        monkeypatch.setenv(patches.SKIP_LOAD_ENV, skip)
+        seen[skip] = _unused_load(model, llama_bins)
+    (reused_on, tokens_on, n_p), (reused_off, tokens_off, _) = seen["1"], seen["0"]
+    assert tokens_on == tokens_off and len(tokens_on) == 4
+    assert reused_on >= 0.9 * n_p, seen  # P came back from the prompt cache whole
+    assert reused_off < 0.6 * n_p, seen  # stock: P was loaded for Q and dropped; only the shared start is reused
+
+
+def test_the_unused_load_switch_is_0_or_1_or_one_clear_line():
+    """Patch 0011 reads ARCSPLIT_SKIP_UNUSED_LOAD in llama-server (0: load as stock); arcsplit refuses a value it
+    would misread before any process starts."""
+    from arcsplit.errors import BadInput
+
+    assert patches.unused_loads_skipped({}) is True
+    assert patches.unused_loads_skipped({patches.SKIP_LOAD_ENV: "0"}) is False
+    with pytest.raises(BadInput, match="ARCSPLIT_SKIP_UNUSED_LOAD"):
+        patches.check_switches({patches.SKIP_LOAD_ENV: "no"})
+
+
 def test_the_kv_gap_switch_is_a_number_of_kib_or_one_clear_line():
     """Patch 0010 reads ARCSPLIT_KV_GAP_KIB in llama-server and takes a word it cannot parse as 0 (one call per run
     of cells); arcsplit refuses one before any process starts and names the fix."""

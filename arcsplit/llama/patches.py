@@ -45,6 +45,9 @@ GATE_HOST_ENV = "ARCSPLIT_RPC_GATE_HOST_KIB"
 # patch 0010: pieces of one KV tensor closer than this many KiB move as one span when llama-server saves or restores a
 # sequence (its host prompt cache); 0: one call per piece, as stock does (default 64)
 KV_GAP_ENV = "ARCSPLIT_KV_GAP_KIB"
+# patch 0011: 0 in llama-server loads a cached prompt into the slot of a request with cache_prompt false, as stock does
+# (it is dropped at once, and gone from the cache); on by default: such a request's slot starts empty
+SKIP_LOAD_ENV = "ARCSPLIT_SKIP_UNUSED_LOAD"
 SHM_ENV = "ARCSPLIT_RPC_SHM"  # patch 0008: 1 in llama-server and an rpc-server on one host: shared-memory link
 # patch 0008: what one such link holds in /dev/shm while it is open (a header page, then a 4 MiB ring each way)
 SHM_LINK_BYTES = 4096 + 2 * (4 << 20)
@@ -237,6 +240,12 @@ def gated_sets_on(environ: Mapping[str, str] = os.environ) -> bool:
     return _switch(environ, GATE_ENV, False, "announce an activation before its data")
 
 
+def unused_loads_skipped(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether llama-server leaves the host prompt cache alone for a request that reuses nothing (cache_prompt
+    false; patch 0011): on unless the user's ARCSPLIT_SKIP_UNUSED_LOAD says 0. llama-server reads it itself."""
+    return _switch(environ, SKIP_LOAD_ENV, True, "load a cached prompt for every request, as llama.cpp does")
+
+
 def check_switches(environ: Mapping[str, str] = os.environ) -> None:
     """Every patch switch llama.cpp's processes read themselves, checked before one starts: a value they cannot
     parse is refused here (BadInput), not taken silently as on or off. A new switch is added here only."""
@@ -247,12 +256,19 @@ def check_switches(environ: Mapping[str, str] = os.environ) -> None:
     pinned_reads_on(environ)
     async_reads_on(environ)
     gated_sets_on(environ)
+    unused_loads_skipped(environ)
 
 
 def kv_state_spans(kib: int) -> contextlib.AbstractContextManager[None]:
     """Groups started inside move a KV sequence saved or restored by llama-server's host prompt cache in spans that
     bridge gaps up to ``kib`` KiB (0: one call per run of cells, as stock; patch 0010): for A/B runs."""
     return _environ_set(KV_GAP_ENV, str(max(0, kib)))
+
+
+def unused_prompt_loads(skip: bool) -> contextlib.AbstractContextManager[None]:
+    """Groups started inside skip (or, as stock, do) the load of a cached prompt into the slot of a request with
+    cache_prompt false (patch 0011; llama-server inherits SKIP_LOAD_ENV): for A/B runs."""
+    return _environ_set(SKIP_LOAD_ENV, "1" if skip else "0")
 
 
 def rpc_async_reads(on: bool) -> contextlib.AbstractContextManager[None]:

@@ -48,7 +48,8 @@
 #   MODEL=moe bash bench/gpu/session.sh onecard  # ONE GPU: llama-server and rpc-servers share it (--same-card),
 #        RUNS independent runs (default 3) of MODES (default native,hybrid,hybrid-stock,rpc,rpc-stock);
 #        MODEL=moe: a 3.8 GiB F16 qwen3moe (16 layers, 32 experts, 4 used), MODEL=dense: the 7.2B F16 llama
-#        (UBATCH=N: -ub N in every mode, native too; default arcsplit's choice per route)
+#        (UBATCH=N: -ub N in every mode, native too; default arcsplit's choice per route; TIMEOUT=S: a request's
+#        limit in seconds, so a mode that hangs costs that, not the bench's 600)
 # Needs (carried, git-ignored): .device/llama-src.tar.gz (the extracted pinned tree), .device/whl (py3.12 wheels);
 # FILES=DIR names another folder holding those two.
 # Make them here once (the stock pinned tree; the device build patches a copy of it):
@@ -180,7 +181,7 @@ onecard() {
   python3 bench/throughput.py --backend cuda --gpus 0 --same-card --model "$MODEL" \
     --modes "${MODES:-native,hybrid,hybrid-stock,rpc,rpc-stock}" --runs "${RUNS:-3}" --reps "${REPS:-5}" \
     --n-predict "${NPREDICT:-128}" --greedy-tokens 32 --ctx 8192 --rpc-cache ${UBATCH:+--ubatch $UBATCH} \
-    ${PATTERN:+--pattern $PATTERN} \
+    ${PATTERN:+--pattern $PATTERN} ${TIMEOUT:+--timeout $TIMEOUT} \
     ${ALT_LLAMA_DIR:+--alt-llama-dir "$ALT_LLAMA_DIR"} \
     --out "$OUT/throughput_cuda_onecard_$name${TAG:-}.md"
   echo "throughput rc=$? (3: one mode's repetitions more than 2x apart in a run)"
