@@ -68,6 +68,9 @@ class Backend:
     # SYCL: a peer tool claims a SIGKILL while an Arc card releases memory can wedge it (unsourced; docs/runtime.md).
     # A process that exits on SIGTERM ends the wait at once, so a longer grace costs nothing then.
     stop_grace_s: float = 10.0
+    # Whether a queued copy and graph can wait on the card for a page-locked host word (patch 0009,
+    # ggml_backend_wait_host_u32): an rpc-server then launches a graph before its input has come (gated sets).
+    host_word_wait: bool = False
 
     @property
     def on_cpu(self) -> bool:
@@ -137,6 +140,7 @@ REGISTRY: dict[str, Backend] = {
             cmake_flags=("-DGGML_NATIVE=ON", "-DGGML_CUDA=ON"),
             toolchain=(("cmake", _CMAKE), ("nvcc", "install the CUDA toolkit and put nvcc on PATH")),
             vendors=("nvidia",), sampler="arcsplit.telemetry.nvidia:NvidiaSampler", library="libggml-cuda.so",
+            host_word_wait=True,
         ),
         Backend(
             name=VULKAN, label="Vulkan", prefix="Vulkan", visibility_var="GGML_VK_VISIBLE_DEVICES",

@@ -184,6 +184,18 @@ class Route:
                                "set ARCSPLIT_RPC_SPIN_US to a whole number (0 turns polling off)") from None
         return RPC_SPIN_US if not backends.get(self.backend).on_cpu and cores >= RPC_SPIN_MIN_CORES else 0
 
+    def gated_sets(self, override: bool | None = None) -> bool:
+        """Whether llama-server announces an activation bound for an rpc-server before its data (gated sets,
+        ARCSPLIT_RPC_GATE; patches 0001, 0003, 0007 and 0009), so the rpc-server launches its graph first.
+        ``override`` is the user's ARCSPLIT_RPC_GATE. On by default where it was measured faster: all-RPC on one
+        machine whose cards wait on a host word (CUDA): on one H100 under MPS, decode 3-5 % and prefill 3 % faster
+        in 3 of 3 paired runs on a MoE and a dense model (bench/results/gpu/ttft/). Off in hybrid (no difference
+        resolved), across hosts and on other backends (not measured)."""
+        if override is not None:
+            return override
+        return (self.mode is Mode.RPC and backends.get(self.backend).host_word_wait
+                and not any(c.host for c in self.cards))
+
     def output_local(self, choice: str = "auto") -> bool | None:
         """Whether the output layer goes on the first card (PlanOptions.output_on_first). In a hybrid group that is
         llama-server's own card; there the logits (n_vocab floats a row) then never cross the RPC link. On one

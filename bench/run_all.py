@@ -208,7 +208,7 @@ def v_ttft(text: str) -> Verdict:
         if off is None:
             continue
         seen = True
-        if not mode.endswith(("-nospan", "-nocram")):
+        if not mode.endswith(("-nospan", "-nocram", "-load")):  # a patch switched off: shown, not judged
             ok &= off <= TTFT_TARGET and (on is None or on <= TTFT_TARGET)
         parts.append(f"{mode} {off:.2f}" + (f" / {on:.2f}" if on is not None else "") +
                      f" ({c.get('TTFT ms', '-')}" + (f" / {c.get('TTFT ms, cache on')}" if on is not None else "")
@@ -217,7 +217,8 @@ def v_ttft(text: str) -> Verdict:
         return Verdict("info", "no TTFT columns in the file")
     where = card.group(1).strip() if card else "CPU"
     return Verdict("pass" if ok else "FAIL", f"{where}, TTFT over native's, cache off / on (medians over runs; "
-                   f"-nospan: patch 0010 off; -nocram: no prompt cache): " + "; ".join(parts))
+                   f"-nospan: patch 0010 off; -load: 0011 off; -nocram: no prompt cache; -gate: gated sets on): "
+                   + "; ".join(parts))
 
 
 def v_token_us(text: str) -> Verdict:
@@ -242,11 +243,16 @@ def v_token_us(text: str) -> Verdict:
 
 
 def v_link_calls(text: str) -> Verdict:
-    """bench/link_bytes.py --after-streams: calls and bytes per request on rpc0, KV state per run of cells vs spans."""
+    """bench/link_bytes.py --after-streams: calls and bytes per request on rpc0, KV state per run of cells vs spans
+    (0010), and without the load a cache_prompt false request does not use (0011)."""
     rows = [r for r in table_rows(text) if len(r) >= 9 and r[2] == "rpc0"]
     if not rows:
         return Verdict("info", "no rows")
-    parts = [f"{'spans' if 'spans' in r[0] else 'per run'}, cache_prompt {r[1]}: {r[3].split(' / ')[1]} calls, "
+
+    def label(first: str) -> str:
+        return ("spans + 0011" if "0011" in first else "spans" if "spans" in first else "per run")
+
+    parts = [f"{label(r[0])}, cache_prompt {r[1]}: {r[3].split(' / ')[1]} calls, "
              f"{r[7].split(' / ')[1]} bytes" for r in rows]
     return Verdict("info", "rpc0 per request (medians): " + "; ".join(parts))
 

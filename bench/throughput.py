@@ -81,7 +81,8 @@ import arcsplit  # noqa: E402
 from arcsplit.backends import REGISTRY  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama, server_build_info  # noqa: E402
-from arcsplit.llama.patches import (kv_state_spans, rpc_async_reads, rpc_gated_sets, unused_prompt_loads,  # noqa: E402
+from arcsplit.llama.patches import (GATE_HOST_NEVER_KIB, kv_state_spans, rpc_async_reads, rpc_gated_sets,  # noqa: E402
+                                    unused_prompt_loads,
                                     rpc_link_polling, rpc_patches_switched, rpc_pinned_reads, rpc_relay_chunks,
                                     rpc_shm_link)
 from arcsplit.route import Route  # noqa: E402
@@ -137,11 +138,15 @@ class Variant:
     CUDA or SYCL card in hybrid, the first rpc-server in all-RPC's relay) instead of queueing the read and going on,
     and an rpc-server waits for a repeated graph before it reads the next command (ARCSPLIT_RPC_ASYNC_READ=0, 0001,
     0003 and 0007);
-    -gate: patches on, and gated sets on too (ARCSPLIT_RPC_GATE=1, off by default; 0001, 0003, 0007, 0009):
-    llama-server announces an activation bound for an rpc-server before its data, and an rpc-server whose device
-    can wait on a host word (CUDA) launches the graph that reads it before the data comes;
-    -gatenohost: -gate, but a graph input from llama-server's host memory (a prompt's embeddings on all-RPC's first
-    rpc-server) is never gated (ARCSPLIT_RPC_GATE_HOST_KIB at 4 GiB), as before that change: its A/B with -gate;
+    -gate: patches on, and gated sets on too (ARCSPLIT_RPC_GATE=1; arcsplit's default on all-RPC CUDA routes of one
+    machine; 0001, 0003, 0007, 0009): llama-server announces an activation bound for an rpc-server before its data,
+    and an rpc-server whose device can wait on a host word (CUDA) launches the graph that reads it before the data
+    comes; a graph input from llama-server's host memory is not gated unless ARCSPLIT_RPC_GATE_HOST_KIB says so;
+    -nogate: gated sets off (ARCSPLIT_RPC_GATE=0): the A/B of arcsplit's default where it turns them on;
+    -gatehost: -gate, and a graph input from llama-server's host memory (a prompt's embeddings on all-RPC's first
+    rpc-server) gated from 256 KiB up (ARCSPLIT_RPC_GATE_HOST_KIB=256, the patch's own default);
+    -gatenohost: -gate with ARCSPLIT_RPC_GATE_HOST_KIB at 4 GiB said explicitly (arcsplit's choice since 2026-12-07;
+    before it, -gate gated host inputs from 256 KiB: the files of that day's first runs);
     -nospan: patches on, but a KV sequence saved or restored by llama-server's prompt cache moves one run of cells
     per call (ARCSPLIT_KV_GAP_KIB=0, 0010), not in spans;
     -load: a request with cache_prompt false gets a cached prompt loaded into its slot (and dropped), as stock
@@ -248,7 +253,9 @@ _TAG_ENV: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "nopin": lambda: rpc_pinned_reads(False),
     "syncread": lambda: rpc_async_reads(False),
     "gate": lambda: rpc_gated_sets(True),
-    "gatenohost": lambda: rpc_gated_sets(True, host_kib=4 << 20),
+    "nogate": lambda: rpc_gated_sets(False),
+    "gatehost": lambda: rpc_gated_sets(True, host_kib=256),
+    "gatenohost": lambda: rpc_gated_sets(True, host_kib=GATE_HOST_NEVER_KIB),
     "nospan": lambda: kv_state_spans(0),
     "load": lambda: unused_prompt_loads(skip=False),
 }
@@ -647,12 +654,13 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "(ARCSPLIT_RPC_PINNED=0, patch 0001); `-syncread` makes llama-server wait for an activation's source "
              "(its own card in hybrid, the first rpc-server in all-RPC's relay) before it goes to an rpc-server "
              "instead of queueing the read, and each rpc-server wait for a repeated graph before its next command "
-             "(ARCSPLIT_RPC_ASYNC_READ=0, patches 0001, 0003 and 0007); `-gate` turns gated sets on (off by "
-             "default): llama-server announces an activation bound for an rpc-server before its data, so an "
-             "rpc-server whose device can wait on a host word (CUDA) launches its graph first (ARCSPLIT_RPC_GATE=1, "
-             "patches 0001, 0003, 0007 and 0009), where a graph input from llama-server's host memory goes gated from "
-             "256 KiB up (a prompt's embeddings on all-RPC's first rpc-server), which `-gatenohost` never does "
-             "(ARCSPLIT_RPC_GATE_HOST_KIB at 4 GiB); `-alt` runs that mode on the build "
+             "(ARCSPLIT_RPC_ASYNC_READ=0, patches 0001, 0003 and 0007); `-gate` turns gated sets on (arcsplit's "
+             "default on all-RPC CUDA routes of one machine, off elsewhere): llama-server announces an activation "
+             "bound for an rpc-server before its data, so an rpc-server whose device can wait on a host word (CUDA) "
+             "launches its graph first (ARCSPLIT_RPC_GATE=1, patches 0001, 0003, 0007 and 0009), a graph input from "
+             "llama-server's host memory not gated; `-nogate` turns them off (ARCSPLIT_RPC_GATE=0); `-gatehost` gates "
+             "a graph input from host memory from 256 KiB up too (a prompt's embeddings on all-RPC's first "
+             "rpc-server; ARCSPLIT_RPC_GATE_HOST_KIB=256), `-gatenohost` never (4 GiB, said explicitly); `-alt` runs that mode on the build "
              "`--alt-llama-dir` names (the Build line gives both); `-nocram` runs llama-server with "
              "`--cache-ram 0` (no host-memory prompt cache); `-nokvu` adds `--no-kv-unified` (a KV stream per slot); "
              "`-lv3` runs llama-server at llama.cpp's default log verbosity instead of arcsplit's `-lv 4`; `-card` "

@@ -252,8 +252,9 @@ def test_an_async_reads_switch_that_is_not_0_or_1_is_one_clear_line() -> None:
 
 
 def test_the_gated_sets_switch_is_off_by_default_and_refuses_a_word() -> None:
-    """Gated sets (patches 0001, 0003, 0007, 0009) are off until ARCSPLIT_RPC_GATE=1: llama-server reads it and
-    takes only a leading 1 as on, so arcsplit refuses any other word before a process starts ("on" is not on)."""
+    """The user's ARCSPLIT_RPC_GATE (gated sets, patches 0001, 0003, 0007, 0009) reads off when unset (the route
+    then decides, next test): llama-server reads it and takes only a leading 1 as on, so arcsplit refuses any other
+    word before a process starts ("on" is not on)."""
     from arcsplit.llama.patches import check_switches, gated_sets_on
 
     assert not gated_sets_on({}) and not gated_sets_on({"ARCSPLIT_RPC_GATE": ""})
@@ -262,6 +263,31 @@ def test_the_gated_sets_switch_is_off_by_default_and_refuses_a_word() -> None:
         with pytest.raises(BadInput, match="ARCSPLIT_RPC_GATE") as err:
             check_switches({"ARCSPLIT_RPC_GATE": bad})
         assert "ARCSPLIT_RPC_GATE=1" in (err.value.fix or "")
+
+
+def test_gated_sets_are_on_for_all_rpc_cuda_groups_of_one_machine_and_the_user_decides() -> None:
+    """Gated sets were measured faster on all-RPC CUDA (one H100, MPS: decode and prefill 3 of 3 paired runs, MoE
+    and dense) and not in hybrid, so arcsplit turns them on there only, with no host input gated (a MoE's prompt
+    embeddings gated cost 5 % of prefill); the user's ARCSPLIT_RPC_GATE wins either way, and their
+    ARCSPLIT_RPC_GATE_HOST_KIB reaches llama-server unchanged."""
+    from arcsplit.decide.prepare import rpc_gate
+
+    rpc_cuda = Route.build("rpc", "cuda", [0, 1])
+    assert rpc_gate(rpc_cuda, {}) is True
+    for off in (Route.build("hybrid", "cuda", [0, 1]), Route.build("rpc", "sycl", [0, 1]),
+                Route.build("rpc", "vulkan", [0, 1]), Route.build("rpc", "cpu", [0, 1]),
+                Route.build("rpc", "cuda", [0, 1], ["", "b"])):
+        assert rpc_gate(off, {}) is False, off
+    assert rpc_gate(rpc_cuda, {"ARCSPLIT_RPC_GATE": "0"}) is False
+    assert rpc_gate(Route.build("hybrid", "cuda", [0, 1]), {"ARCSPLIT_RPC_GATE": "1"}) is True
+
+    for spec in specs_for(config("cuda", "rpc", [0, 1], rpc_gate=True)):
+        assert spec.env_dict["ARCSPLIT_RPC_GATE"] == "1"
+        assert spec.env_dict["ARCSPLIT_RPC_GATE_HOST_KIB"] == str(4 << 20)  # no host input gated
+    for spec in specs_for(config("cuda", "rpc", [0, 1], rpc_gate=True, rpc_gate_host_kib=256)):
+        assert spec.env_dict["ARCSPLIT_RPC_GATE_HOST_KIB"] == "256"
+    for spec in specs_for(config("cuda", "rpc", [0, 1])) + specs_for(config("cuda", "multi", [0, 1], rpc_gate=True)):
+        assert "ARCSPLIT_RPC_GATE" not in spec.env_dict, spec.name
 
 
 def test_rpc_spin_reaches_every_process_of_an_rpc_group_only() -> None:

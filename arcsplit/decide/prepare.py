@@ -24,7 +24,7 @@ from ..llama.features import binary_features, check_user_args
 from ..llama.fitparams import measure_compute
 from ..llama.locate import LlamaBinaries, find_llama
 from ..llama.mode import ModeDecision, choose_mode, fallbacks
-from ..llama.patches import SPIN_ENV
+from ..llama.patches import GATE_ENV, SPIN_ENV, gated_sets_on, rpc_gate_host_kib
 from ..llama.patches import check_switches
 from ..llama.patches import shm_link_on as rpc_shm  # the user's ARCSPLIT_RPC_SHM, read where serve prepares
 from ..llama.seeding import can_seed
@@ -181,6 +181,11 @@ def _runtime(req: ServeRequest, rig: Rig, binaries: Any, probe: bool | None = No
     known = {p.mode: p.ok for p in report.probes}
     known.update(observed)  # a load that failed here since the probe outranks it
     return report.verdict, known or None
+
+
+def rpc_gate(route: Route, environ: Any = os.environ) -> bool:
+    """Gated sets for this group: the user's ARCSPLIT_RPC_GATE (0 or 1) where set, else the route's default."""
+    return route.gated_sets(gated_sets_on(environ) if environ.get(GATE_ENV) else None)
 
 
 def rpc_spin_us(route: Route, cores: int, environ: Any = os.environ) -> int:
@@ -484,7 +489,8 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
                          host=req.host, port=req.port, rpc_host=req.rpc_host,
                          rpc_ports=tuple(rpc_ports) if rpc_ports else None, threads=req.threads, cores=cores,
                          extra_args=tuple(req.extra_args), alias=req.alias or _alias_in(req.extra_args) or served_name(profile),
-                         rpc_spin_us=rpc_spin_us(route, cores), rpc_shm=shm,
+                         rpc_spin_us=rpc_spin_us(route, cores), rpc_shm=shm, rpc_gate=rpc_gate(route),
+                         rpc_gate_host_kib=rpc_gate_host_kib(),
                          rpc_cache_dir=rpc_cache, rpc_seed=(profile.shards or (plan.model_path,)) if seed else (),
                          mode_env=tuple(sorted({**decision.env, **dict(req.env)}.items())), forced_mode=req.mode != AUTO_MODE,
                          ui_dir=serve_dir(binaries.server.parent) if binaries else None, env_dropped=dropped,

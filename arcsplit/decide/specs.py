@@ -20,7 +20,7 @@ from ..errors import BadInput
 from ..hosts import forward_argv
 from ..llama.childenv import SERVER_KEY_VAR, Dropped, overlay
 from ..llama.features import RPC_OPTIONAL, RPC_REQUIRED, Features, fit_args
-from ..llama.patches import SHM_ENV, SPIN_ENV
+from ..llama.patches import GATE_ENV, GATE_HOST_ENV, GATE_HOST_NEVER_KIB, SHM_ENV, SPIN_ENV
 from ..llama.seeding import SEED_FLAG
 from ..modes import Mode
 from ..netaddr import SERVER_PORT, local_url
@@ -92,6 +92,8 @@ class ServeConfig:
     secret_env: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # llama-server only; never recorded
     rpc_spin_us: int = 0  # > 0: every process of a hybrid/rpc group polls the RPC link this long before sleeping
     rpc_shm: bool = False  # llama-server and the rpc-servers of this host link through shared memory (patch 0008)
+    rpc_gate: bool = False  # gated sets on (Route.gated_sets): llama-server announces an rpc-server's input first
+    rpc_gate_host_kib: int | None = None  # the user's ARCSPLIT_RPC_GATE_HOST_KIB; None: no host input gated
     ui_dir: str | None = None  # llama-server --path: the web UI (or the page on how to get it) at /
     env_dropped: tuple[Dropped, ...] = ()  # inherited variables changed for every child (llama/childenv.py)
     server_features: Features | None = None  # what a llama-server arcsplit did not build accepts; None: all
@@ -160,6 +162,10 @@ def build_specs(config: ServeConfig, rpc_ports: Sequence[int], link_ports: Seque
     extra_env = {**dict(hygiene_set), **dict(config.mode_env)}
     if config.rpc_spin_us > 0 and route.rpc:
         extra_env[SPIN_ENV] = str(config.rpc_spin_us)  # patch 0005: poll the link before sleeping
+    if config.rpc_gate and route.rpc:  # llama-server reads both; an rpc-server offers gates whatever it inherits
+        extra_env[GATE_ENV] = "1"
+        extra_env[GATE_HOST_ENV] = str(GATE_HOST_NEVER_KIB if config.rpc_gate_host_kib is None
+                                       else config.rpc_gate_host_kib)
     threads = rpc_threads(config)
     shm = "1" if config.rpc_shm else "0"  # patch 0008, for this host's processes (another host's always decline)
 

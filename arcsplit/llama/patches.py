@@ -42,6 +42,9 @@ RELAY_ENV = "ARCSPLIT_RPC_RELAY_KIB"  # patch 0007: chunk (KiB) of an activation
 # patches 0001 and 0003, with GATE_ENV: a graph input set from llama-server's host memory goes gated from this many KiB
 # up (a prompt's embeddings on all-RPC's first rpc-server; default 256, 0: every one)
 GATE_HOST_ENV = "ARCSPLIT_RPC_GATE_HOST_KIB"
+# what arcsplit sets GATE_HOST_ENV to when it turns gated sets on and the user set no size: 4 GiB, so no host input is
+# gated (on one H100 gating a MoE's prompt embeddings cost 5 % of all-RPC prefill; on a dense model it gained 3 %)
+GATE_HOST_NEVER_KIB = 4 << 20
 # patch 0010: pieces of one KV tensor closer than this many KiB move as one span when llama-server saves or restores a
 # sequence (its host prompt cache); 0: one call per piece, as stock does (default 64)
 KV_GAP_ENV = "ARCSPLIT_KV_GAP_KIB"

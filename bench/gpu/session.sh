@@ -112,10 +112,11 @@ unpack() {
 runs_here() {
   # a build packed on another machine (bench/gpu/pack_here.sh compiles one without a GPU) is used only where its
   # libraries load and show the card, and where the CPU has every instruction-set flag of the machine that compiled
-  # it (GGML_NATIVE=ON builds ggml-cpu for that machine; AMX is off in every build); else it is compiled here
+  # it (GGML_NATIVE=ON builds ggml-cpu for that machine; AMX is off in every build; sse4a, AMD's alone, is
+  # not counted: no compiler emits it unasked, and an Intel device never has it); else it is compiled here
   local dir=$1 missing
   if [ -f "$dir/bin/.build-host-cpu-flags" ]; then
-    missing=$(comm -23 <(tr ' ' '\n' < "$dir/bin/.build-host-cpu-flags" | grep -E '^(avx|f16c|fma|bmi|sse|ssse|gfni|vaes|vpclmul)' | sort -u) \
+    missing=$(comm -23 <(tr ' ' '\n' < "$dir/bin/.build-host-cpu-flags" | grep -E '^(avx|f16c|fma|bmi|sse|ssse|gfni|vaes|vpclmul)' | grep -vx sse4a | sort -u) \
       <(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2 | tr ' ' '\n' | sort -u) | tr '\n' ' ')
     if [ -n "$missing" ]; then
       echo "packed build $(basename "$dir") needs CPU flags this machine lacks (${missing% }): compiling"; return 1
