@@ -142,12 +142,25 @@ def files(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def busy_port():
-    """A port some other program holds."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen()
-    yield s.getsockname()[1]
-    s.close()
+    """A port some other program holds, whose predecessor is free ({busy-1}: a bus whose PORT+1 is taken). Picked
+    below Linux's ephemeral range (32768 up), so no port another case binds to 0 ever lands on its predecessor."""
+    for port in range(21001, 30000, 7):
+        with socket.socket() as below:
+            try:
+                below.bind(("127.0.0.1", port - 1))
+            except OSError:
+                continue
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            s.close()
+            continue
+        s.listen()
+        yield port
+        s.close()
+        return
+    pytest.skip("no pair of free ports below the ephemeral range on this machine")
 
 
 def _free_port() -> int:
