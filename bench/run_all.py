@@ -506,6 +506,10 @@ class Figure:
     judge: Callable[[str, str], Verdict]  # (text, file name) -> verdict
 
 
+# the one-H100 files of 2026-12-07 under MPS, newest first: a figure's current result is its first file
+MOE_MPS = tuple(f"gpu/ttft/throughput_cuda_onecard_moe16x32_mps{t}.md" for t in ("_default", "_0011", "_b", ""))
+DENSE_MPS = tuple(f"gpu/ttft/throughput_cuda_onecard_model7b_mps{t}.md" for t in ("_0011", "_c"))
+
 FIGURES = [
     Figure("1. Plan time vs llama-fit-params", "arcsplit's plan in at most 1/20 of llama-fit-params' time",
            ("plan_speed.md",), lambda t, f: v_plan_speed(t)),
@@ -593,12 +597,11 @@ FIGURES = [
            ("gpu/ttft/throughput_cuda_onecard_moe16x32.md",), lambda t, f: v_ttft(t)),
     Figure("5n. Time to first token under NVIDIA MPS (one H100, MoE; not started by run_all)",
            "at most 1.2x native on every RPC route, cache on and off",
-           ("gpu/ttft/throughput_cuda_onecard_moe16x32_mps_default.md", "gpu/ttft/throughput_cuda_onecard_moe16x32_mps_0011.md",
-            "gpu/ttft/throughput_cuda_onecard_moe16x32_mps_b.md", "gpu/ttft/throughput_cuda_onecard_moe16x32_mps.md"),
+           MOE_MPS,
            lambda t, f: v_ttft(t)),
     Figure("5n2. Time to first token under NVIDIA MPS, dense 7.2B F16 (one H100; not started by run_all)",
            "at most 1.2x native on every RPC route, cache on and off",
-           ("gpu/ttft/throughput_cuda_onecard_model7b_mps_0011.md", "gpu/ttft/throughput_cuda_onecard_model7b_mps_c.md"),
+           DENSE_MPS,
            lambda t, f: v_ttft(t)),
     Figure("5o. The request pattern that made all-RPC MoE prefill bimodal (random ids, 64-token warm-up, 3-token "
            "prompts between prefills, -np 4 LRU; one H100, time-sliced; --pattern lru; not started by run_all)",
@@ -618,12 +621,11 @@ FIGURES = [
            lambda t, f: v_token_us(t)),
     Figure("5s. Decode cost per token over native under NVIDIA MPS (one H100, MoE; not started by run_all)",
            "at most 100 us per token over native, hybrid and all-RPC, 3+ runs",
-           ("gpu/ttft/throughput_cuda_onecard_moe16x32_mps_default.md", "gpu/ttft/throughput_cuda_onecard_moe16x32_mps_0011.md",
-            "gpu/ttft/throughput_cuda_onecard_moe16x32_mps_b.md", "gpu/ttft/throughput_cuda_onecard_moe16x32_mps.md"),
+           MOE_MPS,
            lambda t, f: v_token_us(t)),
     Figure("5s2. Decode cost per token over native under NVIDIA MPS, dense 7.2B F16 (one H100; not started by run_all)",
            "at most 100 us per token over native, hybrid and all-RPC, 3+ runs",
-           ("gpu/ttft/throughput_cuda_onecard_model7b_mps_0011.md", "gpu/ttft/throughput_cuda_onecard_model7b_mps_c.md"),
+           DENSE_MPS,
            lambda t, f: v_token_us(t)),
     Figure("5t. Experts in host RAM on a GPU: arcsplit --moe-offload 0/8/16 against llama.cpp's --n-cpu-moe by hand "
            "(one H100, MoE; not started by run_all)", "measured, decode and 512-token prefill; greedy tokens equal",
