@@ -188,9 +188,9 @@ class Route:
         """Whether llama-server announces an activation bound for an rpc-server before its data (gated sets,
         ARCSPLIT_RPC_GATE; patches 0001, 0003, 0007 and 0009), so the rpc-server launches its graph first.
         ``override`` is the user's ARCSPLIT_RPC_GATE. On by default where it was measured faster: all-RPC on one
-        machine whose cards wait on a host word (CUDA): on one H100 under MPS, decode 3-5 % and prefill 3 % faster
-        in 3 of 3 paired runs on a MoE and a dense model (bench/results/gpu/ttft/). Off in hybrid (no difference
-        resolved), across hosts and on other backends (not measured)."""
+        machine whose cards wait on a host word (CUDA): on one H100 under MPS, decode 3-5 % faster in 3 of 3 paired
+        runs on a MoE and a dense model, the MoE's prefill 3 % (bench/results/gpu/ttft/). Off in hybrid (no
+        difference resolved), across hosts and on other backends (not measured)."""
         if override is not None:
             return override
         return (self.mode is Mode.RPC and backends.get(self.backend).host_word_wait

@@ -266,8 +266,8 @@ def test_the_gated_sets_switch_is_off_by_default_and_refuses_a_word() -> None:
 
 
 def test_gated_sets_are_on_for_all_rpc_cuda_groups_of_one_machine_and_the_user_decides() -> None:
-    """Gated sets were measured faster on all-RPC CUDA (one H100, MPS: decode and prefill 3 of 3 paired runs, MoE
-    and dense) and not in hybrid, so arcsplit turns them on there only, with no host input gated (a MoE's prompt
+    """Gated sets were measured faster on all-RPC CUDA (one H100, MPS: decode in 3 of 3 paired runs, MoE and
+    dense) and not in hybrid, so arcsplit turns them on there only, with no host input gated (a MoE's prompt
     embeddings gated cost 5 % of prefill); the user's ARCSPLIT_RPC_GATE wins either way, and their
     ARCSPLIT_RPC_GATE_HOST_KIB reaches llama-server unchanged."""
     from arcsplit.decide.prepare import rpc_gate
