@@ -32,6 +32,8 @@
 #        phases trace / trace-dense in PHASES): where a decoded token's time goes, per process
 #   phases trace-light / trace-dense-light: the same with ARCSPLIT_CUPTI_LIGHT=1 (one record per CUDA graph);
 #        KEEP_RAW=1: every traced process's tracer lines too, gzipped, under $OUT/raw_<model><TAG>/
+#   phase trace-gate-mps: the MoE's light trace under MPS, all-RPC with gated sets (arcsplit's default on CUDA) and
+#        without (TRACE_MODES): where MoE all-RPC's remaining per-token time goes (+150 us over native, 2026-12-07)
 #   phases moe-mps / dense-mps: onecard under NVIDIA MPS (one shared GPU context: the time-slicing's share);
 #        DENSE_RUNS: the dense phases' run count where it differs from RUNS; MOE_MODES / DENSE_MODES: a phase's
 #        modes where they differ from MPS_MODES
@@ -358,6 +360,7 @@ case "${1:-all}" in
         trace-dense-light) MODEL=$DENSE TMODES=${TMODES_DENSE:-native,hybrid} ARCSPLIT_CUPTI_LIGHT=1 trace ;;
         moe-mps) MODEL=$MOE MPS_MODES=${MOE_MODES:-${MPS_MODES:-}} mps ;;
         trace-light-mps) MODEL=$MOE ARCSPLIT_CUPTI_LIGHT=1 mps trace ;;
+        trace-gate-mps) MODEL=$MOE ARCSPLIT_CUPTI_LIGHT=1 TAG=_gate MPS_MODES=${TRACE_MODES:-native,rpc,rpc-nogate} mps trace ;;
         trace-dense-light-mps) MODEL=$DENSE ARCSPLIT_CUPTI_LIGHT=1 mps trace ;;
         dense-mps) MODEL=$DENSE REPS=${DENSE_REPS:-3} RUNS=${DENSE_RUNS:-${RUNS:-3}} MPS_MODES=${DENSE_MODES:-${MPS_MODES:-}} mps ;;
         poll-mps) MODEL=$MOE mps poll ;;
