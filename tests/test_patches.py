@@ -670,6 +670,21 @@ def test_a_full_dev_shm_leaves_the_link_on_tcp_and_says_why(llama_bins, tmp_path
     assert "--shm-size" in out["notes"][0]
 
 
+def _same_probs(a: list, b: list, tol: float = 2e-3) -> bool:
+    """Two greedy runs' tokens with their top-N candidates: the same ids, and log-probabilities within ``tol``. A
+    wrong byte in the restored KV moves them by far more; on a loaded machine the parallel streams may be batched
+    differently, which places the cells in another order and moves the last digits of attention's sums."""
+    def ids(t: dict) -> tuple:
+        return t["id"], frozenset(c["id"] for c in t.get("top_logprobs", ()))
+
+    def probs(t: dict) -> dict:
+        return {c["id"]: c["logprob"] for c in (t, *t.get("top_logprobs", ()))}
+
+    return len(a) == len(b) and all(
+        ids(x) == ids(y) and all(abs(p - probs(y)[k]) <= tol for k, p in probs(x).items())
+        for x, y in zip(a, b))
+
+
 def _restore_after_streams(model: Path, llama_bins, fa: str) -> tuple[list, int, str]:
     """All-RPC on two CPU cards (-np 4, unified KV, llama.cpp's host prompt cache): a prompt, 4 parallel streams
     (they take every slot, so the prompt's KV goes to the prompt cache, and interleave their cells), then the prompt
@@ -708,7 +723,7 @@ def test_a_prompt_restored_after_parallel_streams_moves_in_spans(llama_bins, tmp
         tokens, cached, log = _restore_after_streams(model, llama_bins, fa)
         seen[gap] = tokens, cached, log.count("[set_tensor]"), log.count("[get_tensor]")
     (tokens_off, cached_off, sets_off, gets_off), (tokens_on, cached_on, sets_on, gets_on) = seen["0"], seen["64"]
-    assert len(tokens_on) == 8 and tokens_on == tokens_off  # ids, top-4 candidates and their probabilities
+    assert len(tokens_on) == 8 and _same_probs(tokens_on, tokens_off)  # ids, top-4 candidates and their probabilities
     assert cached_on > 100 and cached_on == cached_off, "the prompt was not restored from the prompt cache"
     assert gets_on < gets_off and sets_on <= sets_off
     assert (sets_off + gets_off) - (sets_on + gets_on) > 100, seen
