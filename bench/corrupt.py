@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from _corrupt_rpc import live_build  # noqa: E402
+from _procs import wait_until  # noqa: E402
 from _report import write_report  # noqa: E402
 from loadgen import demo_model  # noqa: E402
 
@@ -84,13 +85,11 @@ def live_corrupting_build(tmp: Path) -> Path:
 
 
 def until(what: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = what()
-        if got:
-            return got
-        time.sleep(0.05)
-    return None
+    """``what()``'s first true value, or None after ``timeout`` s (the bench reports a miss; it does not fail)."""
+    try:
+        return wait_until(what, timeout, "", interval=0.05)
+    except AssertionError:
+        return None
 
 
 def one(model: str, every: float, tmp: Path) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from arcsplit.report import collect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _corrupt_rpc import live_build  # noqa: E402
+from _procs import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,13 +42,7 @@ def _live_corrupting_build(tmp: Path, bins: LlamaBinaries) -> Path:
 
 
 def _until(what: Callable[[], Any], timeout: float, why: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = what()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout:.0f} s: {why}")
+    return wait_until(what, timeout, why, interval=0.05)  # short states (a check under way) are seen
 
 
 def _chat(url: str) -> verify.Sample:
