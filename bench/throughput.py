@@ -82,7 +82,7 @@ from arcsplit.backends import REGISTRY  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama, server_build_info  # noqa: E402
 from arcsplit.llama.patches import (GATE_HOST_NEVER_KIB, kv_state_spans, rpc_async_reads, rpc_gated_sets,  # noqa: E402
-                                    unused_prompt_loads,
+                                    rpc_queued_sets, unused_prompt_loads,
                                     rpc_link_polling, rpc_patches_switched, rpc_pinned_reads, rpc_relay_chunks,
                                     rpc_shm_link)
 from arcsplit.route import Route  # noqa: E402
@@ -147,6 +147,9 @@ class Variant:
     rpc-server) gated from 256 KiB up (ARCSPLIT_RPC_GATE_HOST_KIB=256, the patch's own default);
     -gatenohost: -gate with ARCSPLIT_RPC_GATE_HOST_KIB at 4 GiB said explicitly (arcsplit's choice since 2026-12-07;
     before it, -gate gated host inputs from 256 KiB: the files of that day's first runs);
+    -syncset: patches on, but an rpc-server waits for each graph input's copy to its device in turn, as stock does,
+    instead of queueing it on the device's stream (ARCSPLIT_RPC_QUEUED_SETS=0, 0003; a backend without an
+    asynchronous set, the CPU, waits either way);
     -nospan: patches on, but a KV sequence saved or restored by llama-server's prompt cache moves one run of cells
     per call (ARCSPLIT_KV_GAP_KIB=0, 0010), not in spans;
     -load: a request with cache_prompt false gets a cached prompt loaded into its slot (and dropped), as stock
@@ -257,6 +260,7 @@ _TAG_ENV: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "gatehost": lambda: rpc_gated_sets(True, host_kib=256),
     "gatenohost": lambda: rpc_gated_sets(True, host_kib=GATE_HOST_NEVER_KIB),
     "nospan": lambda: kv_state_spans(0),
+    "syncset": lambda: rpc_queued_sets(False),
     "load": lambda: unused_prompt_loads(skip=False),
 }
 
@@ -646,7 +650,8 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "arcsplit's choice "
              "here); `-norelay` sends an activation between two rpc-servers whole instead of in chunks "
              "(ARCSPLIT_RPC_RELAY_KIB=0, patch 0007); `-noshm` links llama-server and the rpc-servers over "
-             "loopback TCP instead of shared memory (ARCSPLIT_RPC_SHM=0, patch 0008); `-nospan` moves a KV sequence "
+             "loopback TCP instead of shared memory (ARCSPLIT_RPC_SHM=0, patch 0008); `-syncset` makes each rpc-server wait for every graph input's copy to its device "
+             "instead of queueing it (ARCSPLIT_RPC_QUEUED_SETS=0, patch 0003); `-nospan` moves a KV sequence "
              "the prompt cache saves or restores one run of cells per call instead of in spans (ARCSPLIT_KV_GAP_KIB=0, "
              "patch 0010); `-load` loads a cached prompt into the slot of a request with cache_prompt false and drops "
              "it, as stock llama-server does (ARCSPLIT_SKIP_UNUSED_LOAD=0, patch 0011); `-nopin` reads llama-server's "

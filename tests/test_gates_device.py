@@ -110,6 +110,31 @@ def test_gated_sets_on_a_device_that_waits_give_the_same_tokens(llama_bins, demo
                for i in range(1, len(events) - 1) if events[i] == "graph_compute"), events
 
 
+@pytest.mark.slow
+def test_graph_inputs_are_queued_on_a_device_and_give_the_same_tokens(llama_bins, demo_model, queue_device,
+                                                                       monkeypatch):
+    """All-RPC on two QUEUE devices, gated sets off: each rpc-server queues a decoded token's inputs on its device
+    ("queued" sets) instead of waiting for each copy, and the greedy tokens equal plain CPU cards' and the same group's
+    with ARCSPLIT_RPC_QUEUED_SETS=0 (no set queued). The device reads each queued set's source 300 us late, so an
+    rpc-server that reused the memory a set's data waits in before its device had copied it would feed the graphs
+    other bytes."""
+    monkeypatch.setenv("GGML_RPC_DEBUG", "1")
+    monkeypatch.setenv("ARCSPLIT_RPC_GATE", "0")
+    plain, _ = greedy_on_two_queue_devices(demo_model, llama_bins, "rpc")
+    monkeypatch.setenv("LD_PRELOAD", str(queue_device))
+    monkeypatch.setenv("ARCSPLIT_TEST_QUEUE_LATE_COPY_US", "300")
+    queued, logs = greedy_on_two_queue_devices(demo_model, llama_bins, "rpc")
+    monkeypatch.setenv("ARCSPLIT_RPC_QUEUED_SETS", "0")
+    waited, waited_logs = greedy_on_two_queue_devices(demo_model, llama_bins, "rpc")
+    assert all("QUEUE: host-thread queue" in log for log in logs + waited_logs), "the test device was not used"
+    assert len(plain) == 12 and queued == waited == plain
+    # every decoded token's inputs on the first server (token, positions, mask, cache indices), and its activation
+    # on the second (which holds only the output layer of the demo model): the 11 tokens after the first at least
+    counts = [len(re.findall(r"^\[set_tensor\] .*, queued$", log, re.M)) for log in logs]
+    assert counts[0] >= 3 * 11 and counts[1] >= 11, counts
+    assert not any(", queued" in log for log in waited_logs)
+
+
 @pytest.mark.slow  # a real rpc-server of the managed build
 def test_a_device_waiting_for_gated_data_is_released_when_its_client_goes(llama_bins, queue_device, tmp_path):
     """Over a raw socket to an rpc-server holding a QUEUE device: gated data is copied from its slot after the word

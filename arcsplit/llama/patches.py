@@ -38,6 +38,9 @@ ASYNC_READ_ENV = "ARCSPLIT_RPC_ASYNC_READ"
 # so an rpc-server whose device can wait on a host word (CUDA) launches the graph that reads it first (an A/B switch:
 # bench/throughput.py -gate; off by default until measured on a GPU)
 GATE_ENV = "ARCSPLIT_RPC_GATE"
+# patch 0003: 0 in an rpc-server waits for each SET_TENSOR's copy as stock does; on (the default), one outside a gated
+# window is copied on the device's stream and not waited for (an A/B switch: bench/throughput.py -syncset)
+QUEUED_SETS_ENV = "ARCSPLIT_RPC_QUEUED_SETS"
 RELAY_ENV = "ARCSPLIT_RPC_RELAY_KIB"  # patch 0007: chunk (KiB) of an activation relayed between rpc-servers; 0: off
 # patches 0001 and 0003, with GATE_ENV: a graph input set from llama-server's host memory goes gated from this many KiB
 # up (a prompt's embeddings on all-RPC's first rpc-server; default 256, 0: every one)
@@ -237,6 +240,12 @@ def async_reads_on(environ: Mapping[str, str] = os.environ) -> bool:
                    "wait for every read's source (an activation bound for an rpc-server, an rpc-server's graph)")
 
 
+def queued_sets_on(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether an rpc-server queues a graph input's copy on its device instead of waiting for it (patch 0003): on
+    unless the user's ARCSPLIT_RPC_QUEUED_SETS says 0. The rpc-servers read it themselves."""
+    return _switch(environ, QUEUED_SETS_ENV, True, "wait for every set's copy on an rpc-server's device")
+
+
 def gated_sets_on(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether llama-server announces an activation bound for an rpc-server before its data (gated sets): off
     unless the user's ARCSPLIT_RPC_GATE says 1, and refused when it is neither 0 nor 1. llama-server reads it."""
@@ -258,6 +267,7 @@ def check_switches(environ: Mapping[str, str] = os.environ) -> None:
     shm_link_on(environ)
     pinned_reads_on(environ)
     async_reads_on(environ)
+    queued_sets_on(environ)
     gated_sets_on(environ)
     unused_loads_skipped(environ)
 
@@ -279,6 +289,12 @@ def rpc_async_reads(on: bool) -> contextlib.AbstractContextManager[None]:
     its graph's result (on) or wait for their source first (off; patches 0001, 0003 and 0007, every process inherits
     ASYNC_READ_ENV): for A/B runs."""
     return _environ_set(ASYNC_READ_ENV, "1" if on else "0")
+
+
+def rpc_queued_sets(on: bool) -> contextlib.AbstractContextManager[None]:
+    """Groups started inside queue an rpc-server's graph-input copies (on) or wait for each (off; patch 0003, every
+    process inherits QUEUED_SETS_ENV): for A/B runs."""
+    return _environ_set(QUEUED_SETS_ENV, "1" if on else "0")
 
 
 @contextlib.contextmanager

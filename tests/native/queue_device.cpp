@@ -14,6 +14,7 @@
 //
 // ARCSPLIT_TEST_QUEUE_BLOCKING=1: graph_compute returns only when its graph has run, as ggml-cuda's does when a
 // MUL_MAT_ID reads its ids back mid-graph (the reason the rpc-server launches a gated graph on another thread).
+// ARCSPLIT_TEST_QUEUE_LATE_COPY_US=N: an asynchronous set reads its source N us late (see set_tensor_async).
 // A wait that had to wait says so on stderr ("QUEUE: waited for the host word"); one still open after 60 s aborts
 // the process with one line, so a deadlock fails a test instead of hanging it.
 //
@@ -136,10 +137,27 @@ void backend_free(ggml_backend_t backend) {
     delete backend;
 }
 
+// ARCSPLIT_TEST_QUEUE_LATE_COPY_US=N: an asynchronous set reads its source N us after the queue reaches it, so a
+// caller that reuses that source before synchronizing (as a CUDA copy from page-locked memory would punish) copies
+// the newer bytes
+int late_copy_us() {
+    static const int us = [] {
+        const char * v = getenv("ARCSPLIT_TEST_QUEUE_LATE_COPY_US");
+        return v != nullptr ? atoi(v) : 0;
+    }();
+    return us;
+}
+
 // the destination is taken now: the tensor passed may be gone (freed with its context) by the time the copy runs
 void set_tensor_async(ggml_backend_t backend, ggml_tensor * tensor, const void * data, size_t offset, size_t size) {
     char * dst = (char *)tensor->data + offset;
-    ((queue_context *)backend->context)->q.push([dst, data, size] { memcpy(dst, data, size); });
+    const int late = late_copy_us();
+    ((queue_context *)backend->context)->q.push([dst, data, size, late] {
+        if (late > 0) {
+            std::this_thread::sleep_for(std::chrono::microseconds(late));
+        }
+        memcpy(dst, data, size);
+    });
 }
 
 void get_tensor_async(ggml_backend_t backend, const ggml_tensor * tensor, void * data, size_t offset, size_t size) {
