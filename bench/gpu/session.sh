@@ -34,6 +34,8 @@
 #        KEEP_RAW=1: every traced process's tracer lines too, gzipped, under $OUT/raw_<model><TAG>/
 #   phase trace-gate-mps: the MoE's light trace under MPS, all-RPC with gated sets (arcsplit's default on CUDA) and
 #        without (TRACE_MODES): where MoE all-RPC's remaining per-token time goes (+150 us over native, 2026-12-07)
+#   phase trace-mps: the MoE's full trace (every kernel) under MPS (TRACE_MODES, default native,rpc): whether the
+#        split graphs' extra span (+57 us a token in the light trace, 2026-12-07) is kernels or gaps between them
 #   phase trace-prefill-moe-mps: the MoE's 512-token prefill traced under MPS (native, hybrid, all-RPC): where
 #        all-RPC prefill's share of a shared card goes (0.68-0.82 of native, 2026-12-07)
 #   phases moe-mps / dense-mps: onecard under NVIDIA MPS (one shared GPU context: the time-slicing's share);
@@ -367,6 +369,7 @@ case "${1:-all}" in
         dense-mps) MODEL=$DENSE REPS=${DENSE_REPS:-3} RUNS=${DENSE_RUNS:-${RUNS:-3}} MPS_MODES=${DENSE_MODES:-${MPS_MODES:-}} mps ;;
         poll-mps) MODEL=$MOE mps poll ;;
         trace-prefill-mps) MODEL=$DENSE PROMPT_TOKENS=512 MPS_MODES=${TRACE_MODES:-native,hybrid,rpc} mps trace ;;
+        trace-mps) MODEL=$MOE TAG=_full MPS_MODES=${TRACE_MODES:-native,rpc} mps trace ;;
         trace-prefill-moe-mps) MODEL=$MOE PROMPT_TOKENS=512 MPS_MODES=${TRACE_MODES:-native,hybrid,rpc} mps trace ;;
         trace-prefill) MODEL=$DENSE PROMPT_TOKENS=512 TMODES=${TRACE_MODES:-native,hybrid,rpc} trace ;;
         trace-dense) MODEL=$DENSE TMODES=${TMODES_DENSE:-native,hybrid} trace ;;
