@@ -507,8 +507,9 @@ class Figure:
 
 
 # the one-H100 files of 2026-12-07 under MPS, newest first: a figure's current result is its first file
-MOE_MPS = tuple(f"gpu/ttft/throughput_cuda_onecard_moe16x32_mps{t}.md" for t in ("_default", "_0011", "_b", ""))
-DENSE_MPS = tuple(f"gpu/ttft/throughput_cuda_onecard_model7b_mps{t}.md" for t in ("_0011", "_c"))
+MOE_MPS = tuple(f"gpu/ttft/throughput_cuda_onecard_moe16x32_mps{t}.md"
+                for t in ("_s17c", "_s17b", "_s17", "_default", "_0011", "_b", ""))
+DENSE_MPS = tuple(f"gpu/ttft/throughput_cuda_onecard_model7b_mps{t}.md" for t in ("_s17c", "_s17b", "_s17", "_0011", "_c"))
 
 FIGURES = [
     Figure("1. Plan time vs llama-fit-params", "arcsplit's plan in at most 1/20 of llama-fit-params' time",
