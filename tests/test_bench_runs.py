@@ -109,9 +109,10 @@ def test_a_mode_may_switch_the_shared_memory_link_or_the_prompt_cache_off(monkey
     """-noshm: the RPC link over loopback TCP (patch 0008 off, in the processes' environment); -nopin, -syncread,
     -gate and -gatenohost likewise; -nocram: llama-server with --cache-ram 0, native included, so an RPC row and
     native can be compared without the prompt cache."""
-    from arcsplit.llama.patches import ASYNC_READ_ENV, GATE_ENV, GATE_HOST_ENV, PINNED_ENV, SHM_ENV
+    from arcsplit.llama.patches import (ASYNC_READ_ENV, GATE_ENV, GATE_HOST_ENV, PINNED_ENV, QUEUED_SETS_ENV,
+                                        SHM_ENV)
 
-    for name in (ASYNC_READ_ENV, GATE_ENV, GATE_HOST_ENV, PINNED_ENV, SHM_ENV):  # as a user might have set them
+    for name in (ASYNC_READ_ENV, GATE_ENV, GATE_HOST_ENV, PINNED_ENV, QUEUED_SETS_ENV, SHM_ENV):  # a user may set
         monkeypatch.delenv(name, raising=False)
 
     a = throughput.parse(["--backend", "cuda", "--gpus", "0", "--same-card"])
@@ -122,6 +123,9 @@ def test_a_mode_may_switch_the_shared_memory_link_or_the_prompt_cache_off(monkey
         assert os.environ[PINNED_ENV] == "0"
     with throughput.mode_env("hybrid-syncread"):  # patch 0001's queued read of llama-server's card, off
         assert os.environ[ASYNC_READ_ENV] == "0"
+    with throughput.mode_env("rpc-syncset"):  # patch 0003's queued sets on the rpc-servers, off
+        assert os.environ[QUEUED_SETS_ENV] == "0"
+    assert QUEUED_SETS_ENV not in os.environ
     assert PINNED_ENV not in os.environ
     with throughput.mode_env("rpc-gate"):  # gated sets on, host inputs at the patch's own size
         assert os.environ[GATE_ENV] == "1" and GATE_HOST_ENV not in os.environ

@@ -251,6 +251,19 @@ def test_an_async_reads_switch_that_is_not_0_or_1_is_one_clear_line() -> None:
     assert "ARCSPLIT_RPC_ASYNC_READ=0" in (err.value.fix or "")
 
 
+def test_the_queued_sets_switch_is_on_by_default_and_refuses_a_word() -> None:
+    """Patch 0003's rpc-servers read ARCSPLIT_RPC_QUEUED_SETS (a graph input's copy queued on the device, not waited
+    for): on when unset; 0 waits as stock does; any other word is refused before a process starts."""
+    from arcsplit.llama.patches import check_switches, queued_sets_on
+
+    assert queued_sets_on({}) and queued_sets_on({"ARCSPLIT_RPC_QUEUED_SETS": "1"})
+    assert not queued_sets_on({"ARCSPLIT_RPC_QUEUED_SETS": "0"})
+    for bad in ("off", "no", "2"):
+        with pytest.raises(BadInput, match="ARCSPLIT_RPC_QUEUED_SETS") as err:
+            check_switches({"ARCSPLIT_RPC_QUEUED_SETS": bad})
+        assert "ARCSPLIT_RPC_QUEUED_SETS=0" in (err.value.fix or "")
+
+
 def test_the_gated_sets_switch_is_off_by_default_and_refuses_a_word() -> None:
     """The user's ARCSPLIT_RPC_GATE (gated sets, patches 0001, 0003, 0007, 0009) reads off when unset (the route
     then decides, next test): llama-server reads it and takes only a leading 1 as on, so arcsplit refuses any other
