@@ -94,6 +94,7 @@ def test_gated_sets_on_a_device_that_waits_give_the_same_tokens(llama_bins, demo
     monkeypatch.setenv("ARCSPLIT_TEST_QUEUE_BLOCKING", blocking)
     off, off_logs = greedy_on_two_queue_devices(demo_model, llama_bins, "rpc")
     monkeypatch.setenv("ARCSPLIT_RPC_GATE", "1")
+    monkeypatch.setenv("ARCSPLIT_TEST_QUEUE_LOG_LAUNCH", "1")
     on, (first, second) = greedy_on_two_queue_devices(demo_model, llama_bins, "rpc")
     assert all("QUEUE: host-thread queue" in log for log in off_logs + [first, second]), "the test device was not used"
     assert len(plain) == 12 and on == off == plain
@@ -103,6 +104,11 @@ def test_gated_sets_on_a_device_that_waits_give_the_same_tokens(llama_bins, demo
     if relay_kib:
         assert second.count("device wait: no") == 2, second[-3000:]
     assert WAITED in second, "no graph was queued before its data came"
+    # gated graphs are launched by one thread kept for the connection, not a thread per token: the second server's
+    # launches come from at most two threads (that one, and the command thread for a graph computed when its data
+    # came), over at least the 11 decoded tokens after the first
+    launchers = re.findall(r"QUEUE: graph launched on thread (\d+)", second)
+    assert len(launchers) >= 11 and len(set(launchers)) <= 2, launchers
     assert "before the data of a gated set" not in second and "still open after" not in second
     # the prompt's graph is new (GRAPH_COMPUTE): it too is built and launched before its data comes
     events = re.findall(r"^\[(gate|graph_compute|graph_recompute|set_tensor_gated)\]", second, re.M)

@@ -15,6 +15,7 @@
 // ARCSPLIT_TEST_QUEUE_BLOCKING=1: graph_compute returns only when its graph has run, as ggml-cuda's does when a
 // MUL_MAT_ID reads its ids back mid-graph (the reason the rpc-server launches a gated graph on another thread).
 // ARCSPLIT_TEST_QUEUE_LATE_COPY_US=N: an asynchronous set reads its source N us late (see set_tensor_async).
+// ARCSPLIT_TEST_QUEUE_LOG_LAUNCH=1: each graph launch logs the launching thread's id.
 // A wait that had to wait says so on stderr ("QUEUE: waited for the host word"); one still open after 60 s aborts
 // the process with one line, so a deadlock fails a test instead of hanging it.
 //
@@ -35,6 +36,9 @@
 #include <mutex>
 #include <string>
 #include <thread>
+
+#include <sys/syscall.h>
+#include <unistd.h>
 
 namespace {
 
@@ -169,9 +173,21 @@ void synchronize(ggml_backend_t backend) {
     ((queue_context *)backend->context)->q.drain();
 }
 
+// ARCSPLIT_TEST_QUEUE_LOG_LAUNCH=1: every graph_compute says on stderr which thread launched it
+bool log_launch() {
+    static const bool on = [] {
+        const char * v = getenv("ARCSPLIT_TEST_QUEUE_LOG_LAUNCH");
+        return v != nullptr && strcmp(v, "1") == 0;
+    }();
+    return on;
+}
+
 ggml_status graph_compute(ggml_backend_t backend, ggml_cgraph * graph) {
     auto * ctx = (queue_context *)backend->context;
     ggml_backend_t cpu = ctx->cpu;
+    if (log_launch()) {
+        fprintf(stderr, "QUEUE: graph launched on thread %ld\n", (long)syscall(SYS_gettid));
+    }
     ctx->q.push([cpu, graph] {
         if (ggml_backend_graph_compute(cpu, graph) != GGML_STATUS_SUCCESS) {
             fprintf(stderr, "QUEUE: a graph failed on the CPU backend\n");
