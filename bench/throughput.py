@@ -87,7 +87,7 @@ from arcsplit.llama.patches import (GATE_HOST_NEVER_KIB, kv_state_spans, rpc_asy
                                     rpc_shm_link)
 from arcsplit.route import Route  # noqa: E402
 from arcsplit.decide.prepare import rpc_spin_us  # noqa: E402
-from arcsplit.proc.ports import free_port  # noqa: E402
+from arcsplit.proc.ports import free_port, wait_listening  # noqa: E402
 from arcsplit.run import supervisor  # noqa: E402
 # the measuring core is the product's (arcsplit tune measures the same way)
 from arcsplit.tuning.measure import (DECODE_PROMPT, complete, long_prompt, measure_decode,  # noqa: E402,F401
@@ -158,6 +158,8 @@ class Variant:
     back at slot selection, which on an RPC route crosses the link;
     -alt: the same mode on the build --alt-llama-dir names (native-alt too): two builds in the same runs, e.g. one
     with a changed libggml-rpc.so, for a change that has no switch of its own;
+    -neighbour: an idle ggml-rpc-server holds --gpus' first card during the mode's run (native-neighbour too): with
+    NVIDIA MPS on, native shares the card with one more client, as a split route does;
     -ubN: this mode's micro-batch (``native-ub256``, ``hybrid-ub512``) instead of the route's own or --ubatch.
     """
 
@@ -172,15 +174,15 @@ def parse_mode(mode: str) -> Variant:
     ub = int(tags.pop()[2:]) if tags and re.fullmatch(r"ub[1-9][0-9]*", tags[-1]) else None
     rpc_tags = route in ("hybrid", "rpc")
     # native takes its own flag only
-    offs = ((*_TAG_ENV, *_TAG_ARGS, *(("card",) if route == "rpc" else ()), "alt") if rpc_tags
-            else ("load", *_TAG_ARGS, "alt"))
+    offs = ((*_TAG_ENV, *_TAG_ARGS, *(("card",) if route == "rpc" else ()), "alt", "neighbour") if rpc_tags
+            else ("load", *_TAG_ARGS, "alt", "neighbour"))
     output = tags.pop(0) if rpc_tags and tags and tags[0] in ("last", "local") else "auto"
     off = tags.pop(0) if tags and tags[0] in offs else ""
     if route not in ("native", "hybrid", "rpc") or tags:
         raise SystemExit(f"unknown mode {mode!r}: use native, or hybrid/rpc with -last or -local (where the "
                          "output layer goes) and then " + ", ".join(f"-{o}" for o in _TAG_ENV) + ", -card, "
-                         + ", ".join(f"-{o}" for o in _TAG_ARGS) + " or -alt (native-load, native-nocram, native-nokvu, "
-                         "native-lv3, native-alt too); any of them may end in -ubN")
+                         + ", ".join(f"-{o}" for o in _TAG_ARGS) + ", -alt or -neighbour (native-load, native-nocram, "
+                         "native-nokvu, native-lv3, native-alt, native-neighbour too); any of them may end in -ubN")
     return Variant(route, output, off, ub)
 
 
@@ -297,12 +299,39 @@ def server_sees_card() -> Iterator[None]:
         supervisor.build_specs = real
 
 
-def mode_env(mode: str) -> contextlib.AbstractContextManager[None]:
+@contextlib.contextmanager
+def idle_neighbour(a: argparse.Namespace) -> Iterator[None]:
+    """-neighbour: an idle ggml-rpc-server of the mode's build on --gpus' first card for the mode's run, sent nothing.
+    It holds a context on the card, so with NVIDIA MPS on, native's llama-server shares the card with one more
+    client as a split route's processes do: whether MPS itself, not the split, makes their kernels slower."""
+    bins = find_llama(a.llama_dir, backend=a.backend)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(a.gpu_list[0])) if a.backend == "cuda" else None
+    port = free_port()
+    proc = subprocess.Popen([str(bins.rpc_server), "-H", "127.0.0.1", "-p", str(port), "-t", "1"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_listening(proc, "127.0.0.1", port, timeout=60)  # listening: its devices (a context) are set up
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def mode_env(mode: str, a: argparse.Namespace | None = None) -> contextlib.AbstractContextManager[None]:
     """The environment a variant's processes inherit: one patch, or all of them, switched off, or gated sets on
-    (_TAG_ENV); or (-card) llama-server's own environment shows the card."""
+    (_TAG_ENV); or (-card) llama-server's own environment shows the card; or (-neighbour, with the bench's
+    arguments) an idle process holds the card too."""
     tag = parse_mode(mode).off
     if tag == "card":
         return server_sees_card()
+    if tag == "neighbour":
+        if a is None:
+            raise SystemExit(f"{mode}: -neighbour runs in bench/throughput.py only")
+        return idle_neighbour(a)
     off = _TAG_ENV.get(tag)
     return off() if off else contextlib.nullcontext()
 
@@ -393,7 +422,7 @@ def run_mode(a: argparse.Namespace, mode: str) -> ModeResult:
     res = ModeResult(mode, amode)
     gpus, kw = serve_kwargs(a, mode, ())
     t0 = time.monotonic()
-    with mode_env(mode), arcsplit.serve(a.model, gpus=gpus, **kw) as server, \
+    with mode_env(mode, a), arcsplit.serve(a.model, gpus=gpus, **kw) as server, \
             httpx.Client(timeout=a.timeout) as client:
         res.ready = time.monotonic() - t0
         print(f"  {mode:<7} ready after {res.ready:.2f} s", flush=True)
@@ -431,7 +460,7 @@ def check_greedy(a: argparse.Namespace, results: list[ModeResult]) -> int:
             continue
         gpus, kw = serve_kwargs(a, r.mode, a.equality_args, ubatch=ub)
         try:
-            with mode_env(r.mode), arcsplit.serve(a.model, gpus=gpus, **kw) as server, \
+            with mode_env(r.mode, a), arcsplit.serve(a.model, gpus=gpus, **kw) as server, \
                     httpx.Client(timeout=a.timeout) as client:
                 r.greedy = greedy(client, server.url, a.greedy_tokens)
                 r.greedy_argv = argv_of(server)
@@ -666,7 +695,8 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "llama-server's host memory not gated; `-nogate` turns them off (ARCSPLIT_RPC_GATE=0); `-gatehost` gates "
              "a graph input from host memory from 256 KiB up too (a prompt's embeddings on all-RPC's first "
              "rpc-server; ARCSPLIT_RPC_GATE_HOST_KIB=256), `-gatenohost` never (4 GiB, said explicitly); `-alt` runs that mode on the build "
-             "`--alt-llama-dir` names (the Build line gives both); `-nocram` runs llama-server with "
+             "`--alt-llama-dir` names (the Build line gives both); `-neighbour` runs it while an idle ggml-rpc-server "
+             "holds the card (one more MPS client); `-nocram` runs llama-server with "
              "`--cache-ram 0` (no host-memory prompt cache); `-nokvu` adds `--no-kv-unified` (a KV stream per slot); "
              "`-lv3` runs llama-server at llama.cpp's default log verbosity instead of arcsplit's `-lv 4`; `-card` "
              "lets an all-RPC llama-server see the rpc-servers' card (its host buffers page-locked; it computes "

@@ -250,3 +250,29 @@ def test_a_token_costs_the_difference_of_the_inverse_speeds_and_ttft_pairs_inver
     paired = throughput.paired_table(runs, ["native", "rpc", "rpc-nospan"])
     row = next(line for line in paired if line.startswith("| rpc / rpc-nospan"))
     assert row.split(" | ")[4].startswith("4.00 / **7.00** / 10.00 (2 of 2)"), row
+
+
+@pytest.mark.slow  # a real ggml-rpc-server of the managed build
+def test_a_neighbour_mode_holds_an_idle_rpc_server_for_its_run_and_leaves_nothing(llama_bins):
+    """-neighbour: while the mode runs, one idle ggml-rpc-server of the mode's build listens on loopback (holding the
+    card, one more MPS client on a GPU); when the mode's block ends it is gone. Native takes the tag too."""
+    import psutil
+
+    a = throughput.parse(["--backend", "cpu", "--gpus", "0", "--llama-dir", str(llama_bins.bin_dir),
+                          "--modes", "native,native-neighbour"])
+    assert throughput.parse_mode("native-neighbour") == throughput.Variant("native", "auto", "neighbour")
+    rpc = str(llama_bins.rpc_server)
+
+    def neighbours() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["cmdline", "ppid"])
+                if (p.info["cmdline"] or [""])[0] == rpc and p.info["ppid"] == os.getpid()]
+
+    assert neighbours() == []
+    with throughput.mode_env("native-neighbour", a):
+        (proc,) = neighbours()
+        listening = [c for c in proc.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+        assert [c.laddr.ip for c in listening] == ["127.0.0.1"]
+    assert not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    assert neighbours() == []
+    with pytest.raises(SystemExit, match="-neighbour"):
+        throughput.mode_env("native-neighbour")  # the trace bench passes no arguments: one line, nothing started

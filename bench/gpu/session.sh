@@ -36,6 +36,8 @@
 #        without (TRACE_MODES): where MoE all-RPC's remaining per-token time goes (+150 us over native, 2026-12-07)
 #   phase trace-mps: the MoE's full trace (every kernel) under MPS (TRACE_MODES, default native,rpc): whether the
 #        split graphs' extra span (+57 us a token in the light trace, 2026-12-07) is kernels or gaps between them
+#        (and MOE_MODES=native,native-neighbour,rpc in moe-mps: native beside an idle second MPS client, the
+#        bench's -neighbour; if native slows as much, the extra span is MPS's, not the split's)
 #   phase trace-prefill-moe-mps: the MoE's 512-token prefill traced under MPS (native, hybrid, all-RPC): where
 #        all-RPC prefill's share of a shared card goes (0.68-0.82 of native, 2026-12-07)
 #   phases moe-mps / dense-mps: onecard under NVIDIA MPS (one shared GPU context: the time-slicing's share);
