@@ -41,6 +41,7 @@ import arcsplit  # noqa: E402
 from arcsplit import synth  # noqa: E402
 from arcsplit.llama.locate import find_llama  # noqa: E402
 from arcsplit.proc.ports import free_port  # noqa: E402
+from _proc import stop  # noqa: E402  (bench/ is sys.path[0] when run as a script)
 
 MiB = 1024 * 1024
 
@@ -112,12 +113,7 @@ def by_hand(model: Path, n: int, args: argparse.Namespace) -> tuple[Row, list[in
                 time.sleep(0.2)
             tokens, decode, prefill = measure(url, args)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc, grace=30)
     return Row(f"llama-server --n-cpu-moe {n}", n, None, None, tuple(decode), tuple(prefill), False,
                tuple(argv)), tokens
 

@@ -37,6 +37,7 @@ from arcsplit.llama.build import cache_trees  # noqa: E402
 from arcsplit.llama.patches import PINNED_ENV, SHM_ENV, SPIN_ENV  # noqa: E402
 from arcsplit.proc.ports import free_port, wait_listening  # noqa: E402
 from throughput import build_line  # noqa: E402
+from _proc import stop  # noqa: E402
 from _report import write_report  # noqa: E402
 
 CLIENT = ROOT / "bench" / "link" / "rpc_link.cpp"

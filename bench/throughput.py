@@ -92,6 +92,7 @@ from arcsplit.run import supervisor  # noqa: E402
 # the measuring core is the product's (arcsplit tune measures the same way)
 from arcsplit.tuning.measure import (DECODE_PROMPT, complete, long_prompt, measure_decode,  # noqa: E402,F401
                                    measure_prefill, measure_streams)
+from _proc import stop  # noqa: E402  (bench/ is sys.path[0] when run as a script)
 
 PROMPT_TOKENS = 512
 STREAMS = 4
@@ -313,12 +314,7 @@ def idle_neighbour(a: argparse.Namespace) -> Iterator[None]:
         wait_listening(proc, "127.0.0.1", port, timeout=60)  # listening: its devices (a context) are set up
         yield
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def mode_env(mode: str, a: argparse.Namespace | None = None) -> contextlib.AbstractContextManager[None]:
