@@ -77,8 +77,11 @@ class Rec:
 
 
 def read_trace(path: Path) -> list[Rec]:
+    """A tracer's lines as records; a .gz file is one --keep-raw wrote."""
     out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    text = (gzip.open(path, "rt", encoding="utf-8", errors="replace").read() if path.suffix == ".gz"
+            else path.read_text(encoding="utf-8", errors="replace"))
+    for line in text.splitlines():
         f = line.split("\t")
         try:
             if f[0] == "K":

@@ -5,6 +5,7 @@ one-H200 runs in bench/results/gpu/onecard/ (bench/throughput.py's own output on
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -276,3 +277,20 @@ def test_a_neighbour_mode_holds_an_idle_rpc_server_for_its_run_and_leaves_nothin
     assert neighbours() == []
     with pytest.raises(SystemExit, match="-neighbour"):
         throughput.mode_env("native-neighbour")  # the trace bench passes no arguments: one line, nothing started
+
+
+def test_graph_spans_reads_a_kept_light_trace_and_sums_each_mode_against_native(tmp_path, capsys):
+    """bench/graph_spans.py on the H100 light trace kept in bench/results (MoE, native and all-RPC under MPS): a row
+    per process that ran graphs (all-RPC's llama-server ran none), and each mode's summed median span against
+    native's. A folder without kept records is one line and a non-zero exit."""
+    import graph_spans
+
+    raw = ROOT / "bench/results/gpu/ttft/raw_moe16x32_mps_gate_queued"
+    assert graph_spans.main([str(raw)]) == 0
+    out = capsys.readouterr().out
+    assert [m.group(1, 2) for m in re.finditer(r"^\| (\w+) \| (\w+) \| 60 \|", out, re.M)] == [
+        ("native", "server"), ("rpc", "rpc0"), ("rpc", "rpc1")]
+    native, rpc = (float(x) for x in re.findall(r"^- (?:native|rpc): (\d+) us", out, re.M))
+    assert rpc > native and re.search(r"^- rpc: \d+ us \(\+\d+\)$", out, re.M)
+    with pytest.raises(SystemExit, match="no MODE_PROCESS"):
+        graph_spans.main([str(tmp_path)])
