@@ -161,6 +161,11 @@ class Variant:
     with a changed libggml-rpc.so, for a change that has no switch of its own;
     -neighbour: an idle ggml-rpc-server holds --gpus' first card during the mode's run (native-neighbour too): with
     NVIDIA MPS on, native shares the card with one more client, as a split route does;
+    -embd: all-RPC with the token embeddings on the first rpc-server (``-ot token_embd.weight=RPC0[endpoint]``):
+    a prompt's token ids cross the link instead of its embedding rows (n_embd floats a token), and the first
+    rpc-server looks them up; llama.cpp turns pipeline parallelism off when any tensor is overridden;
+    -nopp: pipeline parallelism off and nothing moved (``-ot`` of the output norm onto the card that holds it
+    anyway): the A/B that tells -embd's move from its side effect;
     -ubN: this mode's micro-batch (``native-ub256``, ``hybrid-ub512``) instead of the route's own or --ubatch.
     """
 
@@ -175,14 +180,15 @@ def parse_mode(mode: str) -> Variant:
     ub = int(tags.pop()[2:]) if tags and re.fullmatch(r"ub[1-9][0-9]*", tags[-1]) else None
     rpc_tags = route in ("hybrid", "rpc")
     # native takes its own flag only
-    offs = ((*_TAG_ENV, *_TAG_ARGS, *(("card",) if route == "rpc" else ()), "alt", "neighbour") if rpc_tags
+    offs = ((*_TAG_ENV, *_TAG_ARGS, *(("card", "embd") if route == "rpc" else ()), "nopp", "alt", "neighbour")
+            if rpc_tags
             else ("load", *_TAG_ARGS, "alt", "neighbour"))
     output = tags.pop(0) if rpc_tags and tags and tags[0] in ("last", "local") else "auto"
     off = tags.pop(0) if tags and tags[0] in offs else ""
     if route not in ("native", "hybrid", "rpc") or tags:
         raise SystemExit(f"unknown mode {mode!r}: use native, or hybrid/rpc with -last or -local (where the "
                          "output layer goes) and then " + ", ".join(f"-{o}" for o in _TAG_ENV) + ", -card, "
-                         + ", ".join(f"-{o}" for o in _TAG_ARGS) + ", -alt or -neighbour (native-load, native-nocram, "
+                         + ", ".join(f"-{o}" for o in _TAG_ARGS) + ", -embd (rpc), -nopp, -alt or -neighbour (native-load, native-nocram, "
                          "native-nokvu, native-lv3, native-alt, native-neighbour too); any of them may end in -ubN")
     return Variant(route, output, off, ub)
 
@@ -300,6 +306,31 @@ def server_sees_card() -> Iterator[None]:
         supervisor.build_specs = real
 
 
+def override_args(argv: list[str], tag: str) -> list[str]:
+    """-embd / -nopp: the ``-ot`` a variant appends to llama-server's argv, from its ``--rpc`` endpoints (an RPC
+    device's buffer type is named ``RPC0[host:port]``: its index on that server and the endpoint, ggml-rpc.cpp)."""
+    endpoints = argv[argv.index("--rpc") + 1].split(",")
+    if tag == "embd":
+        return [*argv, "-ot", rf"^token_embd\.weight$=RPC0[{endpoints[0]}]"]
+    return [*argv, "-ot", rf"^output_norm\.weight$=RPC0[{endpoints[-1]}]"]
+
+
+@contextlib.contextmanager
+def server_overrides(tag: str) -> Iterator[None]:
+    """-embd / -nopp: llama-server's spec gets the variant's ``-ot`` (override_args)."""
+    real = supervisor.build_specs
+
+    def moved(config: Any, *args: Any, **kw: Any) -> Any:
+        return tuple(dataclasses.replace(s, argv=tuple(override_args(list(s.argv), tag))) if s.role == "server"
+                     else s for s in real(config, *args, **kw))
+
+    supervisor.build_specs = moved
+    try:
+        yield
+    finally:
+        supervisor.build_specs = real
+
+
 @contextlib.contextmanager
 def idle_neighbour(a: argparse.Namespace) -> Iterator[None]:
     """-neighbour: an idle ggml-rpc-server of the mode's build on --gpus' first card for the mode's run, sent nothing.
@@ -324,6 +355,8 @@ def mode_env(mode: str, a: argparse.Namespace | None = None) -> contextlib.Abstr
     tag = parse_mode(mode).off
     if tag == "card":
         return server_sees_card()
+    if tag in ("embd", "nopp"):
+        return server_overrides(tag)
     if tag == "neighbour":
         if a is None:
             raise SystemExit(f"{mode}: -neighbour runs in bench/throughput.py only")
@@ -696,7 +729,10 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "`--cache-ram 0` (no host-memory prompt cache); `-nokvu` adds `--no-kv-unified` (a KV stream per slot); "
              "`-lv3` runs llama-server at llama.cpp's default log verbosity instead of arcsplit's `-lv 4`; `-card` "
              "lets an all-RPC llama-server see the rpc-servers' card (its host buffers page-locked; it computes "
-             "nothing there); `-ubN` runs that mode at "
+             "nothing there); `-embd` puts an all-RPC route's token embeddings on the first rpc-server (`-ot "
+             "token_embd.weight=RPC0[endpoint]`: a prompt's token ids cross the link, not its embedding rows; llama.cpp "
+             "turns pipeline parallelism off for any `-ot`), `-nopp` turns pipeline parallelism off and moves nothing "
+             "(`-ot` of the output norm onto its own card); `-ubN` runs that mode at "
              "-ub N." + (
                  " On CPU the planner leaves as few layers as it can on llama-server's own CPU card (layers not in "
                  "-ngl stay there)." if a.backend == "cpu" else ""), ""]

@@ -294,3 +294,17 @@ def test_graph_spans_reads_a_kept_light_trace_and_sums_each_mode_against_native(
     assert rpc > native and re.search(r"^- rpc: \d+ us \(\+\d+\)$", out, re.M)
     with pytest.raises(SystemExit, match="no MODE_PROCESS"):
         graph_spans.main([str(tmp_path)])
+
+
+def test_the_embeddings_mode_moves_token_embd_to_the_first_rpc_server_and_nopp_moves_nothing():
+    """-embd: llama-server's argv gets an -ot naming the first rpc-server's buffer type (RPC0[endpoint], as
+    ggml-rpc.cpp names it); -nopp one onto the card that holds the output norm anyway (the last). Only all-RPC has a
+    first rpc-server holding the first layers, so hybrid-embd is refused."""
+    assert throughput.parse_mode("rpc-embd") == throughput.Variant("rpc", "auto", "embd")
+    assert throughput.parse_mode("hybrid-nopp") == throughput.Variant("hybrid", "auto", "nopp")
+    with pytest.raises(SystemExit, match="-embd"):
+        throughput.parse_mode("hybrid-embd")
+    argv = ["llama-server", "--rpc", "127.0.0.1:5001,127.0.0.1:5002", "--device", "RPC0,RPC1"]
+    assert throughput.override_args(argv, "embd")[-2:] == ["-ot", r"^token_embd\.weight$=RPC0[127.0.0.1:5001]"]
+    assert throughput.override_args(argv, "nopp")[-2:] == ["-ot", r"^output_norm\.weight$=RPC0[127.0.0.1:5002]"]
+    assert argv[-1] == "RPC0,RPC1"  # the spec's own argv is left as it was
