@@ -280,6 +280,7 @@ _TAG_ARGS: dict[str, tuple[str, ...]] = {
     "nocram": ("--cache-ram", "0"),
     "nokvu": ("--no-kv-unified",),
     "lv3": ("-lv", "3"),
+    "bs": ("--backend-sampling",),
 }
 
 
