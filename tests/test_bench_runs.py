@@ -308,3 +308,31 @@ def test_the_embeddings_mode_moves_token_embd_to_the_first_rpc_server_and_nopp_m
     assert throughput.override_args(argv, "embd")[-2:] == ["-ot", r"^token_embd\.weight$=RPC0[127.0.0.1:5001]"]
     assert throughput.override_args(argv, "nopp")[-2:] == ["-ot", r"^output_norm\.weight$=RPC0[127.0.0.1:5002]"]
     assert argv[-1] == "RPC0,RPC1"  # the spec's own argv is left as it was
+
+
+def test_graph_spans_kernels_sums_each_kernel_name_per_token_inside_the_last_burst(tmp_path, capsys):
+    """--kernels on full-trace records (a K line per kernel, as bench/gpu/cupti_trace.c writes them): only the last
+    burst of GPU work counts (a warm-up a second earlier does not), names lose their template arguments, and each
+    mode's per-name time per token is set against native's."""
+    import gzip
+
+    import graph_spans
+
+    def write(name: str, kernels: list[tuple[int, int, str]]) -> None:
+        with gzip.open(tmp_path / name, "wt") as fh:
+            for s, e, k in kernels:
+                fh.write(f"K\t{s}\t{e}\t7\t1\tvoid {k}<float, 4>(float const*)\n")
+
+    warm = [(0, 50_000, "mul_mat_vec")]  # 2 s before the request: not in the burst
+    t0 = 2_000_000_000
+    write("native_server.tsv.gz", warm + [(t0 + i * 20_000, t0 + i * 20_000 + 10_000, "mul_mat_vec")
+                                          for i in range(4)])
+    write("rpc_rpc0.tsv.gz", warm + [(t0 + i * 40_000, t0 + i * 40_000 + 6_000, "mul_mat_vec") for i in range(4)])
+    write("rpc_rpc1.tsv.gz", [(t0 + 10_000 + i * 40_000, t0 + 10_000 + i * 40_000 + 6_000, "mul_mat_vec")
+                              for i in range(4)] + [(t0 + 200_000, t0 + 202_000, "k_get_rows")])
+    assert graph_spans.main([str(tmp_path), "--kernels", "--tokens", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "| native | server | 2 | 20.0 | 0.0 |" in out  # 4 kernels of 10 us over 2 tokens
+    assert "| rpc | rpc0 | 2 | 12.0 | 0.0 |" in out and "| rpc | rpc1 | 2 | 13.0 | 0.0 |" in out
+    assert "| `mul_mat_vec` | 20.0 | 24.0 | +4.0 |" in out and "| `k_get_rows` | 0.0 | 1.0 | +1.0 |" in out
+    assert "total +5.0 us" in out
