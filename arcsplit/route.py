@@ -39,7 +39,10 @@ HOST_DEVICE = "CPU"
 SERVER = "server"
 # Micro-batch per route when the user does not set one. Over RPC every ubatch pays a blocking round trip per
 # device, yet larger ubatches made RPC prefill *worse* on 2x H200 (ub 2048: 0.24x of native; local-first hybrid
-# with ub 256: 0.69x vs 0.50x at 512; see bench/RESULTS.md). Native routes keep llama.cpp's 512.
+# with ub 256: 0.69x vs 0.50x at 512; see bench/RESULTS.md): a prompt of two ubatches lets the second card compute
+# the first half while the first card computes the second. With the current patch set the overlap still shows on two
+# CPU cards (prefill at 256 over 512: all-RPC 1.33x, hybrid 1.20x; bench/results/throughput_cpu_ubatch_overlap.md).
+# One GPU shared by every process cannot show it. Native routes keep llama.cpp's 512.
 RPC_UBATCH = 256
 NATIVE_UBATCH = 512
 # Polling budget of the RPC link's threads on GPU groups (patch 0005): covers a token's wait for the other card on

@@ -90,6 +90,20 @@ def v_gate(text: str, pair: str = "rpc / rpc-gate", reading: str = "off over on"
     return Verdict("info", f"{reading}, paired medians (prefill / decode / 4 streams): " + " / ".join(medians))
 
 
+def v_ubatch_overlap(text: str) -> Verdict:
+    """Prefill at the RPC routes' -ub 256 over -ub 512, paired per run (bench/throughput.py's rpc / rpc-ub512 and
+    hybrid / hybrid-ub512 rows): pass when both medians are above 1."""
+    found = []
+    for route in ("rpc", "hybrid"):
+        row = next((r for r in table_rows(text) if r and r[0] == f"{route} / {route}-ub512"), None)
+        if row is None or len(row) < 2:
+            return Verdict("info", f"no paired {route} / {route}-ub512 row in the file")
+        found.append((route, row[1].replace("**", "")))
+    ok = all(float(cell.split(" / ")[1]) > 1 for _, cell in found)
+    return Verdict("pass" if ok else "FAIL", "prefill at -ub 256 over -ub 512, paired (min / median / max, runs where "
+                   "256 was faster): " + "; ".join(f"{r} {c}" for r, c in found))
+
+
 def v_plan_speed(text: str) -> Verdict:
     rows = [r for r in table_rows(text) if len(r) >= 8 and r[6].endswith("x")]
     ratios = [(r[0], float(r[6].rstrip("x")), float(r[7].rstrip("x"))) for r in rows]
@@ -508,8 +522,8 @@ class Figure:
 
 # the one-H100 files of 2026-12-07 under MPS, newest first: a figure's current result is its first file
 MOE_MPS = tuple(f"gpu/ttft/throughput_cuda_onecard_moe16x32_mps{t}.md"
-                for t in ("_s17c", "_s17b", "_s17", "_default", "_0011", "_b", ""))
-DENSE_MPS = tuple(f"gpu/ttft/throughput_cuda_onecard_model7b_mps{t}.md" for t in ("_s17c", "_s17b", "_s17", "_0011", "_c"))
+                for t in ("_s17c", "_s17b", "_s17", "_s18", "_s18b", "_default", "_0011", "_b", ""))
+DENSE_MPS = tuple(f"gpu/ttft/throughput_cuda_onecard_model7b_mps{t}.md" for t in ("_s17c", "_s17b", "_s17", "_s18", "_0011", "_c"))
 
 FIGURES = [
     Figure("1. Plan time vs llama-fit-params", "arcsplit's plan in at most 1/20 of llama-fit-params' time",
@@ -617,6 +631,10 @@ FIGURES = [
     Figure("5q. Time to first token on CPU cards (demo model; patch 0010 on and off, paired; not started by run_all)",
            "at most 1.2x native (targets are for GPUs: 2 shared cores)", ("throughput_cpu_ttft.md",),
            lambda t, f: Verdict("info", v_ttft(t).detail)),
+    Figure("5u. A prompt's micro-batches overlapping across rpc-servers: prefill at -ub 256 against 512 (CPU cards, "
+           "one core each; hardware-independent mechanism; not started by run_all)",
+           "faster at the RPC routes' -ub 256 than at 512 (why arcsplit keeps 256 on RPC routes)",
+           ("throughput_cpu_ubatch_overlap.md",), lambda t, f: v_ubatch_overlap(t)),
     Figure("5r. Decode cost per token over native, time-sliced (one H100, MoE; not started by run_all)",
            "measured beside the MPS row", ("gpu/ttft/throughput_cuda_onecard_moe16x32.md",),
            lambda t, f: v_token_us(t)),

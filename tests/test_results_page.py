@@ -4,6 +4,7 @@ It was 6,800 lines with up to 40 rows per figure, and its plot a hand-written SV
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -45,3 +46,14 @@ def test_the_plot_is_drawn_by_matplotlib_or_not_at_all(tmp_path: Path, monkeypat
         assert path is None and "[bench]" in how
         return
     assert path == res / "throughput.png" and path.read_bytes()[:4] == b"\x89PNG" and how == "matplotlib"
+
+
+def test_the_ubatch_overlap_figure_passes_only_when_256_beats_512_on_both_routes():
+    """5u's verdict reads the paired rows bench/throughput.py writes: the committed CPU file passes; the same rows
+    with hybrid's median at or below 1 fail; a file without the pairs says so instead of guessing."""
+    text = (Path(run_all.__file__).parent / "results" / "throughput_cpu_ubatch_overlap.md").read_text()
+    v = run_all.v_ubatch_overlap(text)
+    assert v.status == "pass" and "rpc 1.33 / 1.33 / 1.48 (3 of 3)" in v.detail
+    worse = re.sub(r"(\| hybrid / hybrid-ub512 \| )[^|]*", r"\g<1>0.90 / **0.97** / 1.02 (1 of 3) ", text)
+    assert run_all.v_ubatch_overlap(worse).status == "FAIL"
+    assert run_all.v_ubatch_overlap("# nothing\n").status == "info"
