@@ -164,6 +164,8 @@ class Variant:
     -embd: all-RPC with the token embeddings on the first rpc-server (``-ot token_embd.weight=RPC0[endpoint]``):
     a prompt's token ids cross the link instead of its embedding rows (n_embd floats a token), and the first
     rpc-server looks them up; llama.cpp turns pipeline parallelism off when any tensor is overridden;
+    -bs: llama-server samples on the output card (llama.cpp's ``--backend-sampling``; native-bs too): a token id
+    crosses the link instead of n_vocab logits;
     -nopp: pipeline parallelism off and nothing moved (``-ot`` of the output norm onto the card that holds it
     anyway): the A/B that tells -embd's move from its side effect;
     -ubN: this mode's micro-batch (``native-ub256``, ``hybrid-ub512``) instead of the route's own or --ubatch.
@@ -352,7 +354,7 @@ def idle_neighbour(a: argparse.Namespace) -> Iterator[None]:
 def mode_env(mode: str, a: argparse.Namespace | None = None) -> contextlib.AbstractContextManager[None]:
     """The environment a variant's processes inherit: one patch, or all of them, switched off, or gated sets on
     (_TAG_ENV); or (-card) llama-server's own environment shows the card; or (-neighbour, with the bench's
-    arguments) an idle process holds the card too."""
+    arguments) an idle process holds the card too; or (-embd, -nopp) llama-server's argv gets an ``-ot``."""
     tag = parse_mode(mode).off
     if tag == "card":
         return server_sees_card()
@@ -733,7 +735,8 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "nothing there); `-embd` puts an all-RPC route's token embeddings on the first rpc-server (`-ot "
              "token_embd.weight=RPC0[endpoint]`: a prompt's token ids cross the link, not its embedding rows; llama.cpp "
              "turns pipeline parallelism off for any `-ot`), `-nopp` turns pipeline parallelism off and moves nothing "
-             "(`-ot` of the output norm onto its own card); `-ubN` runs that mode at "
+             "(`-ot` of the output norm onto its own card); `-bs` runs llama-server with `--backend-sampling` (sampling in the "
+             "output card's graph); `-ubN` runs that mode at "
              "-ub N." + (
                  " On CPU the planner leaves as few layers as it can on llama-server's own CPU card (layers not in "
                  "-ngl stay there)." if a.backend == "cpu" else ""), ""]

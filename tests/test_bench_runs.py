@@ -308,6 +308,8 @@ def test_the_embeddings_mode_moves_token_embd_to_the_first_rpc_server_and_nopp_m
     assert throughput.override_args(argv, "embd")[-2:] == ["-ot", r"^token_embd\.weight$=RPC0[127.0.0.1:5001]"]
     assert throughput.override_args(argv, "nopp")[-2:] == ["-ot", r"^output_norm\.weight$=RPC0[127.0.0.1:5002]"]
     assert argv[-1] == "RPC0,RPC1"  # the spec's own argv is left as it was
+    a = throughput.parse(["--backend", "cuda", "--gpus", "0", "--same-card"])
+    assert throughput.serve_kwargs(a, "native-bs", ())[1]["extra_args"][-1] == "--backend-sampling"
 
 
 def test_graph_spans_kernels_sums_each_kernel_name_per_token_inside_the_last_burst(tmp_path, capsys):
