@@ -160,7 +160,9 @@ build() {
   # a build named in the environment (or by an earlier phase) wins; the models are still written (once)
   [ -n "${SWAP_RPC:-}" ] && [ -z "${ARCSPLIT_LLAMA_DIR:-}" ] && { swap_rpc || return 1; }
   [ -n "${ARCSPLIT_LLAMA_DIR:-}" ] && { models; return; }
-  [ -d "$WORK/src" ] || tar xzf "$FILES/llama-src.tar.gz" -C "$WORK"
+  # the source is needed only for a compile: a packed build of this key (cudabin/) runs without it, so a call may
+  # leave llama-src.tar.gz behind when the carried tree and .device/ would pass the device's carry limit
+  [ -d "$WORK/src" ] || [ ! -f "$FILES/llama-src.tar.gz" ] || tar xzf "$FILES/llama-src.tar.gz" -C "$WORK"
   unpack
   if [ -n "$(ls -d "$ARCSPLIT_CACHE_DIR"/llama.cpp/*/build-cuda-*/bin 2>/dev/null)" ]; then  # built by an earlier phase
     export ARCSPLIT_LLAMA_DIR=$(ls -d "$ARCSPLIT_CACHE_DIR"/llama.cpp/*/build-cuda-*/bin | head -1); models; return; fi
