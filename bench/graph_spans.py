@@ -34,6 +34,19 @@ def spans(path: Path, tokens: int) -> list[float]:
     return [(r.end - r.start) / 1000 for r in graphs[-tokens:] if r.end > r.start]
 
 
+def mode_proc(path: Path) -> tuple[str, str]:
+    """MODE_PROCESS.tsv.gz -> (mode, process)."""
+    mode, proc = path.name[:-len(".tsv.gz")].rsplit("_", 1)
+    return mode, proc
+
+
+def emit(text: str, out: str) -> None:
+    if out:
+        write_report(out, text)  # prints it too
+    else:
+        print(text, end="")
+
+
 def short(name: str) -> str:
     """A kernel's name without its template arguments or parameter list."""
     return name.split("<")[0].split("(")[0].removeprefix("void ").strip() or name[:60]
@@ -43,7 +56,7 @@ def kernel_table(files: list[Path], tokens: int) -> list[str]:
     """--kernels: per process and per kernel name, µs of kernel time per token inside each mode's last burst."""
     by_mode: dict[str, dict[str, list]] = {}
     for f in files:
-        mode, proc = f.name[:-len(".tsv.gz")].rsplit("_", 1)
+        mode, proc = mode_proc(f)
         by_mode.setdefault(mode, {})[proc] = [r for r in read_trace(f) if r.kind in ("K", "M", "S")]
     rows = ["| mode | process | kernels per token | kernel us per token | copies and memsets us per token |",
             "|---|---|---|---|---|"]
@@ -80,7 +93,7 @@ def kernel_table(files: list[Path], tokens: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("raw", help="a folder gpu_trace.py --keep-raw wrote (light mode)")
+    ap.add_argument("raw", help="a folder gpu_trace.py --keep-raw wrote (light mode; a full trace with --kernels)")
     ap.add_argument("--tokens", type=int, default=60)
     ap.add_argument("--out", default="")
     ap.add_argument("--kernels", action="store_true", help="a full trace: kernel time per token by kernel name")
@@ -92,14 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         text = "\n".join([f"# Kernel time per decoded token, per process and kernel name (`{Path(a.raw).name}`)", "",
                           f"- Command: `python bench/graph_spans.py {a.raw} --kernels --tokens {a.tokens}`", "",
                           *kernel_table(files, a.tokens)]) + "\n"
-        if a.out:
-            write_report(a.out, text)
-        else:
-            print(text, end="")
+        emit(text, a.out)
         return 0
     rows, per_mode = [], {}
     for f in files:
-        mode, proc = f.name[:-len(".tsv.gz")].rsplit("_", 1)
+        mode, proc = mode_proc(f)
         s = spans(f, a.tokens)
         if not s:
             continue  # a process that ran no graph (all-RPC's llama-server)
@@ -113,11 +123,7 @@ def main(argv: list[str] | None = None) -> int:
              "Per mode, the sum of its processes' median spans" + (" against native's:" if base else ":"), ""]
     lines += [f"- {m}: {v:.0f} us" + (f" ({v - base:+.0f})" if base and m != "native" else "")
               for m, v in per_mode.items()]
-    text = "\n".join(lines) + "\n"
-    if a.out:
-        write_report(a.out, text)  # prints it too
-    else:
-        print(text, end="")
+    emit("\n".join(lines) + "\n", a.out)
     return 0
 
 
