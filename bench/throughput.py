@@ -287,14 +287,27 @@ _TAG_ARGS: dict[str, tuple[str, ...]] = {
 
 
 @contextlib.contextmanager
-def server_sees_card() -> Iterator[None]:
+def specs_rewritten(rewrite: Callable[[Any, tuple[Any, ...]], tuple[Any, ...]]) -> Iterator[None]:
+    """Inside: every group's process specs pass through ``rewrite(config, specs)`` before they start (a variant
+    that changes what the product would run: -card, -embd, -nopp)."""
+    real = supervisor.build_specs
+
+    def rewritten(config: Any, *args: Any, **kw: Any) -> Any:
+        return rewrite(config, real(config, *args, **kw))
+
+    supervisor.build_specs = rewritten
+    try:
+        yield
+    finally:
+        supervisor.build_specs = real
+
+
+def server_sees_card() -> contextlib.AbstractContextManager[None]:
     """-card: on an all-RPC route llama-server sees the first rpc-server's card (its --device still lists only the
     RPC devices, so it computes nothing there), as a hybrid llama-server does: its host buffers are then the card's
     page-locked ones. arcsplit hides every card from an all-RPC llama-server; only this A/B shows one."""
-    real = supervisor.build_specs
 
-    def shown(config: Any, *args: Any, **kw: Any) -> Any:
-        specs = real(config, *args, **kw)
+    def shown(config: Any, specs: tuple[Any, ...]) -> tuple[Any, ...]:
         var = REGISTRY[config.backend].visibility_var
         rpc = next((dict(s.env) for s in specs if s.role == "rpc"), {})
         if var is None or var not in rpc:
@@ -302,11 +315,7 @@ def server_sees_card() -> Iterator[None]:
         return tuple(dataclasses.replace(s, env=tuple(sorted({**dict(s.env), var: rpc[var]}.items())))
                      if s.role == "server" else s for s in specs)
 
-    supervisor.build_specs = shown
-    try:
-        yield
-    finally:
-        supervisor.build_specs = real
+    return specs_rewritten(shown)
 
 
 def override_args(argv: list[str], tag: str) -> list[str]:
@@ -318,20 +327,11 @@ def override_args(argv: list[str], tag: str) -> list[str]:
     return [*argv, "-ot", rf"^output_norm\.weight$=RPC0[{endpoints[-1]}]"]
 
 
-@contextlib.contextmanager
-def server_overrides(tag: str) -> Iterator[None]:
+def server_overrides(tag: str) -> contextlib.AbstractContextManager[None]:
     """-embd / -nopp: llama-server's spec gets the variant's ``-ot`` (override_args)."""
-    real = supervisor.build_specs
-
-    def moved(config: Any, *args: Any, **kw: Any) -> Any:
-        return tuple(dataclasses.replace(s, argv=tuple(override_args(list(s.argv), tag))) if s.role == "server"
-                     else s for s in real(config, *args, **kw))
-
-    supervisor.build_specs = moved
-    try:
-        yield
-    finally:
-        supervisor.build_specs = real
+    return specs_rewritten(lambda config, specs: tuple(
+        dataclasses.replace(s, argv=tuple(override_args(list(s.argv), tag))) if s.role == "server" else s
+        for s in specs))
 
 
 @contextlib.contextmanager
