@@ -1,6 +1,6 @@
 """What crosses the RPC link per decoded token: messages and bytes per command, per rpc-server, per route.
 
-    python bench/rpc_trace.py [--modes hybrid,rpc] [--tokens 32] [--model PATH] [--out FILE]
+    python bench/rpc_trace.py [--modes hybrid,rpc] [--tokens 32] [--model PATH] [--extra ARGS] [--out FILE]
 
 The first half of "where does the remaining time go" that needs no GPU: llama.cpp's rpc-server logs every command
 it serves when GGML_RPC_DEBUG is set (set_tensor with its size, get_tensor with its size, graph_compute,
@@ -8,7 +8,9 @@ graph_recompute, ...). This serves each route on the CPU build with that variabl
 greedily after a warm-up, and counts the log lines each rpc-server wrote during that decode: messages per token
 by command and payload bytes per token (set_tensor / get_tensor sizes). The counts depend on the graph split,
 not on the card, so they hold for a GPU group of the same model and split; the waits and the GPU's idle gaps do
-not (no GPU here). Patches on (the build's default) and off (ARCSPLIT_RPC_STOCK=1) in the same run.
+not (no GPU here). Patches on (the build's default) and off (ARCSPLIT_RPC_STOCK=1) in the same run; --extra adds
+a row per mode with patches on and those llama-server flags appended (`--extra=--backend-sampling`: with
+"=", as the value starts with a dash).
 Writes bench/results/rpc_trace.md.
 """
 
@@ -52,13 +54,14 @@ def count(text: str) -> tuple[collections.Counter[str], collections.Counter[str]
     return msgs, nbytes
 
 
-def measure(model: str, mode: str, stock: bool, tokens: int) -> dict[str, tuple[dict[str, float], dict[str, float]]]:
+def measure(model: str, mode: str, stock: bool, tokens: int,
+            extra: tuple[str, ...] = ()) -> dict[str, tuple[dict[str, float], dict[str, float]]]:
     """Per rpc-server: (messages per token by command, bytes per token by command) during one greedy decode."""
     os.environ["GGML_RPC_DEBUG"] = "1"
     try:
         with rpc_patches_switched(on=not stock), \
                 arcsplit.serve(model, gpus=[0, 1], backend="cpu", mode=mode, ctx=2048, parallel=1, threads=1,
-                               port=free_port(), bus=False) as server, httpx.Client(timeout=300) as client:
+                               port=free_port(), bus=False, extra_args=extra) as server, httpx.Client(timeout=300) as client:
             run_dir = Path(server.status()["run_dir"])
             names = [n for n, p in server.status()["processes"].items() if p["role"] == "rpc"]
             body = {"prompt": PROMPT, "n_predict": tokens, "ignore_eos": True, "temperature": 0, "cache_prompt": False}
@@ -83,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="GGUF (default: the demo Gemma 3 270M)")
     ap.add_argument("--modes", default="hybrid,rpc")
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--extra", default="", help="llama-server flags for one more row per mode (patches on)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "rpc_trace.md"))
     a = ap.parse_args(argv)
+    extra = tuple(shlex.split(a.extra))
     if a.tokens < 1:
         ap.error("--tokens must be at least 1")
     if a.model is None:
@@ -100,11 +105,12 @@ def main(argv: list[str] | None = None) -> int:
              "", "| mode | patches | rpc-server | messages per token, by command | set_tensor B/token | "
              "get_tensor B/token |", "|---|---|---|---|---|---|"]
     for mode in [m.strip() for m in a.modes.split(",") if m.strip()]:
-        for stock in (True, False):
-            print(f"{mode} {'stock' if stock else 'patched'} ...", flush=True)
-            for name, (msgs, nbytes) in measure(a.model, mode, stock, a.tokens).items():
+        for stock, flags in ((True, ()), (False, ()), *(((False, extra),) if extra else ())):
+            label = "off (stock)" if stock else "on" + (f", `{shlex.join(flags)}`" if flags else "")
+            print(f"{mode} {label} ...", flush=True)
+            for name, (msgs, nbytes) in measure(a.model, mode, stock, a.tokens, flags).items():
                 cmds = ", ".join(f"{k} {v:.1f}" for k, v in sorted(msgs.items(), key=lambda kv: -kv[1]))
-                lines.append(f"| {mode} | {'off (stock)' if stock else 'on'} | {name} | {cmds or '-'} | "
+                lines.append(f"| {mode} | {label} | {name} | {cmds or '-'} | "
                              f"{nbytes.get('set_tensor', 0):.0f} | {nbytes.get('get_tensor', 0):.0f} |")
     lines += ["", "Events, synchronisations and the dispatcher's own messages are not logged by the rpc-server, "
               "so they are not in these counts; neither are waits or GPU idle time (no GPU here).", ""]

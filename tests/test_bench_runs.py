@@ -338,3 +338,24 @@ def test_graph_spans_kernels_sums_each_kernel_name_per_token_inside_the_last_bur
     assert "| rpc | rpc0 | 2 | 12.0 | 0.0 |" in out and "| rpc | rpc1 | 2 | 13.0 | 0.0 |" in out
     assert "| `mul_mat_vec` | 20.0 | 24.0 | +4.0 |" in out and "| `k_get_rows` | 0.0 | 1.0 | +1.0 |" in out
     assert "total +5.0 us" in out
+
+
+def test_rpc_trace_extra_adds_a_patched_row_per_mode_with_the_flags(tmp_path, monkeypatch):
+    """--extra=FLAGS: each mode gets a third row, patches on, its llama-server run with FLAGS (what the
+    backend-sampling figure in docs/patches.md came from); without it, the two rows as before."""
+    import rpc_trace
+
+    calls = []
+
+    def fake_measure(model, mode, stock, tokens, extra=()):
+        calls.append((mode, stock, extra))
+        return {"rpc1": ({"get_tensor": 1.0}, {"get_tensor": 14.0 if extra else 986895.0})}
+
+    monkeypatch.setattr(rpc_trace, "measure", fake_measure)
+    out = tmp_path / "t.md"
+    assert rpc_trace.main(["--model", "m.gguf", "--modes", "rpc", "--extra=--backend-sampling", "--out", str(out)]) == 0
+    assert calls == [("rpc", True, ()), ("rpc", False, ()), ("rpc", False, ("--backend-sampling",))]
+    assert "| rpc | on, `--backend-sampling` | rpc1 | get_tensor 1.0 | 0 | 14 |" in out.read_text()
+    calls.clear()
+    assert rpc_trace.main(["--model", "m.gguf", "--modes", "rpc", "--out", str(out)]) == 0
+    assert [c[1] for c in calls] == [True, False]
