@@ -522,7 +522,7 @@ class Figure:
 
 # the one-H100 files of 2026-12-07 under MPS, newest first: a figure's current result is its first file
 MOE_MPS = tuple(f"gpu/ttft/throughput_cuda_onecard_moe16x32_mps{t}.md"
-                for t in ("_s17c", "_s17b", "_s17", "_s18", "_s18b", "_default", "_0011", "_b", ""))
+                for t in ("_s17c", "_s17b", "_s17", "_s18", "_s18b", "_s19", "_default", "_0011", "_b", ""))
 DENSE_MPS = tuple(f"gpu/ttft/throughput_cuda_onecard_model7b_mps{t}.md" for t in ("_s17c", "_s17b", "_s17", "_s18", "_0011", "_c"))
 
 FIGURES = [
