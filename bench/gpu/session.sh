@@ -52,7 +52,10 @@
 #   phase offload: bench/moe_offload.py on the card, arcsplit --moe-offload against llama.cpp's --n-cpu-moe by hand
 #   phase poll-mps: bench/poll_cost.py on ONE GPU under MPS (host cores the link's polling costs, off and on)
 #   phase waitword: bench/gpu/wait_host_word.cu, the gated sets' device-side wait alone (patch 0009's primitive)
-#   phase link: bench/rpc_link.py on the CUDA build (one rpc-server on the card; shared memory against TCP, 0008)
+#   phase link: bench/rpc_link.py on the CUDA build (one rpc-server on the card; shared memory against TCP, 0008);
+#        LINK_SIZES: the transfer sizes in MiB (default 0.0625,4,16)
+#   phase moe152k-mps: moe-mps on the same MoE with a 151,936-token vocabulary (Qwen3's): what a real model's
+#        594 KiB of logits a token costs each route (MOE_MODES)
 #   MODEL=moe bash bench/gpu/session.sh onecard  # ONE GPU: llama-server and rpc-servers share it (--same-card),
 #        RUNS independent runs (default 3) of MODES (default native,hybrid,hybrid-stock,rpc,rpc-stock);
 #        MODEL=moe: a 3.8 GiB F16 qwen3moe (16 layers, 32 experts, 4 used), MODEL=dense: the 7.2B F16 llama
@@ -82,6 +85,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$ROOT
 DENSE=$WORK/model7b.gguf
 MOE=$WORK/moe16x32.gguf
+# the same MoE with Qwen3's vocabulary (151,936 tokens): the logits a decoded token brings back over the link are
+# 594 KiB instead of 125 KiB, as for the real models arcsplit's users run (phase moe152k-mps)
+MOE152=$WORK/moe16x32v152k.gguf
 case "${MODEL:-dense}" in moe) MODEL=$MOE ;; dense) MODEL=$DENSE ;; esac
 arcsplit() { python3 -m arcsplit "$@"; }
 
@@ -95,6 +101,13 @@ write_llama('$DENSE', n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=1433
 from arcsplit.synth import write_qwen3moe
 write_qwen3moe('$MOE', n_layer=16, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_expert=32,
                n_expert_used=4, n_ff_exp=512, n_vocab=32000, ctx=8192)" || echo "moe model generation failed"
+}
+
+model152k() {
+  [ -f "$MOE152" ] || python3 -c "
+from arcsplit.synth import write_qwen3moe
+write_qwen3moe('$MOE152', n_layer=16, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_expert=32,
+               n_expert_used=4, n_ff_exp=512, n_vocab=151936, ctx=8192)" || echo "moe 152k model generation failed"
 }
 
 CUDA_FLAG=-DCMAKE_CUDA_ARCHITECTURES=90
@@ -367,6 +380,7 @@ case "${1:-all}" in
         trace-light) MODEL=$MOE ARCSPLIT_CUPTI_LIGHT=1 trace ;;
         trace-dense-light) MODEL=$DENSE TMODES=${TMODES_DENSE:-native,hybrid} ARCSPLIT_CUPTI_LIGHT=1 trace ;;
         moe-mps) MODEL=$MOE MPS_MODES=${MOE_MODES:-${MPS_MODES:-}} mps ;;
+        moe152k-mps) model152k; MODEL=$MOE152 MPS_MODES=${MOE_MODES:-${MPS_MODES:-}} mps ;;
         trace-light-mps) MODEL=$MOE ARCSPLIT_CUPTI_LIGHT=1 mps trace ;;
         trace-gate-mps) MODEL=$MOE ARCSPLIT_CUPTI_LIGHT=1 TAG=_gate MPS_MODES=${TRACE_MODES:-native,rpc,rpc-nogate} mps trace ;;
         trace-dense-light-mps) MODEL=$DENSE ARCSPLIT_CUPTI_LIGHT=1 mps trace ;;
@@ -380,7 +394,7 @@ case "${1:-all}" in
         abpatch) abpatch ;;
         pack) pack ;;
         waitword) waitword ;;
-        link) build; python3 bench/rpc_link.py --backend cuda --runs "${LINK_RUNS:-3}" --sizes 0.0625,4,16 \
+        link) build; python3 bench/rpc_link.py --backend cuda --runs "${LINK_RUNS:-3}" --sizes "${LINK_SIZES:-0.0625,4,16}" \
                 --out "$OUT/rpc_link_cuda.md" > "$OUT/rpc_link_cuda.log" 2>&1; echo "rpc_link rc=$?" ;;
       esac
     done
