@@ -22,8 +22,9 @@
 #                  cd $W/tree && WORK=$W FILES=$W PHASES="pack link moe-mps" bash bench/gpu/session.sh detach
 #          call 2 (at once, while the machine is warm: it goes back after 30 s idle):
 #                  WORK=/root/w bash bench/gpu/session.sh collect
-#   SWAP_RPC=KEY (any phase): run the packed build KEY with .device/librpc/libggml-rpc.so.* (a CPU build of this
-#        tree's patch set) swapped in, when the set differs from KEY's only in ggml-rpc.cpp (see swap_rpc below);
+#   SWAP_RPC=KEY (any phase): run the packed build KEY with .device/librpc/lib*.so.* (libggml-rpc.so or libllama.so
+#        of a CPU build of this tree's patch set) swapped in, when the set differs from KEY's only in ggml-rpc.cpp or
+#        in llama's own sources (src/: no backend code; see swap_rpc below);
 #        modes ending -alt run on KEY as packed, so MODES=native,hybrid,hybrid-alt pairs the two in the same runs
 #   phase pack: the CUDA build as xz parts (15 MiB) under $OUT; kept as .device/cudabin/ and carried, a fresh
 #        machine unpacks a build whose key (flags, patch set) is this tree's instead of compiling it (~350 s).
@@ -149,20 +150,21 @@ runs_here() {
 }
 
 swap_rpc() {
-  # SWAP_RPC=KEY: the packed CUDA build KEY (cudabin/build-cuda-KEY.tar.xz.*) with its libggml-rpc.so replaced by
-  # $FILES/librpc/'s, built on CPU from this tree: a patch set that differs from KEY's only in ggml-rpc.cpp (that
-  # library's one source) then runs without a ~350 s compile. unpack would not find KEY: it looks for this tree's.
+  # SWAP_RPC=KEY: the packed CUDA build KEY (cudabin/build-cuda-KEY.tar.xz.*) with the libraries in $FILES/librpc/
+  # (libggml-rpc.so, libllama.so) put in its place, built on CPU from this tree: a patch set that differs from KEY's
+  # only in those libraries' sources (ggml-rpc.cpp; llama's src/, which holds no backend code) then runs without a
+  # ~350 s compile. unpack would not find KEY: it looks for this tree's.
   local dir=$WORK/swap-$SWAP_RPC parts
   if [ ! -d "$dir/bin" ]; then
     parts=$(ls "$FILES/cudabin/build-cuda-$SWAP_RPC.tar.xz."* 2>/dev/null) \
       || { echo "SWAP_RPC=$SWAP_RPC: no build-cuda-$SWAP_RPC.tar.xz.* in cudabin/"; return 1; }
-    ls "$FILES"/librpc/libggml-rpc.so.* >/dev/null 2>&1 || { echo "SWAP_RPC: no librpc/libggml-rpc.so.*"; return 1; }
+    ls "$FILES"/librpc/lib*.so.* >/dev/null 2>&1 || { echo "SWAP_RPC: no librpc/lib*.so.*"; return 1; }
     rm -rf "$dir.tmp"; mkdir -p "$dir.tmp"
     # shellcheck disable=SC2086
     cat $parts | xz -d | tar xf - -C "$dir.tmp" && mv "$dir.tmp/build-cuda-$SWAP_RPC" "$dir" && rm -rf "$dir.tmp" \
-      && rm -rf "$dir.orig" && cp -a "$dir" "$dir.orig" && cp "$FILES"/librpc/libggml-rpc.so.* "$dir/bin/" \
+      && rm -rf "$dir.orig" && cp -a "$dir" "$dir.orig" && cp "$FILES"/librpc/lib*.so.* "$dir/bin/" \
       || return 1
-    echo "build $SWAP_RPC unpacked, librpc/'s libggml-rpc.so swapped in ($dir.orig keeps the packed one)"
+    echo "build $SWAP_RPC unpacked, librpc/'s $(cd "$FILES/librpc" && echo lib*.so.*) swapped in ($dir.orig keeps the packed ones)"
   fi
   export ARCSPLIT_LLAMA_DIR=$dir/bin
   # modes ending -alt (bench/throughput.py) run on the build as packed: the swap's A/B in the same runs
