@@ -168,13 +168,19 @@ class Variant:
     crosses the link instead of n_vocab logits;
     -nopp: pipeline parallelism off and nothing moved (``-ot`` of the output norm onto the card that holds it
     anyway): the A/B that tells -embd's move from its side effect;
-    -ubN: this mode's micro-batch (``native-ub256``, ``hybrid-ub512``) instead of the route's own or --ubatch.
+    -ubN: this mode's micro-batch (``native-ub256``, ``hybrid-ub512``) instead of the route's own or --ubatch;
+    -alt after another tag (``native-bs-alt``, ``rpc-nopp-alt``): that variant on the --alt-llama-dir build.
     """
 
     route: str  # native | hybrid | rpc
     output: str = "auto"  # --output-layer
     off: str = ""  # "", a key of _TAG_ENV ("stock", "nospin", ...), "nocram" or "alt"
     ubatch: int | None = None  # -ubN
+    alt: bool = False  # on the --alt-llama-dir build: -alt alone (off == "alt") or after another tag
+
+    @property
+    def on_alt(self) -> bool:
+        return self.alt or self.off == "alt"
 
 
 def parse_mode(mode: str) -> Variant:
@@ -187,12 +193,16 @@ def parse_mode(mode: str) -> Variant:
             else ("load", *_TAG_ARGS, "alt", "neighbour"))
     output = tags.pop(0) if rpc_tags and tags and tags[0] in ("last", "local") else "auto"
     off = tags.pop(0) if tags and tags[0] in offs else ""
+    alt = bool(off) and off != "alt" and tags == ["alt"]
+    if alt:
+        tags.pop()
     if route not in ("native", "hybrid", "rpc") or tags:
         raise SystemExit(f"unknown mode {mode!r}: use native, or hybrid/rpc with -last or -local (where the "
                          "output layer goes) and then " + ", ".join(f"-{o}" for o in _TAG_ENV) + ", -card, "
                          + ", ".join(f"-{o}" for o in _TAG_ARGS) + ", -embd (rpc), -nopp, -alt or -neighbour (native-load, native-nocram, "
-                         "native-nokvu, native-lv3, native-alt, native-neighbour too); any of them may end in -ubN")
-    return Variant(route, output, off, ub)
+                         "native-nokvu, native-lv3, native-alt, native-neighbour too), a tag then -alt for its run on the "
+                         "--alt-llama-dir build; any of them may end in -ubN")
+    return Variant(route, output, off, ub, alt)
 
 
 def run_order(modes: list[str], k: int) -> list[str]:
@@ -395,7 +405,7 @@ def serve_kwargs(a: argparse.Namespace, mode: str, extra: tuple[str, ...],
     kw: dict[str, Any] = dict(backend=a.backend, mode=amode, ctx=a.ctx, parallel=STREAMS, port=free_port(),
                               threads=a.threads, ubatch=ub,
                               cpu_memory_mib=a.cpu_memory_mib, extra_args=tuple(args), bus=False,
-                              llama_dir=a.alt_llama_dir if variant.off == "alt" else a.llama_dir,
+                              llama_dir=a.alt_llama_dir if variant.on_alt else a.llama_dir,
                               output_layer=variant.output, rpc_cache=a.rpc_cache)
     return gpus, kw
 
@@ -853,7 +863,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     a.mode_list = [m.strip() for m in a.modes.split(",") if m.strip()]
     for m in a.mode_list:
         serve_mode(m, a.backend, a.same_card)
-    if any(parse_mode(m).off == "alt" for m in a.mode_list) and not a.alt_llama_dir:
+    if any(parse_mode(m).on_alt for m in a.mode_list) and not a.alt_llama_dir:
         ap.error("a mode ending -alt runs on a second build: name it with --alt-llama-dir DIR")
     a.equality_args = ("--no-repack",) if a.backend == "cpu" else ()
     if a.threads is None and a.backend == "cpu":
