@@ -118,6 +118,26 @@ def test_expert_offload_variant_stays_within_the_model() -> None:
     assert offload == [[5], [12], []]
 
 
+def test_sampling_on_the_card_is_one_more_setting_where_the_build_has_it(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pinned build's --help lists --backend-sampling (recorded verbatim): tune then tries it as one more setting
+    of the best route on a GPU rig (a token id instead of the logits a token: a real vocabulary's 600 KiB over the
+    link), and the pick carries the flag to llama-server. Not on CPU cards, nor with a build without the flag."""
+    monkeypatch.setattr(runner, "managed_builds", lambda backend: [])
+    facts = runner.build_facts("cuda", _recorded_server(tmp_path, FIX / "tune" / "help_backend_sampling_cpu.txt"))
+    assert facts == BuildFacts(tensor_split=True, vulkan=False, backend_sampling=True)
+    base = Candidate(Mode.RPC, "cuda")
+    bs = [c for c in settings_variants(base, 256, True, backend_sampling=facts.backend_sampling)
+          if c.settings.backend_sampling]
+    assert len(bs) == 1 and bs[0].server_args == ("--backend-sampling",) and bs[0].key == "cuda:rpc:bs"
+    assert Candidate.from_dict(json.loads(json.dumps(bs[0].to_dict()))) == bs[0]
+    assert not [c for c in settings_variants(Candidate(Mode.RPC, "cpu"), 256, True, backend_sampling=True)
+                if c.settings.backend_sampling]
+    assert not [c for c in settings_variants(base, 256, True) if c.settings.backend_sampling]
+    tensor = replace(base, mode=Mode.MULTI, split="tensor", settings=Settings(backend_sampling=True))
+    assert tensor.server_args == ("-sm", "tensor", "--backend-sampling")
+
+
 def test_candidate_round_trips() -> None:
     c = routes("sycl", 2, BuildFacts(tensor_split=True))[3]
     assert Candidate.from_dict(json.loads(json.dumps(c.to_dict()))) == c

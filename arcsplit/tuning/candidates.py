@@ -53,12 +53,14 @@ class Settings:
     flash_attn: bool | None = None
     cache_type: str = "f16"
     moe_offload: int | None = None
+    backend_sampling: bool = False  # llama-server --backend-sampling: the sampler chain in the output card's graph
 
     def label(self) -> str:
         parts = [f"ub{self.ubatch}" if self.ubatch else "",
                  "" if self.flash_attn is None else f"fa{'on' if self.flash_attn else 'off'}",
                  f"kv-{self.cache_type}" if self.cache_type != "f16" else "",
-                 f"ncmoe{self.moe_offload}" if self.moe_offload is not None else ""]
+                 f"ncmoe{self.moe_offload}" if self.moe_offload is not None else "",
+                 "bs" if self.backend_sampling else ""]
         return "/".join(p for p in parts if p) or "defaults"
 
 
@@ -98,14 +100,16 @@ class Candidate:
     @property
     def server_args(self) -> tuple[str, ...]:
         """Flags appended to llama-server's argv (llama.cpp takes the last -sm)."""
-        return ("-sm", "tensor") if self.split == "tensor" else ()
+        return (("-sm", "tensor") if self.split == "tensor" else ()) + \
+            (("--backend-sampling",) if self.settings.backend_sampling else ())
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "mode": self.mode, "backend": self.backend, "split": self.split,
                 "variant": self.variant, "env": dict(self.env), "source": self.source,
                 "output_layer": self.output_layer, "one_card": self.one_card,
                 "settings": {"ubatch": self.settings.ubatch, "flash_attn": self.settings.flash_attn,
-                             "cache_type": self.settings.cache_type, "moe_offload": self.settings.moe_offload}}
+                             "cache_type": self.settings.cache_type, "moe_offload": self.settings.moe_offload,
+                             "backend_sampling": self.settings.backend_sampling}}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Candidate":
@@ -114,7 +118,7 @@ class Candidate:
                    tuple(sorted((str(k), str(v)) for k, v in (d.get("env") or {}).items())),
                    str(d.get("source", "")), str(d.get("output_layer", "auto")), bool(d.get("one_card")),
                    Settings(s.get("ubatch"), s.get("flash_attn"), str(s.get("cache_type", "f16")),
-                            s.get("moe_offload")))
+                            s.get("moe_offload"), bool(s.get("backend_sampling", False))))
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,7 @@ class BuildFacts:
 
     tensor_split: bool = False  # llama-server --help lists "tensor" for -sm
     vulkan: bool = False  # a Vulkan build exists beside the rig's own backend
+    backend_sampling: bool = False  # llama-server --help lists --backend-sampling
 
 
 def routes(backend: str, n_cards: int, facts: BuildFacts = BuildFacts()) -> list[Candidate]:
@@ -157,11 +162,17 @@ UBATCHES = (256, 512, 1024)
 
 
 def settings_variants(base: Candidate, route_ubatch: int, flash_default: bool, moe_layers: int = 0,
-                      moe_max: int = 0) -> list[Candidate]:
+                      moe_max: int = 0, backend_sampling: bool = False) -> list[Candidate]:
     """One setting changed at a time from ``base``'s defaults: the other ubatches, flash attention flipped, a q8_0
     KV cache (needs flash attention), and for a MoE whose experts partly stay in host RAM (``moe_layers``, the
     planner's count), two more layers there (frees card memory for a larger ubatch or context), at most
-    ``moe_max`` (the model's layers; 0: no bound): a count past them is no setting the planner accepts."""
+    ``moe_max`` (the model's layers; 0: no bound): a count past them is no setting the planner accepts.
+
+    With ``backend_sampling`` (the build has the flag) and a GPU backend: sampling on the output card. It trades a
+    longer time to first token for decode: a token id comes back instead of the logits (n_vocab floats a token,
+    600 KiB at a 152k vocabulary, over the link on a split route). On one H100, a MoE with Qwen3's vocabulary:
+    all-RPC decode 1.27x and 4 streams 1.39x its own without it, time to first token 1.11x as long; on CPU cards
+    sampling in a ggml graph is slower than llama-server's own, so it is not tried there."""
     s = base.settings
     out = [replace(base, settings=replace(s, ubatch=u)) for u in UBATCHES if u != (s.ubatch or route_ubatch)]
     if base.split != "tensor":  # -sm tensor needs flash attention (routes above): no variant without it
@@ -170,6 +181,8 @@ def settings_variants(base: Candidate, route_ubatch: int, flash_default: bool, m
     more = min(moe_layers + 2, moe_max) if moe_max else moe_layers + 2
     if moe_layers and more > moe_layers:
         out.append(replace(base, settings=replace(s, moe_offload=more)))
+    if backend_sampling and not backends.get(base.backend).on_cpu:
+        out.append(replace(base, settings=replace(s, backend_sampling=True)))
     return out
 
 

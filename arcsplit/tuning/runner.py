@@ -22,6 +22,7 @@ from ..errors import ArcsplitError, BadInput, arg, given
 from ..decide.prepare import Prepared, ServeRequest, plan_for_mode, preview
 from ..llama.answers import run_flag
 from ..llama.build import managed_builds
+from ..llama.features import parse_help
 from ..llama.locate import LlamaBinaries, find_llama
 from ..modes import AUTO, Mode
 from ..proc.ports import free_port
@@ -77,13 +78,15 @@ class TuneReport:
 
 
 def build_facts(backend: str, binaries: LlamaBinaries) -> BuildFacts:
-    """-sm tensor where llama-server's --help lists it; a Vulkan build beside a GPU backend's."""
+    """-sm tensor and --backend-sampling where llama-server's --help lists them; a Vulkan build beside a GPU
+    backend's."""
     try:
         help_text = run_flag(binaries.server, "--help", "check the llama.cpp build")[0]
     except ArcsplitError:  # an unreadable --help only loses the tensor candidates
         help_text = ""
     vulkan = backend != backends.VULKAN and not backends.get(backend).on_cpu and bool(managed_builds(backends.VULKAN))
-    return BuildFacts(tensor_split="tensor" in split_modes(help_text), vulkan=vulkan)
+    return BuildFacts(tensor_split="tensor" in split_modes(help_text), vulkan=vulkan,
+                      backend_sampling=parse_help(help_text).has("--backend-sampling"))
 
 
 def default_key(p: Prepared, cands: list[Candidate]) -> str | None:
@@ -253,7 +256,8 @@ def tune(treq: TuneRequest, say: Say = lambda line: None) -> TuneReport:
     kept = {} if treq.fresh else fpmod.load(fp)
     say(f"fingerprint {fp.digest}: {len(kept.get('results') or {})} result(s) kept from earlier runs"
         if kept else f"fingerprint {fp.digest}: nothing measured for it yet")
-    cands = routes(p.request.backend, len(p.rig.cards), build_facts(p.request.backend, binaries))
+    facts = build_facts(p.request.backend, binaries)
+    cands = routes(p.request.backend, len(p.rig.cards), facts)
     report = TuneReport(fp, treq.objective, dict(kept.get("results") or {}), [], default_key(p, cands), None)
     run = _Run(p, treq, report, say, t0)
     run.try_all(cands, "route")
@@ -264,7 +268,8 @@ def tune(treq: TuneRequest, say: Say = lambda line: None) -> TuneReport:
         planned = report.results[best].get("planned") or {}
         fa = backends.flash_attn_default(c.backend, c.settings.cache_type)
         run.try_all(settings_variants(c, int(planned.get("ubatch") or NATIVE_UBATCH), fa,
-                                      int(planned.get("moe_offload") or 0), p.profile.n_layer_main), "setting")
+                                      int(planned.get("moe_offload") or 0), p.profile.n_layer_main,
+                                      facts.backend_sampling), "setting")
     _by_agreement(run)
     ranked = rank({k: report.results[k] for k in report.order if k in report.results}, treq.objective)
     report.pick = _confirmed(run, ranked[0]) if ranked else None
