@@ -57,6 +57,8 @@
 #        LINK_SIZES: the transfer sizes in MiB (default 0.0625,4,16)
 #   phase moe152k-mps: moe-mps on the same MoE with a 151,936-token vocabulary (Qwen3's): what a real model's
 #        594 KiB of logits a token costs each route (MOE_MODES)
+#   phase tune152k: arcsplit tune on that model and --gpus 0 (TUNE_OBJECTIVE, default decode; TUNE_BUDGET), then
+#        arcsplit plan: which settings it keeps (--backend-sampling is one it tries on a GPU)
 #   MODEL=moe bash bench/gpu/session.sh onecard  # ONE GPU: llama-server and rpc-servers share it (--same-card),
 #        RUNS independent runs (default 3) of MODES (default native,hybrid,hybrid-stock,rpc,rpc-stock);
 #        MODEL=moe: a 3.8 GiB F16 qwen3moe (16 layers, 32 experts, 4 used), MODEL=dense: the 7.2B F16 llama
@@ -383,6 +385,12 @@ case "${1:-all}" in
         trace-dense-light) MODEL=$DENSE TMODES=${TMODES_DENSE:-native,hybrid} ARCSPLIT_CUPTI_LIGHT=1 trace ;;
         moe-mps) MODEL=$MOE MPS_MODES=${MOE_MODES:-${MPS_MODES:-}} mps ;;
         moe152k-mps) model152k; MODEL=$MOE152 MPS_MODES=${MOE_MODES:-${MPS_MODES:-}} mps ;;
+        tune152k) model152k; build
+                  arcsplit tune "$MOE152" --gpus 0 --backend cuda --objective "${TUNE_OBJECTIVE:-decode}" \
+                    --budget "${TUNE_BUDGET:-120}" --per-candidate 4 > "$OUT/tune_cli_152k.txt" 2>&1
+                  echo "arcsplit tune rc=$?"; tail -25 "$OUT/tune_cli_152k.txt"
+                  arcsplit plan "$MOE152" --gpus 0 --backend cuda > "$OUT/plan_tuned_152k.txt" 2>&1
+                  echo "arcsplit plan rc=$?"; grep -i "tune\|backend-sampling" "$OUT/plan_tuned_152k.txt" | head -5 ;;
         trace-light-mps) MODEL=$MOE ARCSPLIT_CUPTI_LIGHT=1 mps trace ;;
         trace-gate-mps) MODEL=$MOE ARCSPLIT_CUPTI_LIGHT=1 TAG=_gate MPS_MODES=${TRACE_MODES:-native,rpc,rpc-nogate} mps trace ;;
         trace-dense-light-mps) MODEL=$DENSE ARCSPLIT_CUPTI_LIGHT=1 mps trace ;;
