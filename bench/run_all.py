@@ -16,6 +16,7 @@ import argparse
 import datetime as dt
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -256,6 +257,20 @@ def v_token_us(text: str) -> Verdict:
     return Verdict("pass" if ok and mps == "under MPS" else ("FAIL" if mps == "under MPS" else "info"),
                    f"{card.group(1).strip() if card else '?'}, {mps}, {runs.group(1) if runs else 1} runs, us/token "
                    "over native (min / median / max): " + "; ".join(parts).replace("**", ""))
+
+
+def v_twin_us(text: str) -> Verdict:
+    """bench/twin_cost.py on one file: each split mode's decode us/token over native with the same tag (rpc-bs over
+    native-bs), per run; pass when every plain route's twin median (hybrid-bs, rpc-bs; not -alt rows) is <= 100."""
+    from twin_cost import card, cell, twin_costs
+
+    costs = twin_costs(text)
+    if not costs:
+        return Verdict("info", "no mode with a native twin in the file")
+    judged = [statistics.median(xs) for (m, _), xs in costs.items() if not m.endswith("-alt")]
+    ok = bool(judged) and all(x <= 100 for x in judged)
+    return Verdict("pass" if ok else "FAIL", f"{card(text)}, us/token over the native twin (min / median / max over "
+                   "runs): " + "; ".join(f"{m} over {t} {cell(xs)}" for (m, t), xs in costs.items()).replace("**", ""))
 
 
 def v_link_calls(text: str) -> Verdict:
@@ -654,6 +669,13 @@ FIGURES = [
            ("gpu/ttft/throughput_cuda_onecard_moe16x32v152k_mps_s19b.md",
             "gpu/ttft/throughput_cuda_onecard_moe16x32v152k_mps_s19c.md"),
            lambda t, f: v_token_us(t)),
+    Figure("5s4. Decode cost per token over native with the sampling on the card in both (--backend-sampling; "
+           "one H100, MoE with a 151,936-token vocabulary; not started by run_all)",
+           "at most 100 us per token over native, hybrid and all-RPC, 3+ runs",
+           ("gpu/ttft/throughput_cuda_onecard_moe16x32v152k_mps_s19c.md",
+            "gpu/ttft/throughput_cuda_onecard_moe16x32v152k_mps_s19b.md",
+            "gpu/ttft/throughput_cuda_onecard_moe16x32_mps_s18.md"),
+           lambda t, f: v_twin_us(t)),
     Figure("5t. Experts in host RAM on a GPU: arcsplit --moe-offload 0/8/16 against llama.cpp's --n-cpu-moe by hand "
            "(one H100, MoE; not started by run_all)", "measured, decode and 512-token prefill; greedy tokens equal",
            ("gpu/ttft/moe_offload_cuda_b.md", "gpu/ttft/moe_offload_cuda_0011.md"), lambda t, f: v_offload_gpu(t)),

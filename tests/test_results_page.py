@@ -57,3 +57,31 @@ def test_the_ubatch_overlap_figure_passes_only_when_256_beats_512_on_both_routes
     worse = re.sub(r"(\| hybrid / hybrid-ub512 \| )[^|]*", r"\g<1>0.90 / **0.97** / 1.02 (1 of 3) ", text)
     assert run_all.v_ubatch_overlap(worse).status == "FAIL"
     assert run_all.v_ubatch_overlap("# nothing\n").status == "info"
+
+
+def test_split_cost_over_native_with_the_same_setting():
+    """bench/twin_cost.py: rpc-bs is judged against native-bs of the same run (not plain native, which the setting
+    does not speed up); a plain route or an -alt row without its own twin is left alone; the figure fails when a
+    route's median over its twin is above 100 us."""
+    import twin_cost
+
+    def rep(run: int, mode: str, tps: list[float]) -> str:
+        return (f"- run {run}, {mode}: ready after 1.00 s; prefill 1000.0, 1000.0; "
+                f"decode {', '.join(f'{x:.2f}' for x in tps)}; 4 streams 1.0; TTFT ms 1.0; cache on 1.0")
+
+    # native 400 t/s (2500 us), native-bs 500 (2000 us), rpc-bs 490 / 480 / 495 t/s, hybrid 350 (no twin)
+    lines = ["GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-4097bd8a-48f4-274b-da50-169789380b9f), Linux", ""]
+    for run, rpc_bs in ((1, 490.0), (2, 480.0), (3, 495.0)):
+        lines += [rep(run, "native", [400, 401, 399]), rep(run, "native-bs", [500, 500, 500]),
+                  rep(run, "rpc-bs", [rpc_bs, rpc_bs]), rep(run, "hybrid", [350])]
+    text = "\n".join(lines)
+    costs = twin_cost.twin_costs(text)
+    assert list(costs) == [("rpc-bs", "native-bs")]
+    assert [round(x) for x in costs[("rpc-bs", "native-bs")]] == [41, 83, 20]
+    v = run_all.v_twin_us(text)
+    assert v.status == "pass" and "GPU-4097bd8a" in v.detail and "+20 / +41 / +83" in v.detail
+    slow = text.replace("decode 490.00, 490.00", "decode 450.00, 450.00")  # run 1: +222 us; median now +83
+    assert run_all.v_twin_us(slow).status == "pass"
+    slower = slow.replace("decode 495.00, 495.00", "decode 460.00, 460.00")  # run 3: +174; median +174
+    assert run_all.v_twin_us(slower).status == "FAIL"
+    assert run_all.v_twin_us("no repetitions here").status == "info"
