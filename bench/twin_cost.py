@@ -75,7 +75,11 @@ def main() -> int:
              "| file | card | mode / native twin | runs | decode us/token over the twin |", "|---|---|---|---|---|"]
     found = False
     for f in a.files:
-        text = f.read_text()
+        try:
+            text = f.read_text()
+        except OSError as e:
+            print(f"cannot read {f}: {e.strerror}; name a file bench/throughput.py wrote", file=sys.stderr)
+            return 2
         for (mode, twin), xs in twin_costs(text).items():
             found = True
             lines.append(f"| `{f.name}` | {card(text)} | {mode} / {twin} | {len(xs)} | {cell(xs)} |")

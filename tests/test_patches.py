@@ -794,4 +794,3 @@ def test_the_kv_gap_switch_is_a_number_of_kib_or_one_clear_line():
         with pytest.raises(BadInput, match="ARCSPLIT_KV_GAP_KIB") as err:
             check({"ARCSPLIT_KV_GAP_KIB": "64k"})
         assert "whole number of KiB" in (err.value.fix or "")
-
