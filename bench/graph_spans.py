@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_trace import last_burst, read_trace  # noqa: E402
-from _report import write_report  # noqa: E402
+from _report import emit  # noqa: E402
 
 
 def spans(path: Path, tokens: int) -> list[float]:
@@ -38,13 +38,6 @@ def mode_proc(path: Path) -> tuple[str, str]:
     """MODE_PROCESS.tsv.gz -> (mode, process)."""
     mode, proc = path.name[:-len(".tsv.gz")].rsplit("_", 1)
     return mode, proc
-
-
-def emit(text: str, out: str) -> None:
-    if out:
-        write_report(out, text)  # prints it too
-    else:
-        print(text, end="")
 
 
 def short(name: str) -> str:

@@ -262,7 +262,8 @@ def v_token_us(text: str) -> Verdict:
 def v_twin_us(text: str) -> Verdict:
     """bench/twin_cost.py on one file: each split mode's decode us/token over native with the same tag (rpc-bs over
     native-bs), per run; pass when every plain route's twin median (hybrid-bs, rpc-bs; not -alt rows) is <= 100."""
-    from twin_cost import card, cell, twin_costs
+    from throughput import us_cell
+    from twin_cost import card, twin_costs
 
     costs = twin_costs(text)
     if not costs:
@@ -270,7 +271,7 @@ def v_twin_us(text: str) -> Verdict:
     judged = [statistics.median(xs) for (m, _), xs in costs.items() if not m.endswith("-alt")]
     ok = bool(judged) and all(x <= 100 for x in judged)
     return Verdict("pass" if ok else "FAIL", f"{card(text)}, us/token over the native twin (min / median / max over "
-                   "runs): " + "; ".join(f"{m} over {t} {cell(xs)}" for (m, t), xs in costs.items()).replace("**", ""))
+                   "runs): " + "; ".join(f"{m} over {t} {us_cell(xs)}" for (m, t), xs in costs.items()).replace("**", ""))
 
 
 def v_link_calls(text: str) -> Verdict:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import write_report  # noqa: E402
+from _report import emit  # noqa: E402
+from throughput import us_cell  # noqa: E402
 
 ROUTES = ("hybrid", "rpc")
 _REP = re.compile(r"^- run (\d+), ([\w-]+): ready after [\d.]+ s; prefill [^;]+; decode ([^;]+);", re.M)
@@ -59,10 +60,6 @@ def card(text: str) -> str:
     return f"{m.group(1).strip()} {m.group(2)}" if m else "?"
 
 
-def cell(xs: list[float]) -> str:
-    return f"{min(xs):+.0f} / **{statistics.median(xs):+.0f}** / {max(xs):+.0f}" if len(xs) > 1 else f"{xs[0]:+.0f}"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", type=Path)
@@ -82,15 +79,11 @@ def main() -> int:
             return 2
         for (mode, twin), xs in twin_costs(text).items():
             found = True
-            lines.append(f"| `{f.name}` | {card(text)} | {mode} / {twin} | {len(xs)} | {cell(xs)} |")
+            lines.append(f"| `{f.name}` | {card(text)} | {mode} / {twin} | {len(xs)} | {us_cell(xs)} |")
     if not found:
         print("no mode with a native twin in these files (e.g. rpc-bs beside native-bs)", file=sys.stderr)
         return 2
-    text = "\n".join(lines) + "\n"
-    if a.out:
-        write_report(a.out, text)
-    else:
-        print(text, end="")
+    emit("\n".join(lines) + "\n", a.out)
     return 0
 
 
