@@ -91,7 +91,7 @@ from arcsplit.proc.ports import free_port, wait_listening  # noqa: E402
 from arcsplit.run import supervisor  # noqa: E402
 # the measuring core is the product's (arcsplit tune measures the same way)
 from arcsplit.tuning.measure import (DECODE_PROMPT, complete, long_prompt, measure_decode,  # noqa: E402,F401
-                                   measure_prefill, measure_streams)
+                                   measure_prefill, measure_streams, timed)
 from _proc import stop  # noqa: E402  (bench/ is sys.path[0] when run as a script)
 
 PROMPT_TOKENS = 512
@@ -418,14 +418,6 @@ def flag(argv: list[str], name: str) -> str | None:
 
 def server_flag(r: "ModeResult", name: str) -> str | None:
     return flag(r.argv.get("server", []), name)
-
-
-def timed(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
-    """A /completion answer and its wall time on the client's clock, in ms: with n_predict 1, the time to first token
-    a user sees (the host prompt cache's work before the prompt included, which the server's timings leave out)."""
-    t0 = time.perf_counter()
-    r = complete(client, url, body)
-    return r, (time.perf_counter() - t0) * 1000
 
 
 def random_ids(client: httpx.Client, url: str, n: int, seed: int) -> list[int]:

@@ -1,14 +1,15 @@
 """arcsplit tune's pick against the fixed default order, on the rigs this machine has (CPU cards, or one GPU).
 
     python bench/tune.py [--runs N] [--rigs demo,llama,moe] [--budget S] [--per-candidate S] [--remeasure S]
-                         [--objective decode] [--out FILE]
+                         [--objective decode|prefill|streams|ttft] [--out FILE]
     python bench/tune.py --backend cuda --same-card [--card-mib N] --rigs gpu-llama,gpu-moe   # one GPU
     python bench/tune.py --backend vulkan --lavapipes --rigs tiny    # two Vulkan devices on Mesa's CPU driver
 
 Per rig and run: a fresh tune (its own results directory, so nothing is reused), then the pick and the default
 order's route (what serve runs untuned: mode auto, default settings) are each served again and measured for
 --remeasure seconds, independently of tune's own figures (tune's best-of-several is biased upward); the ratio is
-pick / default for the objective (1.0 without measuring when they are the same candidate). Then tune runs again
+pick / default for the objective (default / pick for ttft, a time: above 1 is the pick's gain either way; 1.0
+without measuring when they are the same candidate). Then tune runs again
 on the same directory: how many results it reuses and how long that takes. Rigs: demo = the demo model
 (gemma-3 270M Q4_K_M) on 2 CPU cards; llama = a synthetic llama (arcsplit/synth.py, untied output, f16) on 2 CPU
 cards; moe = a synthetic qwen3moe on 2 CPU cards (BENCH_WORK=DIR keeps the models there). Writes bench/results/tune.md with min/median/max over runs.
@@ -47,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from arcsplit import durations  # noqa: E402
+from arcsplit.objectives import LOWER_IS_BETTER, OBJECTIVES, unit  # noqa: E402
 from arcsplit.decide.prepare import ServeRequest, preview  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.tuning.candidates import Candidate  # noqa: E402
@@ -169,7 +171,7 @@ def one_run(req: ServeRequest, a: argparse.Namespace, k: int) -> dict[str, Any]:
                            "pick_ok": first.pick is not None and first.results[first.pick].get("status") == "ok",
                            "measured": sum(1 for r in first.results.values() if "decode" in r),
                            "candidates": [{k: first.results[key].get(k) for k in
-                                           ("label", "status", "prefill", "decode", "streams", "reason")}
+                                           ("label", "status", "prefill", "decode", "streams", "ttft", "reason")}
                                           for key in first.order if key in first.results]}
     if first.pick is None or first.default is None:
         out["ratio"] = None
@@ -181,7 +183,7 @@ def one_run(req: ServeRequest, a: argparse.Namespace, k: int) -> dict[str, Any]:
     keys = [first.pick, first.default] if k % 2 else [first.default, first.pick]
     got = {key: remeasure(req, key, first.results, a.remeasure, a.objective) for key in keys}
     p, dflt = got[first.pick], got[first.default]
-    out["ratio"] = p / dflt if p and dflt else None
+    out["ratio"] = ((dflt / p if a.objective in LOWER_IS_BETTER else p / dflt) if p and dflt else None)
     out["pick_fig"], out["default_fig"] = p, dflt
     return out
 
@@ -203,7 +205,8 @@ def report(a: argparse.Namespace, rows: dict[str, list[dict[str, Any]]], cmd: st
              "; the ratios compare two routes measured back to back.",
              f"- Objective {a.objective}; tune budget {a.budget:.0f} s, {a.per_candidate:.0f} s measuring per "
              f"candidate; pick and default re-measured independently for {a.remeasure:.0f} s each.", "",
-             "| rig | runs | picks | pick / default (min / median / max) | tune wall s (min / median / max) | "
+             f"| rig | runs | picks | {'default / pick' if a.objective in LOWER_IS_BETTER else 'pick / default'} "
+             "(min / median / max) | tune wall s (min / median / max) | "
              "rerun on kept results: wall s, reused | wrong routes rejected | picks correct |",
              "|---|---|---|---|---|---|---|---|"]
     for rig, runs in rows.items():
@@ -216,16 +219,20 @@ def report(a: argparse.Namespace, rows: dict[str, list[dict[str, Any]]], cmd: st
     lines += ["", "Per run:", ""]
     for rig, runs in rows.items():
         for i, r in enumerate(runs, 1):
-            figs = (f"pick {r['pick_fig']:.1f} t/s vs default {r['default_fig']:.1f} t/s"
+            u = unit(a.objective)
+            figs = (f"pick {r['pick_fig']:.1f} {u} vs default {r['default_fig']:.1f} {u}"
                     if r.get("pick_fig") and r.get("default_fig") else "same candidate: ratio 1.0, not re-measured"
                     if r.get("ratio") == 1.0 else "not measured")
             lines.append(f"- {rig} run {i}: pick `{r['pick']}`, default `{r['default']}`; {figs}; "
                          f"{r['measured']} candidates measured in {r['wall']:.0f} s")
-    lines += ["", "Every candidate of each rig's first run (t/s; tune's own short measurements):", ""]
+    lines += ["", "Every candidate of each rig's first run (t/s, time to first token in ms; tune's own short "
+                  "measurements):", ""]
     for rig, runs in rows.items():
-        lines += [f"**{rig}**", "", "| candidate | status | prefill | decode | streams | why |", "|---|---|---|---|---|---|"]
+        lines += [f"**{rig}**", "", "| candidate | status | prefill | decode | streams | ttft ms | why |",
+                  "|---|---|---|---|---|---|---|"]
         for c in runs[0].get("candidates", []):
-            cells = [f"{c[k]:.1f}" if isinstance(c.get(k), (int, float)) else "-" for k in ("prefill", "decode", "streams")]
+            cells = [f"{c[k]:.1f}" if isinstance(c.get(k), (int, float)) else "-"
+                     for k in ("prefill", "decode", "streams", "ttft")]
             why = "" if c.get("status") == "ok" else str(c.get("reason") or "")[:120].replace("|", "/")
             lines.append(f"| {c.get('label')} | {c.get('status')} | {' | '.join(cells)} | {why} |")
         lines.append("")
@@ -239,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=durations.argtype("--budget"), default=240.0, help=durations.HELP)
     p.add_argument("--per-candidate", type=durations.argtype("--per-candidate"), default=3.0, help=durations.HELP)
     p.add_argument("--remeasure", type=durations.argtype("--remeasure"), default=6.0, help=durations.HELP)
-    p.add_argument("--objective", default="decode", choices=("decode", "prefill", "streams"))
+    p.add_argument("--objective", default="decode", choices=OBJECTIVES)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "tune.md"))
     p.add_argument("--backend", default="cpu")
     p.add_argument("--same-card", action="store_true", help="one GPU named twice (see the docstring)")

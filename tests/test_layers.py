@@ -18,7 +18,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "arcsplit"
 PURE = {"model", "planner", "memory", "rig", "synth", "errors", "_dirs", "backends", "redact", "route", "hosts", "durations",
-        "modes", "roles", "samples", "netaddr"}
+        "modes", "roles", "samples", "netaddr", "objectives"}
 RANK = {**{m: 0 for m in PURE}, "llama": 1, "demo": 1, "proc": 2, "decide": 3, "run": 4, "telemetry": 5, "node": 6,
         "cli": 7, "tui": 7, "_api": 7, "_warm": 7, "inproc": 7, "__main__": 7, "report": 7, "__init__": 7, "tuning": 7}
 

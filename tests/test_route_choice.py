@@ -100,7 +100,8 @@ def test_the_table_shows_the_second_round_the_default_mark_and_whole_notes() -> 
     pick = next(row for row in choice.table() if "cpu rpc" in row)
     assert pick.startswith("*d cpu rpc")  # the pick is the default order's route: both marks
     lost = next(row for row in choice.table() if "hybrid-last" in row)
-    assert lost.split()[-2:] == ["88.0", "68.4"] and "92.7" in lost  # first round beside the second
+    # first round beside the second; "-": kept before tune measured the time to first token
+    assert lost.split()[-3:] == ["88.0", "-", "68.4"] and "92.7" in lost
     assert pick.split()[-1] == "71.9"
     pruned = next(row for row in choice.table() if "hybrid-local" in row)
     assert pruned.endswith("lower --ctx or add a card")  # the note whole, not cut mid-word
@@ -117,6 +118,44 @@ def test_tune_cli_table_says_the_faster_one_lost_the_second_round() -> None:
     said = next(row for row in out if row.startswith("cpu hybrid-last [defaults] was faster"))
     assert "92.7 t/s" in said and "lost the second round (68.4 against 71.9 t/s)" in said
     assert any(row.endswith("lower --ctx or add a card") for row in out)
+
+
+# A tune by time to first token (ms, shorter is better): the pick is the route with the shortest one, not the one
+# with the highest rates.
+BY_TTFT = {
+    "objective": "ttft", "default": "cpu:rpc:defaults", "updated": 1_780_000_000.0,
+    "picks": {"ttft": "cpu:hybrid-last:ub512", "decode": "cpu:rpc:defaults"},
+    "results": {
+        "cpu:rpc:defaults": {"candidate": {"mode": "rpc"}, "label": "cpu rpc [defaults]", "status": "ok",
+                             "prefill": 300.0, "decode": 72.3, "streams": 70.0, "ttft": 33.6, "confirm_ttft": 34.0},
+        "cpu:hybrid-last:ub512": {"candidate": {"mode": "hybrid"}, "label": "cpu hybrid-last [ub512]",
+                                  "status": "ok", "prefill": 290.0, "decode": 60.1, "streams": 58.0, "ttft": 22.4,
+                                  "confirm_ttft": 22.7},
+    },
+}
+
+
+def test_a_pick_by_time_to_first_token_shows_it_in_ms_everywhere() -> None:
+    from arcsplit.tuning.candidates import rank
+
+    assert rank(BY_TTFT["results"], "ttft") == ["cpu:hybrid-last:ub512", "cpu:rpc:defaults"]  # shortest first
+    assert rank(BY_TTFT["results"], "decode") == ["cpu:rpc:defaults", "cpu:hybrid-last:ub512"]
+    choice = choice_of(BY_TTFT, "ttft")
+    assert choice is not None and choice.objective == "ttft" and choice.ttft == 22.4
+    assert "first token 22.4 ms" in choice.line() and RouteChoice.from_dict(choice.to_dict()) == choice
+    table = choice.table()
+    assert "ttft ms" in table[0] and "2nd ttft" in table[0]
+    assert table[1].startswith(" * cpu hybrid-last [ub512]") and table[1].split()[-2:] == ["22.4", "22.7"]
+    report = TuneReport(fpmod.Fingerprint("cpu", ("0:CPU", "1:CPU"), "", "", "", "6.1", "b", "m", 1024, 1),
+                        "ttft", dict(BY_TTFT["results"]), list(BY_TTFT["results"]), "cpu:rpc:defaults",
+                        "cpu:hybrid-last:ub512", wall_s=30.0)
+    result = report.result()
+    assert result.speedup == pytest.approx(33.6 / 22.4)  # better either way reads above 1
+    said = next(row for row in tune_render(report) if row.startswith("\npick"))
+    assert "ttft 22.4 ms" in said and "33.6 ms (1.50x better)" in said
+    text = render({"state": "ready", "mode": "hybrid", "choice": choice.to_dict()}, None)
+    assert "arcsplit_route_tuned_time_to_first_token_seconds 0.0224" in text
+    assert "time_to_first_token" not in render({"state": "ready", "mode": "single", "choice": _tuned().to_dict()}, None)
 
 
 def test_prepare_carries_the_choice_it_was_given_else_says_untuned(demo_model: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -184,6 +185,34 @@ def test_rank_only_correct_measured() -> None:
                "d": {"status": "pruned"}}
     assert rank(results, "decode") == ["c", "a"]
     assert rank(results, "prefill") == ["a", "c"]
+
+
+@pytest.mark.parametrize("pick_ms, default_ms, stands", [(20.0, 30.0, True), (31.0, 30.0, False),
+                                                         (None, 30.0, False), (20.0, None, True)])
+def test_second_round_by_time_to_first_token_keeps_the_shorter(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                              pick_ms: float | None, default_ms: float | None,
+                                                              stands: bool) -> None:
+    """The second round compares times the other way round from rates; a candidate that failed it (None) loses."""
+    monkeypatch.setenv("ARCSPLIT_TUNE_DIR", str(tmp_path))
+    served: list[str] = []
+
+    def second(p: object, c: Candidate, budget_s: float, reference: object, measure: bool = True) -> dict:
+        served.append(c.key)
+        ms = pick_ms if c.mode is Mode.HYBRID else default_ms
+        return {"status": "ok", "ttft": ms} if ms is not None else {"status": "failed", "reason": "did not start"}
+
+    monkeypatch.setattr(runner, "run_candidate", second)
+    pick, default = (Candidate(Mode.HYBRID, "cpu"), Candidate(Mode.RPC, "cpu"))
+    results = {c.key: {"candidate": c.to_dict(), "label": c.key, "status": "ok", "ttft": 25.0} for c in (pick, default)}
+    report = runner.TuneReport(_fp(backend="cpu"), "ttft", results, list(results), default.key, None)
+    lines: list[str] = []
+    run = runner._Run(None, runner.TuneRequest(None, "ttft", budget_s=600), report, lines.append,  # type: ignore[arg-type]
+                      time.monotonic())
+    assert runner._confirmed(run, pick.key) == (pick.key if stands else default.key)
+    assert sorted(served) == sorted([pick.key, default.key])
+    assert results[pick.key]["confirm_ttft"] == pick_ms and "ms" in lines[-1]
+    served.clear()
+    assert runner._confirmed(run, pick.key) == (pick.key if stands else default.key) and not served  # kept, not rerun
 
 
 def _fp(**kw: object) -> fpmod.Fingerprint:

@@ -53,6 +53,8 @@ def test_tune_picks_correct_route_resumes_and_serve_uses_it(demo_model: Path, ll
     assert first.pick is not None and tried[first.pick]["status"] == "ok"
     assert first.default == "cpu:rpc:defaults" and tried[first.default]["status"] == "ok"
     assert tried[first.pick]["decode"] >= tried[first.default]["decode"]
+    # every correct route's time to first token (ms, the client's clock) is measured beside its rates
+    assert all(r["ttft"] > 0 for r in tried.values() if r["status"] == "ok")
     assert any("starting" in line for line in lines)
     assert list(tune_cache.glob("*.json"))
 
@@ -110,6 +112,18 @@ def test_tune_picks_correct_route_resumes_and_serve_uses_it(demo_model: Path, ll
     finally:
         serve.send_signal(signal.SIGINT)
         serve.wait(timeout=60)
+
+    # by time to first token: the kept figures are ranked shortest first (a second round may keep the default)
+    lines.clear()
+    by_ttft = tune(TuneRequest(req, objective="ttft", budget_s=600, per_candidate_s=1, settings=False),
+                   say=lines.append)
+    assert by_ttft.reused == len(by_ttft.order)  # the first run measured it: nothing is started for the ranking
+    ttft = {k: r["ttft"] for k, r in by_ttft.results.items() if r.get("status") == "ok"}
+    assert by_ttft.pick in (min(ttft, key=ttft.__getitem__), by_ttft.default)
+    assert all(" ms" in line for line in lines if line.startswith("second round"))
+    got = tuned(req, "ttft")
+    assert got is not None and got[0].choice is not None and got[0].choice.objective == "ttft"
+    assert got[0].choice.ttft == ttft[by_ttft.pick] and "first token" in got[1]
 
 
 def _corrupting_build(tmp: Path, bins: LlamaBinaries) -> Path:

@@ -21,6 +21,7 @@ from .. import durations
 from ..errors import BadInput
 from ..modes import AUTO, CHOICES as MODE_CHOICES
 from ..netaddr import LOOPBACK, SERVER_PORT, bus_address
+from ..objectives import OBJECTIVES
 from ..proc.ports import check_free, check_host
 from ..route import NATIVE_UBATCH, OUTPUT_LAYER_CHOICES, RPC_UBATCH
 from .options import add_card_options, add_llama_dir
@@ -69,14 +70,11 @@ def check_ports(args: argparse.Namespace) -> None:
             check_free(host, p, "the bus: events on PORT, control on PORT+1", "--bus address")
 
 
-TUNE_OBJECTIVES = ("decode", "prefill", "streams")  # tuning/candidates.py's OBJECTIVES, without importing tuning/
-
-
 def add_tune_arguments(p: argparse.ArgumentParser) -> None:
     """--objective, --budget, --per-candidate: ``arcsplit tune``'s, and ``serve --tune``'s."""
-    p.add_argument("--objective", choices=TUNE_OBJECTIVES, default="decode",
-                   help="what the pick is fastest at: decode (one stream), prefill, or streams (every slot busy: "
-                        "--parallel N) (default: decode)")
+    p.add_argument("--objective", choices=OBJECTIVES, default="decode",
+                   help="what the pick is fastest at: decode (one stream), prefill, streams (every slot busy: "
+                        "--parallel N), or ttft (the shortest time to first token of a prompt) (default: decode)")
     p.add_argument("--budget", type=durations.argtype("--budget"), default=300.0, metavar="TIME",
                    help=f"how long the whole tune may take, start-ups included: {durations.HELP} (default: 5m)")
     p.add_argument("--per-candidate", type=durations.argtype("--per-candidate"), default=15.0, metavar="TIME",

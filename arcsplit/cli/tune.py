@@ -1,6 +1,6 @@
 """``arcsplit tune MODEL``: try every route and a few settings on this machine's cards, keep the fastest correct.
 
-    arcsplit tune model.gguf --gpus 0,1 [--objective decode|prefill|streams] [--budget S] [--fresh] [--json]
+    arcsplit tune model.gguf --gpus 0,1 [--objective decode|prefill|streams|ttft] [--budget S] [--fresh] [--json]
 
 Each candidate is served for real, its output checked against a reference, and measured for a few seconds; the
 results are kept per fingerprint (cards, drivers, build, model, context, slots), so ``serve`` then uses the pick
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..objectives import unit
 from . import print_json, say
 from .serve import add_group_arguments, add_tune_arguments, split_at_double_dash
 from .serve_run import request_from_args
@@ -20,8 +21,8 @@ from .serve_run import request_from_args
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="measure every route on these cards and keep the fastest correct one",
                        description="Serve each route this build and rig allow (and a few settings on the best), "
-                                   "check its output against a reference, measure prefill, decode and all slots "
-                                   "busy, and keep the fastest correct one for this rig's fingerprint: serve uses "
+                                   "check its output against a reference, measure prefill, decode, all slots "
+                                   "busy and time to first token, and keep the fastest correct one for this rig's fingerprint: serve uses "
                                    "it by default. Arguments after -- go to llama-server.")
     p.add_argument("model", help="GGUF model file")
     add_group_arguments(p)
@@ -54,17 +55,17 @@ def render(report: Any) -> list[str]:
     if pick is None:
         out.append("no correct route was measured: see the statuses above")
         return out
-    line = f"\npick (*): {pick.label}, {objective} {pick.figure(objective) or 0:.1f} t/s"
+    u = unit(objective)
+    line = f"\npick (*): {pick.label}, {objective} {pick.figure(objective) or 0:.1f} {u}"
     theirs = default.figure(objective) if default is not None else None
     if pick.default:
         line += " (the default order's route, d)"
-    elif default is not None and theirs:
-        line += (f"; the default order's route (d) {default.label}: {theirs:.1f} t/s "
-                 f"({(pick.figure(objective) or 0) / theirs:.2f}x)")
+    elif default is not None and theirs and result.speedup:
+        line += f"; the default order's route (d) {default.label}: {theirs:.1f} {u} ({result.speedup:.2f}x better)"
     out.append(line)
     for lost in (c for c in result.candidates if c.second is not None and not c.pick and not c.default):
-        out.append(f"{lost.label} was faster in the first round ({lost.figure(objective) or 0:.1f} t/s) but lost the "
-                   f"second round ({lost.second:.1f} against {pick.second or 0:.1f} t/s): the pick is the default "
+        out.append(f"{lost.label} was faster in the first round ({lost.figure(objective) or 0:.1f} {u}) but lost the "
+                   f"second round ({lost.second:.1f} against {pick.second or 0:.1f} {u}): the pick is the default "
                    "order's route")
     out.append(f"tune took {report.wall_s:.0f} s, {report.reused} result(s) kept from earlier runs"
                + (f", {len(report.not_tried)} not tried within the budget" if report.not_tried else "")

@@ -30,7 +30,8 @@ class Outcome(StrEnum):
 
 @dataclass(frozen=True)
 class Measured:
-    """One candidate tune measured: its label, verdict and figures (t/s; None where it was not measured)."""
+    """One candidate tune measured: its label, verdict and figures (t/s; ``ttft`` in ms; None where it was not
+    measured: a result kept before tune measured time to first token has none)."""
 
     label: str
     status: Outcome
@@ -41,22 +42,23 @@ class Measured:
     pick: bool = False
     default: bool = False  # what the default order runs untuned
     key: str = ""  # the candidate's key in tune's results ("cpu:rpc:defaults")
-    second: float | None = None  # t/s by the objective in the second round (the fastest and the default, again)
+    second: float | None = None  # the objective's figure in the second round (the fastest and the default, again)
+    ttft: float | None = None  # ms, client clock: tune's prefill request (a prompt, one token, no prompt cache)
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "label": self.label, "status": self.status, "decode": self.decode,
-                "prefill": self.prefill, "streams": self.streams, "reason": self.reason, "pick": self.pick,
-                "default": self.default, "second": self.second}
+                "prefill": self.prefill, "streams": self.streams, "ttft": self.ttft, "reason": self.reason,
+                "pick": self.pick, "default": self.default, "second": self.second}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Measured":
         return cls(str(d.get("label", "")), _outcome(d.get("status")), _num(d.get("decode")), _num(d.get("prefill")),
                    _num(d.get("streams")), str(d.get("reason") or ""), bool(d.get("pick")), bool(d.get("default")),
-                   str(d.get("key") or ""), _num(d.get("second")))
+                   str(d.get("key") or ""), _num(d.get("second")), _num(d.get("ttft")))
 
     def figure(self, objective: str) -> float | None:
-        """Its t/s by ``objective`` (decode, prefill or streams)."""
-        return {"decode": self.decode, "prefill": self.prefill, "streams": self.streams}.get(objective)
+        """Its figure by ``objective``: t/s for decode, prefill or streams, ms for ttft."""
+        return {"decode": self.decode, "prefill": self.prefill, "streams": self.streams, "ttft": self.ttft}.get(objective)
 
 
 def _outcome(v: Any) -> Outcome:
@@ -87,6 +89,7 @@ class RouteChoice:
     alternatives: tuple[Measured, ...] = ()
     note: str = ""
     key: str = ""  # tune's key for the route ("cpu:rpc:defaults"), where tune measured it
+    ttft: float | None = None  # ms: tune's time to first token (None in a choice kept before tune measured it)
 
     @classmethod
     def untuned(cls, mode: str, asked: bool, note: str = "") -> "RouteChoice":
@@ -98,7 +101,8 @@ class RouteChoice:
     def to_dict(self) -> dict[str, Any]:
         return {"by": self.by, "mode": self.mode, "label": self.label, "objective": self.objective,
                 "tuned_at": self.tuned_at, "decode": self.decode, "prefill": self.prefill, "streams": self.streams,
-                "alternatives": [a.to_dict() for a in self.alternatives], "note": self.note, "key": self.key}
+                "ttft": self.ttft, "alternatives": [a.to_dict() for a in self.alternatives], "note": self.note,
+                "key": self.key}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "RouteChoice":
@@ -110,7 +114,7 @@ class RouteChoice:
         return cls(by, str(d.get("mode", "")), str(d.get("label") or ""), str(d.get("objective") or ""),
                    None if at is None else float(at), _num(d.get("decode")), _num(d.get("prefill")),
                    _num(d.get("streams")), tuple(Measured.from_dict(a) for a in d.get("alternatives") or ()),
-                   str(d.get("note") or ""), str(d.get("key") or ""))
+                   str(d.get("note") or ""), str(d.get("key") or ""), _num(d.get("ttft")))
 
     @property
     def tuned(self) -> bool:
@@ -124,7 +128,7 @@ class RouteChoice:
         if self.by is ChosenBy.TUNE:
             return (f"route: {self.label}, chosen by arcsplit tune ({self.objective}, {self.when()}): decode "
                     f"{self.decode or 0:.1f} t/s, prefill {self.prefill or 0:.1f} t/s, streams {self.streams or 0:.1f} "
-                    f"t/s, output checked")
+                    f"t/s" + (f", first token {self.ttft:.1f} ms" if self.ttft is not None else "") + ", output checked")
         if self.by is ChosenBy.ASKED:
             return f"route: {self.mode}, as asked ({self.note}; not tuned)"
         return f"route: {self.mode} by the default order ({self.note})"
@@ -139,18 +143,18 @@ LEGEND = ("* the pick, d the default order's route; 2nd: a second round of the f
 
 def table(alternatives: tuple[Measured, ...], objective: str) -> list[str]:
     """The candidates tune measured: a header, then one line each, marked as LEGEND says, with the first round's
-    figures (t/s), the second round's by ``objective`` where it ran (a faster-looking candidate that lost it is
-    not the pick), and the note whole."""
+    figures (t/s; time to first token in ms), the second round's by ``objective`` where it ran (a faster-looking
+    candidate that lost it is not the pick), and the note whole."""
     def fig(v: float | None, width: int) -> str:
         return f"{v:>{width}.1f}" if v is not None else f"{'-':>{width}}"
 
     out = [f"{'':2} {'route [settings]':<40} {'status':<9} {'prefill':>8} {'decode':>7} {'streams':>8} "
-           f"{'2nd ' + objective:>11}  note"]
+           f"{'ttft ms':>8} {'2nd ' + objective:>11}  note"]
     for a in alternatives:
         mark = ("*" if a.pick else "") + ("d" if a.default else "")  # "*d": the pick is the default's route
         second = fig(a.second, 11) if a.second is not None else f"{'':>11}"
         out.append(f"{mark:>2} {a.label:<40} {a.status:<9} {fig(a.prefill, 8)} {fig(a.decode, 7)} {fig(a.streams, 8)} "
-                   f"{second}  {a.reason}".rstrip())
+                   f"{fig(a.ttft, 8)} {second}  {a.reason}".rstrip())
     return out
 
 

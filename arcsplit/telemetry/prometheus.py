@@ -134,8 +134,13 @@ def _route(data: dict[str, Any] | None) -> list[Metric]:
                              labels=["figure"])
     for name in ("decode", "prefill", "streams"):
         figs.add_metric([name], getattr(choice, name) or 0.0)
-    return [info, figs, GaugeMetricFamily("arcsplit_route_tuned_timestamp_seconds", "when arcsplit tune measured it",
-                                          value=choice.tuned_at or 0.0)]
+    out = [info, figs, GaugeMetricFamily("arcsplit_route_tuned_timestamp_seconds", "when arcsplit tune measured it",
+                                         value=choice.tuned_at or 0.0)]
+    if choice.ttft is not None:  # a choice kept before tune measured it has none
+        out.append(GaugeMetricFamily("arcsplit_route_tuned_time_to_first_token_seconds",
+                                     "arcsplit tune's time to first token for this route (a prompt, no prompt cache)",
+                                     value=choice.ttft / 1000))
+    return out
 
 
 # Why a route is left (run/fallback.Leave): every reason shows, 0 until it happens, so an alert can rate() it.

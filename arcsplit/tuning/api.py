@@ -18,8 +18,9 @@ def tune(model: str | os.PathLike[str], gpus: Sequence[int] | str | None = None,
          budget_s: float = 300.0, per_candidate_s: float = 15.0, settings: bool = True, fresh: bool = False,
          progress: Callable[[str], None] | None = None, **options: Any) -> TuneResult:
     """Serve every route this build and these cards allow (then a few settings on the best), check each one's
-    output against a reference, measure it, and keep the fastest correct one by ``objective`` (decode, prefill,
-    or streams: all ``parallel`` slots busy) for this rig's fingerprint, where ``arcsplit serve`` then finds it.
+    output against a reference, measure it, and keep the best correct one by ``objective`` (decode, prefill,
+    streams: all ``parallel`` slots busy, or ttft: the shortest time to first token) for this rig's fingerprint,
+    where ``arcsplit serve`` then finds it.
 
     As ``arcsplit tune`` (docs/tune.md): within ``budget_s`` seconds, each started candidate measured for
     ``per_candidate_s``; ``settings`` False tries the routes only; ``fresh`` measures again what an earlier run

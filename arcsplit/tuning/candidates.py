@@ -16,13 +16,11 @@ from typing import Any, Mapping
 
 from .. import backends
 from ..decide.choice import Outcome
+from ..objectives import OBJECTIVES, better_first
 from ..llama.mode import NEO_WORKAROUND_ENV
 from ..modes import Mode
 
 Env = tuple[tuple[str, str], ...]
-
-OBJECTIVES = ("decode", "prefill", "streams")
-
 
 
 @dataclass(frozen=True)
@@ -187,12 +185,13 @@ def settings_variants(base: Candidate, route_ubatch: int, flash_default: bool, m
 
 
 def rank(results: Mapping[str, Mapping[str, Any]], objective: str) -> list[str]:
-    """Keys of the correct, measured results, fastest first for ``objective`` (decode, prefill, streams)."""
+    """Keys of the correct, measured results, best first for ``objective``: the highest rate for decode, prefill
+    and streams, the shortest time to first token for ttft. A result without that figure is not ranked."""
     if objective not in OBJECTIVES:
         raise ValueError(objective)
     ok = [(float(r[objective]), k) for k, r in results.items()
           if r.get("status") == Outcome.OK and isinstance(r.get(objective), (int, float))]
-    return [k for _, k in sorted(ok, key=lambda x: -x[0])]
+    return [k for _, k in sorted(ok, key=lambda x: better_first(objective, x[0]))]
 
 
 _SPLIT_MODES = re.compile(r"--split-mode\s+\{([^}]*)\}")

@@ -1,7 +1,9 @@
-"""Prefill, decode and N-stream speed of a running llama-server, over its HTTP API (``/completion`` timings).
+"""Prefill, decode and N-stream speed of a running llama-server, and its time to first token, over its HTTP API.
 
 Shared by ``arcsplit tune`` and bench/throughput.py. Prefill: a prompt of exactly N tokens, one token predicted,
-no prompt cache (``timings.prompt_per_second``); decode: a short prompt, n_predict tokens, eos ignored
+no prompt cache (``timings.prompt_per_second``); time to first token: that same request's wall time on the
+client's clock, which also holds what the server does per request outside the prompt's compute (its prompt cache,
+a sampler set up on the card); decode: a short prompt, n_predict tokens, eos ignored
 (``timings.predicted_per_second``); streams: N concurrent decode requests, total predicted tokens / wall time.
 """
 
@@ -38,8 +40,22 @@ def complete(client: httpx.Client, url: str, body: dict[str, Any]) -> dict[str, 
     return r.json()
 
 
+def timed(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    """A /completion answer and its wall time on the client's clock, in ms: with n_predict 1, the time to first token
+    a user sees (the host prompt cache's work before the prompt included, which the server's timings leave out)."""
+    t0 = time.perf_counter()
+    r = complete(client, url, body)
+    return r, (time.perf_counter() - t0) * 1000
+
+
 def measure_prefill(client: httpx.Client, url: str, prompt: list[int]) -> float:
-    return float(complete(client, url, {"prompt": prompt, "n_predict": 1})["timings"]["prompt_per_second"])
+    return prefill_and_ttft(client, url, prompt)[0]
+
+
+def prefill_and_ttft(client: httpx.Client, url: str, prompt: list[int]) -> tuple[float, float]:
+    """(prompt t/s by the server's timings, time to first token in ms by the client's clock) of one request."""
+    r, ms = timed(client, url, {"prompt": prompt, "n_predict": 1})
+    return float(r["timings"]["prompt_per_second"]), ms
 
 
 def measure_decode(client: httpx.Client, url: str, n_predict: int) -> float:
@@ -78,12 +94,13 @@ def measure_streams(url: str, n_predict: int, timeout: float, streams: int = 4) 
 
 @dataclass(frozen=True)
 class Figures:
-    """Medians over the repetitions that fit the budget (after one warm-up), in tokens/s."""
+    """Medians over the repetitions that fit the budget (after one warm-up), in tokens/s; ``ttft`` in ms."""
 
     prefill: float
     decode: float
     streams: float
     reps: int
+    ttft: float
 
 
 def measure_all(client: httpx.Client, url: str, budget_s: float, prompt_tokens: int = 256, n_predict: int = 32,
@@ -95,16 +112,18 @@ def measure_all(client: httpx.Client, url: str, budget_s: float, prompt_tokens: 
     p: list[float] = []
     d: list[float] = []
     s: list[float] = []
+    t: list[float] = []
     for i in range(100):
         one = time.monotonic()
-        fp = measure_prefill(client, url, prompt)
+        fp, ft = prefill_and_ttft(client, url, prompt)
         fd = measure_decode(client, url, n_predict)
         fs = measure_streams(url, n_predict, timeout, streams) if streams > 1 else fd
         if i:
             p.append(fp)
             d.append(fd)
             s.append(fs)
+            t.append(ft)
         spent = time.monotonic() - t0
         if i and spent + (time.monotonic() - one) > budget_s:
             break
-    return Figures(statistics.median(p), statistics.median(d), statistics.median(s), len(p))
+    return Figures(statistics.median(p), statistics.median(d), statistics.median(s), len(p), statistics.median(t))

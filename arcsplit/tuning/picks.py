@@ -118,15 +118,17 @@ def tuned(req: ServeRequest, objective: str | None = None) -> tuple[ServeRequest
                       for k in nexts)
     return (replace(as_run(c, choice), fallbacks=fallbacks, ruled_out=ruled),
             f"using the tuned route {label(c)}: decode {choice.decode:.1f} t/s, prefill {choice.prefill:.1f} t/s, "
-            f"correct output (arcsplit tune, {choice.when()[:10]}); --mode or --no-tune overrides it")
+            + (f"first token {choice.ttft:.1f} ms, " if choice.ttft is not None else "")
+            + f"correct output (arcsplit tune, {choice.when()[:10]}); --mode or --no-tune overrides it")
 
 
 def _tuned_choice(data: dict[str, Any], key: str, objective: str, alts: tuple[Measured, ...] = ()) -> RouteChoice:
     """A correct, measured result of tune as the choice serve carries (``alts``: every alternative, for the pick)."""
     res = data["results"][key]
+    ttft = res.get("ttft")
     return RouteChoice(ChosenBy.TUNE, str(res["candidate"]["mode"]), res.get("label") or key, objective,
                        float(data.get("updated") or 0) or None, float(res["decode"]), float(res["prefill"]),
-                       float(res["streams"]), alts, key=key)
+                       float(res["streams"]), alts, key=key, ttft=None if ttft is None else float(ttft))
 
 
 def ranked_routes(data: dict[str, Any], pick: str, objective: str) -> tuple[list[str], tuple[RuledOut, ...]]:

@@ -7,15 +7,16 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..decide.choice import LEGEND, Measured, table
+from ..objectives import LOWER_IS_BETTER
 
 
 @dataclass(frozen=True)
 class TuneResult:
     """One tune run: every candidate tried, in order, with its status (ok, wrong, failed, pruned, unchecked) and
-    figures (t/s), the pick (the fastest correct one by ``objective``; None when none was correct) and the route
-    the default order runs untuned. ``serve`` uses the pick for this rig from now on."""
+    figures (t/s; time to first token in ms), the pick (the best correct one by ``objective``; None when none was
+    correct) and the route the default order runs untuned. ``serve`` uses the pick for this rig from now on."""
 
-    objective: str  # decode | prefill | streams
+    objective: str  # decode | prefill | streams | ttft
     candidates: tuple[Measured, ...]  # in the order tried (a pruned one has no figures, a wrong one its reason)
     pick: Measured | None
     default: Measured | None
@@ -26,10 +27,13 @@ class TuneResult:
 
     @property
     def speedup(self) -> float | None:
-        """The pick's figure over the default order's route's, by ``objective``; None where either is missing."""
+        """How much better the pick is than the default order's route by ``objective`` (its rate over theirs; for
+        ttft their time over its time), so above 1 is a gain either way; None where either is missing."""
         mine = self.pick.figure(self.objective) if self.pick else None
         theirs = self.default.figure(self.objective) if self.default else None
-        return mine / theirs if mine and theirs else None
+        if not (mine and theirs):
+            return None
+        return theirs / mine if self.objective in LOWER_IS_BETTER else mine / theirs
 
     def table(self) -> list[str]:
         """Every candidate in the order tried, as every surface shows tune's results (decide/choice.py table)."""

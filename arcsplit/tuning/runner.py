@@ -25,12 +25,13 @@ from ..llama.build import managed_builds
 from ..llama.features import parse_help
 from ..llama.locate import LlamaBinaries, find_llama
 from ..modes import AUTO, Mode
+from ..objectives import OBJECTIVES, better_first, unit
 from ..proc.ports import free_port
 from ..rig import Rig
 from ..route import NATIVE_UBATCH, Route
 from . import fingerprint as fpmod
 from . import verify
-from .candidates import (DEBUG_KEY, OBJECTIVES, BuildFacts, Candidate, Outcome, Settings, rank, routes,
+from .candidates import (DEBUG_KEY, BuildFacts, Candidate, Outcome, Settings, rank, routes,
                          settings_variants, split_modes)
 from .measure import measure_all
 from .picks import fingerprint_of, label, measured, request_for
@@ -43,7 +44,7 @@ DONE = (Outcome.OK, Outcome.WRONG, Outcome.FAILED, Outcome.PRUNED)  # results a 
 @dataclass(frozen=True)
 class TuneRequest:
     serve: ServeRequest
-    objective: str = "decode"  # decode | prefill | streams (throughput at serve.parallel streams)
+    objective: str = "decode"  # decode | prefill | streams (throughput at serve.parallel streams) | ttft (ms)
     budget_s: float = 300.0  # the whole run, start-ups included
     per_candidate_s: float = 15.0  # measuring one started candidate
     settings: bool = True  # after the routes, vary settings on the best one
@@ -151,7 +152,8 @@ def run_candidate(p: Prepared, c: Candidate, budget_s: float, reference: verify.
                 "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
     status = Outcome.OK if check is not None else Outcome.UNCHECKED
     return {**out, "status": status, "reason": check.reason if check else "", "prefill": round(figs.prefill, 2),
-            "decode": round(figs.decode, 2), "streams": round(figs.streams, 2), "reps": figs.reps,
+            "decode": round(figs.decode, 2), "streams": round(figs.streams, 2), "ttft": round(figs.ttft, 1),
+            "reps": figs.reps,
             "noise": round(check.noise, 3) if check else None}
 
 
@@ -187,7 +189,9 @@ class _Run:
             return
         r.order.append(c.key)
         had = r.results.get(c.key)
-        if had and had.get("status") in DONE and not self.treq.fresh:
+        # a correct result kept before tune measured this objective's figure (ttft) is measured again
+        if had and had.get("status") in DONE and not self.treq.fresh \
+                and (had.get("status") != Outcome.OK or self.treq.objective in had):
             r.reused += 1
             self.adopt(c, had)
             self.say(f"{where} {label(c)}: {line(had)} (kept from an earlier run)")
@@ -226,8 +230,9 @@ def line(res: dict[str, Any]) -> str:
     if st in (Outcome.OK, Outcome.UNCHECKED) and "decode" not in res:
         return "correct" if st == Outcome.OK else "not yet checked"
     if st in (Outcome.OK, Outcome.UNCHECKED):
+        ttft = f", first token in {res['ttft']:.1f} ms" if res.get("ttft") is not None else ""
         figs = (f"prefill {res['prefill']:.1f}, decode {res['decode']:.1f}, {res['streams']:.1f} with all slots "
-                f"busy (t/s, ready in {res.get('ready_s', 0):.1f} s)")
+                f"busy (t/s){ttft}, ready in {res.get('ready_s', 0):.1f} s")
         return f"{'correct' if st == 'ok' else 'not yet checked'}; {figs}"
     if st == Outcome.WRONG:
         return f"REJECTED, loads but computes wrong: {res.get('reason')}"
@@ -288,19 +293,27 @@ def _confirmed(run: _Run, pick: str) -> str:
     if default is None or pick == default or not base or base.get("status") != Outcome.OK:
         return pick
     figs = {k: r.results[k].get(f"confirm_{objective}") for k in (default, pick)}
-    if any(v is None for v in figs.values()):
+    if any(f"confirm_{objective}" not in r.results[k] for k in (default, pick)):  # kept as None where it failed
         if time.monotonic() - run.t0 + 2 * run.estimate() > run.treq.budget_s:
             run.say(f"pick {r.results[pick]['label']} not confirmed: --budget leaves no time for a second round")
             return pick
         for k in (default, pick):
             res = run_candidate(run.p, Candidate.from_dict(r.results[k]["candidate"]), run.treq.per_candidate_s,
                                 run.reference, measure=True)
-            figs[k] = res.get(objective) if res.get("status") in (Outcome.OK, Outcome.UNCHECKED) else 0.0
+            ok = res.get("status") in (Outcome.OK, Outcome.UNCHECKED) and res.get(objective) is not None
+            figs[k] = res.get(objective) if ok else None
             r.results[k][f"confirm_{objective}"] = figs[k]
         run.keep()
-    won = (figs[pick] or 0.0) >= (figs[default] or 0.0)
-    run.say(f"second round, {objective}: {r.results[pick]['label']} {figs[pick] or 0:.1f} t/s, the default "
-            f"{base['label']} {figs[default] or 0:.1f} t/s: "
+    mine, theirs = figs[pick], figs[default]
+    # a round in which the pick did not run loses; one in which only the default failed is the pick's
+    won = mine is not None and (theirs is None or better_first(objective, mine) <= better_first(objective, theirs))
+    u = unit(objective)
+
+    def shown(v: float | None) -> str:
+        return f"{v:.1f} {u}" if v is not None else "failed"
+
+    run.say(f"second round, {objective}: {r.results[pick]['label']} {shown(mine)}, the default "
+            f"{base['label']} {shown(theirs)}: "
             + ("the pick stands" if won else "not confirmed, the default order's route is kept"))
     return pick if won else default
 
