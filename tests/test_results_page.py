@@ -85,3 +85,16 @@ def test_split_cost_over_native_with_the_same_setting():
     slower = slow.replace("decode 495.00, 495.00", "decode 460.00, 460.00")  # run 3: +174; median +174
     assert run_all.v_twin_us(slower).status == "FAIL"
     assert run_all.v_twin_us("no repetitions here").status == "info"
+
+
+def test_tune_verdict_reads_only_the_rig_table_whatever_follows_it():
+    """bench/tune.py's file: the rig table, then per-candidate tables (7 columns since time to first token), which
+    must not be read as rigs; a pick slower than the default by more than the noise fails."""
+    rig = "| rig | runs | picks | default / pick (min / median / max) | wall | rerun | wrong | picks correct |\n" \
+          "|---|---|---|---|---|---|---|---|\n| llama | 3 | p | {r} / 1.80 / 1.86 | 34 / 35 / 35 | x | 0 | 3/3 |\n"
+    cands = "\n**llama**\n\n| candidate | status | prefill | decode | streams | ttft ms | why |\n" \
+            "|---|---|---|---|---|---|---|\n| cpu rpc [defaults] | ok | 1.0 | 2.0 | 3.0 | 79.0 |  |\n"
+    good = run_all.v_tune(rig.format(r="1.73") + cands, "default/pick")
+    assert good.status == "pass" and "llama: default/pick 1.73 / 1.80 / 1.86" in good.detail
+    assert "cpu rpc" not in good.detail
+    assert run_all.v_tune(rig.format(r="0.80") + cands, "default/pick").status == "FAIL"

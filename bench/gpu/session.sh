@@ -59,6 +59,9 @@
 #        594 KiB of logits a token costs each route (MOE_MODES)
 #   phase tune152k: arcsplit tune on that model and --gpus 0 (TUNE_OBJECTIVE, default decode; TUNE_BUDGET), then
 #        arcsplit plan: which settings it keeps (--backend-sampling is one it tries on a GPU)
+#   phase bslog: where --backend-sampling's ~15 ms a request goes on CUDA: native llama-server on the 152k MoE, with
+#        and without the flag, -lv 4 --log-timestamps, a 512-token prompt then BSLOG_REPS cached repeats (the
+#        client's wall time each); the logs come back whole (bslog_{host,bs}.log) to be read line by line
 #   MODEL=moe bash bench/gpu/session.sh onecard  # ONE GPU: llama-server and rpc-servers share it (--same-card),
 #        RUNS independent runs (default 3) of MODES (default native,hybrid,hybrid-stock,rpc,rpc-stock);
 #        MODEL=moe: a 3.8 GiB F16 qwen3moe (16 layers, 32 experts, 4 used), MODEL=dense: the 7.2B F16 llama
@@ -200,6 +203,37 @@ pack() {
   tar cf - -C "$(dirname "$dir")" "$(basename "$dir")/bin" | xz -T0 -6 \
     | split -b 15M -d -a 1 - "$OUT/$(basename "$dir").tar.xz."
   ls -l "$OUT/$(basename "$dir").tar.xz."*
+}
+
+bslog() {
+  model152k; build
+  local tag bs port pid
+  for tag in host bs; do
+    bs=; [ "$tag" = bs ] && bs=--backend-sampling
+    port=$(python3 -c "from arcsplit.proc.ports import free_port; print(free_port())")
+    "$ARCSPLIT_LLAMA_DIR/llama-server" -m "$MOE152" --host 127.0.0.1 --port "$port" -ngl 99 -c 8192 -np 4 \
+      --kv-unified -fa on -lv 4 --log-timestamps $bs > "$OUT/bslog_$tag.log" 2>&1 &
+    pid=$!
+    python3 - "$port" "$tag" "${BSLOG_REPS:-5}" <<'PY' | tee -a "$OUT/bslog_times.txt"
+import sys, time, httpx
+port, tag, reps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+url = f"http://127.0.0.1:{port}"
+for _ in range(600):
+    try:
+        if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+            break
+    except httpx.HTTPError:
+        pass
+    time.sleep(0.5)
+from arcsplit.tuning.measure import long_prompt, timed
+with httpx.Client(timeout=120) as c:
+    prompt = long_prompt(c, url, 512)
+    for i in range(reps + 1):
+        _, ms = timed(c, url, {"prompt": prompt, "n_predict": 1, "cache_prompt": True})
+        print(f"{tag} request {i}: {ms:.1f} ms ({'the prompt computed' if i == 0 else 'cached'})", flush=True)
+PY
+    kill "$pid"; wait "$pid" 2>/dev/null
+  done
 }
 
 onecard() {
@@ -385,6 +419,7 @@ case "${1:-all}" in
         trace-dense-light) MODEL=$DENSE TMODES=${TMODES_DENSE:-native,hybrid} ARCSPLIT_CUPTI_LIGHT=1 trace ;;
         moe-mps) MODEL=$MOE MPS_MODES=${MOE_MODES:-${MPS_MODES:-}} mps ;;
         moe152k-mps) model152k; MODEL=$MOE152 MPS_MODES=${MOE_MODES:-${MPS_MODES:-}} mps ;;
+        bslog) bslog ;;
         tune152k) model152k; build
                   arcsplit tune "$MOE152" --gpus 0 --backend cuda --objective "${TUNE_OBJECTIVE:-decode}" \
                     --budget "${TUNE_BUDGET:-120}" --per-candidate 4 > "$OUT/tune_cli_152k.txt" 2>&1
