@@ -215,6 +215,22 @@ def test_second_round_by_time_to_first_token_keeps_the_shorter(monkeypatch: pyte
     assert runner._confirmed(run, pick.key) == (pick.key if stands else default.key) and not served  # kept, not rerun
 
 
+def test_serve_without_objective_runs_the_pick_of_the_objective_last_tuned() -> None:
+    """A rig tuned by ttft (or streams) only: serve without --objective must find that pick, as plan does, not look
+    for a decode pick that was never made; tune and serve --tune still measure by decode unless told."""
+    from arcsplit.cli import build_parser
+    from arcsplit.tuning.picks import choice_of
+
+    assert build_parser("serve").parse_args(["serve", "m.gguf"]).objective is None
+    assert build_parser("tune").parse_args(["tune", "m.gguf"]).objective == "decode"
+    assert build_parser("serve").parse_args(["serve", "m.gguf", "--objective", "ttft"]).objective == "ttft"
+    data = {"objective": "ttft", "picks": {"ttft": "k"},
+            "results": {"k": {"candidate": {"mode": "rpc"}, "status": "ok", "decode": 1.0, "prefill": 2.0,
+                              "streams": 3.0, "ttft": 40.0}}}
+    got = choice_of(data, None)
+    assert got is not None and got.objective == "ttft" and choice_of(data, "decode") is None
+
+
 def _fp(**kw: object) -> fpmod.Fingerprint:
     base = dict(backend="sycl", cards=("0:Arc B70:32", "1:Arc B70:32"), driver="", neo="26.35.39758.10",
                 xe="version 1.0-backport", kernel="6.8.0", build="/b/llama-server@1:2", model="abc:1:2",

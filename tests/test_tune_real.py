@@ -124,6 +124,8 @@ def test_tune_picks_correct_route_resumes_and_serve_uses_it(demo_model: Path, ll
     got = tuned(req, "ttft")
     assert got is not None and got[0].choice is not None and got[0].choice.objective == "ttft"
     assert got[0].choice.ttft == ttft[by_ttft.pick] and "first token" in got[1]
+    last = tuned(req)  # serve and plan without --objective: the objective this rig was last tuned for
+    assert last is not None and last[0].choice is not None and last[0].choice.objective == "ttft"
 
 
 def _corrupting_build(tmp: Path, bins: LlamaBinaries) -> Path:

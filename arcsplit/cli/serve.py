@@ -70,11 +70,15 @@ def check_ports(args: argparse.Namespace) -> None:
             check_free(host, p, "the bus: events on PORT, control on PORT+1", "--bus address")
 
 
-def add_tune_arguments(p: argparse.ArgumentParser) -> None:
-    """--objective, --budget, --per-candidate: ``arcsplit tune``'s, and ``serve --tune``'s."""
-    p.add_argument("--objective", choices=OBJECTIVES, default="decode",
+def add_tune_arguments(p: argparse.ArgumentParser, serve: bool = False) -> None:
+    """--objective, --budget, --per-candidate: ``arcsplit tune``'s, and ``serve --tune``'s. serve's --objective
+    has no default: without it serve runs the pick of the objective this rig was last tuned for (a tune by ttft
+    must not leave serve untuned), and --tune measures by decode."""
+    p.add_argument("--objective", choices=OBJECTIVES, default=None if serve else "decode",
                    help="what the pick is fastest at: decode (one stream), prefill, streams (every slot busy: "
-                        "--parallel N), or ttft (the shortest time to first token of a prompt) (default: decode)")
+                        "--parallel N), or ttft (the shortest time to first token of a prompt) "
+                        + ("(default: the pick of the objective last tuned for; --tune: decode)" if serve
+                           else "(default: decode)"))
     p.add_argument("--budget", type=durations.argtype("--budget"), default=300.0, metavar="TIME",
                    help=f"how long the whole tune may take, start-ups included: {durations.HELP} (default: 5m)")
     p.add_argument("--per-candidate", type=durations.argtype("--per-candidate"), default=15.0, metavar="TIME",
@@ -200,7 +204,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="run `arcsplit tune` first (results kept for this rig are reused), then serve its pick")
     p.add_argument("--no-tune", action="store_true",
                    help="ignore a tuned result for this rig: the fixed default order decides (as --mode does)")
-    add_tune_arguments(p)
+    add_tune_arguments(p, serve=True)
     p.add_argument("--layout", metavar="FILE",
                    help="serve on the cards of a layout TOML, other hosts' included ([[hosts]]: their rpc-servers "
                         "are started over ssh by `arcsplit node --stdio`; docs/multihost.md)")

@@ -97,7 +97,8 @@ def _tuned_request(args: argparse.Namespace) -> Any:
     if getattr(args, "tune", False):
         from ..tuning.runner import run_from  # start-up: httpx and the tune runner, only with --tune
 
-        run_from(req, args.objective, args.budget, args.per_candidate, say=lambda line: _say(f"tune: {line}"))
+        run_from(req, args.objective or "decode", args.budget, args.per_candidate,
+                 say=lambda line: _say(f"tune: {line}"))
     got = None if getattr(args, "no_tune", False) else tuned(req, getattr(args, "objective", None))
     if got is None:
         return remembered(req)
