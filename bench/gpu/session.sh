@@ -212,7 +212,7 @@ bslog() {
     bs=; [ "$tag" = bs ] && bs=--backend-sampling
     port=$(python3 -c "from arcsplit.proc.ports import free_port; print(free_port())")
     "$ARCSPLIT_LLAMA_DIR/llama-server" -m "$MOE152" --host 127.0.0.1 --port "$port" -ngl 99 -c 8192 -np 4 \
-      --kv-unified -fa on -lv 4 --log-timestamps $bs > "$OUT/bslog_$tag.log" 2>&1 &
+      --kv-unified -fa on -lv 5 --log-timestamps $bs > "$OUT/bslog_$tag.log" 2>&1 &
     pid=$!
     python3 - "$port" "$tag" "${BSLOG_REPS:-5}" <<'PY' | tee -a "$OUT/bslog_times.txt"
 import sys, time, httpx
