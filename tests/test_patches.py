@@ -794,3 +794,71 @@ def test_the_kv_gap_switch_is_a_number_of_kib_or_one_clear_line():
         with pytest.raises(BadInput, match="ARCSPLIT_KV_GAP_KIB") as err:
             check({"ARCSPLIT_KV_GAP_KIB": "64k"})
         assert "whole number of KiB" in (err.value.fix or "")
+
+
+def test_the_sampler_reserve_switch_is_0_or_1_or_one_clear_line():
+    """Patch 0013 reads ARCSPLIT_SAMPLER_RESERVE in llama-server (1: reserve for every new chain, as stock)."""
+    from arcsplit.errors import BadInput
+
+    assert patches.sampler_reserve_each_request({}) is False
+    assert patches.sampler_reserve_each_request({patches.SAMPLER_RESERVE_ENV: "1"}) is True
+    with pytest.raises(BadInput, match="ARCSPLIT_SAMPLER_RESERVE"):
+        patches.check_switches({patches.SAMPLER_RESERVE_ENV: "yes"})
+
+
+def _sampler_reserves(llama_bins, model: Path, log: Path, reserve: str,
+                      bodies: list[dict]) -> tuple[int, list[int], list[list[int]]]:
+    """llama-server with --backend-sampling and one slot: the scheduler reservations its log shows once it is ready
+    and after each request of ``bodies``, and the tokens of the greedy ones (those with a temperature)."""
+    port = free_port()
+    argv = [str(llama_bins.bin_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+            "-c", "1024", "-np", "1", "-t", "1", "--backend-sampling", "-lv", "4", "--seed", "7"]
+    env = {**os.environ, patches.SAMPLER_RESERVE_ENV: reserve}
+    env.pop(patches.STOCK_ENV, None)
+    url = f"http://127.0.0.1:{port}"
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        for _ in range(600):
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            assert proc.poll() is None, log.read_text()[-2000:]
+            subprocess.run(["sleep", "0.1"], check=True)
+        counts = [log.read_text().count("reserve took")]
+        greedy = []
+        for i, body in enumerate(bodies):
+            r = httpx.post(f"{url}/completion", json={"prompt": f"Story {i} about the sea", "n_predict": 8, **body},
+                           timeout=120)
+            r.raise_for_status()
+            assert r.json()["tokens_predicted"] >= 1
+            if "temperature" in body:
+                greedy.append(r.json()["tokens"])
+            counts.append(log.read_text().count("reserve took"))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return counts[0], [c - counts[0] for c in counts[1:]], greedy
+
+
+@pytest.mark.slow
+def test_backend_sampling_reserves_the_scheduler_only_when_the_graph_may_grow(llama_bins, tmp_path):
+    """Patch 0013: with --backend-sampling llama-server gives a slot a new sampler chain with every request (and
+    takes it away at the end), and stock llama.cpp then builds a new scheduler and reserves its buffers again
+    before the request's first token: on one H100 15 ms of every time to first token. Patched, a reservation comes
+    only when the new chain could make the graph larger than the last reservation allowed for (a logit bias for EOS,
+    ignore_eos, adds nodes); chains met before, or smaller ones, never. Clients that alternate such settings (the bench's decode ignores EOS, its prompts do not) are what
+    the first attempt, keyed on the chain's make (bench/patches-tried/0012), still reserved for. The greedy tokens
+    are the same as with stock's reservations (ARCSPLIT_SAMPLER_RESERVE=1)."""
+    model = write_llama(tmp_path / "llama.gguf", n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_vocab=512)
+    bodies = [{}, {"ignore_eos": True}, {"temperature": 0, "return_tokens": True}, {"ignore_eos": True},
+              {"ignore_eos": True, "temperature": 0, "return_tokens": True}, {}]
+    start_on, added_on, greedy_on = _sampler_reserves(llama_bins, model, tmp_path / "on.log", "0", bodies)
+    start_off, added_off, greedy_off = _sampler_reserves(llama_bins, model, tmp_path / "off.log", "1", bodies)
+    assert start_on == start_off >= 1
+    assert added_off == [1, 2, 3, 4, 5, 6], added_off  # stock: one reservation a request
+    # patched: a chain met before (requests 3 and 5 repeat 1 and 0) or no larger never reserves; at most one
+    # reservation per chain that makes the graph larger than any before it
+    assert added_on[3] == added_on[2] and added_on[5] == added_on[4], added_on
+    assert added_on == sorted(added_on) and added_on[-1] <= 3, added_on
+    assert greedy_on == greedy_off and len(greedy_on) == 2 and all(len(g) == 8 for g in greedy_on)

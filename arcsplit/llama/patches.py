@@ -54,6 +54,10 @@ KV_GAP_ENV = "ARCSPLIT_KV_GAP_KIB"
 # patch 0011: 0 in llama-server loads a cached prompt into the slot of a request with cache_prompt false, as stock does
 # (it is dropped at once, and gone from the cache); on by default: such a request's slot starts empty
 SKIP_LOAD_ENV = "ARCSPLIT_SKIP_UNUSED_LOAD"
+# patch 0013: 1 in llama-server reserves its scheduler again whenever a sequence gets a new backend sampler chain
+# (--backend-sampling: every request), as stock does; off by default: only when the graph may grow past the last
+# reservation
+SAMPLER_RESERVE_ENV = "ARCSPLIT_SAMPLER_RESERVE"
 SHM_ENV = "ARCSPLIT_RPC_SHM"  # patch 0008: 1 in llama-server and an rpc-server on one host: shared-memory link
 # patch 0008: what one such link holds in /dev/shm while it is open (a header page, then a 4 MiB ring each way)
 SHM_LINK_BYTES = 4096 + 2 * (4 << 20)
@@ -258,6 +262,12 @@ def unused_loads_skipped(environ: Mapping[str, str] = os.environ) -> bool:
     return _switch(environ, SKIP_LOAD_ENV, True, "load a cached prompt for every request, as llama.cpp does")
 
 
+def sampler_reserve_each_request(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether llama-server with backend sampling reserves its scheduler for every request's new sampler chain, as
+    stock does (patch 0013): off unless the user's ARCSPLIT_SAMPLER_RESERVE says 1. llama-server reads it itself."""
+    return _switch(environ, SAMPLER_RESERVE_ENV, False, "reserve the scheduler for every request, as llama.cpp does")
+
+
 def check_switches(environ: Mapping[str, str] = os.environ) -> None:
     """Every patch switch llama.cpp's processes read themselves, checked before one starts: a value they cannot
     parse is refused here (BadInput), not taken silently as on or off. A new switch is added here only."""
@@ -270,6 +280,7 @@ def check_switches(environ: Mapping[str, str] = os.environ) -> None:
     queued_sets_on(environ)
     gated_sets_on(environ)
     unused_loads_skipped(environ)
+    sampler_reserve_each_request(environ)
 
 
 def kv_state_spans(kib: int) -> contextlib.AbstractContextManager[None]:
