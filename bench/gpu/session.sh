@@ -214,29 +214,7 @@ bslog() {
     "$ARCSPLIT_LLAMA_DIR/llama-server" -m "$MOE152" --host 127.0.0.1 --port "$port" -ngl 99 -c 8192 -np 4 \
       --kv-unified -fa on -lv 5 --log-timestamps $bs > "$OUT/bslog_$tag.log" 2>&1 &
     pid=$!
-    python3 - "$port" "$tag" "${BSLOG_REPS:-5}" <<'PY' | tee -a "$OUT/bslog_times.txt"
-import os, sys, time, httpx
-port, tag, reps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-url = f"http://127.0.0.1:{port}"
-for _ in range(600):
-    try:
-        if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-            break
-    except httpx.HTTPError:
-        pass
-    time.sleep(0.5)
-from arcsplit.tuning.measure import long_prompt, measure_streams, timed
-streams = os.environ.get("BSLOG_STREAMS") == "1"  # 4 parallel 8-token streams before each request, as the bench does
-with httpx.Client(timeout=120) as c:
-    prompt = long_prompt(c, url, 512)
-    for i in range(reps + 1):
-        if streams:
-            measure_streams(url, 8, 120)
-        _, ms = timed(c, url, {"prompt": prompt, "n_predict": 1, "cache_prompt": True})
-        _, off = timed(c, url, {"prompt": prompt, "n_predict": 1, "cache_prompt": False})
-        print(f"{tag} request {i}: {ms:.1f} ms ({'the prompt computed' if i == 0 else 'cached'}), "
-              f"then cache off {off:.1f} ms", flush=True)
-PY
+    python3 bench/gpu/bslog_requests.py "$port" "$tag" "${BSLOG_REPS:-5}" | tee -a "$OUT/bslog_times.txt"
     kill "$pid"; wait "$pid" 2>/dev/null
   done
 }
