@@ -22,8 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="measure every route on these cards and keep the fastest correct one",
                        description="Serve each route this build and rig allow (and a few settings on the best), "
                                    "check its output against a reference, measure prefill, decode, all slots "
-                                   "busy and time to first token, and keep the fastest correct one for this rig's fingerprint: serve uses "
-                                   "it by default. Arguments after -- go to llama-server.")
+                                   "busy and time to first token, and keep the best correct one by --objective "
+                                   "for this rig's fingerprint: serve uses it by default. Arguments after -- go "
+                                   "to llama-server.")
     p.add_argument("model", help="GGUF model file")
     add_group_arguments(p)
     add_tune_arguments(p)
