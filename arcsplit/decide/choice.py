@@ -58,7 +58,8 @@ class Measured:
 
     def figure(self, objective: str) -> float | None:
         """Its figure by ``objective``: t/s for decode, prefill or streams, ms for ttft."""
-        return {"decode": self.decode, "prefill": self.prefill, "streams": self.streams, "ttft": self.ttft}.get(objective)
+        figures = {"decode": self.decode, "prefill": self.prefill, "streams": self.streams, "ttft": self.ttft}
+        return figures.get(objective)
 
 
 def _outcome(v: Any) -> Outcome:
@@ -126,9 +127,10 @@ class RouteChoice:
     def line(self) -> str:
         """The one line every surface shows."""
         if self.by is ChosenBy.TUNE:
+            ttft = f", first token {self.ttft:.1f} ms" if self.ttft is not None else ""
             return (f"route: {self.label}, chosen by arcsplit tune ({self.objective}, {self.when()}): decode "
                     f"{self.decode or 0:.1f} t/s, prefill {self.prefill or 0:.1f} t/s, streams {self.streams or 0:.1f} "
-                    f"t/s" + (f", first token {self.ttft:.1f} ms" if self.ttft is not None else "") + ", output checked")
+                    f"t/s{ttft}, output checked")
         if self.by is ChosenBy.ASKED:
             return f"route: {self.mode}, as asked ({self.note}; not tuned)"
         return f"route: {self.mode} by the default order ({self.note})"
