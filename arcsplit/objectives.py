@@ -16,3 +16,9 @@ def unit(objective: str) -> str:
 def better_first(objective: str, value: float) -> float:
     """A sort key that puts the better figure by ``objective`` first: the shorter time, the higher rate."""
     return value if objective in LOWER_IS_BETTER else -value
+
+
+def gain(objective: str, mine: float, theirs: float) -> float:
+    """How much better ``mine`` is than ``theirs`` by ``objective``, above 1 a gain either way: the rate over theirs,
+    or their time over mine."""
+    return theirs / mine if objective in LOWER_IS_BETTER else mine / theirs

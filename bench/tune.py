@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from arcsplit import durations  # noqa: E402
-from arcsplit.objectives import LOWER_IS_BETTER, OBJECTIVES, unit  # noqa: E402
+from arcsplit.objectives import LOWER_IS_BETTER, OBJECTIVES, gain, unit  # noqa: E402
 from arcsplit.decide.prepare import ServeRequest, preview  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.tuning.candidates import Candidate  # noqa: E402
@@ -183,7 +183,7 @@ def one_run(req: ServeRequest, a: argparse.Namespace, k: int) -> dict[str, Any]:
     keys = [first.pick, first.default] if k % 2 else [first.default, first.pick]
     got = {key: remeasure(req, key, first.results, a.remeasure, a.objective) for key in keys}
     p, dflt = got[first.pick], got[first.default]
-    out["ratio"] = ((dflt / p if a.objective in LOWER_IS_BETTER else p / dflt) if p and dflt else None)
+    out["ratio"] = gain(a.objective, p, dflt) if p and dflt else None
     out["pick_fig"], out["default_fig"] = p, dflt
     return out
 

@@ -16,9 +16,9 @@ from typing import Any, Mapping
 
 from .. import backends
 from ..decide.choice import Outcome
-from ..objectives import OBJECTIVES, better_first
 from ..llama.mode import NEO_WORKAROUND_ENV
 from ..modes import Mode
+from ..objectives import OBJECTIVES, better_first
 
 Env = tuple[tuple[str, str], ...]
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..decide.choice import LEGEND, Measured, table
-from ..objectives import LOWER_IS_BETTER
+from ..objectives import gain
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class TuneResult:
         theirs = self.default.figure(self.objective) if self.default else None
         if not (mine and theirs):
             return None
-        return theirs / mine if self.objective in LOWER_IS_BETTER else mine / theirs
+        return gain(self.objective, mine, theirs)
 
     def table(self) -> list[str]:
         """Every candidate in the order tried, as every surface shows tune's results (decide/choice.py table)."""

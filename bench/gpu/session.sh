@@ -60,8 +60,8 @@
 #   phase tune152k: arcsplit tune on that model and --gpus 0 (TUNE_OBJECTIVE, default decode; TUNE_BUDGET), then
 #        arcsplit plan: which settings it keeps (--backend-sampling is one it tries on a GPU)
 #   phase bslog: where --backend-sampling's ~15 ms a request goes on CUDA: native llama-server on the 152k MoE, with
-#        and without the flag, -lv 5 --log-timestamps, a 512-token prompt then BSLOG_REPS cached repeats (the
-#        client's wall time each); the logs come back whole (bslog_{host,bs}.log) to be read line by line
+#        and without the flag, -lv 5 --log-timestamps, bench/gpu/bslog_requests.py's requests (BSLOG_REPS,
+#        BSLOG_STREAMS); the logs come back whole (bslog_{host,bs}.log) to be read line by line
 #   MODEL=moe bash bench/gpu/session.sh onecard  # ONE GPU: llama-server and rpc-servers share it (--same-card),
 #        RUNS independent runs (default 3) of MODES (default native,hybrid,hybrid-stock,rpc,rpc-stock);
 #        MODEL=moe: a 3.8 GiB F16 qwen3moe (16 layers, 32 experts, 4 used), MODEL=dense: the 7.2B F16 llama
