@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama  # noqa: E402
 from arcsplit.llama.build import cache_trees  # noqa: E402
-from arcsplit.llama.patches import PINNED_ENV, SHM_ENV, SPIN_ENV  # noqa: E402
+from arcsplit.llama.patches import IN_PLACE_ENV, PINNED_ENV, SHM_ENV, SPIN_ENV  # noqa: E402
 from arcsplit.proc.ports import free_port, wait_listening  # noqa: E402
 from throughput import build_line  # noqa: E402
 from _proc import stop  # noqa: E402
@@ -85,12 +85,13 @@ def one_run(rpc_server: Path, client: Path, env: dict[str, str], sizes: list[int
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def link_variant(shm: bool, spin_us: int, pinned: bool = True) -> tuple[str, dict[str, str]]:
+def link_variant(shm: bool, spin_us: int, pinned: bool = True, in_place: bool = True) -> tuple[str, dict[str, str]]:
     """A row: its name and the environment of both ends (patch 0008's link on or off, 0005's polling budget,
-    0001's page-locked device reads)."""
+    0001's page-locked device reads, 0014's sets sent from where their data lies)."""
     name = ("shared memory" if shm else "loopback TCP") + (f", polling {spin_us} us" if spin_us else "") \
-        + ("" if pinned else ", pageable reads")
-    return name, {SHM_ENV: "1" if shm else "0", SPIN_ENV: str(spin_us), **({} if pinned else {PINNED_ENV: "0"})}
+        + ("" if pinned else ", pageable reads") + ("" if in_place else ", sets copied first")
+    return name, {SHM_ENV: "1" if shm else "0", SPIN_ENV: str(spin_us), **({} if pinned else {PINNED_ENV: "0"}),
+                  **({} if in_place else {IN_PLACE_ENV: "0"})}
 
 
 def spread(values: list[float]) -> str:
@@ -113,6 +114,8 @@ def main() -> None:
     variants = [link_variant(shm, spin) for spin in spins for shm in (True, False)]
     if a.backend != "cpu":  # the client has a card of its own: its reads into page-locked memory, on and off
         variants.append(link_variant(True, spins[0], pinned=False))
+    # patch 0014 off: every upload copied into a block of the client's own first, as stock does
+    variants += [link_variant(shm, spins[0], in_place=False) for shm in (True, False)]
     results: dict[str, list[dict[tuple[str, int], float]]] = {name: [] for name, _ in variants}
     with tempfile.TemporaryDirectory(prefix="rpc-link-") as tmp:
         client = compile_client(Path(bins.bin_dir), Path(tmp))
@@ -141,7 +144,10 @@ def main() -> None:
              "into a compute buffer, then a 4-byte GET (so it has landed); download = GET_TENSOR of N bytes; round "
              "trip = a 4-byte GET; device upload = a copy from a tensor on the client's own card into the "
              "rpc-server's buffer, then a 4-byte GET. Shared-memory rows: patch 0008 (ARCSPLIT_RPC_SHM=1 on both "
-             "ends, the rpc-server's log says it linked); TCP rows: the same build with ARCSPLIT_RPC_SHM=0.", "",
+             "ends, the rpc-server's log says it linked); TCP rows: the same build with ARCSPLIT_RPC_SHM=0. An upload of "
+             "256 KiB or more leaves from the client's own memory (patch 0014); rows 'sets copied first': "
+             "ARCSPLIT_RPC_IN_PLACE=0, the data copied into a block of the client's own before it is sent, as stock "
+             "does.", "",
              "".join(head), "|---|" + "---|" * len(keys)]
     for name, runs in results.items():
         lines.append(f"| {name} | " + " | ".join(spread([r[k] for r in runs]) for k in keys) + " |")

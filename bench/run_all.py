@@ -105,6 +105,32 @@ def v_ubatch_overlap(text: str) -> Verdict:
                    "256 was faster): " + "; ".join(f"{r} {c}" for r, c in found))
 
 
+def v_in_place(text: str) -> Verdict:
+    """bench/rpc_link.py's uploads with patch 0014 (sets sent from where their data lies) against the rows with it off
+    ("sets copied first"), shared memory and TCP, each with polling: pass when every upload of 4 MiB or more is
+    faster in place (medians over runs)."""
+    rows = table_rows(text)
+    header = next((r for r in rows if r and r[0] == "link"), None)
+    if header is None:
+        return Verdict("info", "no link table in the file")
+    cols = [i for i, h in enumerate(header) if h.startswith("upload") and float(h.split()[1]) >= 4]
+    by_name = {r[0]: r for r in rows if r and r[0] != "link"}
+    found, ok = [], True
+    for name, row in by_name.items():
+        copied = by_name.get(name + ", sets copied first")
+        if copied is None or not cols:
+            continue
+        for i in cols:
+            us_in, us_copy = median_of(row[i]), median_of(copied[i])
+            if us_in is None or us_copy is None:
+                continue
+            ok = ok and us_in < us_copy
+            found.append(f"{name}, {header[i]}: {us_copy:.0f} -> {us_in:.0f} us")
+    if not found:
+        return Verdict("info", "no 'sets copied first' rows in the file (a run before patch 0014)")
+    return Verdict("pass" if ok else "FAIL", "copied first -> in place (median us): " + "; ".join(found))
+
+
 def v_plan_speed(text: str) -> Verdict:
     rows = [r for r in table_rows(text) if len(r) >= 8 and r[6].endswith("x")]
     ratios = [(r[0], float(r[6].rstrip("x")), float(r[7].rstrip("x"))) for r in rows]
@@ -609,8 +635,12 @@ FIGURES = [
             "gpu/throughput_cuda_onecard_dense.md"), lambda t, f: v_one_gpu(t)),
     Figure("5h. One RPC link on one host, shared memory (patch 0008) against loopback TCP (CPU; the host of a rented H200)",
            "a 4-byte round trip and 4 MiB transfers faster through shared memory (what a same-host link buys)",
-           ("rpc_link_cpu.md", "gpu/rpc_link_cuda.md"),
+           ("rpc_link_cpu.md", "gpu/rpc_link_cuda.md", "rpc_link_cpu_2026-12-03.md"),
            lambda t, f: Verdict("info", first_line_with(t, "Throughput of"))),
+    Figure("5h2. An upload of 4 MiB or more from where its data lies (patch 0014) against copied first, one link on "
+           "one host (CPU, hardware-independent)",
+           "every such upload faster in place, shared memory and TCP (the copy's cost on llama-server's side)",
+           ("rpc_link_cpu.md",), lambda t, f: v_in_place(t)),
     Figure("5i. What llama-server's host-memory prompt cache sends over the RPC link (CPU, hardware-independent)",
            "counted, cache on against --cache-ram 0 (not a patch: llama.cpp's default is kept)",
            ("prompt_cache_link.md",), lambda t, f: Verdict("info", first_line_with(t, "The GETs"))),

@@ -82,9 +82,8 @@ from arcsplit.backends import REGISTRY  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama, server_build_info  # noqa: E402
 from arcsplit.llama.patches import (GATE_HOST_NEVER_KIB, kv_state_spans, rpc_async_reads, rpc_gated_sets,  # noqa: E402
-                                    rpc_queued_sets, unused_prompt_loads,
-                                    rpc_link_polling, rpc_patches_switched, rpc_pinned_reads, rpc_relay_chunks,
-                                    rpc_shm_link)
+                                    rpc_link_polling, rpc_patches_switched, rpc_pinned_reads, rpc_queued_sets,
+                                    rpc_relay_chunks, rpc_sets_in_place, rpc_shm_link, unused_prompt_loads)
 from arcsplit.route import Route  # noqa: E402
 from arcsplit.decide.prepare import rpc_spin_us  # noqa: E402
 from arcsplit.proc.ports import free_port, wait_listening  # noqa: E402
@@ -151,6 +150,8 @@ class Variant:
     -syncset: patches on, but an rpc-server waits for each graph input's copy to its device in turn, as stock does,
     instead of queueing it on the device's stream (ARCSPLIT_RPC_QUEUED_SETS=0, 0003; a backend without an
     asynchronous set, the CPU, waits either way);
+    -copyset: patches on, but llama-server copies a SET_TENSOR's data into a block of its own before it is sent, as
+    stock does (ARCSPLIT_RPC_IN_PLACE=0, 0014), instead of sending one of 256 KiB or more from where it lies;
     -nospan: patches on, but a KV sequence saved or restored by llama-server's prompt cache moves one run of cells
     per call (ARCSPLIT_KV_GAP_KIB=0, 0010), not in spans;
     -load: a request with cache_prompt false gets a cached prompt loaded into its slot (and dropped), as stock
@@ -282,6 +283,7 @@ _TAG_ENV: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "gatenohost": lambda: rpc_gated_sets(True, host_kib=GATE_HOST_NEVER_KIB),
     "nospan": lambda: kv_state_spans(0),
     "syncset": lambda: rpc_queued_sets(False),
+    "copyset": lambda: rpc_sets_in_place(False),
     "load": lambda: unused_prompt_loads(skip=False),
 }
 
@@ -714,7 +716,9 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "here); `-norelay` sends an activation between two rpc-servers whole instead of in chunks "
              "(ARCSPLIT_RPC_RELAY_KIB=0, patch 0007); `-noshm` links llama-server and the rpc-servers over "
              "loopback TCP instead of shared memory (ARCSPLIT_RPC_SHM=0, patch 0008); `-syncset` makes each rpc-server wait for every graph input's copy to its device "
-             "instead of queueing it (ARCSPLIT_RPC_QUEUED_SETS=0, patch 0003); `-nospan` moves a KV sequence "
+             "instead of queueing it (ARCSPLIT_RPC_QUEUED_SETS=0, patch 0003); `-copyset` makes llama-server copy a "
+             "SET_TENSOR's data into a block of its own before it is sent instead of sending one of 256 KiB or more "
+             "from where it lies (ARCSPLIT_RPC_IN_PLACE=0, patch 0014); `-nospan` moves a KV sequence "
              "the prompt cache saves or restores one run of cells per call instead of in spans (ARCSPLIT_KV_GAP_KIB=0, "
              "patch 0010); `-load` loads a cached prompt into the slot of a request with cache_prompt false and drops "
              "it, as stock llama-server does (ARCSPLIT_SKIP_UNUSED_LOAD=0, patch 0011); `-nopin` reads llama-server's "

@@ -83,7 +83,7 @@ def test_rpc_patch_removes_blocking_waits(llama_bins, demo_model, tmp_path: Path
 def test_rpc_link_bench_links_through_shared_memory_and_prints_every_cell(llama_bins, tmp_path: Path) -> None:
     """bench/rpc_link.py on the test build: its client (compiled here against the build's ggml) talks to a real
     rpc-server; the shared-memory rows only count when the rpc-server said it linked (the bench exits non-zero
-    otherwise), and every link gets a round trip and both bulk directions. Speeds are the bench's to print, not
+    otherwise), and every link gets a round trip and both bulk directions, patch 0014's copied-first rows too. Speeds are the bench's to print, not
     this test's to assert."""
     out = tmp_path / "link.md"
     run_bench("rpc_link.py", llama_bins, out, "--runs", "1", "--reps", "5", "--sizes", "0.0625", timeout=240)
@@ -93,7 +93,8 @@ def test_rpc_link_bench_links_through_shared_memory_and_prints_every_cell(llama_
             name, *cells = [c.strip() for c in line.strip("|").split("|")]
             rows[name] = cells
     assert set(rows) == {"shared memory, polling 20000 us", "loopback TCP, polling 20000 us", "shared memory",
-                         "loopback TCP"}, out.read_text()
+                         "loopback TCP", "shared memory, polling 20000 us, sets copied first",
+                         "loopback TCP, polling 20000 us, sets copied first"}, out.read_text()
     assert all(len(cells) == 3 and all(re.fullmatch(r"\d+ / \*\*\d+\*\* / \d+", c) for c in cells)
                for cells in rows.values()), rows
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from arcsplit import serve as serve_group
-from arcsplit.errors import BuildError
+from arcsplit.errors import BadInput, BuildError
 from arcsplit.llama import build as build_mod
 from arcsplit.llama import patches
 from arcsplit.llama.build import BuildConfig
@@ -862,3 +862,55 @@ def test_backend_sampling_reserves_the_scheduler_only_when_the_graph_may_grow(ll
     assert added_on[3] == added_on[2] and added_on[5] == added_on[4], added_on
     assert added_on == sorted(added_on) and added_on[-1] <= 3, added_on
     assert greedy_on == greedy_off and len(greedy_on) == 2 and all(len(g) == 8 for g in greedy_on)
+
+
+SET_REUSE = Path(__file__).parent / "tools" / "rpc_set_reuse.cpp"
+
+
+@pytest.fixture(scope="module")
+def set_reuse_client(llama_bins, tmp_path_factory) -> Path:
+    """tests/tools/rpc_set_reuse.cpp built against the managed build's libraries and its patched tree's headers."""
+    bin_dir = Path(llama_bins.rpc_server).parent
+    include = next((t / "ggml" / "include" for t in build_mod.cache_trees(bin_dir)
+                    if (t / "ggml" / "include" / "ggml-rpc.h").is_file()), None)
+    if include is None:
+        pytest.skip(f"{bin_dir} is not a build arcsplit made: no ggml headers beside it")
+    cxx = shutil.which("g++") or shutil.which("c++")
+    assert cxx, "the managed build needed a C++ compiler"
+    exe = tmp_path_factory.mktemp("set-reuse") / "rpc_set_reuse"
+    subprocess.run([cxx, "-O1", "-std=c++17", f"-I{include}", str(SET_REUSE), f"-L{bin_dir}", "-lggml", "-lggml-base",
+                    "-lggml-rpc", f"-Wl,-rpath,{bin_dir}", "-o", str(exe)], check=True)
+    return exe
+
+
+@pytest.mark.slow  # a real rpc-server of the managed build
+@pytest.mark.parametrize("shm", ["1", "0"], ids=["shared-memory", "tcp"])
+def test_a_big_set_leaves_from_the_callers_memory_and_only_once_it_is_sent(llama_bins, set_reuse_client, tmp_path,
+                                                                          shm):
+    """Patch 0014: a 32 MiB SET_TENSOR (an input into a compute buffer, a weight, the backend's asynchronous set) costs
+    the client no copy of its own: no block of even a MiB is allocated while it runs, against one of the whole data
+    with ARCSPLIT_RPC_IN_PLACE=0 (stock's zero-filled copy). Either way the set returns only once the data has left:
+    the caller's memory, overwritten the moment the set returns, never reaches the tensor."""
+    size = 32 << 20
+    with rpc_server_on(llama_bins, tmp_path / "rpc.log", ARCSPLIT_RPC_SHM=shm) as port:
+        for way in ("compute", "weights", "async"):
+            largest = {}
+            for in_place in ("1", "0"):
+                env = {**os.environ, "ARCSPLIT_RPC_SHM": shm, patches.IN_PLACE_ENV: in_place}
+                out = subprocess.run([str(set_reuse_client), f"127.0.0.1:{port}", str(size), way], env=env,
+                                     capture_output=True, text=True, timeout=60, check=True).stdout.split()
+                assert out[0] == "same", (way, in_place)
+                largest[in_place] = int(out[1])
+            assert largest["1"] < 1 << 20, (way, largest)
+            assert largest["0"] >= size, (way, largest)
+    if shm == "1":
+        assert "shared-memory link" in (tmp_path / "rpc.log").read_text()
+
+
+def test_the_in_place_switch_is_0_or_1_or_one_clear_line():
+    """ARCSPLIT_RPC_IN_PLACE (patch 0014) is on unless 0; any other word is refused before a process starts."""
+    assert patches.sets_in_place({}) is True
+    assert patches.sets_in_place({patches.IN_PLACE_ENV: "0"}) is False
+    with pytest.raises(BadInput) as err:
+        patches.check_switches({patches.IN_PLACE_ENV: "off"})
+    assert patches.IN_PLACE_ENV in err.value.problem and "=0" in (err.value.fix or "")

@@ -58,6 +58,10 @@ SKIP_LOAD_ENV = "ARCSPLIT_SKIP_UNUSED_LOAD"
 # (--backend-sampling: every request), as stock does; off by default: only when the graph may grow past the last
 # reservation
 SAMPLER_RESERVE_ENV = "ARCSPLIT_SAMPLER_RESERVE"
+# patch 0014: 0 in llama-server copies a SET_TENSOR's data into a block of its own before it is sent, as stock does; on
+# by default: one of 256 KiB or more (a prompt's embeddings on all-RPC's first rpc-server, a weight) goes from where
+# it lies (an A/B switch: bench/rpc_link.py, bench/throughput.py -copyset)
+IN_PLACE_ENV = "ARCSPLIT_RPC_IN_PLACE"
 SHM_ENV = "ARCSPLIT_RPC_SHM"  # patch 0008: 1 in llama-server and an rpc-server on one host: shared-memory link
 # patch 0008: what one such link holds in /dev/shm while it is open (a header page, then a 4 MiB ring each way)
 SHM_LINK_BYTES = 4096 + 2 * (4 << 20)
@@ -268,6 +272,12 @@ def sampler_reserve_each_request(environ: Mapping[str, str] = os.environ) -> boo
     return _switch(environ, SAMPLER_RESERVE_ENV, False, "reserve the scheduler for every request, as llama.cpp does")
 
 
+def sets_in_place(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether llama-server sends a big SET_TENSOR from where its data lies instead of a copy (patch 0014): on unless
+    the user's ARCSPLIT_RPC_IN_PLACE says 0. llama-server reads it itself."""
+    return _switch(environ, IN_PLACE_ENV, True, "copy every set's data before it is sent, as llama.cpp does")
+
+
 def check_switches(environ: Mapping[str, str] = os.environ) -> None:
     """Every patch switch llama.cpp's processes read themselves, checked before one starts: a value they cannot
     parse is refused here (BadInput), not taken silently as on or off. A new switch is added here only."""
@@ -281,6 +291,7 @@ def check_switches(environ: Mapping[str, str] = os.environ) -> None:
     gated_sets_on(environ)
     unused_loads_skipped(environ)
     sampler_reserve_each_request(environ)
+    sets_in_place(environ)
 
 
 def kv_state_spans(kib: int) -> contextlib.AbstractContextManager[None]:
@@ -324,6 +335,12 @@ def rpc_pinned_reads(on: bool) -> contextlib.AbstractContextManager[None]:
     """Groups started inside read a local card's tensor into page-locked (on) or ordinary memory (off) before it
     goes to an rpc-server (patch 0001; every process inherits PINNED_ENV): for A/B runs."""
     return _environ_set(PINNED_ENV, "1" if on else "0")
+
+
+def rpc_sets_in_place(on: bool) -> contextlib.AbstractContextManager[None]:
+    """Groups started inside send a big SET_TENSOR from where its data lies (on) or from a copy, as stock (off; patch
+    0014, llama-server inherits IN_PLACE_ENV): for A/B runs."""
+    return _environ_set(IN_PLACE_ENV, "1" if on else "0")
 
 
 def rpc_shm_link(on: bool) -> contextlib.AbstractContextManager[None]:
