@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from _group import group, prepared  # noqa: E402
 from _report import write_report  # noqa: E402
+from arcsplit.llama.patches import rpc_sets_in_place  # noqa: E402
 from arcsplit._api import Prepared, planned_specs  # noqa: E402
 from arcsplit.decide.specs import ROUTER_PORT_ENV  # noqa: E402
 from arcsplit.proc.ports import free_port  # noqa: E402
@@ -157,12 +158,13 @@ def load_bench(a: argparse.Namespace) -> int:
     from arcsplit.decide import weightcache
     from arcsplit.llama import seeding
 
-    cases = [("native", "-")] + [(r, w) for r in a.routes.split(",") if r != "native" for w in ("socket", "seed")]
+    ways = ("socket", "socket, copied first", "seed") if a.copied else ("socket", "seed")
+    cases = [("native", "-")] + [(r, w) for r in a.routes.split(",") if r != "native" for w in ways]
 
     def config_of(route: str, weights: str) -> Prepared:
         gpus = a.gpus.split(",")[0] if route == "native" else a.gpus
         p = prepared(a.model, backend="cpu", gpus=gpus, mode="single" if route == "native" else route, ctx=a.ctx,
-                     threads=1, port=free_port(), cpu_memory_mib=a.cpu_memory, rpc_seed=weights != "socket")
+                     threads=1, port=free_port(), cpu_memory_mib=a.cpu_memory, rpc_seed=not weights.startswith("socket"))
         if weights == "seed" and not p.config.rpc_seed:
             raise SystemExit(f"{p.config.rpc_bin} cannot seed its cache (a build without patch "
                              f"{seeding.PATCH}); `arcsplit llama build` makes one")
@@ -185,7 +187,8 @@ def load_bench(a: argparse.Namespace) -> int:
     for i in range(a.runs):
         for k in range(len(cases)):  # rotate the order: whoever runs first after a teardown pays for it
             case = cases[(i + k) % len(cases)]
-            dt, tokens = ready_and_tokens(config_of(*case), a.n_predict)
+            with rpc_sets_in_place(case[1] != "socket, copied first"):  # patch 0014 off: llama-server copies each weight
+                dt, tokens = ready_and_tokens(config_of(*case), a.n_predict)
             times[case].append(dt)
             same[case].append(tokens)  # compared with native's below
             print(f"run {i + 1}: {case[0]} {case[1]}: ready after {dt:.2f} s", flush=True)
@@ -206,6 +209,8 @@ group per run, order rotated; {os.cpu_count()} cores shared with other work. Rea
 The GGUF sits in the page cache in every run (so does native's), so "disk speed" here is page-cache speed.
 socket = `--no-rpc-seed` (stock llama.cpp: every weight through the socket); seed = arcsplit's default with a
 build carrying patch 0006 (`rpc-server -c --seed-cache <gguf>`, llama-server with GGML_RPC_FNV_INDEX).
+socket, copied first = socket with ARCSPLIT_RPC_IN_PLACE=0: llama-server copies every weight into a zero-filled block
+of its own before it is sent, as stock does (the socket rows send each from where it lies, patch 0014).
 
 | route | weights | ready s, min / **median** / max | median / native | greedy tokens = native ({a.n_predict}) |
 |---|---|---|---|---|
@@ -214,7 +219,7 @@ build carrying patch 0006 (`rpc-server -c --seed-cache <gguf>`, llama-server wit
 First start of a seeded group (serve's preparation indexes the file with `rpc-server --seed-only`: FNV-1a over
 every tensor from 1 MiB, on all cores; later starts and restarts reuse the index): {'; '.join(first_seed)}.
 
-Command: `python bench/time_to_ready.py --load --runs {a.runs} --model {a.model} --gpus {a.gpus}`
+Command: `python bench/time_to_ready.py --load --runs {a.runs} --model {a.model} --gpus {a.gpus}{' --copied' if a.copied else ''}`
 """
     write_report(ROOT / "bench" / "results" / "load_time.md", text)
     return 0 if all(t == ref for ts in same.values() for t in ts) else 1
@@ -232,6 +237,8 @@ def main() -> int:
     ap.add_argument("--synth-gb", type=float, default=None, help="a synthetic F16 model of about this size")
     ap.add_argument("--cpu-memory", type=int, default=8192, help="--load: MiB per CPU card")
     ap.add_argument("--n-predict", type=int, default=4, help="--load: greedy tokens compared with native")
+    ap.add_argument("--copied", action="store_true",
+                    help="--load: a case with each weight copied before it is sent too (patch 0014 off)")
     a = ap.parse_args()
     if a.synth_gb:
         a.model = str(load_model(a.synth_gb))
