@@ -401,6 +401,19 @@ def v_load(text: str) -> Verdict:
                    f"greedy identical: {'yes' if same else 'NO'}")
 
 
+def v_load_in_place(text: str) -> Verdict:
+    """load_time_inplace.md: time to ready with the weights over the socket, each sent from where it lies (patch
+    0014) against copied first: info, the medians per route."""
+    med = {(r[0], r[1]): r[2] for r in table_rows(text) if len(r) >= 5 and r[1].startswith("socket")}
+    parts = [f"{route} {median_of(med[(route, 'socket, copied first')])} -> {median_of(med[(route, 'socket')])} s"
+             for route in ("hybrid", "rpc") if (route, "socket") in med and (route, "socket, copied first") in med]
+    same = all(r[4] == "yes" for r in table_rows(text) if len(r) >= 5 and r[1] != "weights")
+    if not parts:
+        return v_generic(text)
+    return Verdict("info", f"ready (median), copied first -> in place: {'; '.join(parts)}; greedy identical: "
+                   f"{'yes' if same else 'NO'}")
+
+
 def v_plan_accuracy_cuda(text: str) -> Verdict:
     """plan_accuracy_cuda.md: no card more than 16 MiB under llama.cpp's CUDA allocation (the plan-accuracy
     target); "over" cards are the backend row's stated margin."""
@@ -589,6 +602,9 @@ FIGURES = [
     Figure("4b. Load over RPC on one host: weights over the socket vs read from the GGUF (patch 0006)",
            "hybrid ready within 2x native (a target set for a 14 GB model on a GPU)", ("load_time.md",),
            lambda t, f: v_load(t)),
+    Figure("4b2. Load over RPC with every weight over the socket: each sent from where it lies (patch 0014) against "
+           "copied first (CPU; not started by run_all)", "measured (the copy's share of a load over the link)",
+           ("load_time_inplace.md",), lambda t, f: v_load_in_place(t)),
     Figure("4c. Recovery after SIGKILL of an rpc-server, weights over the socket vs read from the GGUF (CPU)",
            "<= 10 s on the 14 GB GPU model; on CPU: measured",
            ("recover_cpu_rpc_socket.md", "recover_cpu_rpc_seed.md", "recover_cpu_hybrid_socket.md",

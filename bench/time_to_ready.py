@@ -221,7 +221,7 @@ every tensor from 1 MiB, on all cores; later starts and restarts reuse the index
 
 Command: `python bench/time_to_ready.py --load --runs {a.runs} --model {a.model} --gpus {a.gpus}{' --copied' if a.copied else ''}`
 """
-    write_report(ROOT / "bench" / "results" / "load_time.md", text)
+    write_report(ROOT / "bench" / "results" / ("load_time_inplace.md" if a.copied else "load_time.md"), text)
     return 0 if all(t == ref for ts in same.values() for t in ts) else 1
 
 
@@ -238,7 +238,8 @@ def main() -> int:
     ap.add_argument("--cpu-memory", type=int, default=8192, help="--load: MiB per CPU card")
     ap.add_argument("--n-predict", type=int, default=4, help="--load: greedy tokens compared with native")
     ap.add_argument("--copied", action="store_true",
-                    help="--load: a case with each weight copied before it is sent too (patch 0014 off)")
+                    help="--load: a case with each weight copied before it is sent too (patch 0014 off); written to "
+                         "bench/results/load_time_inplace.md")
     a = ap.parse_args()
     if a.synth_gb:
         a.model = str(load_model(a.synth_gb))
