@@ -67,8 +67,8 @@ that pyproject allows (from 4.7) import asyncio with it.
         the node agent imports this module as it starts and answers its first ops before psutil is imported
     proc/rundir.py:same_process        psutil                         14/15/18
         as in supervisor_identity
-    proc/ports.py:owns_port            psutil                         14/15/18
-        as in proc/rundir.py's rows (the same psutil import): only once a member's port answered a probe
+    proc/ports.py:_owns_port_psutil    psutil                         14/15/18
+        as in proc/rundir.py's rows (the same psutil import): only where netlink's sock_diag cannot be asked
     proc/rundir.py:sweep               psutil                         14/15/25
         as in supervisor_identity: only once a dead run left processes
     proc/spawn.py:start                anyio                          1/1/1

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import errno
+import os
 import socket
+import struct
 import subprocess
 import time
 
@@ -86,6 +88,72 @@ def owns_port(pid: int | None, port: int, host: str | None = None) -> bool:
     which said it bound the port): True."""
     if pid is None:
         return True
+    families = ((socket.AF_INET, socket.AF_INET6) if not host else (_family(host),))
+    listening = _listening_inodes(port, families)
+    if listening is None:
+        return _owns_port_psutil(pid, port, host)
+    if not listening:
+        return False  # nobody listens yet: the common answer while an rpc-server starts, asked every few ms
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False  # gone, or not ours to read
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and int(link[8:-1]) in listening:
+            return True
+    return False
+
+
+# Linux sock_diag (netlink): the sockets a kernel table holds, without /proc/net/tcp, whose read walks every bucket of
+# the connection hash (4 ms on a machine with none open; the table grows with the machine's memory). Asked for the
+# LISTEN state only, the kernel walks its table of listeners.
+_NETLINK_SOCK_DIAG = 4
+_SOCK_DIAG_BY_FAMILY = 20
+_NLM_F_REQUEST_DUMP = 0x1 | 0x300
+_NLMSG_ERROR, _NLMSG_DONE = 2, 3
+_TCP_LISTEN = 10
+
+
+def _listening_inodes(port: int, families: tuple[int, ...]) -> set[int] | None:
+    """The inodes of this network namespace's TCP sockets listening on ``port`` (any address), or None where
+    netlink's sock_diag cannot be asked (then the caller asks psutil)."""
+    found: set[int] = set()
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
+            for seq, fam in enumerate(families, start=1):
+                # inet_diag_req_v2: family, protocol, ext, pad, states; then a zeroed inet_diag_sockid (48 bytes)
+                req = struct.pack("=BBBBI", fam, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_LISTEN) + bytes(48)
+                nl.send(struct.pack("=IHHII", 16 + len(req), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST_DUMP, seq, 0) + req)
+                if not _read_dump(nl, port, found):
+                    return None
+    except OSError:
+        return None
+    return found
+
+
+def _read_dump(nl: socket.socket, port: int, found: set[int]) -> bool:
+    """Read one dump's inet_diag_msg records into ``found`` (those on ``port``); False on a netlink error."""
+    while True:
+        data = nl.recv(65536)
+        off = 0
+        while off + 16 <= len(data):
+            length, kind = struct.unpack_from("=IH", data, off)
+            if kind == _NLMSG_DONE:
+                return True
+            if kind == _NLMSG_ERROR or length < 16 + 72:
+                return False
+            # inet_diag_msg after the 16-byte header: idiag_sport (big-endian) at 4, idiag_inode at 68
+            if struct.unpack_from(">H", data, off + 20)[0] == port:
+                found.add(struct.unpack_from("=I", data, off + 84)[0])
+            off += (length + 3) & ~3
+
+
+def _owns_port_psutil(pid: int, port: int, host: str | None) -> bool:
+    """owns_port through psutil (/proc/PID/net/tcp*), where netlink is not there to ask."""
     import psutil  # start-up: the node agent's first phase imports this module before psutil (node/quick.py)
 
     try:
