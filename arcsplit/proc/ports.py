@@ -120,10 +120,12 @@ _TCP_LISTEN = 10
 
 def _listening_inodes(port: int, families: tuple[int, ...]) -> set[int] | None:
     """The inodes of this network namespace's TCP sockets listening on ``port`` (any address), or None where
-    netlink's sock_diag cannot be asked (then the caller asks psutil)."""
+    netlink's sock_diag cannot be asked (then the caller asks psutil). The caller shares its children's namespace:
+    the supervisor and each host's agent start the processes they ask about."""
     found: set[int] = set()
     try:
         with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
+            nl.settimeout(1.0)  # a dump always ends; should one not, psutil answers instead
             for seq, fam in enumerate(families, start=1):
                 # inet_diag_req_v2: family, protocol, ext, pad, states; then a zeroed inet_diag_sockid (48 bytes)
                 req = struct.pack("=BBBBI", fam, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_LISTEN) + bytes(48)
