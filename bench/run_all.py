@@ -657,6 +657,11 @@ FIGURES = [
            "one host (CPU, hardware-independent)",
            "every such upload faster in place, shared memory and TCP (the copy's cost on llama-server's side)",
            ("rpc_link_cpu.md",), lambda t, f: v_in_place(t)),
+    Figure("5h3. Sets sent from where their data lies (patch 0014) against copied first on the all-RPC route, paired in "
+           "the same runs (CPU cards: compute-bound; not started by run_all)",
+           "no slower in place (its GPU gain, the dense all-RPC first token, needs a GPU run: not yet measured)",
+           ("throughput_cpu_inplace.md",),
+           lambda t, f: v_gate(t, "rpc / rpc-copyset", "in place over copied first")),
     Figure("5i. What llama-server's host-memory prompt cache sends over the RPC link (CPU, hardware-independent)",
            "counted, cache on against --cache-ram 0 (not a patch: llama.cpp's default is kept)",
            ("prompt_cache_link.md",), lambda t, f: Verdict("info", first_line_with(t, "The GETs"))),
