@@ -153,12 +153,15 @@ def ready_and_tokens(p: Prepared, n_predict: int) -> tuple[float, list[int]]:
     return anyio.run(main)
 
 
+COPIED = "socket, copied first"  # --copied's case: weights over the socket, each copied first (patch 0014 off)
+
+
 def load_bench(a: argparse.Namespace) -> int:
     """--load: time to ready per route, weights over the socket vs read from the GGUF (patch 0006)."""
     from arcsplit.decide import weightcache
     from arcsplit.llama import seeding
 
-    ways = ("socket", "socket, copied first", "seed") if a.copied else ("socket", "seed")
+    ways = ("socket", COPIED, "seed") if a.copied else ("socket", "seed")
     cases = [("native", "-")] + [(r, w) for r in a.routes.split(",") if r != "native" for w in ways]
 
     def config_of(route: str, weights: str) -> Prepared:
@@ -187,7 +190,7 @@ def load_bench(a: argparse.Namespace) -> int:
     for i in range(a.runs):
         for k in range(len(cases)):  # rotate the order: whoever runs first after a teardown pays for it
             case = cases[(i + k) % len(cases)]
-            with rpc_sets_in_place(case[1] != "socket, copied first"):  # patch 0014 off: llama-server copies each weight
+            with rpc_sets_in_place(case[1] != COPIED):
                 dt, tokens = ready_and_tokens(config_of(*case), a.n_predict)
             times[case].append(dt)
             same[case].append(tokens)  # compared with native's below
