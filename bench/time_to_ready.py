@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from _group import group, prepared  # noqa: E402
 from _report import write_report  # noqa: E402
-from arcsplit.llama.patches import rpc_sets_in_place  # noqa: E402
+from arcsplit.llama.patches import rpc_sets_in_pieces, rpc_sets_in_place  # noqa: E402
 from arcsplit._api import Prepared, planned_specs  # noqa: E402
 from arcsplit.decide.specs import ROUTER_PORT_ENV  # noqa: E402
 from arcsplit.proc.ports import free_port  # noqa: E402
@@ -117,19 +117,25 @@ def through_cli(a: argparse.Namespace) -> float:
     return dt
 
 
-def load_model(gb: float) -> Path:
-    """A synthetic F16 Llama of about ``gb`` GB (2048 wide, 32k vocabulary: big tensors 2-22 MiB), written once
-    under arcsplit's cache so every run and bench/recover.py load the same file."""
+def load_model(gb: float, wide: bool = False) -> Path:
+    """A synthetic F16 Llama of about ``gb`` GB, written once under arcsplit's cache so every run and
+    bench/recover.py load the same file: 2048 wide, 32k vocabulary (big tensors 2-22 MiB), or ``wide``, a 7B
+    Llama's layers (4096 wide, feed-forward 11008: those tensors 86 MiB, embeddings and output 250 MiB each)."""
     from arcsplit._dirs import cache_dir
     from arcsplit.synth import write_llama
 
-    n_layer = max(2, round((gb * 1e9 - 262e6) / 90.2e6))  # 90.2 MB per layer, 262 MB of embeddings and output
-    path = cache_dir() / "models" / f"bench-llama-{n_layer}l-f16.gguf"
+    if wide:  # 404 MB per layer, 524 MB of embeddings and output
+        n_layer = max(1, round((gb * 1e9 - 524e6) / 404e6))
+        shape = dict(n_embd=4096, n_head=32, n_head_kv=8, n_ff=11008)
+        path = cache_dir() / "models" / f"bench-llama7bw-{n_layer}l-f16.gguf"
+    else:  # 90.2 MB per layer, 262 MB of embeddings and output
+        n_layer = max(2, round((gb * 1e9 - 262e6) / 90.2e6))
+        shape = dict(n_embd=2048, n_head=16, n_head_kv=4, n_ff=5632)
+        path = cache_dir() / "models" / f"bench-llama-{n_layer}l-f16.gguf"
     if not path.exists():
         tmp = path.with_suffix(".partial.gguf")
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_llama(tmp, n_layer=n_layer, n_embd=2048, n_head=16, n_head_kv=4, n_ff=5632, n_vocab=32000, ctx=4096,
-                    reuse_random=True)
+        write_llama(tmp, n_layer=n_layer, n_vocab=32000, ctx=4096, reuse_random=True, **shape)
         tmp.rename(path)
     return path
 
@@ -154,6 +160,7 @@ def ready_and_tokens(p: Prepared, n_predict: int) -> tuple[float, list[int]]:
 
 
 COPIED = "socket, copied first"  # --copied's case: weights over the socket, each copied first (patch 0014 off)
+WHOLE = "socket, received whole"  # --whole-sets' case: each set above 64 MiB received whole (patch 0003's pieces off)
 
 
 def load_bench(a: argparse.Namespace) -> int:
@@ -161,7 +168,7 @@ def load_bench(a: argparse.Namespace) -> int:
     from arcsplit.decide import weightcache
     from arcsplit.llama import seeding
 
-    ways = ("socket", COPIED, "seed") if a.copied else ("socket", "seed")
+    ways = ("socket",) + (COPIED,) * a.copied + (WHOLE,) * a.whole_sets + ("seed",)
     cases = [("native", "-")] + [(r, w) for r in a.routes.split(",") if r != "native" for w in ways]
 
     def config_of(route: str, weights: str) -> Prepared:
@@ -190,7 +197,7 @@ def load_bench(a: argparse.Namespace) -> int:
     for i in range(a.runs):
         for k in range(len(cases)):  # rotate the order: whoever runs first after a teardown pays for it
             case = cases[(i + k) % len(cases)]
-            with rpc_sets_in_place(case[1] != COPIED):
+            with rpc_sets_in_place(case[1] != COPIED), rpc_sets_in_pieces(case[1] != WHOLE):
                 dt, tokens = ready_and_tokens(config_of(*case), a.n_predict)
             times[case].append(dt)
             same[case].append(tokens)  # compared with native's below
@@ -214,6 +221,8 @@ socket = `--no-rpc-seed` (stock llama.cpp: every weight through the socket); see
 build carrying patch 0006 (`rpc-server -c --seed-cache <gguf>`, llama-server with GGML_RPC_FNV_INDEX).
 socket, copied first = socket with ARCSPLIT_RPC_IN_PLACE=0: llama-server copies every weight into a zero-filled block
 of its own before it is sent, as stock does (the socket rows send each from where it lies, patch 0014).
+socket, received whole = socket with ARCSPLIT_RPC_SET_PIECES=0: each rpc-server receives a weight above 64 MiB into a
+zero-filled block of its whole size before copying it, as stock does (the socket rows receive it in pieces, patch 0003).
 
 | route | weights | ready s, min / **median** / max | median / native | greedy tokens = native ({a.n_predict}) |
 |---|---|---|---|---|
@@ -222,9 +231,10 @@ of its own before it is sent, as stock does (the socket rows send each from wher
 First start of a seeded group (serve's preparation indexes the file with `rpc-server --seed-only`: FNV-1a over
 every tensor from 1 MiB, on all cores; later starts and restarts reuse the index): {'; '.join(first_seed)}.
 
-Command: `python bench/time_to_ready.py --load --runs {a.runs} --model {a.model} --gpus {a.gpus}{' --copied' if a.copied else ''}`
+Command: `python bench/time_to_ready.py --load --runs {a.runs} --model {a.model} --gpus {a.gpus}{' --copied' if a.copied else ''}{' --whole-sets' if a.whole_sets else ''}`
 """
-    write_report(ROOT / "bench" / "results" / ("load_time_inplace.md" if a.copied else "load_time.md"), text)
+    name = "load_time_pieces.md" if a.whole_sets else "load_time_inplace.md" if a.copied else "load_time.md"
+    write_report(ROOT / "bench" / "results" / name, text)
     return 0 if all(t == ref for ts in same.values() for t in ts) else 1
 
 
@@ -243,9 +253,14 @@ def main() -> int:
     ap.add_argument("--copied", action="store_true",
                     help="--load: a case with each weight copied before it is sent too (patch 0014 off); written to "
                          "bench/results/load_time_inplace.md")
+    ap.add_argument("--whole-sets", action="store_true",
+                    help="--load: a case with each set above 64 MiB received whole by the rpc-servers (patch 0003's "
+                         "pieces off); written to bench/results/load_time_pieces.md")
+    ap.add_argument("--synth-wide", action="store_true",
+                    help="--synth-gb: a 7B Llama's layer shapes (feed-forward tensors of 86 MiB) instead of 2048 wide")
     a = ap.parse_args()
     if a.synth_gb:
-        a.model = str(load_model(a.synth_gb))
+        a.model = str(load_model(a.synth_gb, wide=a.synth_wide))
     if a.load:
         return load_bench(a)
     if a.model is None:

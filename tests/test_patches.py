@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import pytest
@@ -505,18 +506,26 @@ def sum_graph(c: RawRpc, a: bytes, n: int) -> bytes:
 
 
 @contextlib.contextmanager
-def rpc_server_on(llama_bins, log: Path, **env: str):
-    """The managed build's rpc-server on a free loopback port, its output in `log`; its port, once it listens."""
+def rpc_server_proc(llama_bins, log: Path, **env: str) -> Iterator[tuple[subprocess.Popen, int]]:
+    """The managed build's rpc-server on a free loopback port, its output in `log`: the process and its port, once it
+    listens."""
     port = free_port()
     with log.open("wb") as out:
         proc = subprocess.Popen([str(llama_bins.rpc_server), "-H", "127.0.0.1", "-p", str(port), "-t", "1"],
                                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env})
     try:
         wait_listening(proc, "127.0.0.1", port, timeout=10)
-        yield port
+        yield proc, port
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def rpc_server_on(llama_bins, log: Path, **env: str) -> Iterator[int]:
+    """rpc_server_proc's port alone."""
+    with rpc_server_proc(llama_bins, log, **env) as (_, port):
+        yield port
 
 
 @pytest.mark.slow  # a real rpc-server of the managed build
@@ -907,10 +916,45 @@ def test_a_big_set_leaves_from_the_callers_memory_and_only_once_it_is_sent(llama
         assert "shared-memory link" in (tmp_path / "rpc.log").read_text()
 
 
+def peak_rss(pid: int) -> int:
+    """A process's peak resident memory so far (VmHWM), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+@pytest.mark.slow  # a real rpc-server of the managed build
+@pytest.mark.parametrize("shm", ["1", "0"], ids=["shared-memory", "tcp"])
+def test_a_set_above_the_staging_block_costs_the_rpc_server_no_block_of_its_size(llama_bins, set_reuse_client,
+                                                                                 tmp_path, shm):
+    """Patch 0003: a 160 MiB weight sent over the link (a remote rpc-server without the GGUF, or --no-rpc-seed) is
+    received in pieces, on a CPU rpc-server straight into the tensor: the server's peak memory grows by the tensor
+    alone, against twice its size with ARCSPLIT_RPC_SET_PIECES=0 (stock's zero-filled block of the whole). The
+    tensor reads back as set either way (in 16 MiB gets, so the reply's block stays small)."""
+    size = 160 << 20
+    grew = {}
+    for pieces in ("1", "0"):
+        env = {"ARCSPLIT_RPC_SHM": shm, patches.SET_PIECES_ENV: pieces}
+        with rpc_server_proc(llama_bins, tmp_path / f"rpc-{pieces}.log", **env) as (proc, port):
+            before = peak_rss(proc.pid)
+            out = subprocess.run([str(set_reuse_client), f"127.0.0.1:{port}", str(size), "weights", str(16 << 20)],
+                                 env={**os.environ, **env}, capture_output=True, text=True, timeout=120,
+                                 check=True).stdout.split()
+            assert out[0] == "same", pieces
+            grew[pieces] = peak_rss(proc.pid) - before
+    assert grew["1"] < size + (40 << 20), grew
+    assert grew["0"] >= 2 * size - (8 << 20), grew
+
+
 def test_the_in_place_switch_is_0_or_1_or_one_clear_line():
     """ARCSPLIT_RPC_IN_PLACE (patch 0014) is on unless 0; any other word is refused before a process starts."""
     assert patches.sets_in_place({}) is True
     assert patches.sets_in_place({patches.IN_PLACE_ENV: "0"}) is False
+    assert patches.sets_in_pieces({}) is True and patches.sets_in_pieces({patches.SET_PIECES_ENV: "0"}) is False
+    with pytest.raises(BadInput) as err:
+        patches.check_switches({patches.SET_PIECES_ENV: "no"})
+    assert patches.SET_PIECES_ENV in err.value.problem
     with pytest.raises(BadInput) as err:
         patches.check_switches({patches.IN_PLACE_ENV: "off"})
     assert patches.IN_PLACE_ENV in err.value.problem and "=0" in (err.value.fix or "")

@@ -62,6 +62,10 @@ SAMPLER_RESERVE_ENV = "ARCSPLIT_SAMPLER_RESERVE"
 # by default: one of 256 KiB or more (a prompt's embeddings on all-RPC's first rpc-server, a weight) goes from where
 # it lies (an A/B switch: bench/rpc_link.py, bench/throughput.py -copyset)
 IN_PLACE_ENV = "ARCSPLIT_RPC_IN_PLACE"
+# patch 0003: 0 in an rpc-server receives a SET_TENSOR above 64 MiB (a weight sent over the link while loading) into a
+# zero-filled block of its whole size, as stock does; on by default: in pieces, straight into the tensor where its
+# buffer is host memory, else through the staging block (bench/time_to_ready.py --load --whole-sets)
+SET_PIECES_ENV = "ARCSPLIT_RPC_SET_PIECES"
 SHM_ENV = "ARCSPLIT_RPC_SHM"  # patch 0008: 1 in llama-server and an rpc-server on one host: shared-memory link
 # patch 0008: what one such link holds in /dev/shm while it is open (a header page, then a 4 MiB ring each way)
 SHM_LINK_BYTES = 4096 + 2 * (4 << 20)
@@ -278,6 +282,12 @@ def sets_in_place(environ: Mapping[str, str] = os.environ) -> bool:
     return _switch(environ, IN_PLACE_ENV, True, "copy every set's data before it is sent, as llama.cpp does")
 
 
+def sets_in_pieces(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether an rpc-server receives a SET_TENSOR above 64 MiB in pieces instead of into a block of its whole size
+    (patch 0003): on unless the user's ARCSPLIT_RPC_SET_PIECES says 0. The rpc-servers read it themselves."""
+    return _switch(environ, SET_PIECES_ENV, True, "receive each big set whole before its copy, as llama.cpp does")
+
+
 def check_switches(environ: Mapping[str, str] = os.environ) -> None:
     """Every patch switch llama.cpp's processes read themselves, checked before one starts: a value they cannot
     parse is refused here (BadInput), not taken silently as on or off. A new switch is added here only."""
@@ -292,6 +302,7 @@ def check_switches(environ: Mapping[str, str] = os.environ) -> None:
     unused_loads_skipped(environ)
     sampler_reserve_each_request(environ)
     sets_in_place(environ)
+    sets_in_pieces(environ)
 
 
 def kv_state_spans(kib: int) -> contextlib.AbstractContextManager[None]:
@@ -341,6 +352,12 @@ def rpc_sets_in_place(on: bool) -> contextlib.AbstractContextManager[None]:
     """Groups started inside send a big SET_TENSOR from where its data lies (on) or from a copy, as stock (off; patch
     0014, llama-server inherits IN_PLACE_ENV): for A/B runs."""
     return _environ_set(IN_PLACE_ENV, "1" if on else "0")
+
+
+def rpc_sets_in_pieces(on: bool) -> contextlib.AbstractContextManager[None]:
+    """Groups started inside have their rpc-servers receive a set above 64 MiB in pieces (on) or whole, as stock (off;
+    patch 0003, the rpc-servers inherit SET_PIECES_ENV): for A/B runs."""
+    return _environ_set(SET_PIECES_ENV, "1" if on else "0")
 
 
 def rpc_shm_link(on: bool) -> contextlib.AbstractContextManager[None]:

@@ -4,12 +4,15 @@
 // ubatch), "weights" (a buffer as the model's weights are loaded into: a synchronous set) or "async" (the backend's
 // set_tensor_async, then a synchronize). Prints "same" or "changed", then the largest block the client allocated
 // with C++'s operator new while the set ran, in bytes (a copy of the data on the client's side is one such block;
-// this file replaces the global operator new, which the RPC library's allocations resolve to).
+// this file replaces the global operator new, which the RPC library's allocations resolve to). READ_PIECE, when
+// given, reads the tensor back in gets of that many bytes (an rpc-server replies to a get above 64 MiB from a block
+// of its whole size: tests that watch the server's memory read back in pieces).
 #include "ggml.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-rpc.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -42,13 +45,14 @@ void operator delete(void * p, size_t) noexcept { std::free(p); }
 void operator delete[](void * p, size_t) noexcept { std::free(p); }
 
 int main(int argc, char ** argv) {
-    if (argc != 4) {
-        fprintf(stderr, "usage: rpc_set_reuse HOST:PORT BYTES compute|weights|async\n");
+    if (argc != 4 && argc != 5) {
+        fprintf(stderr, "usage: rpc_set_reuse HOST:PORT BYTES compute|weights|async [READ_PIECE]\n");
         return 2;
     }
     const char * endpoint = argv[1];
     const size_t bytes    = std::strtoull(argv[2], nullptr, 10);
     const std::string way = argv[3];
+    const size_t piece    = argc == 5 ? std::strtoull(argv[4], nullptr, 10) : bytes;
     ggml_backend_t backend = ggml_backend_rpc_init(endpoint, 0);
     if (backend == nullptr) {
         fprintf(stderr, "no rpc-server at %s\n", endpoint);
@@ -77,7 +81,9 @@ int main(int argc, char ** argv) {
     counting = false;
     memset(data.data(), 0xA5, bytes);  // the caller's memory is its own again: this must not reach the tensor
     ggml_backend_synchronize(backend);
-    ggml_backend_tensor_get(t, back.data(), 0, bytes);
+    for (size_t done = 0; done < bytes; done += piece) {
+        ggml_backend_tensor_get(t, back.data() + done, done, std::min(piece, bytes - done));
+    }
     printf("%s %zu\n", back == want ? "same" : "changed", largest.load());
     ggml_backend_buffer_free(buf);
     ggml_free(ctx);
