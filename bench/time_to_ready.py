@@ -143,18 +143,32 @@ def load_model(gb: float, wide: bool = False) -> Path:
 GREEDY_PROMPT = "The three primary colors are"
 
 
-def ready_and_tokens(p: Prepared, n_predict: int) -> tuple[float, list[int]]:
-    """Seconds until the Supervisor's group answers /health 200, then greedy tokens from it."""
-    async def main() -> tuple[float, list[int]]:
+def peak_mib(pid: int) -> float:
+    """A process's peak resident memory so far (VmHWM), in MiB; 0 where it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def ready_and_tokens(p: Prepared, n_predict: int) -> tuple[float, list[int], float]:
+    """Seconds until the Supervisor's group answers /health 200, greedy tokens from it, and the largest peak
+    resident memory of its rpc-servers in MiB (0 without one)."""
+    async def main() -> tuple[float, list[int], float]:
         t0 = time.perf_counter()
-        async with group(p):
+        async with group(p) as inst:
             dt = time.perf_counter() - t0
             async with httpx.AsyncClient(timeout=600) as client:
                 r = await client.post(f"{p.config.url}/completion", json={
                     "prompt": GREEDY_PROMPT, "n_predict": n_predict, "temperature": 0, "top_k": 1,
                     "cache_prompt": False, "return_tokens": True})
                 r.raise_for_status()
-                return dt, r.json()["tokens"]
+            procs = inst.supervisor.status()["processes"].values()
+            peak = max((peak_mib(m["pid"]) for m in procs if m["role"] == "rpc" and m["pid"]), default=0.0)
+            return dt, r.json()["tokens"], peak
 
     return anyio.run(main)
 
@@ -182,6 +196,7 @@ def load_bench(a: argparse.Namespace) -> int:
 
     times: dict[tuple[str, str], list[float]] = {c: [] for c in cases}
     same: dict[tuple[str, str], list[bool]] = {c: [] for c in cases}
+    peaks: dict[tuple[str, str], list[float]] = {c: [] for c in cases}
     first_seed: list[str] = []
     for route, weights in cases:  # the first start of a seeded group indexes the file: timed once, apart
         if weights == "seed":
@@ -191,15 +206,16 @@ def load_bench(a: argparse.Namespace) -> int:
             t0 = time.perf_counter()
             config = config_of(route, weights)  # serve's preparation indexes the new file (rpc-server --seed-only)
             took = time.perf_counter() - t0
-            dt, _ = ready_and_tokens(config, 1)
+            dt, _, _ = ready_and_tokens(config, 1)
             first_seed.append(f"{route}: preparation {took:.2f} s (indexing included), then ready after {dt:.2f} s")
             print(f"{route} seed, first start: {first_seed[-1]}", flush=True)
     for i in range(a.runs):
         for k in range(len(cases)):  # rotate the order: whoever runs first after a teardown pays for it
             case = cases[(i + k) % len(cases)]
             with rpc_sets_in_place(case[1] != COPIED), rpc_sets_in_pieces(case[1] != WHOLE):
-                dt, tokens = ready_and_tokens(config_of(*case), a.n_predict)
+                dt, tokens, peak = ready_and_tokens(config_of(*case), a.n_predict)
             times[case].append(dt)
+            peaks[case].append(peak)
             same[case].append(tokens)  # compared with native's below
             print(f"run {i + 1}: {case[0]} {case[1]}: ready after {dt:.2f} s", flush=True)
     ref = same[("native", "-")][0]
@@ -208,14 +224,16 @@ def load_bench(a: argparse.Namespace) -> int:
     for case in cases:
         xs = times[case]
         ident = all(t == ref for t in same[case])
+        peak = f"{max(peaks[case]):.0f}" if max(peaks[case]) else "-"
         rows.append(f"| {case[0]} | {case[1]} | {min(xs):.2f} / **{statistics.median(xs):.2f}** / {max(xs):.2f} | "
-                    f"{statistics.median(xs) / nat:.2f}x | {'yes' if ident else '**no**'} |")
+                    f"{statistics.median(xs) / nat:.2f}x | {peak} | {'yes' if ident else '**no**'} |")
     size = Path(a.model).stat().st_size / 1e9
     text = f"""# Time to ready over RPC: weights over the socket vs read from the GGUF (patch 0006)
 
 Model `{Path(a.model).name}` ({size:.2f} GB, F16), backend cpu, native = mode single on one CPU card; hybrid and
 all-RPC on --gpus {a.gpus} (CPU cards, rpc-servers on loopback, -t 1), ctx {a.ctx}; {a.runs} runs, every case a fresh
 group per run, order rotated; {os.cpu_count()} cores shared with other work. Ready = the Supervisor's /health 200.
+rpc-server peak MiB = the largest of the group's rpc-servers' peak resident memory (VmHWM), highest over the runs.
 The GGUF sits in the page cache in every run (so does native's), so "disk speed" here is page-cache speed.
 socket = `--no-rpc-seed` (stock llama.cpp: every weight through the socket); seed = arcsplit's default with a
 build carrying patch 0006 (`rpc-server -c --seed-cache <gguf>`, llama-server with GGML_RPC_FNV_INDEX).
@@ -224,8 +242,8 @@ of its own before it is sent, as stock does (the socket rows send each from wher
 socket, received whole = socket with ARCSPLIT_RPC_SET_PIECES=0: each rpc-server receives a weight above 64 MiB into a
 zero-filled block of its whole size before copying it, as stock does (the socket rows receive it in pieces, patch 0003).
 
-| route | weights | ready s, min / **median** / max | median / native | greedy tokens = native ({a.n_predict}) |
-|---|---|---|---|---|
+| route | weights | ready s, min / **median** / max | median / native | rpc-server peak MiB | greedy tokens = native ({a.n_predict}) |
+|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
 First start of a seeded group (serve's preparation indexes the file with `rpc-server --seed-only`: FNV-1a over

@@ -28,6 +28,8 @@ from arcsplit.proc.ports import free_port, wait_listening
 from arcsplit.synth import write_llama
 from arcsplit.llama.source import extract_source, fetch_sdist
 
+from _rpc_client import build_set_reuse
+
 RPC_FILE = "ggml/src/ggml-rpc/ggml-rpc.cpp"
 
 
@@ -873,23 +875,10 @@ def test_backend_sampling_reserves_the_scheduler_only_when_the_graph_may_grow(ll
     assert greedy_on == greedy_off and len(greedy_on) == 2 and all(len(g) == 8 for g in greedy_on)
 
 
-SET_REUSE = Path(__file__).parent / "tools" / "rpc_set_reuse.cpp"
-
-
 @pytest.fixture(scope="module")
 def set_reuse_client(llama_bins, tmp_path_factory) -> Path:
     """tests/tools/rpc_set_reuse.cpp built against the managed build's libraries and its patched tree's headers."""
-    bin_dir = Path(llama_bins.rpc_server).parent
-    include = next((t / "ggml" / "include" for t in build_mod.cache_trees(bin_dir)
-                    if (t / "ggml" / "include" / "ggml-rpc.h").is_file()), None)
-    if include is None:
-        pytest.skip(f"{bin_dir} is not a build arcsplit made: no ggml headers beside it")
-    cxx = shutil.which("g++") or shutil.which("c++")
-    assert cxx, "the managed build needed a C++ compiler"
-    exe = tmp_path_factory.mktemp("set-reuse") / "rpc_set_reuse"
-    subprocess.run([cxx, "-O1", "-std=c++17", f"-I{include}", str(SET_REUSE), f"-L{bin_dir}", "-lggml", "-lggml-base",
-                    "-lggml-rpc", f"-Wl,-rpath,{bin_dir}", "-o", str(exe)], check=True)
-    return exe
+    return build_set_reuse(Path(llama_bins.rpc_server).parent, tmp_path_factory.mktemp("set-reuse"))
 
 
 @pytest.mark.slow  # a real rpc-server of the managed build

@@ -211,6 +211,39 @@ def test_devices_lists_the_lavapipe_cards(two_lavapipes, vulkan_bin):
 
 
 @pytest.mark.slow
+def test_a_weight_above_the_staging_block_reaches_a_vulkan_card_in_pieces(two_lavapipes, vulkan_bin, cpu_bin,
+                                                                          tmp_path):
+    """Patch 0003 on a card whose buffers are not host memory: a 96 MiB weight sent over the link (a remote
+    rpc-server without the GGUF, or --no-rpc-seed) is received in pieces through the rpc-server's staging block, each
+    copied to the Vulkan device before the next is read, and reads back as set; with ARCSPLIT_RPC_SET_PIECES=0 it is
+    received whole, as stock, and reads back the same."""
+    from arcsplit.llama.patches import SET_PIECES_ENV
+    from arcsplit.proc.ports import free_port, wait_listening
+
+    from _rpc_client import build_set_reuse
+
+    client = build_set_reuse(cpu_bin, tmp_path)
+    size = 96 << 20
+    for pieces in ("1", "0"):
+        port, log = free_port(), tmp_path / f"rpc-{pieces}.log"
+        env = {**os.environ, "GGML_VK_VISIBLE_DEVICES": "0", "GGML_RPC_DEBUG": "1", SET_PIECES_ENV: pieces}
+        with log.open("wb") as out:
+            proc = subprocess.Popen([str(vulkan_bin / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port), "-t", "1"],
+                                    stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            wait_listening(proc, "127.0.0.1", port, timeout=120)
+            res = subprocess.run([str(client), f"127.0.0.1:{port}", str(size), "weights", str(16 << 20)],
+                                 capture_output=True, text=True, timeout=600)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        assert res.returncode == 0 and res.stdout.split()[0] == "same", (pieces, res.stdout, res.stderr)
+        text = log.read_text(errors="replace")
+        assert "Vulkan0" in text and "llvmpipe" in text, text[-2000:]
+        assert (f"size: {size}, in pieces" in text) == (pieces == "1"), text[-2000:]
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(1800)  # lavapipe: ~80 s to ready, ~200 s for 8 tokens over RPC on 2 shared cores
 def test_hybrid_on_two_vulkan_devices_gives_the_cpu_builds_greedy_tokens(two_lavapipes, vulkan_bin, cpu_bin,
                                                                          demo_model):
