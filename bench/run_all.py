@@ -414,6 +414,21 @@ def v_load_in_place(text: str) -> Verdict:
                    f"{'yes' if same else 'NO'}")
 
 
+def v_load_pieces(text: str) -> Verdict:
+    """load_time_pieces.md: time to ready and the rpc-servers' peak memory with every weight over the socket, each
+    above 64 MiB received in pieces (patch 0003) against whole: info, the medians per route."""
+    rows = {(r[0], r[1]): r for r in table_rows(text) if len(r) >= 6 and r[1].startswith("socket")}
+    whole = "socket, received whole"
+    parts = [f"{route} {median_of(rows[(route, whole)][2])} -> {median_of(rows[(route, 'socket')][2])} s, peak "
+             f"{rows[(route, whole)][4]} -> {rows[(route, 'socket')][4]} MiB"
+             for route in ("hybrid", "rpc") if (route, "socket") in rows and (route, whole) in rows]
+    same = all(r[-1] == "yes" for r in table_rows(text) if len(r) >= 6 and r[1] != "weights")
+    if not parts:
+        return v_generic(text)
+    return Verdict("info", f"received whole -> in pieces (ready median, rpc-server peak): {'; '.join(parts)}; greedy "
+                   f"identical: {'yes' if same else 'NO'}")
+
+
 def v_plan_accuracy_cuda(text: str) -> Verdict:
     """plan_accuracy_cuda.md: no card more than 16 MiB under llama.cpp's CUDA allocation (the plan-accuracy
     target); "over" cards are the backend row's stated margin."""
@@ -605,6 +620,10 @@ FIGURES = [
     Figure("4b2. Load over RPC with every weight over the socket: each sent from where it lies (patch 0014) against "
            "copied first (CPU; not started by run_all)", "measured (the copy's share of a load over the link)",
            ("load_time_inplace.md",), lambda t, f: v_load_in_place(t)),
+    Figure("4b3. Load over RPC with every weight over the socket: each above 64 MiB received in pieces (patch 0003) "
+           "against whole, a 7B model's layer shapes (CPU; not started by run_all)",
+           "measured (ready time and the rpc-servers' peak memory)",
+           ("load_time_pieces.md",), lambda t, f: v_load_pieces(t)),
     Figure("4c. Recovery after SIGKILL of an rpc-server, weights over the socket vs read from the GGUF (CPU)",
            "<= 10 s on the 14 GB GPU model; on CPU: measured",
            ("recover_cpu_rpc_socket.md", "recover_cpu_rpc_seed.md", "recover_cpu_hybrid_socket.md",
