@@ -130,8 +130,8 @@ class ModelProfile:
     expert_bytes: tuple[int, ...]  # the part of layer_bytes in routed-expert tensors
     output_bytes: int  # output layer on its card: output.weight + output_norm (or the tied token_embd copy)
     tied_output: bool
-    token_embd_bytes: int  # stays on llama-server's CPU
-    host_bytes: int  # token_embd and other input tensors: always on llama-server's CPU
+    token_embd_bytes: int  # on llama-server's CPU, or the first card (PlanOptions.input_on_first)
+    host_bytes: int  # token_embd and other input tensors: where token_embd goes
     known_arch: bool
     compute_checked: bool = False  # the compute model was measured on this architecture's family (Family.checked)
     warnings: tuple[str, ...] = field(default=())

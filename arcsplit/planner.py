@@ -39,6 +39,10 @@ class PlanOptions:
     # None (auto, when the last card is on another host): the first card unless the model ties its output to the
     # token embeddings, which -ot cannot move (then the last, with a warning); the plan holds the answer.
     output_on_first: bool | None = False
+    # The input layer (token embeddings and the model's other input tensors) on the first card instead of llama-server's
+    # CPU (patch 0015, ARCSPLIT_INPUT_ON_CARD): a prompt then reaches an all-RPC group's first rpc-server as token ids,
+    # 4 bytes a token, not n_embd floats. Only where every layer is offloaded (no CPU card first).
+    input_on_first: bool = False
     # MoE expert offload: the routed experts of the first ``moe_offload`` layers stay in llama-server's host RAM
     # (``--n-cpu-moe N``); attention, norms, router and shared experts stay on the cards. None: the fewest layers
     # that make the model fit (0 when it fits as it is). ``host_budget``: bytes of host RAM the plan may use there
@@ -464,6 +468,8 @@ class _Solver:
     def _card_bytes(self, costs: _Costs, j: int, a: int, b: int) -> tuple[int, int, int, int]:
         has_out = self.has_output(j, a, b)
         extra = self.profile.output_bytes if has_out and self.options.output_on_first else 0
+        if j == 0 and self.options.input_on_first:
+            extra += self.profile.host_bytes  # its compute buffer shrinks (no embeddings copied in): left as it was
         if self.host and j == 0:
             # llama-server's CPU keeps these layers; its compute buffer also builds every card's inputs
             comp = memory.host_compute_bytes(self.profile, costs.cs, self._shape)
@@ -611,7 +617,8 @@ def make_plan(profile: Any, rig_or_cards: Any, options: PlanOptions | None = Non
     if options.n_ubatch < 1 or options.n_batch < 1:
         raise _bad("batch sizes must be positive", "pass --ubatch N with N > 0")
     memory.check_cache_types(profile, options.cache_type_k, options.cache_type_v, options.flash_attn)
-    options = _moe_offload(profile, cards, names, _output_placement(profile, cards, options), measured)
+    options = _moe_offload(profile, cards, names, _output_placement(profile, cards, _input_placement(names, options)),
+                           measured)
     solver = _Solver(profile, cards, names, options, measured)
     warnings = _model_warnings(profile)
 
@@ -752,7 +759,7 @@ def _assemble(profile: Any, solver: "_Solver", costs: _Costs, cards: tuple[Card,
         source = "formula" if solver.host and j == 0 else solver.compute(costs, j, a, b)[1] if c else ""
         plans.append(CardPlan(card=card, device=names[j], first_layer=a, end_layer=b, weights=w, kv=k, state=s,
                               compute=c, has_output=solver.has_output(j, a, b), compute_source=source))
-    host = profile.host_bytes
+    host = 0 if options.input_on_first else profile.host_bytes
     if not solver.host:
         host += memory.host_compute_bytes(profile, costs.cs, solver.shape())
     n_off = options.moe_offload or 0
@@ -766,6 +773,11 @@ def _assemble(profile: Any, solver: "_Solver", costs: _Costs, cards: tuple[Card,
                 cards=tuple(plans), host_bytes=host,
                 warnings=(*warnings, *_link_warnings(profile, tuple(plans), links)), host_expert_bytes=experts,
                 host_read_per_token=int(experts * share), links=links)
+
+
+def _input_placement(names: list[str], options: PlanOptions) -> PlanOptions:
+    """``input_on_first`` only where layer 0 is on a card: where llama-server's CPU holds it, the input is there."""
+    return replace(options, input_on_first=False) if options.input_on_first and names[0] == HOST_DEVICE else options
 
 
 def _output_placement(profile: Any, cards: tuple[Card, ...], options: PlanOptions) -> PlanOptions:
@@ -843,7 +855,8 @@ def plan_for_split(profile: Any, rig_or_cards: Any, options: PlanOptions, tensor
         raise _bad(f"tensor split {tensor_split} must give {len(cards)} non-negative counts summing to "
                    f"{profile.n_layer + 1}", "fix the split or let arcsplit plan it")
     memory.check_cache_types(profile, options.cache_type_k, options.cache_type_v, options.flash_attn)
-    options = _moe_offload(profile, cards, names, _output_placement(profile, cards, options), measured)
+    options = _moe_offload(profile, cards, names, _output_placement(profile, cards, _input_placement(names, options)),
+                           measured)
     solver = _Solver(profile, cards, names, options, measured)
     costs = _costs(profile, options, n_ctx)
     bounds = [0]

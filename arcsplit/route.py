@@ -199,6 +199,15 @@ class Route:
         return (self.mode is Mode.RPC and backends.get(self.backend).host_word_wait
                 and not any(c.host for c in self.cards))
 
+    def input_on_card(self, allowed: bool = True) -> bool:
+        """Whether the token embeddings go on the first card (PlanOptions.input_on_first, patch 0015). In an all-RPC
+        group that card is an rpc-server's, and llama.cpp's place for them (llama-server's CPU) sends every prompt
+        token's embedding over the link (n_embd floats), where the card's own lookup needs its id (4 bytes): on a
+        4096-wide model 8 MiB of a 512-token prompt, ahead of the first layer. Hybrid and one-context groups hold
+        their first card in llama-server's own process, where a copy of the embeddings costs little. ``allowed`` is
+        the user's ARCSPLIT_INPUT_ON_CARD (0: never)."""
+        return allowed and self.mode is Mode.RPC
+
     def output_local(self, choice: str = "auto") -> bool | None:
         """Whether the output layer goes on the first card (PlanOptions.output_on_first). In a hybrid group that is
         llama-server's own card; there the logits (n_vocab floats a row) then never cross the RPC link. On one

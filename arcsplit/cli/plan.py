@@ -176,7 +176,9 @@ def render(plan: Plan, n_nextn: int = 0) -> str:
                               for i, v in enumerate(r))
     lines = [head, "", fmt(cols).rstrip() + "   (MiB)", fmt(["-" * w for w in widths])]
     lines += [fmt(r).rstrip() for r in rows]
-    lines.append(f"host (llama-server's CPU): {_mib(plan.host_bytes)} MiB (token embeddings, input buffers)")
+    held = (f"input buffers; token embeddings on {plan.cards[0].device}, the first card" if plan.options.input_on_first
+            else "token embeddings, input buffers")
+    lines.append(f"host (llama-server's CPU): {_mib(plan.host_bytes)} MiB ({held})")
     if plan.host_expert_bytes:
         n = plan.options.moe_offload or 0
         lines.append(f"  of which routed experts of layers 0-{n - 1} (--n-cpu-moe {n}): {_mib(plan.host_expert_bytes)} MiB; "

@@ -25,7 +25,7 @@ from ..llama.fitparams import measure_compute
 from ..llama.locate import LlamaBinaries, find_llama
 from ..llama.mode import ModeDecision, choose_mode, fallbacks
 from ..llama.patches import GATE_ENV, SPIN_ENV, gated_sets_on, rpc_gate_host_kib
-from ..llama.patches import check_switches
+from ..llama.patches import INPUT_ON_CARD_ENV, check_switches, input_on_card
 from ..llama.patches import shm_link_on as rpc_shm  # the user's ARCSPLIT_RPC_SHM, read where serve prepares
 from ..llama.seeding import can_seed
 from ..llama.webui import serve_dir
@@ -208,6 +208,7 @@ def _plan_and_key(profile: Any, rig: Rig, req: ServeRequest, mode: str, live: bo
     options = PlanOptions(n_ctx=req.ctx, n_parallel=req.parallel, n_ubatch=ubatch, n_batch=max(2048, ubatch),
                           kv_unified=req.kv_unified, cache_type_k=req.cache_type, cache_type_v=req.cache_type,
                           output_on_first=route.output_local(req.output_layer),
+                          input_on_first=route.input_on_card(input_on_card()),
                           flash_attn=(req.flash_attn if req.flash_attn is not None
                                       else backends.flash_attn_default(req.backend, req.cache_type)),
                           moe_offload=req.moe_offload, host_budget=host_budget(rig, req.host_memory_mib, live=live))
@@ -443,6 +444,12 @@ def unchecked_one_context(req: ServeRequest, mode: Mode, n_cards: int) -> str | 
             "`arcsplit doctor --verify MODEL`, or let `arcsplit tune MODEL` pick a route it has checked")
 
 
+def _input_off(plan: Plan) -> dict[str, str]:
+    """ARCSPLIT_INPUT_ON_CARD=0 for a plan that holds the token embeddings on llama-server's CPU, where the user's
+    environment has the variable (patch 0015 would otherwise move them where the plan has no room for them)."""
+    return {INPUT_ON_CARD_ENV: "0"} if not plan.options.input_on_first and INPUT_ON_CARD_ENV in os.environ else {}
+
+
 def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, rig: Rig, decision: ModeDecision,
               rpc_ports: list[int] | None, choice: BackendChoice | None, live: bool = True,
               serving: bool = False) -> Prepared:
@@ -492,7 +499,8 @@ def _prepared(req: ServeRequest, binaries: LlamaBinaries | None, profile: Any, r
                          rpc_spin_us=rpc_spin_us(route, cores), rpc_shm=shm, rpc_gate=rpc_gate(route),
                          rpc_gate_host_kib=rpc_gate_host_kib(),
                          rpc_cache_dir=rpc_cache, rpc_seed=(profile.shards or (plan.model_path,)) if seed else (),
-                         mode_env=tuple(sorted({**decision.env, **dict(req.env)}.items())), forced_mode=req.mode != AUTO_MODE,
+                         mode_env=tuple(sorted({**decision.env, **dict(req.env), **_input_off(plan)}.items())),
+                         forced_mode=req.mode != AUTO_MODE,
                          ui_dir=serve_dir(binaries.server.parent) if binaries else None, env_dropped=dropped,
                          server_features=binary_features(binaries.server) if binaries and foreign else None,
                          rpc_features=rpc_features, hosts=rig.hosts)

@@ -20,7 +20,7 @@ from ..errors import BadInput
 from ..hosts import forward_argv
 from ..llama.childenv import SERVER_KEY_VAR, Dropped, overlay
 from ..llama.features import RPC_OPTIONAL, RPC_REQUIRED, Features, fit_args
-from ..llama.patches import GATE_ENV, GATE_HOST_ENV, GATE_HOST_NEVER_KIB, SHM_ENV, SPIN_ENV
+from ..llama.patches import GATE_ENV, GATE_HOST_ENV, GATE_HOST_NEVER_KIB, INPUT_ON_CARD_ENV, SHM_ENV, SPIN_ENV
 from ..llama.seeding import SEED_FLAG
 from ..modes import Mode
 from ..netaddr import SERVER_PORT, local_url
@@ -221,6 +221,8 @@ def _server_spec(config: ServeConfig, rpc_specs: list[ProcessSpec], extra_env: d
     plan, route, server = config.plan, config.route, config.route.server
     # LLAMA_SERVER_ROUTER_PORT opts into the router's child protocol: load progress on stdout, exit on stdin EOF.
     env = {**extra_env, **dict(server.env), **dict(config.secret_env), ROUTER_PORT_ENV: str(config.port)}
+    if plan.options.input_on_first:  # patch 0015: the token embeddings on the first card, where the plan holds them
+        env[INPUT_ON_CARD_ENV] = "1"
     if route.rpc:  # offered to every rpc-server; those of other hosts decline
         env[SHM_ENV] = shm
     if config.rpc_seed and config.rpc_cache_dir and route.rpc:

@@ -49,7 +49,8 @@ def cache_key(profile: Any, backend: str, mode: str, devices: list[str], options
     fields = {"version": VERSION, "model": shards, "backend": backend, "mode": mode, "devices": list(devices),
               "n_parallel": o.n_parallel, "kv_unified": o.kv_unified, "type_k": o.cache_type_k,
               "type_v": o.cache_type_v, "n_batch": o.n_batch, "n_ubatch": o.n_ubatch, "flash_attn": o.flash_attn,
-              "swa_full": o.swa_full, "n_outputs": o.n_outputs, "output_on_first": o.output_on_first}
+              "swa_full": o.swa_full, "n_outputs": o.n_outputs, "output_on_first": o.output_on_first,
+              **({"input_on_first": True} if o.input_on_first else {})}  # keys measured before it stay valid
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
     return CacheKey(digest, fields)
 

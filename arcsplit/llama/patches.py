@@ -66,6 +66,10 @@ IN_PLACE_ENV = "ARCSPLIT_RPC_IN_PLACE"
 # zero-filled block of its whole size, as stock does; on by default: in pieces, straight into the tensor where its
 # buffer is host memory, else through the staging block (bench/time_to_ready.py --load --whole-sets)
 SET_PIECES_ENV = "ARCSPLIT_RPC_SET_PIECES"
+# patch 0015: 1 in llama-server puts the input layer (token embeddings) on layer 0's card when every layer is offloaded;
+# off unless set (llama.cpp keeps it on the CPU). arcsplit sets it for all-RPC groups, whose plan holds the embeddings
+# on the first card, and the user's 0 turns that off (bench/throughput.py -hostembd)
+INPUT_ON_CARD_ENV = "ARCSPLIT_INPUT_ON_CARD"
 SHM_ENV = "ARCSPLIT_RPC_SHM"  # patch 0008: 1 in llama-server and an rpc-server on one host: shared-memory link
 # patch 0008: what one such link holds in /dev/shm while it is open (a header page, then a 4 MiB ring each way)
 SHM_LINK_BYTES = 4096 + 2 * (4 << 20)
@@ -288,6 +292,12 @@ def sets_in_pieces(environ: Mapping[str, str] = os.environ) -> bool:
     return _switch(environ, SET_PIECES_ENV, True, "receive each big set whole before its copy, as llama.cpp does")
 
 
+def input_on_card(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether an all-RPC group may hold the token embeddings on its first card (patch 0015): on unless the user's
+    ARCSPLIT_INPUT_ON_CARD says 0. arcsplit decides per group and sets it for llama-server (decide/specs.py)."""
+    return _switch(environ, INPUT_ON_CARD_ENV, True, "keep the token embeddings on llama-server's CPU, as llama.cpp does")
+
+
 def check_switches(environ: Mapping[str, str] = os.environ) -> None:
     """Every patch switch llama.cpp's processes read themselves, checked before one starts: a value they cannot
     parse is refused here (BadInput), not taken silently as on or off. A new switch is added here only."""
@@ -303,6 +313,7 @@ def check_switches(environ: Mapping[str, str] = os.environ) -> None:
     sampler_reserve_each_request(environ)
     sets_in_place(environ)
     sets_in_pieces(environ)
+    input_on_card(environ)
 
 
 def kv_state_spans(kib: int) -> contextlib.AbstractContextManager[None]:
