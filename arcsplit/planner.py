@@ -14,6 +14,7 @@ from .memory import UNCHECKED_COMPUTE_MARGIN
 from .rig import Card, Host, Rig
 from .route import HOST_DEVICE, NATIVE_UBATCH  # llama-server's own CPU: layers planned there are simply not offloaded
 
+TOKEN_ID_BYTES = 4  # a token's id (int32): what crosses to a card holding the input layer, per token
 OUTPUT_TENSORS = r"^output"
 """llama.cpp ``-ot`` pattern (regex_search on tensor names) of the output layer's own tensors: output.weight,
 output_norm.weight (and their biases). A tied output (no output.weight) is token_embd, which this does not move."""
@@ -127,6 +128,7 @@ class LinkCost:
     out_gets: int  # more of them in a ubatch with output rows (a decoded token; a prompt's last ubatch)
     n_ubatch: int
     n_ctx: int
+    id_crossings: int = 0  # a token's id (4 bytes) crossing to a card there holding the input layer (input_on_first)
 
     def mask_at(self, cells: int) -> int:
         """Attention-mask bytes per token for that host's cards when ``cells`` KV cells are in use."""
@@ -146,12 +148,13 @@ class LinkCost:
     @property
     def token_bytes(self) -> int:
         """Bytes over the link per decoded token at a full context."""
-        return self.act_bytes * (self.act_crossings + self.out_crossings) + self.mask_bytes + self.logits_bytes
+        return (self.act_bytes * (self.act_crossings + self.out_crossings) + TOKEN_ID_BYTES * self.id_crossings
+                + self.mask_bytes + self.logits_bytes)
 
     @property
     def ubatch_bytes(self) -> int:
         """Bytes over the link per prefill ubatch at a full context (a prompt's last row of output on top)."""
-        return (self.act_bytes * self.act_crossings + self.mask_bytes) * self.n_ubatch
+        return (self.act_bytes * self.act_crossings + TOKEN_ID_BYTES * self.id_crossings + self.mask_bytes) * self.n_ubatch
 
     def _ms(self, n: float) -> float:
         return n * 8 / (self.gbit * 1e9) * 1e3
@@ -167,7 +170,7 @@ class LinkCost:
 
     def prefill_tps(self, mask: float) -> float | None:
         """The most prompt tokens/s this link carries with ``mask`` bytes of mask per token (None: nothing crosses)."""
-        per_token = self.act_bytes * self.act_crossings + mask
+        per_token = self.act_bytes * self.act_crossings + TOKEN_ID_BYTES * self.id_crossings + mask
         return self.gbit * 1e9 / 8 / per_token if per_token else None
 
     @property
@@ -186,6 +189,7 @@ class LinkCost:
                 "rpc_servers": self.rpc_servers, "n_ctx": self.n_ctx,
                 "token": {"bytes": self.token_bytes,
                           "activation_bytes": self.act_bytes * (self.act_crossings + self.out_crossings),
+                          "token_id_bytes": TOKEN_ID_BYTES * self.id_crossings,
                           "mask_bytes": self.mask_bytes, "logits_bytes": self.logits_bytes,
                           "round_trips": self.round_trips, "ms": round(self.token_ms, 3)},
                 "ubatch": {"tokens": self.n_ubatch, "bytes": self.ubatch_bytes, "round_trips": self.gets,
@@ -204,7 +208,8 @@ def _masks(profile: Any, card: "CardPlan") -> tuple[int, int]:
 
 def link_costs(profile: Any, cards: tuple["CardPlan", ...], hosts: tuple[Host, ...], options: "PlanOptions",
                cs: Any) -> tuple[LinkCost, ...]:
-    """Per other host, what crosses its link: the layer path starts at llama-server (token embeddings) and visits each
+    """Per other host, what crosses its link: the layer path starts at llama-server (token embeddings, or their ids where
+    the first card holds the input layer) and visits each
     card holding layers in order; the last layer keeps only the output rows, which go on to the output layer's card
     when that is another one (the first, with -ot); llama-server reads the logits there. Each card over there gets
     its attention masks. Between two cards of one rpc-server (a per-host host) the activation never leaves that host:
@@ -217,6 +222,7 @@ def link_costs(profile: Any, cards: tuple["CardPlan", ...], hosts: tuple[Host, .
     layered = [c for c in cards if min(c.end_layer, n_layer) > c.first_layer]
     out = next((c for c in cards if c.has_output), cards[-1])
     crossings = {h: [0, 0] for h in remote}  # every row, output rows only
+    ids = dict.fromkeys(remote, 0)  # token ids to the input layer's card (input_on_first), instead of its embeddings
     gets = {h: [0, 0] for h in remote}
     hosts_in_order = [c.card.host for c in layered]
     hops = [(a, b, 0) for a, b in zip(["", *hosts_in_order], hosts_in_order)]
@@ -229,7 +235,9 @@ def link_costs(profile: Any, cards: tuple["CardPlan", ...], hosts: tuple[Host, .
         if a:
             crossings[a][rows] += 1
             gets[a][rows] += 1
-        if b:
+        if b and not a and options.input_on_first:
+            ids[b] += 1
+        elif b:
             crossings[b][rows] += 1
     logits_at = out.card.host
     if logits_at:
@@ -250,7 +258,7 @@ def link_costs(profile: Any, cards: tuple["CardPlan", ...], hosts: tuple[Host, .
                               masks=(sum(f for f, _ in mine), sum(w for _, w in mine)), mask_elem=elem,
                               kv_cells=cs.kv_size, swa_cells=cs.swa_size,
                               gets=gets[name][0], out_gets=gets[name][1], n_ubatch=options.n_ubatch,
-                              n_ctx=cs.n_ctx))
+                              n_ctx=cs.n_ctx, id_crossings=ids[name]))
     return tuple(found)
 
 

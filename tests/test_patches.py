@@ -12,6 +12,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -364,6 +365,50 @@ def test_inputs_first_only_on_an_rpc_device_fed_by_a_local_backend(llama_bins, t
         assert firsts["rpc0"] == [activation] * 4, firsts
     else:  # rpc0 is fed by llama-server's CPU: the user inputs (positions, masks, KV indices) go first
         assert all(size != activation for size in firsts["rpc0"]), firsts
+
+
+MODEL_BUFFER = re.compile(r"(RPC\d+\[[^\]]+\]|CPU_Mapped|CPU) model buffer size = +([\d.]+) MiB")
+
+
+@pytest.mark.slow
+def test_an_all_rpc_group_holds_the_token_embeddings_on_its_first_card(llama_bins, tmp_path, monkeypatch):
+    """Patch 0015 through arcsplit: an all-RPC group plans the token embeddings on its first card and tells
+    llama-server so (ARCSPLIT_INPUT_ON_CARD=1), which loads them there, where the plan said (the first rpc-server's
+    model buffer grows by them; the plan does not under-predict it); the first rpc-server then gets each token's id,
+    never its embedding row (GGML_RPC_DEBUG logs every SET_TENSOR), and the greedy tokens are the same as with
+    the user's ARCSPLIT_INPUT_ON_CARD=0, which keeps them on llama-server's CPU as llama.cpp does."""
+    model = write_llama(tmp_path / "llama.gguf", n_layer=8, n_embd=320, n_head=4, n_head_kv=2, n_ff=512,
+                        n_vocab=8192)
+    row = 320 * 4  # one token's embedding, F32 (a size no mask or index set has here)
+    monkeypatch.setenv("GGML_RPC_DEBUG", "1")
+    seen = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv(patches.INPUT_ON_CARD_ENV, on)
+        with serve_group(str(model), gpus=[0, 1], backend="cpu", mode="rpc", ctx=1024, parallel=1, threads=1,
+                         port=free_port(), bus=False, llama_dir=str(llama_bins.bin_dir)) as server:
+            plan, run_dir = server.plan, Path(server.status()["run_dir"])
+            time.sleep(1)  # the load's lines (its small weights' sets among them) are in the log before the mark
+            mark = len((run_dir / "rpc0.log").read_text(errors="replace"))
+            r = httpx.post(f"{server.url}/completion", json={
+                "prompt": "Once upon a time, in a land far away", "n_predict": 6, "temperature": 0,
+                "ignore_eos": True, "return_tokens": True}, timeout=300)
+            r.raise_for_status()
+        logs = {name: (run_dir / f"{name}.log").read_text(errors="replace") for name in ("server", "rpc0")}
+        buffers = {m.group(1): float(m.group(2)) for m in MODEL_BUFFER.finditer(logs["server"])}
+        dialled = re.search(r"--rpc ([^,\s]+)", logs["server"])
+        assert dialled, logs["server"][:2000]
+        first = f"RPC0[{dialled.group(1)}]"  # the first --rpc endpoint's card
+        sizes = [int(m.group(3)) for m in SET_AT.finditer(logs["rpc0"][mark:])]  # the request's sets
+        seen[on] = (r.json()["tokens"], plan, logs["server"], buffers[first], sizes)
+    (tok_on, plan_on, log_on, rpc0_on, sets_on), (tok_off, plan_off, log_off, rpc0_off, sets_off) = seen["1"], seen["0"]
+    assert tok_on == tok_off and len(tok_on) == 6
+    assert plan_on.options.input_on_first and not plan_off.options.input_on_first
+    assert "input layer on RPC0 (ARCSPLIT_INPUT_ON_CARD)" in log_on and "ARCSPLIT_INPUT_ON_CARD" not in log_off
+    assert plan_off.host_bytes - plan_on.host_bytes == 8192 * 320 * 2  # the F16 embeddings left the host
+    for plan, loaded in ((plan_on, rpc0_on), (plan_off, rpc0_off)):  # the plan holds what llama.cpp loaded there
+        assert loaded - 0.01 <= plan.cards[0].weights / 2**20 <= loaded + 0.06
+    assert row not in sets_on and 4 in sets_on  # each decoded token's id, never its embedding row
+    assert sets_off.count(row) >= 5  # stock: the CPU's lookup, a row a decoded token
 
 
 def all_rpc_second_server_log(model: Path, llama_bins, n_predict: int) -> tuple[list[int], str]:
