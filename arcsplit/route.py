@@ -199,14 +199,18 @@ class Route:
         return (self.mode is Mode.RPC and backends.get(self.backend).host_word_wait
                 and not any(c.host for c in self.cards))
 
-    def input_on_card(self, allowed: bool = True) -> bool:
+    def input_on_card(self, choice: bool | None = None) -> bool:
         """Whether the token embeddings go on the first card (PlanOptions.input_on_first, patch 0015). In an all-RPC
         group that card is an rpc-server's, and llama.cpp's place for them (llama-server's CPU) sends every prompt
-        token's embedding over the link (n_embd floats), where the card's own lookup needs its id (4 bytes): on a
-        4096-wide model 8 MiB of a 512-token prompt, ahead of the first layer. Hybrid and one-context groups hold
-        their first card in llama-server's own process, where a copy of the embeddings costs little. ``allowed`` is
-        the user's ARCSPLIT_INPUT_ON_CARD (0: never)."""
-        return allowed and self.mode is Mode.RPC
+        token's embedding over its link (n_embd floats) where the card's own lookup needs the id (4 bytes): 8 MiB of
+        a 512-token prompt of a 4096-wide model, 67 ms at 1 Gbit/s. auto (``choice`` None, the user's
+        ARCSPLIT_INPUT_ON_CARD unset) does it where that first card is on another host. On one machine it buys no
+        measured time (one H100 under MPS, the MoE paired: prefill 1.01, decode 1.00, first token 1.00; see
+        docs/patches.md 0015) and costs the first card the table's bytes, so it is the user's 1 there. Hybrid and
+        one-context groups hold their first card in llama-server's own process: never."""
+        if self.mode is not Mode.RPC or choice is False:
+            return False
+        return True if choice else bool(self.cards[0].host)
 
     def output_local(self, choice: str = "auto") -> bool | None:
         """Whether the output layer goes on the first card (PlanOptions.output_on_first). In a hybrid group that is

@@ -83,7 +83,8 @@ from arcsplit.llama.devices import cpu_model  # noqa: E402
 from arcsplit.llama.locate import find_llama, server_build_info  # noqa: E402
 from arcsplit.llama.patches import (GATE_HOST_NEVER_KIB, kv_state_spans, rpc_async_reads, rpc_gated_sets,  # noqa: E402
                                     rpc_link_polling, rpc_patches_switched, rpc_pinned_reads, rpc_queued_sets,
-                                    rpc_relay_chunks, rpc_sets_in_place, rpc_shm_link, unused_prompt_loads)
+                                    rpc_input_on_card, rpc_relay_chunks, rpc_sets_in_place, rpc_shm_link,
+                                    unused_prompt_loads)
 from arcsplit.route import Route  # noqa: E402
 from arcsplit.decide.prepare import rpc_spin_us  # noqa: E402
 from arcsplit.proc.ports import free_port, wait_listening  # noqa: E402
@@ -152,6 +153,9 @@ class Variant:
     asynchronous set, the CPU, waits either way);
     -copyset: patches on, but llama-server copies a SET_TENSOR's data into a block of its own before it is sent, as
     stock does (ARCSPLIT_RPC_IN_PLACE=0, 0014), instead of sending one of 256 KiB or more from where it lies;
+    -hostembd / -cardembd: an all-RPC group's token embeddings on llama-server's CPU, as llama.cpp does
+    (ARCSPLIT_INPUT_ON_CARD=0), or on its first card (=1, patch 0015: only token ids cross to it), wherever that card
+    is (arcsplit's auto: on the first card only when it is on another host);
     -nospan: patches on, but a KV sequence saved or restored by llama-server's prompt cache moves one run of cells
     per call (ARCSPLIT_KV_GAP_KIB=0, 0010), not in spans;
     -load: a request with cache_prompt false gets a cached prompt loaded into its slot (and dropped), as stock
@@ -284,6 +288,8 @@ _TAG_ENV: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "nospan": lambda: kv_state_spans(0),
     "syncset": lambda: rpc_queued_sets(False),
     "copyset": lambda: rpc_sets_in_place(False),
+    "hostembd": lambda: rpc_input_on_card(False),
+    "cardembd": lambda: rpc_input_on_card(True),
     "load": lambda: unused_prompt_loads(skip=False),
 }
 
@@ -718,7 +724,9 @@ def report(a: argparse.Namespace, runs: list[list[ModeResult]], build: str, mach
              "loopback TCP instead of shared memory (ARCSPLIT_RPC_SHM=0, patch 0008); `-syncset` makes each rpc-server wait for every graph input's copy to its device "
              "instead of queueing it (ARCSPLIT_RPC_QUEUED_SETS=0, patch 0003); `-copyset` makes llama-server copy a "
              "SET_TENSOR's data into a block of its own before it is sent instead of sending one of 256 KiB or more "
-             "from where it lies (ARCSPLIT_RPC_IN_PLACE=0, patch 0014); `-nospan` moves a KV sequence "
+             "from where it lies (ARCSPLIT_RPC_IN_PLACE=0, patch 0014); `-hostembd` / `-cardembd` hold an all-RPC "
+             "group's token embeddings on llama-server's CPU (ARCSPLIT_INPUT_ON_CARD=0, each prompt token's embedding "
+             "crosses the link) or on its first card (=1, patch 0015: token ids cross); `-nospan` moves a KV sequence "
              "the prompt cache saves or restores one run of cells per call instead of in spans (ARCSPLIT_KV_GAP_KIB=0, "
              "patch 0010); `-load` loads a cached prompt into the slot of a request with cache_prompt false and drops "
              "it, as stock llama-server does (ARCSPLIT_SKIP_UNUSED_LOAD=0, patch 0011); `-nopin` reads llama-server's "

@@ -1,6 +1,7 @@
 """Patch 0015's plan side, pure: an all-RPC group holds the token embeddings on its first card (PlanOptions.
-input_on_first), llama-server is told so (ARCSPLIT_INPUT_ON_CARD=1), and a link to a first card on another host
-carries token ids instead of embeddings. tests/test_patches.py serves it for real."""
+input_on_first) where that card is on another host, or where the user asks (ARCSPLIT_INPUT_ON_CARD=1); llama-server
+is told so, and the link to a first card on another host carries token ids instead of embeddings.
+tests/test_patches.py serves it for real on one machine."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory):
                                           n_vocab=4096, header_only=True))
 
 
-def _plan(profile, mode: str, hosts: list[str], on: bool = True, host_list: tuple[Host, ...] = (),
+def _plan(profile, mode: str, hosts: list[str], on: bool | None = True, host_list: tuple[Host, ...] = (),
           split: list[int] | None = None):
     rig = Rig(tuple(_card(i, h) for i, h in enumerate(hosts)), hosts=host_list)
     route = Route.build(mode, "cuda", [c.index for c in rig.cards], [c.host for c in rig.cards])
@@ -65,11 +66,13 @@ def test_a_cpu_card_holding_layer_zero_keeps_the_input_there(llama) -> None:
 
 def test_llama_server_is_told_where_the_plan_put_them(llama, tmp_path, monkeypatch) -> None:
     """ARCSPLIT_INPUT_ON_CARD=1 in llama-server's environment exactly when the plan holds the embeddings on the first
-    card; a user's 0 keeps them on the CPU (and reaches llama-server, which would otherwise read the user's 1)."""
+    card: on one machine only when the user asks; a plan that keeps them on the CPU passes the user's variable on as 0
+    (llama-server would otherwise read a 1 where the plan has no room for them)."""
     from arcsplit.decide.prepare import ServeRequest, planned_specs, preview
 
     model = synth.write_llama(tmp_path / "m.gguf", n_layer=8, n_embd=256, n_vocab=4096)
-    for env, mode, want in ((None, "rpc", "1"), ("0", "rpc", "0"), (None, "hybrid", None), ("1", "hybrid", "0")):
+    for env, mode, want in ((None, "rpc", None), ("1", "rpc", "1"), ("0", "rpc", "0"), (None, "hybrid", None),
+                            ("1", "hybrid", "0")):
         if env is None:
             monkeypatch.delenv(patches.INPUT_ON_CARD_ENV, raising=False)
         else:
@@ -83,14 +86,25 @@ def test_llama_server_is_told_where_the_plan_put_them(llama, tmp_path, monkeypat
 def test_the_switch_is_0_or_1_or_one_clear_line() -> None:
     from arcsplit.errors import BadInput
 
-    assert patches.input_on_card({}) is True and patches.input_on_card({patches.INPUT_ON_CARD_ENV: "0"}) is False
+    assert patches.input_on_card({}) is None  # auto: Route.input_on_card decides
+    assert patches.input_on_card({patches.INPUT_ON_CARD_ENV: "0"}) is False
+    assert patches.input_on_card({patches.INPUT_ON_CARD_ENV: "1"}) is True
     with pytest.raises(BadInput, match=patches.INPUT_ON_CARD_ENV):
         patches.check_switches({patches.INPUT_ON_CARD_ENV: "first"})
 
 
+def test_auto_holds_them_on_the_first_card_only_where_it_is_on_another_host() -> None:
+    assert Route.build("rpc", "cuda", [0, 1], ["b", "b"]).input_on_card() is True
+    assert Route.build("rpc", "cuda", [0, 1], ["", "b"]).input_on_card() is False  # first card here: no link to cross
+    assert Route.build("rpc", "cuda", [0, 1]).input_on_card() is False
+    assert Route.build("rpc", "cuda", [0, 1]).input_on_card(True) is True
+    assert Route.build("rpc", "cuda", [0, 1], ["b", "b"]).input_on_card(False) is False
+    assert Route.build("hybrid", "cuda", [0, 1], ["", "b"]).input_on_card(True) is False
+
+
 def test_a_first_card_on_another_host_gets_token_ids_not_embeddings(llama) -> None:
     b = Host("b", "me@b")
-    on = _plan(llama, "rpc", ["b", "b"], host_list=(b,))
+    on = _plan(llama, "rpc", ["b", "b"], on=None, host_list=(b,))
     off = _plan(llama, "rpc", ["b", "b"], on=False, host_list=(b,))
     (lon,), (loff,) = on.links, off.links
     act = llama.n_embd * 4

@@ -372,8 +372,9 @@ MODEL_BUFFER = re.compile(r"(RPC\d+\[[^\]]+\]|CPU_Mapped|CPU) model buffer size 
 
 @pytest.mark.slow
 def test_an_all_rpc_group_holds_the_token_embeddings_on_its_first_card(llama_bins, tmp_path, monkeypatch):
-    """Patch 0015 through arcsplit: an all-RPC group plans the token embeddings on its first card and tells
-    llama-server so (ARCSPLIT_INPUT_ON_CARD=1), which loads them there, where the plan said (the first rpc-server's
+    """Patch 0015 through arcsplit, asked for on one machine (the user's ARCSPLIT_INPUT_ON_CARD=1; auto does it where
+    the first card is on another host): an all-RPC group plans the token embeddings on its first card and tells
+    llama-server so, which loads them there, where the plan said (the first rpc-server's
     model buffer grows by them; the plan does not under-predict it); the first rpc-server then gets each token's id,
     never its embedding row (GGML_RPC_DEBUG logs every SET_TENSOR), and the greedy tokens are the same as with
     the user's ARCSPLIT_INPUT_ON_CARD=0, which keeps them on llama-server's CPU as llama.cpp does."""

@@ -67,8 +67,9 @@ IN_PLACE_ENV = "ARCSPLIT_RPC_IN_PLACE"
 # buffer is host memory, else through the staging block (bench/time_to_ready.py --load --whole-sets)
 SET_PIECES_ENV = "ARCSPLIT_RPC_SET_PIECES"
 # patch 0015: 1 in llama-server puts the input layer (token embeddings) on layer 0's card when every layer is offloaded;
-# off unless set (llama.cpp keeps it on the CPU). arcsplit sets it for all-RPC groups, whose plan holds the embeddings
-# on the first card, and the user's 0 turns that off (bench/throughput.py -hostembd)
+# off unless set (llama.cpp keeps it on the CPU). arcsplit sets it for all-RPC groups whose first card is on another
+# host (their plan holds the embeddings there); the user's 1 asks for it on one machine too, 0 never
+# (bench/throughput.py -hostembd, -cardembd)
 INPUT_ON_CARD_ENV = "ARCSPLIT_INPUT_ON_CARD"
 SHM_ENV = "ARCSPLIT_RPC_SHM"  # patch 0008: 1 in llama-server and an rpc-server on one host: shared-memory link
 # patch 0008: what one such link holds in /dev/shm while it is open (a header page, then a 4 MiB ring each way)
@@ -292,10 +293,13 @@ def sets_in_pieces(environ: Mapping[str, str] = os.environ) -> bool:
     return _switch(environ, SET_PIECES_ENV, True, "receive each big set whole before its copy, as llama.cpp does")
 
 
-def input_on_card(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether an all-RPC group may hold the token embeddings on its first card (patch 0015): on unless the user's
-    ARCSPLIT_INPUT_ON_CARD says 0. arcsplit decides per group and sets it for llama-server (decide/specs.py)."""
-    return _switch(environ, INPUT_ON_CARD_ENV, True, "keep the token embeddings on llama-server's CPU, as llama.cpp does")
+def input_on_card(environ: Mapping[str, str] = os.environ) -> bool | None:
+    """The user's choice of where an all-RPC group's token embeddings go (patch 0015): None when ARCSPLIT_INPUT_ON_CARD
+    is unset (arcsplit decides per group: Route.input_on_card), 1 the first card, 0 llama-server's CPU. arcsplit sets
+    it for llama-server itself (decide/specs.py)."""
+    if not environ.get(INPUT_ON_CARD_ENV):
+        return None
+    return _switch(environ, INPUT_ON_CARD_ENV, False, "hold the token embeddings on an all-RPC group's first card")
 
 
 def check_switches(environ: Mapping[str, str] = os.environ) -> None:
@@ -369,6 +373,13 @@ def rpc_sets_in_pieces(on: bool) -> contextlib.AbstractContextManager[None]:
     """Groups started inside have their rpc-servers receive a set above 64 MiB in pieces (on) or whole, as stock (off;
     patch 0003, the rpc-servers inherit SET_PIECES_ENV): for A/B runs."""
     return _environ_set(SET_PIECES_ENV, "1" if on else "0")
+
+
+def rpc_input_on_card(on: bool) -> contextlib.AbstractContextManager[None]:
+    """Groups prepared inside hold an all-RPC group's token embeddings on its first card (on; patch 0015) or on
+    llama-server's CPU as llama.cpp does (off), wherever the first card is: arcsplit reads INPUT_ON_CARD_ENV as the
+    user's choice when it plans. For A/B runs."""
+    return _environ_set(INPUT_ON_CARD_ENV, "1" if on else "0")
 
 
 def rpc_shm_link(on: bool) -> contextlib.AbstractContextManager[None]:
