@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from arcsplit._api import planned_specs, preview  # noqa: E402
 from arcsplit.llama.devices import cpu_model  # noqa: E402
-from arcsplit.llama.patches import kv_state_spans, rpc_shm_link, unused_prompt_loads  # noqa: E402
-from arcsplit.planner import MASK_START, LinkCost, link_costs  # noqa: E402
+from arcsplit.llama.patches import kv_state_spans, rpc_input_on_card, rpc_shm_link, unused_prompt_loads  # noqa: E402
+from arcsplit.planner import MASK_START, TOKEN_ID_BYTES, LinkCost, link_costs  # noqa: E402
 from arcsplit.proc.ports import free_port  # noqa: E402
 from arcsplit.decide.prepare import ServeRequest  # noqa: E402
 from throughput import STREAMS, build_line, complete, long_prompt, measure_streams  # noqa: E402
@@ -169,7 +169,7 @@ def predicted(lc: LinkCost, prompt_n: int, predicted_n: int) -> tuple[int, int]:
         end = min(prompt_n, start + lc.n_ubatch)
         steps.append((end - start, end, int(end == prompt_n)))
     steps += [(1, prompt_n + k + 1, 1) for k in range(max(0, predicted_n - 1))]
-    nbytes = sum(t * (lc.act_bytes * lc.act_crossings + lc.mask_at(pad(used)))
+    nbytes = sum(t * (lc.act_bytes * lc.act_crossings + TOKEN_ID_BYTES * lc.id_crossings + lc.mask_at(pad(used)))
                  + rows * (lc.act_bytes * lc.out_crossings + lc.logits_bytes) for t, used, rows in steps)
     return nbytes, sum(lc.gets + rows * lc.out_gets for _, _, rows in steps)
 
@@ -337,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--after-streams", type=int, default=0, metavar="N",
                     help="instead: the prompt-cache pattern (4 parallel streams, then an N-token prompt, cache off and "
                          "on), patch 0010 off and on; writes bench/results/link_bytes_prompt_cache.md")
+    ap.add_argument("--input-on-card", action="store_true",
+                    help="the token embeddings on the first card (ARCSPLIT_INPUT_ON_CARD=1, patch 0015): token ids "
+                         "cross to it instead; default --out bench/results/link_bytes_input_on_card.md")
     ap.add_argument("--out", default=None, help="default bench/results/link_bytes.md")
     a = ap.parse_args(argv)
     if a.tokens < 1 or a.reps < 1:
@@ -349,13 +352,15 @@ def main(argv: list[str] | None = None) -> int:
         return main_after_streams(a, argv)
     prompts = [int(x) for x in a.prompts.split(",") if x.strip()]
     logs = Path(tempfile.mkdtemp(prefix="link_bytes-"))  # kept only when llama-server does not come up
-    plan, rows = run(a.model, prompts, a.tokens, a.reps, a.cpu_memory, logs / "llama-server.log")
+    with rpc_input_on_card(True) if a.input_on_card else contextlib.nullcontext():
+        plan, rows = run(a.model, prompts, a.tokens, a.reps, a.cpu_memory, logs / "llama-server.log")
     shutil.rmtree(logs, ignore_errors=True)
     lines = ["# Link bytes: the plan's model against what crosses each rpc-server's socket", "",
              f"- Build: {build_line(None, 'cpu')}",
              f"- Machine: {cpu_model()} ({os.cpu_count()} cores)",
              f"- Model: `{a.model}` ({plan.arch}); 2 CPU cards in rpc mode, split {list(plan.tensor_split)}, ctx "
-             f"{plan.n_ctx}, ubatch {plan.options.n_ubatch}, flash attention {'on' if plan.options.flash_attn else 'off'}; "
+             f"{plan.n_ctx}, ubatch {plan.options.n_ubatch}, flash attention {'on' if plan.options.flash_attn else 'off'}, "
+             f"token embeddings {'on the first card (token ids cross to it)' if plan.options.input_on_first else 'on llama-server'}; "
              f"{a.tokens} tokens decoded per request, {a.reps} requests per prompt length",
              f"- Command: `{shlex.join(['python', 'bench/link_bytes.py', *(sys.argv[1:] if argv is None else argv)])}`",
              "- measured: bytes both ways through a counting relay in front of the rpc-server, per request; predicted: "
@@ -381,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
               "sizeof(rpc_tensor) (304 bytes) + n_nodes x 8; unchanged graphs go as GRAPH_RECOMPUTE, a few bytes. "
               "That part is per layer, not per token: with a model this small (n_embd 576) it weighs a lot; with "
               "n_embd 2048 or more and long contexts, activations and masks grow while it does not.", ""]
-    write_report(a.out or str(ROOT / "bench" / "results" / "link_bytes.md"), "\n".join(lines))
+    name = "link_bytes_input_on_card.md" if a.input_on_card else "link_bytes.md"
+    write_report(a.out or str(ROOT / "bench" / "results" / name), "\n".join(lines))
     return 0
 
 
