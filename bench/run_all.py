@@ -429,6 +429,25 @@ def v_load_pieces(text: str) -> Verdict:
                    f"identical: {'yes' if same else 'NO'}")
 
 
+def _rpc0_bytes(text: str) -> dict[int, float]:
+    """link_bytes files: rpc0's measured bytes per request (median), by prompt length."""
+    return {int(r[1]): float(median_of(f"**{r[3].split('/')[1].strip().replace(',', '')}**") or 0)
+            for r in table_rows(text) if len(r) >= 8 and r[0] == "rpc0" and r[1].isdigit()}
+
+
+def v_link_input(text: str) -> Verdict:
+    """link_bytes_input_on_card.md against link_bytes.md (same bench, the embeddings on llama-server): what the
+    first rpc-server's socket carries per request with the token ids crossing instead (patch 0015): info."""
+    card = _rpc0_bytes(text)
+    path = RESULTS / "link_bytes.md"
+    host = _rpc0_bytes(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    parts = [f"{n}-token prompt {host[n] / 1e6:.2f} -> {card[n] / 1e6:.2f} MB" for n in sorted(card) if n in host]
+    if not parts:
+        return v_generic(text)
+    return Verdict("info", f"rpc0's socket per request (16 tokens decoded), embeddings on llama-server -> on the "
+                   f"first card: {'; '.join(parts)}")
+
+
 def v_plan_accuracy_cuda(text: str) -> Verdict:
     """plan_accuracy_cuda.md: no card more than 16 MiB under llama.cpp's CUDA allocation (the plan-accuracy
     target); "over" cards are the backend row's stated margin."""
@@ -717,6 +736,10 @@ FIGURES = [
     Figure("5p. Link calls and bytes of a prompt after parallel streams (prompt cache save and restore; CPU, "
            "hardware-independent; bench/link_bytes.py --after-streams)", "fewer calls with patch 0010 (its mechanism)",
            ("link_bytes_prompt_cache.md",), lambda t, f: v_link_calls(t)),
+    Figure("5p2. Token ids instead of embeddings to the first rpc-server (patch 0015, ARCSPLIT_INPUT_ON_CARD=1; CPU, "
+           "hardware-independent; bench/link_bytes.py --input-on-card; not started by run_all)",
+           "fewer bytes to the first rpc-server per request (its mechanism; auto does it where that card is on another "
+           "host)", ("link_bytes_input_on_card.md",), lambda t, f: v_link_input(t)),
     Figure("5q. Time to first token on CPU cards (demo model; patch 0010 on and off, paired; not started by run_all)",
            "at most 1.2x native (targets are for GPUs: 2 shared cores)", ("throughput_cpu_ttft.md",),
            lambda t, f: Verdict("info", v_ttft(t).detail)),
