@@ -222,3 +222,45 @@ def test_an_unreachable_host_stops_the_rpc_servers_started_here_meanwhile(tmp_pa
                      policy=RestartPolicy(base_delay=0.1, max_delay=0.1, max_failures=1)):
             pass
     assert not agents() and not rpc_servers()
+
+
+ALL_ON_B = """
+name = "every card on another host"
+[[hosts]]
+name = "b"
+ssh = "b.invalid"
+[[cards]]
+backend = "cpu"
+host = "b"
+memory_mib = 2048
+[[cards]]
+backend = "cpu"
+host = "b"
+memory_mib = 2048
+"""
+
+
+def test_a_first_card_on_another_host_holds_the_token_embeddings(tmp_path, demo_model, llama_bins):
+    """Patch 0015 where auto turns it on: an all-RPC group whose first card is on host b holds the token embeddings
+    there (the plan, llama-server's ARCSPLIT_INPUT_ON_CARD=1 and its load say so), so a prompt crosses to b as token
+    ids; the demo model ties its output to them, and its copy stays with the output layer on the last card. The
+    greedy tokens are those of the same all-RPC split on one machine, where they stay on llama-server's CPU."""
+    def rpc_config(layout: str):
+        path = tmp_path / f"rpc-{abs(hash(layout))}.toml"
+        path.write_text(layout)
+        req = ServeRequest(model=str(demo_model), backend="cpu", mode="rpc", ctx=1024, threads=1, port=free_port())
+        return preview(req, rig=load_layout(path)).config
+
+    here = rpc_config(ONE_HOST)
+    assert not here.plan.options.input_on_first
+    with running(here) as sup:
+        expected = greedy(sup.url)
+    cfg = rpc_config(ALL_ON_B)
+    assert cfg.plan.options.input_on_first and cfg.plan.host_bytes < here.plan.host_bytes
+    with running(cfg, launcher=launcher(llama_bins, cfg.hosts)) as sup:
+        procs = sup.status()["processes"]
+        assert procs["rpc0"]["host"] == "b" and procs["rpc1"]["host"] == "b"
+        assert greedy(sup.url) == expected
+        run_dir = Path(sup.status()["run_dir"])
+    assert "input layer on RPC0 (ARCSPLIT_INPUT_ON_CARD)" in (run_dir / "server.log").read_text(errors="replace")
+    assert not agents() and not rpc_servers()
