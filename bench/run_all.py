@@ -448,6 +448,22 @@ def v_link_input(text: str) -> Verdict:
                    f"first card: {'; '.join(parts)}")
 
 
+def v_input_link(text: str) -> Verdict:
+    """input_on_card_link*.md: every card on another host, the token embeddings there against on llama-server: info,
+    the median bytes sent and first token per case."""
+    rows = [r for r in table_rows(text) if len(r) >= 5 and r[0].startswith("on ")]
+    if len(rows) != 2:
+        return v_generic(text)
+    (host, card) = rows
+    t_host, t_card = median_of(host[3]), median_of(card[3])
+    same = all(r[4] == "yes" for r in rows)
+    if not (t_host and t_card):
+        return v_generic(text)
+    return Verdict("info", f"on llama-server -> on b's first card: {host[2].split('**')[1]} -> {card[2].split('**')[1]} "
+                   f"bytes to b a request, first token {t_host:.0f} -> {t_card:.0f} ms ({t_card / t_host:.2f}x; "
+                   f"layers per card {host[1]} -> {card[1]}); greedy identical: {'yes' if same else 'NO'}")
+
+
 def v_plan_accuracy_cuda(text: str) -> Verdict:
     """plan_accuracy_cuda.md: no card more than 16 MiB under llama.cpp's CUDA allocation (the plan-accuracy
     target); "over" cards are the backend row's stated margin."""
@@ -740,6 +756,10 @@ FIGURES = [
            "hardware-independent; bench/link_bytes.py --input-on-card; not started by run_all)",
            "fewer bytes to the first rpc-server per request (its mechanism; auto does it where that card is on another "
            "host)", ("link_bytes_input_on_card.md",), lambda t, f: v_link_input(t)),
+    Figure("5p3. Every card on another host (a network namespace, the veth shaped by tc): the token embeddings on its "
+           "first card (patch 0015, auto there) against on llama-server (CPU; bench/input_on_card.py; root; not "
+           "started by run_all)", "measured: bytes to that host and the first token of a 512-token prompt",
+           ("input_on_card_link.md", "input_on_card_link_1gbit.md"), lambda t, f: v_input_link(t)),
     Figure("5q. Time to first token on CPU cards (demo model; patch 0010 on and off, paired; not started by run_all)",
            "at most 1.2x native (targets are for GPUs: 2 shared cores)", ("throughput_cpu_ttft.md",),
            lambda t, f: Verdict("info", v_ttft(t).detail)),
