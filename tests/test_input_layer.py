@@ -89,8 +89,9 @@ def test_the_switch_is_0_or_1_or_one_clear_line() -> None:
     assert patches.input_on_card({}) is None  # auto: Route.input_on_card decides
     assert patches.input_on_card({patches.INPUT_ON_CARD_ENV: "0"}) is False
     assert patches.input_on_card({patches.INPUT_ON_CARD_ENV: "1"}) is True
-    with pytest.raises(BadInput, match=patches.INPUT_ON_CARD_ENV):
+    with pytest.raises(BadInput, match=patches.INPUT_ON_CARD_ENV) as err:
         patches.check_switches({patches.INPUT_ON_CARD_ENV: "first"})
+    assert "=1" in (err.value.fix or "") and "0 to keep" in (err.value.fix or "") and "unset it" in (err.value.fix or "")
 
 
 def test_auto_holds_them_on_the_first_card_only_where_it_is_on_another_host() -> None:

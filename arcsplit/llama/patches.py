@@ -297,9 +297,14 @@ def input_on_card(environ: Mapping[str, str] = os.environ) -> bool | None:
     """The user's choice of where an all-RPC group's token embeddings go (patch 0015): None when ARCSPLIT_INPUT_ON_CARD
     is unset (arcsplit decides per group: Route.input_on_card), 1 the first card, 0 llama-server's CPU. arcsplit sets
     it for llama-server itself (decide/specs.py)."""
-    if not environ.get(INPUT_ON_CARD_ENV):
+    value = (environ.get(INPUT_ON_CARD_ENV) or "").strip()
+    if not value:
         return None
-    return _switch(environ, INPUT_ON_CARD_ENV, False, "hold the token embeddings on an all-RPC group's first card")
+    if value not in ("0", "1"):
+        raise BadInput(f"{INPUT_ON_CARD_ENV}={value!r} is neither 0 nor 1",
+                       f"set {INPUT_ON_CARD_ENV}=1 to hold an all-RPC group's token embeddings on its first card, 0 to "
+                       "keep them on llama-server's CPU, or unset it to let arcsplit decide")
+    return value == "1"
 
 
 def check_switches(environ: Mapping[str, str] = os.environ) -> None:
