@@ -203,14 +203,16 @@ class Route:
         """Whether the token embeddings go on the first card (PlanOptions.input_on_first, patch 0015). In an all-RPC
         group that card is an rpc-server's, and llama.cpp's place for them (llama-server's CPU) sends every prompt
         token's embedding over its link (n_embd floats) where the card's own lookup needs the id (4 bytes): 8 MiB of
-        a 512-token prompt of a 4096-wide model, 67 ms at 1 Gbit/s. auto (``choice`` None, the user's
-        ARCSPLIT_INPUT_ON_CARD unset) does it where that first card is on another host. On one machine it buys no
-        measured time (one H100 under MPS, the MoE paired: prefill 1.01, decode 1.00, first token 1.00; see
-        docs/patches.md 0015) and costs the first card the table's bytes, so it is the user's 1 there. Hybrid and
-        one-context groups hold their first card in llama-server's own process: never."""
+        a 512-token prompt of a 4096-wide model. auto (``choice`` None, the user's ARCSPLIT_INPUT_ON_CARD unset) does
+        it on a GPU backend and wherever that first card is on another host: on one H100 under MPS (paired, 3 runs,
+        bench/results/gpu/ttft/*_s22.md) the dense 7.2B model's first token came 0.94x as late in 3 of 3 runs and
+        the MoE's in 2 of 3; across a shaped link the bytes to that host fell by the embeddings (0.78x the first
+        token at 100 Mbit/s). CPU cards on one machine keep llama.cpp's place (compute-bound: nothing to gain, the
+        table's bytes to pay). Hybrid and one-context groups hold their first card in llama-server's own process:
+        never."""
         if self.mode is not Mode.RPC or choice is False:
             return False
-        return True if choice else bool(self.cards[0].host)
+        return True if choice else bool(self.cards[0].host) or not backends.get(self.backend).on_cpu
 
     def output_local(self, choice: str = "auto") -> bool | None:
         """Whether the output layer goes on the first card (PlanOptions.output_on_first). In a hybrid group that is

@@ -628,10 +628,10 @@ class Figure:
     judge: Callable[[str, str], Verdict]  # (text, file name) -> verdict
 
 
-# the one-H100 files of 2026-12-07 under MPS, newest first: a figure's current result is its first file
+# the one-H100 files under MPS (2026-12-07 and 12-08), newest first: a figure's current result is its first file
 MOE_MPS = tuple(f"gpu/ttft/throughput_cuda_onecard_moe16x32_mps{t}.md"
-                for t in ("_s17c", "_s17b", "_s17", "_s18", "_s18b", "_s19", "_default", "_0011", "_b", ""))
-DENSE_MPS = tuple(f"gpu/ttft/throughput_cuda_onecard_model7b_mps{t}.md" for t in ("_s17c", "_s17b", "_s17", "_s18", "_0011", "_c"))
+                for t in ("_s22", "_s17c", "_s17b", "_s17", "_s18", "_s18b", "_s19", "_default", "_0011", "_b", ""))
+DENSE_MPS = tuple(f"gpu/ttft/throughput_cuda_onecard_model7b_mps{t}.md" for t in ("_s22", "_s17c", "_s17b", "_s17", "_s18", "_0011", "_c"))
 
 FIGURES = [
     Figure("1. Plan time vs llama-fit-params", "arcsplit's plan in at most 1/20 of llama-fit-params' time",
@@ -787,7 +787,8 @@ FIGURES = [
     Figure("5s4. Decode cost per token over native with the sampling on the card in both (--backend-sampling; "
            "one H100, MoE with a 151,936-token vocabulary; not started by run_all)",
            "at most 100 us per token over native, hybrid and all-RPC, 3+ runs",
-           ("gpu/ttft/throughput_cuda_onecard_moe16x32v152k_mps_s19c.md",
+           ("gpu/ttft/throughput_cuda_onecard_moe16x32v152k_mps_s22.md",
+            "gpu/ttft/throughput_cuda_onecard_moe16x32v152k_mps_s19c.md",
             "gpu/ttft/throughput_cuda_onecard_moe16x32v152k_mps_s19b.md",
             "gpu/ttft/throughput_cuda_onecard_moe16x32_mps_s18.md"),
            lambda t, f: v_twin_us(t)),
