@@ -43,9 +43,9 @@
 #        all-RPC prefill's share of a shared card goes (0.68-0.82 of native, 2026-12-07)
 #   phases moe-mps / dense-mps: onecard under NVIDIA MPS (one shared GPU context: the time-slicing's share);
 #        DENSE_RUNS: the dense phases' run count where it differs from RUNS; MOE_MODES / DENSE_MODES: a phase's
-#        modes where they differ from MPS_MODES (patch 0014, a big set sent from where its data lies, paired in the
-#        same runs: DENSE_MODES=native,rpc,rpc-copyset,rpc-ub512,rpc-copyset-ub512; with SWAP_RPC, librpc/ holding
-#        this set's libggml-rpc.so)
+#        modes where they differ from MPS_MODES (a patch paired in the same runs: -copyset for 0014, -hostembd for
+#        0015, e.g. DENSE_MODES=native,rpc,rpc-hostembd,hybrid; with SWAP_RPC, librpc/ holding this set's
+#        libggml-rpc.so and libllama.so; 2026-12-08: bench/results/gpu/ttft/*_s22.md)
 #   phase bimodal: MoE, time-sliced, all-RPC with one switch off at a time (BIMODAL_MODES): which one makes its
 #        prefill bimodal (issue 45); the bench exits 3 when a mode's repetitions differ by more than 2x in a run
 #   phase tune: issue 44, bench/tune.py on the one-GPU rig (native, hybrid, all-RPC), a MoE that does not fit
