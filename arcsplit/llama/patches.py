@@ -67,9 +67,9 @@ IN_PLACE_ENV = "ARCSPLIT_RPC_IN_PLACE"
 # buffer is host memory, else through the staging block (bench/time_to_ready.py --load --whole-sets)
 SET_PIECES_ENV = "ARCSPLIT_RPC_SET_PIECES"
 # patch 0015: 1 in llama-server puts the input layer (token embeddings) on layer 0's card when every layer is offloaded;
-# off unless set (llama.cpp keeps it on the CPU). arcsplit sets it for all-RPC groups whose first card is on another
-# host (their plan holds the embeddings there); the user's 1 asks for it on one machine too, 0 never
-# (bench/throughput.py -hostembd, -cardembd)
+# off unless set (llama.cpp keeps it on the CPU). arcsplit sets it for all-RPC groups on a GPU backend or whose first
+# card is on another host (Route.input_on_card; their plan holds the embeddings there); the user's 1 asks for it on
+# any all-RPC group, 0 never (bench/throughput.py -hostembd, -cardembd)
 INPUT_ON_CARD_ENV = "ARCSPLIT_INPUT_ON_CARD"
 SHM_ENV = "ARCSPLIT_RPC_SHM"  # patch 0008: 1 in llama-server and an rpc-server on one host: shared-memory link
 # patch 0008: what one such link holds in /dev/shm while it is open (a header page, then a 4 MiB ring each way)
