@@ -4,9 +4,11 @@ Over SSH the agent starts after the login, and everything on that host waits for
 asyncio and psutil take 0.2-0.3 s to import, longer than the rest of the agent's start. So ``--stdio`` begins
 here, with the standard library and arcsplit's light modules: it answers the first ops with node/ops.py (the
 agent's own code for them) and starts each rpc-server with proc/spawn.py's ``popen`` (the same shim, environment
-and session as every child). The heavy imports run in a thread once the first rpc-server is started, or once no op
-has come for ``IDLE_IMPORT`` s (a client planning a big model): not while hello, ports and start are on their way,
-which is where a start over SSH waits on this host. An import thread then holds the interpreter lock and one of a
+and session as every child). The heavy imports run in a thread once the started rpc-servers listen (at most
+``IMPORT_WAIT`` s after the first start), or once no op has come for ``IDLE_IMPORT`` s (a client planning a big
+model): not while hello, ports and start are on their way, nor while a started rpc-server comes up, which is where a
+start over SSH waits on this host (begun at the start, the imports' extension loading held the interpreter lock
+long enough that this loop saw the rpc-server listen 20-40 ms late in most starts on 2 cores). An import thread then holds the interpreter lock and one of a
 small host's cores for ~0.25 s, and the answers waited on both (an earlier version began it after ``IDLE`` s of
 quiet, so a hello arriving just after the agent was up found it importing). While it runs the interpreter switches
 threads every ``SWITCH`` s instead of 5 ms, so an op still gets an answer at once. Meanwhile this loop probes each
@@ -35,6 +37,7 @@ from .ops import (Handover, Inventory, Started, answering, greet, hello_args, he
 
 IDLE = 0.02  # s without an op before the hello's inventory is read (the client is still planning)
 IDLE_IMPORT = 0.5  # s without an op before the heavy imports start though no rpc-server was asked for
+IMPORT_WAIT = 0.2  # s after the first start at most: the heavy imports wait for the started rpc-servers to listen
 POLL = 0.005  # s between probes of a started rpc-server while the imports run
 SWITCH = 0.0005  # s: the interpreter's thread switch interval while the imports run (Python's default: 0.005)
 HEAVY = "arcsplit.node.agent"  # anyio, psutil and the Child supervision it needs
@@ -51,6 +54,7 @@ def first_ops(fd: int, emit: Emit, *, allow_bind: tuple[str, ...], inventory: In
     deferred = False  # a line was left to the agent: read nothing more, keep the order
     heard = time.monotonic()  # the last input
     read = False  # the hello's inventory was read while idle
+    first_start: float | None = None  # when the first rpc-server was started
     switch = sys.getswitchinterval()
 
     def begin() -> None:
@@ -74,7 +78,10 @@ def first_ops(fd: int, emit: Emit, *, allow_bind: tuple[str, ...], inventory: In
                 begin()
                 time.sleep(POLL)
                 continue
-            if loader is not None:
+            coming = [s for s in h.started if not s.ready and s.popen.poll() is None]
+            if first_start is not None and (not coming or time.monotonic() - first_start >= IMPORT_WAIT):
+                begin()  # the started rpc-servers listen (or are taking long): import while the client goes on
+            if loader is not None or coming:
                 wait = POLL
             elif h.run_dir is None and not read:
                 wait = IDLE
@@ -100,8 +107,8 @@ def first_ops(fd: int, emit: Emit, *, allow_bind: tuple[str, ...], inventory: In
                 if deferred or not _handle(raw, h, emit, allow_bind, inventory):
                     deferred = True
                     h.lines.append(raw)
-            if h.started:
-                begin()
+            if h.started and first_start is None:
+                first_start = time.monotonic()
         return h
     finally:
         sys.setswitchinterval(switch)
