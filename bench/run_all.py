@@ -431,7 +431,7 @@ def v_load_pieces(text: str) -> Verdict:
 
 def _rpc0_bytes(text: str) -> dict[int, float]:
     """link_bytes files: rpc0's measured bytes per request (median), by prompt length."""
-    return {int(r[1]): float(median_of(f"**{r[3].split('/')[1].strip().replace(',', '')}**") or 0)
+    return {int(r[1]): float(r[3].split("/")[1].strip(" *").replace(",", ""))  # "min / median / max", plain
             for r in table_rows(text) if len(r) >= 8 and r[0] == "rpc0" and r[1].isdigit()}
 
 
